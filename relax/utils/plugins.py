@@ -1,0 +1,60 @@
+"""One loader for every user plug-in given by dotted path (reward, generate, filters, losses, ...).
+
+Relax recipes name functions as ``package.module.attr``. Loading goes through
+:func:`load_function` so every hook gets the same error: one line naming the flag,
+the path and the expected signature, never a bare ImportError traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+
+class PluginError(ValueError):
+    """A dotted path could not be imported, or what it names has the wrong shape."""
+
+
+@functools.lru_cache(maxsize=None)
+def load_object(path: str) -> Any:
+    """Import ``package.module.attr`` (or ``package.module:attr``) and return the attribute."""
+    module_name, sep, attr = path.replace(":", ".").rpartition(".")
+    if not sep or not module_name:
+        raise PluginError(f"not a dotted path: {path!r} (expected package.module.name)")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure is reported the same way
+        raise PluginError(f"cannot import module {module_name!r} for {path!r}: {exc}") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise PluginError(f"module {module_name!r} has no attribute {attr!r} (from {path!r})") from None
+
+
+def load_function(path: str, *, flag: str, signature: str, min_args: int = 0) -> Callable[..., Any]:
+    """Load a callable for ``flag`` and check it accepts at least ``min_args`` positional arguments.
+
+    ``signature`` is the documented contract (e.g. ``"reward_func(args, sample, **kwargs) -> float"``)
+    and is quoted in every error so users see what to write.
+    """
+    try:
+        fn = load_object(path)
+    except PluginError as exc:
+        raise PluginError(f"{flag}: {exc}; expected {signature}") from None
+    if not callable(fn):
+        raise PluginError(f"{flag}: {path!r} is not callable; expected {signature}")
+    if min_args:
+        try:
+            params = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):
+            return fn
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if len(positional) < min_args and not any(p.kind == p.VAR_POSITIONAL for p in params):
+            raise PluginError(
+                f"{flag}: {path!r} takes {len(positional)} positional argument(s), "
+                f"expected {signature}"
+            )
+    return fn
