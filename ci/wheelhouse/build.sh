@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Build the cp312 wheelhouse the air-gapped GPU machine lacks (ray, megatron-core and their
+# missing deps) and split it into chunks small enough for one transfer (< 60 MB each).
+#
+#   ci/wheelhouse/build.sh [OUT_ROOT]      (default OUT_ROOT=.)
+#
+# Produces OUT_ROOT/.whl (small wheels + first chunk) and OUT_ROOT/.whl2 (remaining chunks);
+# both are git-ignored. On the GPU machine, ci/wheelhouse/install.sh reassembles and installs.
+set -euo pipefail
+OUT_ROOT="${1:-.}"
+STAGE="$(mktemp -d)"
+trap 'rm -rf "$STAGE"' EXIT
+PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
+           --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
+WHEELS=(ray==2.60.0 megatron-core==0.19.2 jsonschema jsonschema-specifications referencing rpds-py)
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  "${PLATFORMS[@]}" -d "$STAGE" "${WHEELS[@]}" ${EXTRA_WHEELS:-}
+rm -rf "$OUT_ROOT/.whl" "$OUT_ROOT/.whl2"
+mkdir -p "$OUT_ROOT/.whl" "$OUT_ROOT/.whl2"
+for w in "$STAGE"/*.whl; do
+  size=$(stat -c %s "$w")
+  if [ "$size" -gt $((40 * 1024 * 1024)) ]; then
+    name=$(basename "$w")
+    split -b 40m -d "$w" "$STAGE/$name.part"
+    first=1
+    for part in "$STAGE/$name.part"*; do
+      if [ $first = 1 ]; then mv "$part" "$OUT_ROOT/.whl/"; first=0; else mv "$part" "$OUT_ROOT/.whl2/"; fi
+    done
+  else
+    mv "$w" "$OUT_ROOT/.whl/"
+  fi
+done
+du -sh "$OUT_ROOT/.whl" "$OUT_ROOT/.whl2"

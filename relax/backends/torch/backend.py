@@ -1,0 +1,197 @@
+"""The plain-PyTorch training backend (CPU and GPU) over an HF causal LM.
+
+One `train_rollout` call does a whole RL step on the trainer side:
+old (and reference) log-probs -> advantages -> ``num_steps`` optimizer steps, each with
+gradient accumulation over micro-batches. Old log-probs are computed with exactly the
+micro-batch slicing the loss uses, so at the first optimizer step the PPO ratio is
+exactly 1 (``train/ppo_kl`` == 0), which the harness checks.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from argparse import Namespace
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from relax.algorithms import AlgorithmConfig, compute_advantages, policy_loss
+from relax.backends.torch.batch import RolloutTensors, TrainSample, build_model_inputs, build_rollout_tensors
+from relax.backends.torch.logprobs import response_log_probs
+from relax.models import build_model
+from relax.weights.checksum import state_checksums
+
+
+def needs_reference_model(args: Namespace) -> bool:
+    return bool(args.use_kl_loss or args.kl_loss_coef or args.kl_coef)
+
+
+class TorchTrainBackend:
+    """Owns the policy (and frozen reference) model and its optimizer."""
+
+    def __init__(self, args: Namespace, device: str):
+        self.args = args
+        self.device = torch.device(device)
+        torch.manual_seed(args.seed)
+        self.model = build_model(args.hf_checkpoint, dtype=torch.float32, seed=args.seed).to(self.device)
+        self.model.train()
+        self.ref_model = None
+        if needs_reference_model(args):
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=args.lr,
+            betas=(args.adam_beta1, args.adam_beta2),
+            eps=1e-8,
+            weight_decay=args.weight_decay,
+        )
+        self.algo = AlgorithmConfig.from_args(args)
+        self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
+
+    # ------------------------------------------------------------------ forward passes
+    def _slices(self, n: int, size: int) -> list[slice]:
+        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+    @torch.no_grad()
+    def _log_probs_no_grad(self, model: torch.nn.Module, batch: RolloutTensors) -> torch.Tensor:
+        width = batch.loss_mask.shape[1]
+        out = torch.zeros_like(batch.loss_mask)
+        for sl in self._slices(len(batch.samples), self.args.micro_batch_size):
+            inputs = build_model_inputs(batch.samples[sl], width, self.pad_id, self.device)
+            lp, _ = response_log_probs(model, inputs, temperature=self.args.rollout_temperature, with_entropy=False)
+            out[sl] = lp.cpu()
+        return out
+
+    # ------------------------------------------------------------------ one RL step
+    def train_rollout(self, samples: list[TrainSample], step: int) -> dict[str, float]:
+        args = self.args
+        batch = build_rollout_tensors(samples)
+        n = len(samples)
+        if n % args.global_batch_size:
+            raise ValueError(f"rollout produced {n} samples, not a multiple of --global-batch-size {args.global_batch_size}")
+        old_lp = self._log_probs_no_grad(self.model, batch)
+        ref_lp = self._log_probs_no_grad(self.ref_model, batch) if self.ref_model is not None else None
+        adv = compute_advantages(
+            self.algo,
+            rewards=batch.rewards,
+            loss_mask=batch.loss_mask,
+            group_size=args.n_samples_per_prompt,
+            old_log_probs=old_lp,
+            ref_log_probs=ref_lp,
+            teacher_log_probs=batch.teacher_log_probs,
+        )
+        metrics: dict[str, float] = {f"train/{k}": float(v) for k, v in adv.metrics.items()}
+        if batch.rollout_log_probs is not None:
+            diff = (old_lp - batch.rollout_log_probs).abs() * batch.loss_mask
+            metrics["train/train_rollout_logprob_abs_diff"] = float(diff.sum() / batch.loss_mask.sum().clamp(min=1))
+        per_step: dict[str, list[float]] = defaultdict(list)
+        for gsl in self._slices(n, args.global_batch_size):
+            for key, value in self._optimizer_step(batch, gsl, old_lp, ref_lp, adv.advantages).items():
+                per_step[key].append(value)
+        metrics.update({f"train/{k}": float(np.mean(v)) for k, v in per_step.items()})
+        metrics["train/lr"] = float(self.optimizer.param_groups[0]["lr"])
+        return metrics
+
+    def _optimizer_step(
+        self,
+        batch: RolloutTensors,
+        gsl: slice,
+        old_lp: torch.Tensor,
+        ref_lp: torch.Tensor | None,
+        advantages: torch.Tensor,
+    ) -> dict[str, float]:
+        args = self.args
+        width = batch.loss_mask.shape[1]
+        num_samples = gsl.stop - gsl.start
+        num_tokens = int(batch.loss_mask[gsl].sum().item())
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = defaultdict(float)
+        for local in self._slices(num_samples, args.micro_batch_size):
+            sl = slice(gsl.start + local.start, gsl.start + local.stop)
+            inputs = build_model_inputs(batch.samples[sl], width, self.pad_id, self.device)
+            lp, entropy = response_log_probs(
+                self.model, inputs, temperature=args.rollout_temperature, with_entropy=True
+            )
+            dev = self.device
+            loss, m = policy_loss(
+                self.algo,
+                log_probs=lp,
+                old_log_probs=old_lp[sl].to(dev),
+                advantages=advantages[sl].to(dev),
+                loss_mask=batch.loss_mask[sl].to(dev),
+                ref_log_probs=None if ref_lp is None else ref_lp[sl].to(dev),
+                rollout_log_probs=None if batch.rollout_log_probs is None else batch.rollout_log_probs[sl].to(dev),
+                entropy=entropy,
+                num_global_samples=num_samples,
+                num_global_tokens=num_tokens,
+            )
+            loss.backward()
+            for key, value in m.items():
+                sums[key] += float(value)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.clip_grad)
+        if not torch.isfinite(grad_norm):
+            raise FloatingPointError(f"non-finite gradient norm ({float(grad_norm)}); loss was {sums.get('loss')}")
+        self.optimizer.step()
+        sums["grad_norm"] = float(grad_norm)
+        return dict(sums)
+
+    # ------------------------------------------------------------------ weights
+    def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        return [(name, t.detach().cpu()) for name, t in self.model.state_dict().items()]
+
+    def weight_buckets(self, bucket_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
+        """Split the state dict into buckets of at most ``bucket_bytes`` (one oversized tensor = its own bucket)."""
+        buckets: list[list[tuple[str, torch.Tensor]]] = [[]]
+        size = 0
+        for name, tensor in self.named_tensors():
+            nbytes = tensor.numel() * tensor.element_size()
+            if buckets[-1] and size + nbytes > bucket_bytes:
+                buckets.append([])
+                size = 0
+            buckets[-1].append((name, tensor))
+            size += nbytes
+        return buckets
+
+    def checksums(self) -> dict[str, str]:
+        return state_checksums(self.model.state_dict().items())
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, directory: str, *, save_optimizer: bool) -> None:
+        from safetensors.torch import save_file
+
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
+        # safetensors refuses shared storage (tied embeddings): store each name's own copy.
+        save_file({k: v.clone() for k, v in state.items()}, str(path / "model.safetensors"))
+        if save_optimizer:
+            torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
+        rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+        torch.save(rng, path / "rng.pt")
+
+    def load(self, directory: str) -> None:
+        from safetensors.torch import load_file
+
+        path = Path(directory)
+        state = load_file(str(path / "model.safetensors"))
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        if unexpected or [m for m in missing if m not in state]:
+            raise ValueError(f"checkpoint {path} does not match the model: missing={missing} unexpected={unexpected}")
+        if (path / "optimizer.pt").exists():
+            self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+        rng = torch.load(path / "rng.pt", weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        np.random.set_state(rng["numpy"])
+        random.setstate(rng["python"])
+
+    def save_hf(self, directory: str) -> None:
+        from relax.models import load_tokenizer, save_hf
+
+        save_hf(self.model, load_tokenizer(self.args.hf_checkpoint), directory)
+
+    def describe(self) -> dict[str, Any]:
+        return {"num_params": sum(p.numel() for p in self.model.parameters()), "device": str(self.device)}

@@ -1,0 +1,33 @@
+"""The ``relax`` command: a registry of subcommands, each a module with ``main(argv) -> int``."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("relax.entrypoints.train", "train a policy with RL (flags: docs/flags.md)"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: relax <command> [flags]", "", "commands:"]
+    lines += [f"  {name:<14} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"relax: unknown command {name!r}\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return int(module.main(rest))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Everything a run needs before any process starts: device, data, reward, step count.
+
+Bad input is caught here, in the driver, before Ray starts, so a wrong path or flag costs
+milliseconds and produces one clear line instead of an actor traceback.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+import time
+from argparse import Namespace
+from dataclasses import dataclass
+from typing import Any
+
+import relax
+from relax.utils.arguments import ConfigError, args_to_dict
+from relax.utils.plugins import load_function, load_object
+
+DEFAULT_DATA_SOURCE = "relax.engine.rollout.data_source.RolloutDataSourceWithBuffer"
+
+
+def resolve_device(requested: str) -> str:
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is available")
+    return requested
+
+
+@dataclass
+class RunInputs:
+    device: str
+    tokenizer: Any
+    data_source: Any
+    rollout_fn: Any
+    num_rollout: int
+
+
+def prepare_run(args: Namespace) -> RunInputs:
+    from relax.engine.rewards import get_reward_fn
+    from relax.models import load_tokenizer
+
+    device = resolve_device(args.device)
+    if not args.custom_rm_path:
+        if not args.rm_type:
+            raise ConfigError("set --rm-type or --custom-rm-path (no reward function configured)")
+        get_reward_fn(args.rm_type)
+    else:
+        load_function(args.custom_rm_path, flag="--custom-rm-path", signature="reward_func(args, sample, **kwargs)")
+    tokenizer = load_tokenizer(args.hf_checkpoint)
+    source_cls = load_object(args.data_source_path)
+    data_source = source_cls(args, tokenizer=tokenizer) if args.data_source_path == DEFAULT_DATA_SOURCE else source_cls(args)
+    num_rollout = args.num_rollout
+    if num_rollout is None:
+        num_rollout = data_source.num_rollout_for_epochs(args.num_epoch, args.rollout_batch_size)
+    rollout_fn = load_function(
+        args.rollout_function_path,
+        flag="--rollout-function-path",
+        signature="generate_rollout(args, rollout_id, data_source, evaluation=False) -> list[list[Sample]]",
+        min_args=3,
+    )
+    return RunInputs(device, tokenizer, data_source, rollout_fn, num_rollout)
+
+
+def run_json(args: Namespace, device: str, status: str, **extra: Any) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    return {
+        "status": status,
+        "config": args_to_dict(args),
+        "versions": {
+            "relax": relax.__version__,
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "platform": platform.platform(),
+        },
+        "device": device,
+        "seeds": {"seed": args.seed, "rollout_seed": args.rollout_seed},
+        "output_dir": str(args.output_dir),
+        "start_time": time.time(),
+        "end_time": None,
+        "exit_code": None,
+        "error": None,
+        **extra,
+    }

@@ -1,0 +1,94 @@
+"""The Ray actors of a run: the trainer and the rollout engines.
+
+Both are thin: all logic lives in the backend and engine classes, so the same code runs in
+a unit test without Ray. Each actor pins torch to one thread (see placement.worker_env).
+"""
+
+from __future__ import annotations
+
+import os
+from argparse import Namespace
+
+import ray
+
+
+def _init_process() -> None:
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+
+
+@ray.remote
+class TrainerActor:
+    def __init__(self, args: Namespace, device: str):
+        _init_process()
+        from relax.backends.torch.backend import TorchTrainBackend
+
+        self.backend = TorchTrainBackend(args, device)
+        self._buckets: list = []
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def describe(self) -> dict:
+        return self.backend.describe()
+
+    def train_rollout(self, samples: list, step: int) -> dict:
+        return self.backend.train_rollout(samples, step)
+
+    def prepare_sync(self, bucket_bytes: int) -> int:
+        self._buckets = self.backend.weight_buckets(bucket_bytes)
+        return len(self._buckets)
+
+    def get_bucket(self, index: int) -> list:
+        return self._buckets[index]
+
+    def finish_sync(self) -> dict[str, str]:
+        self._buckets = []
+        return self.backend.checksums()
+
+    def save(self, directory: str, save_optimizer: bool) -> None:
+        self.backend.save(directory, save_optimizer=save_optimizer)
+
+    def load(self, directory: str) -> None:
+        self.backend.load(directory)
+
+    def save_hf(self, directory: str) -> None:
+        self.backend.save_hf(directory)
+
+
+@ray.remote
+class EngineActor:
+    """Hosts one embedded engine over the HF model named by ``--hf-checkpoint``."""
+
+    def __init__(self, args: Namespace, device: str, engine_id: int):
+        _init_process()
+        import torch
+
+        from relax.backends.embedded.engine import EmbeddedEngine
+        from relax.models import build_model, load_tokenizer
+
+        self.engine_id = engine_id
+        tokenizer = load_tokenizer(args.hf_checkpoint)
+        model = build_model(args.hf_checkpoint, dtype=torch.float32, seed=args.seed).to(device).eval()
+        eos = [t for t in [tokenizer.eos_token_id, getattr(model.config, "eos_token_id", None)] if isinstance(t, int)]
+        self.engine = EmbeddedEngine(
+            model,
+            eos_token_ids=sorted(set(eos)),
+            device=device,
+            max_context_len=args.rollout_max_context_len,
+            tokenizer=tokenizer,
+        )
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def generate(self, requests: list[dict]) -> list[dict]:
+        return self.engine.generate(requests)
+
+    def update_weights(self, bucket: list, version: int | None) -> int:
+        self.engine.update_weights_from_tensors(bucket, version=version)
+        return self.engine.weight_version
+
+    def checksums(self) -> dict[str, str]:
+        return self.engine.weight_checksums()

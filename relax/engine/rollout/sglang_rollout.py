@@ -1,0 +1,115 @@
+"""Default rollout: prompts from the data source -> engines -> rewards.
+
+The dotted path ``relax.engine.rollout.sglang_rollout.generate_rollout`` is the default of
+``--rollout-function-path`` and ``GenerateState`` is what Relax recipes import, so both keep
+their Relax names and call shapes.
+
+Reproducibility: each sample's sampling seed is derived from ``--rollout-seed``, the rollout
+id and the sample's running index, so a resumed run samples exactly what the straight run
+sampled, whatever the batch composition or number of engines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from argparse import Namespace
+from typing import Any
+
+from relax.utils.types import Sample
+
+_MASK63 = (1 << 63) - 1
+
+
+def sample_seed(rollout_seed: int, rollout_id: int, sample_index: int) -> int:
+    """A well-mixed 63-bit seed from (rollout_seed, rollout_id, sample_index) (splitmix64 finaliser)."""
+    x = (rollout_seed * 0x9E3779B97F4A7C15 + rollout_id * 0xBF58476D1CE4E5B9 + sample_index) & ((1 << 64) - 1)
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & ((1 << 64) - 1)
+    return (x ^ (x >> 31)) & _MASK63
+
+
+class _Singleton(type):
+    """``GenerateState(args)`` returns the process-wide instance, as in Relax/slime."""
+
+    _instance: Any = None
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls._instance is None:
+            cls._instance = super().__call__(*args, **kwargs)
+        return cls._instance
+
+    def reset(cls) -> None:
+        cls._instance = None
+
+
+class GenerateState(metaclass=_Singleton):
+    """Process-wide rollout state: tokenizer, default sampling params and the engine pool."""
+
+    def __init__(self, args: Namespace, *, tokenizer: Any = None, pool: Any = None):
+        if tokenizer is None:
+            from relax.models import load_tokenizer
+
+            tokenizer = load_tokenizer(args.hf_checkpoint)
+        self.args = args
+        self.tokenizer = tokenizer
+        self.pool = pool
+        self.sampling_params = sampling_params(args)
+
+    @classmethod
+    def install(cls, args: Namespace, *, tokenizer: Any = None, pool: Any = None) -> GenerateState:
+        """Replace the process-wide state (the driver calls this once engines are up)."""
+        type(cls).reset(cls)
+        return cls(args, tokenizer=tokenizer, pool=pool)
+
+
+def sampling_params(args: Namespace) -> dict[str, Any]:
+    return {
+        "temperature": args.rollout_temperature,
+        "top_p": args.rollout_top_p,
+        "top_k": args.rollout_top_k,
+        "max_new_tokens": args.rollout_max_response_len,
+        "stop": args.rollout_stop,
+        "stop_token_ids": args.rollout_stop_token_ids,
+        "skip_special_tokens": args.rollout_skip_special_tokens,
+    }
+
+
+_FINISH_STATUS = {"length": Sample.Status.TRUNCATED, "stop": Sample.Status.COMPLETED, "abort": Sample.Status.ABORTED}
+
+
+def apply_response(sample: Sample, response: dict[str, Any]) -> Sample:
+    """Fill a sample from an SGLang-shaped /generate response (tokens, text, log-probs, status)."""
+    meta = response["meta_info"]
+    output_ids = list(response["output_ids"])
+    sample.tokens = list(sample.tokens) + output_ids
+    sample.response_length = len(output_ids)
+    sample.response = response.get("text", "")
+    sample.rollout_log_probs = [float(item[0]) for item in meta.get("output_token_logprobs", [])]
+    sample.loss_mask = [1] * len(output_ids)
+    sample.status = _FINISH_STATUS[meta["finish_reason"]["type"]]
+    sample.weight_version = meta.get("weight_version")
+    return sample
+
+
+async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: Any) -> list[list[Sample]]:
+    from relax.engine.rewards import compute_rewards
+
+    state = GenerateState(args)
+    groups = data_source.get_samples(args.rollout_batch_size)
+    flat = [s for g in groups for s in g]
+    requests = []
+    for s in flat:
+        params = dict(state.sampling_params, seed=sample_seed(args.rollout_seed, rollout_id, s.index))
+        requests.append({"input_ids": list(s.tokens), "sampling_params": params, "return_logprob": True})
+    responses = await state.pool.generate_batch(requests, args.n_samples_per_prompt)
+    for s, resp in zip(flat, responses, strict=True):
+        apply_response(s, resp)
+    await compute_rewards(args, flat)
+    return groups
+
+
+def generate_rollout(args: Namespace, rollout_id: int, data_source: Any, evaluation: bool = False) -> list[list[Sample]]:
+    """Generate one rollout batch of ``--rollout-batch-size`` groups with rewards (Relax signature)."""
+    if evaluation:
+        raise NotImplementedError("evaluation rollouts arrive with --eval-interval support")
+    return asyncio.run(generate_rollout_async(args, rollout_id, data_source))

@@ -1,0 +1,53 @@
+"""Synthetic learnable tasks, registered by name, with the datasets the presets ship.
+
+``python -m relax.models.tasks NAME --out FILE.jsonl`` regenerates a dataset; the shipped
+files are exactly what this prints (a test checks it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+TASK_DIR = Path(__file__).parent
+
+
+def addmod() -> Iterator[dict[str, str]]:
+    """``a+b=`` -> ``(a+b) mod 10``: a one-token answer a random-init model learns by RL."""
+    for a in range(10):
+        for b in range(10):
+            yield {"prompt": f"{a}+{b}=", "label": str((a + b) % 10)}
+
+
+def add() -> Iterator[dict[str, str]]:
+    """``a+b=`` -> ``a+b`` (one or two digits, then EOS): needs a warm start to learn by RL."""
+    for a in range(10):
+        for b in range(10):
+            yield {"prompt": f"{a}+{b}=", "label": str(a + b)}
+
+
+TASKS: dict[str, Callable[[], Iterator[dict[str, str]]]] = {"addmod": addmod, "add": add}
+
+
+def render(name: str) -> str:
+    return "".join(json.dumps(r) + "\n" for r in TASKS[name]())
+
+
+def dataset_path(name: str) -> Path:
+    return TASK_DIR / f"{name}.jsonl"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m relax.models.tasks")
+    parser.add_argument("task", choices=sorted(TASKS))
+    parser.add_argument("--out", required=True)
+    ns = parser.parse_args(argv)
+    Path(ns.out).write_text(render(ns.task))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from relax.models.tasks import main
+
+sys.exit(main())

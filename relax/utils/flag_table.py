@@ -1,0 +1,414 @@
+"""The flag surface of ``relax train``: one declarative table, grouped like seed 000's tables.
+
+Each flag's type, default, choices, help and support status live here and nowhere else;
+docs/flags.md is generated from this table (``python -m relax.utils.flag_docs``).
+Flags marked ``supported=False`` parse with their documented type and default, and fail with
+``not supported yet: --flag`` when given any other value: nothing is accepted and ignored.
+Defaults documented as ``-`` in the seed are Megatron-native flags; we use Megatron-LM's own
+defaults for them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+MiB = 1024**2
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class FlagSpec:
+    name: str  # without the leading dashes
+    type: str  # int | float | str | flag | bool | json | str_list | int_list | size
+    default: Any
+    group: str
+    help: str
+    choices: tuple[str, ...] | None = None
+    required: bool = False
+    seed_default: str | None = None  # the seed's wording when it is not the literal default ("-")
+    supported: bool = False
+    supported_values: frozenset[Any] | None = None  # for choice flags: the values implemented so far
+
+    @property
+    def dest(self) -> str:
+        return self.name.replace("-", "_")
+
+
+def F(name: str, type_: str, default: Any, group: str, help_: str, **kw: Any) -> FlagSpec:  # noqa: N802
+    return FlagSpec(name, type_, default, group, help_, **kw)
+
+
+SEED_FLAGS: list[FlagSpec] = [
+    # --- Ray Launch Parameters
+    F('rollout-num-gpus-per-engine', 'int', 1, 'Ray Launch Parameters', "GPUs per SGLang inference engine, equivalent to SGLang's tp_size"),
+    F('num-gpus-per-node', 'int', 8, 'Ray Launch Parameters', 'GPUs per node. Set this if using fewer than 8 GPUs per node in colocate mode'),
+    F('resource', 'json', None, 'Ray Launch Parameters', 'Ray resource configuration in JSON format. Example: \'{"actor":[replicas, gpus], "rollout":[replicas, gpus]}\'', seed_default='-'),
+    F('colocate', 'flag', False, 'Ray Launch Parameters', 'Whether to colocate inference engines and training Actors on the same GPUs. Automatically sets --offload to True'),
+    F('offload', 'flag', False, 'Ray Launch Parameters', 'Equivalent to setting both --offload-train and --offload-rollout'),
+    F('offload-train', 'flag', None, 'Ray Launch Parameters', 'Whether to offload training Actor to CPU during training. Always True when --colocate is enabled'),
+    F('offload-rollout', 'flag', None, 'Ray Launch Parameters', 'Whether to offload Rollout generator to CPU during training. Always True when --colocate is enabled'),
+    F('distributed-backend', 'str', 'nccl', 'Ray Launch Parameters', 'Distributed backend'),
+    F('distributed-timeout-minutes', 'int', 10, 'Ray Launch Parameters', 'Distributed timeout in minutes'),
+    # --- TransferQueue Data Queue
+    F('num-data-storage-units', 'int', 1, 'TransferQueue Data Queue', 'Number of TransferQueue SimpleStorageUnit actors'),
+    F('max-staleness', 'int', 0, 'TransferQueue Data Queue', 'Maximum staleness for TransferQueue data system (0=on-policy)'),
+    F('polling-mode', 'bool', True, 'TransferQueue Data Queue', 'Whether to use polling mode when fetching metadata'),
+    F('num-iters-per-train-update', 'int', 1, 'TransferQueue Data Queue', 'Number of iterations per global batch in fully async pipeline'),
+    # --- Training Backend and Mode
+    F('train-backend', 'str', 'megatron', 'Training Backend and Mode', 'Training backend selection (torch: plain PyTorch on CPU or GPU, a Relax harness addition)', choices=('megatron', 'torch')),
+    F('qkv-format', 'str', 'thd', 'Training Backend and Mode', 'QKV layout for Megatron backend. Dynamic batching not supported in bshd mode; must specify --micro-batch-size', choices=('thd', 'bshd',)),
+    F('megatron-to-hf-mode', 'str', 'raw', 'Training Backend and Mode', 'Megatron to HF weight conversion method. bridge uses megatron bridge for automatic conversion', choices=('raw', 'bridge',)),
+    F('true-on-policy-mode', 'flag', False, 'Training Backend and Mode', 'Whether to enable true on-policy mode'),
+    F('fully-async', 'flag', False, 'Training Backend and Mode', 'Whether to use fully asynchronous training pipeline'),
+    # --- Checkpoint Configuration
+    F('hf-checkpoint', 'str', None, 'Checkpoint Configuration', 'HuggingFace model checkpoint path. Used to initialize SGLang and provide tokenizer. Need not contain latest parameters, only consistent with training model architecture'),
+    F('ref-load', 'str', None, 'Checkpoint Configuration', 'Reference model checkpoint path. Used as initial checkpoint for training when --load is not set'),
+    F('ref-ckpt-step', 'int', None, 'Checkpoint Configuration', 'Reference model checkpoint step'),
+    F('load', 'str', None, 'Checkpoint Configuration', 'Actor model checkpoint load path. Specify for resuming training'),
+    F('save', 'str', None, 'Checkpoint Configuration', 'Path to save model during training'),
+    F('save-interval', 'int', None, 'Checkpoint Configuration', 'Model save interval in steps'),
+    F('save-hf', 'str', None, 'Checkpoint Configuration', 'Path to save HuggingFace format model for Megatron backend. Path can include {rollout_id} placeholder'),
+    F('async-save', 'flag', False, 'Checkpoint Configuration', 'Asynchronous checkpoint saving'),
+    F('no-save-optim', 'flag', False, 'Checkpoint Configuration', 'Do not save optimizer state in checkpoint. Reduces checkpoint size but prevents resuming training from that checkpoint'),
+    F('rotate-ckpt', 'flag', False, 'Checkpoint Configuration', 'Whether to rotate checkpoints. Requires setting --save, --save-interval, and --async-save'),
+    F('max-actor-ckpt-to-keep', 'int', None, 'Checkpoint Configuration', 'Maximum number of Actor checkpoints to keep'),
+    F('checkpoint-engine-backend', 'str', 'nccl', 'Checkpoint Configuration', 'Checkpoint engine backend'),
+    F('critic-load', 'str', None, 'Checkpoint Configuration', 'Critic model checkpoint path. When None, equals --load'),
+    F('critic-save', 'str', None, 'Checkpoint Configuration', 'Critic model save path'),
+    # --- Dataset
+    F('prompt-data', 'str', None, 'Dataset', 'Training prompt dataset path'),
+    F('input-key', 'str', 'input', 'Dataset', 'Key for input field in dataset'),
+    F('label-key', 'str', None, 'Dataset', 'Key for label field in dataset'),
+    F('metadata-key', 'str', 'metadata', 'Dataset', 'Key for metadata field in dataset'),
+    F('tool-key', 'str', 'tools', 'Dataset', 'Key for tools field when applying Chat Template'),
+    F('apply-chat-template', 'flag', False, 'Dataset', 'Apply Chat Template to input as OpenAI message format'),
+    F('apply-chat-template-kwargs', 'json', {}, 'Dataset', 'Additional parameters for Chat Template'),
+    F('system-prompt', 'str', None, 'Dataset', 'Optional system prompt added before user input. Final message is <system_prompt> + <dataset_prompt>'),
+    F('rollout-shuffle', 'flag', False, 'Dataset', 'Whether to shuffle prompt order during Rollout'),
+    F('rollout-seed', 'int', 42, 'Dataset', 'Random seed for Rollout, used for shuffling prompts and random sampling'),
+    F('use-streaming-dataset', 'flag', False, 'Dataset', 'Use streaming dataset to save memory'),
+    F('streaming-buffer-size', 'int', 10000, 'Dataset', 'Buffer size for streaming dataset'),
+    F('prefetch-chunk-size', 'int', 32, 'Dataset', 'Number of samples to dispatch to the thread-pool in each prefetch round. Larger values increase throughput but also memory pressure. Only effective when --use-streaming-dataset is set and the dataset contains multimodal data'),
+    F('prefetch-max-cached', 'int', 256, 'Dataset', 'Maximum number of pre-loaded samples kept in the prefetch cache. When the cache is full the background prefetch thread pauses until consumers free space. Set to 0 to disable prefetching. Only effective when --use-streaming-dataset is set and the dataset contains multimodal data'),
+    F('prefetch-num-workers', 'int', 1, 'Dataset', 'Number of parallel worker threads inside the prefetch buffer for I/O-bound media decoding (video/image). Set to 1 to serialise all decoding (safest for FFmpeg which is not fully thread-safe). Higher values increase parallelism but may trigger EAGAIN errors on some platforms. Only effective when prefetching is enabled'),
+    F('custom-prompt-path', 'str', None, 'Dataset', 'Dotted import path to a custom function that transforms the prompt before conversation/multimodal processing. Function signature: def custom_fn(prompt, data: dict) -> prompt. Example: my_package.prompt_utils.add_prefix'),
+    F('data-source-path', 'str', 'relax.engine.rollout.data_source.RolloutDataSourceWithBuffer', 'Dataset', 'Rollout data source class path'),
+    F('start-rollout-id', 'int', None, 'Dataset', 'Starting Rollout step. If not set, attempts to read from checkpoint specified by --load'),
+    # --- Multimodal Data
+    F('multimodal-keys', 'json', None, 'Multimodal Data', 'Multimodal data field mapping. Example: \'{"image": "image_key"}\''),
+    F('use-audio-in-video', 'flag', False, 'Multimodal Data', 'Whether to process audio in video'),
+    F('image-max-token-num', 'int', None, 'Multimodal Data', 'Maximum token count for image processing. Default is 16384 if not set'),
+    F('image-min-token-num', 'int', None, 'Multimodal Data', 'Minimum token count for image processing. Default is 4 if not set'),
+    F('video-min-token-num', 'int', None, 'Multimodal Data', 'Minimum token count for video frame processing. Default is 128 if not set'),
+    F('video-max-token-num', 'int', None, 'Multimodal Data', 'Maximum token count for video frame processing. Default is 768 if not set'),
+    F('video-fps', 'float', None, 'Multimodal Data', 'Target FPS for video processing. Default is 2.0 if not set'),
+    F('video-fps-min-frames', 'int', None, 'Multimodal Data', 'Minimum frames for video processing. Default is 4 if not set'),
+    F('video-fps-max-frames', 'int', None, 'Multimodal Data', 'Maximum frames for video processing. Default is 768 if not set'),
+    F('image-resize-scale-factor', 'int', None, 'Multimodal Data', 'Scale factor for image resize dimension alignment. Default uses patch_size * spatial_merge_size (typically 28). Set to 0 to disable alignment'),
+    F('audio-sample-rate', 'int', None, 'Multimodal Data', 'Sample rate for audio processing. Default is 16000 if not set'),
+    F('frame-factor', 'int', None, 'Multimodal Data', 'Frame alignment factor. Default is 2 if not set'),
+    F('mm-processor-pool-size', 'int', 0, 'Multimodal Data', 'Size of the multimodal processor pool. 0 (default) disables the pool and uses ThreadPoolExecutor. When set to a positive integer, creates a ProcessPoolExecutor with the specified number of workers for true parallelism without GIL contention'),
+    # --- Sampling Parameters
+    F('num-rollout', 'int', None, 'Sampling Parameters', 'Total number of Rollout rounds. Choose either this or --num-epoch'),
+    F('num-epoch', 'int', None, 'Sampling Parameters', 'Number of training epochs. Automatically calculates num_rollout based on dataset size. Ignored if --num-rollout is also set'),
+    F('rollout-batch-size', 'int', None, 'Sampling Parameters', 'Number of prompts per rollout round. Total data = rollout-batch-size * n-samples-per-prompt', required=True),
+    F('n-samples-per-prompt', 'int', 1, 'Sampling Parameters', 'Number of responses generated per prompt'),
+    F('rollout-temperature', 'float', 1.0, 'Sampling Parameters', 'Sampling temperature for inference engine'),
+    F('rollout-top-p', 'float', 1.0, 'Sampling Parameters', 'Top-p sampling parameter for inference engine'),
+    F('rollout-top-k', 'int', -1, 'Sampling Parameters', 'Top-k sampling parameter for inference engine. -1 means not used'),
+    F('rollout-max-response-len', 'int', None, 'Sampling Parameters', "Maximum response length, equivalent to SGLang's max_tokens"),
+    F('rollout-max-prompt-len', 'int', None, 'Sampling Parameters', 'Maximum prompt length. Filters long prompts during dataset initialization if set'),
+    F('rollout-max-context-len', 'int', None, 'Sampling Parameters', 'Maximum context length for inference engine. Should not exceed max_position_embeddings in HuggingFace model config.json'),
+    F('rollout-stop', 'str_list', None, 'Sampling Parameters', 'Stop words for Rollout. Can be one or multiple strings'),
+    F('rollout-stop-token-ids', 'int_list', None, 'Sampling Parameters', 'Stop token IDs for Rollout'),
+    F('rollout-skip-special-tokens', 'flag', False, 'Sampling Parameters', 'Whether to skip special tokens in responses'),
+    # --- Oversampling and Dynamic Filtering
+    F('over-sampling-batch-size', 'int', None, 'Oversampling and Dynamic Filtering', 'Sampling batch granularity. When None, uses rollout-batch-size. Must be >= rollout-batch-size'),
+    F('dynamic-sampling-filter-path', 'str', None, 'Oversampling and Dynamic Filtering', 'Dynamic sampling filter function path. Implements filters like DAPO (e.g., excluding all-correct or all-wrong samples). Example: relax.engine.filters.dynamic_sampling_filters.check_reward_nonzero_std'),
+    F('buffer-filter-path', 'str', None, 'Oversampling and Dynamic Filtering', 'Buffer filter function path. Function signature: list[list[Sample]] -> list[list[Sample]]'),
+    # --- Partial Rollout
+    F('partial-rollout', 'flag', False, 'Partial Rollout', 'Enable partial Rollout. Incomplete samples are recycled to data buffer, suitable for long response scenarios'),
+    F('partial-rollout-max-aborted-count', 'int', None, 'Partial Rollout', 'Maximum number of times a sample can be aborted. After reaching threshold, sample is guaranteed to complete'),
+    F('mask-offpolicy-in-partial-rollout', 'flag', False, 'Partial Rollout', 'Whether to mask previous generation in partial Rollout. When set, only on-policy generated tokens participate in training'),
+    # --- Weight Update
+    F('update-weight-buffer-size', 'size', 512 * MiB, 'Weight Update', 'Buffer size for weight updates in bytes. Updates weights in chunks, useful for MoE models'),
+    F('update-weights-interval', 'int', 1, 'Weight Update', 'Weight update interval'),
+    F('keep-old-actor', 'flag', False, 'Weight Update', 'Whether to keep Rollout model during training'),
+    # --- External Inference Engine
+    F('rollout-external', 'flag', False, 'External Inference Engine', 'Use external SGLang instance instead of framework-launched instance'),
+    F('rollout-external-engine-addrs', 'str_list', None, 'External Inference Engine', 'List of external engine addresses and ports'),
+    # --- SGLang Engine Parameters
+    F('sglang-mem-fraction-static', 'float', None, 'SGLang Engine Parameters', 'SGLang static memory allocation ratio', seed_default='-'),
+    F('sglang-profile', 'flag', False, 'SGLang Engine Parameters', 'Enable torch profiling on SGLang engines during rollout. Profile traces will be saved per rollout step'),
+    F('sglang-profile-steps', 'int_list', None, 'SGLang Engine Parameters', 'List of absolute rollout step IDs (0-indexed) at which to enable SGLang profiling. Takes precedence over --sglang-profile-step-start/end. Example: --sglang-profile-steps 3 10 50'),
+    F('sglang-profile-step-start', 'int', None, 'SGLang Engine Parameters', 'Start of the rollout step range for SGLang profiling (inclusive, 0-indexed). Used with --sglang-profile-step-end to specify a contiguous range. Ignored if --sglang-profile-steps is set'),
+    F('sglang-profile-step-end', 'int', None, 'SGLang Engine Parameters', 'End of the rollout step range for SGLang profiling (inclusive, 0-indexed). Used with --sglang-profile-step-start to specify a contiguous range. Ignored if --sglang-profile-steps is set. E.g. start=2, end=4 profiles steps 2, 3, 4'),
+    F('sglang-profile-output-dir', 'str', None, 'SGLang Engine Parameters', 'Output directory for SGLang profile traces. Defaults to traces/<tb_experiment_name>/sglang_trace'),
+    F('sglang-profile-num-steps', 'int', 3, 'SGLang Engine Parameters', 'Number of SGLang forward steps to profile per rollout. -1 profiles the entire rollout step until stop_profile is called'),
+    F('sglang-profile-activities', 'str_list', ['CPU', 'GPU'], 'SGLang Engine Parameters', 'Activities to profile (e.g., CPU GPU)'),
+    F('sglang-profile-by-stage', 'flag', False, 'SGLang Engine Parameters', 'Profile by stage (prefill/decode) separately'),
+    F('sglang-profile-with-stack', 'flag', False, 'SGLang Engine Parameters', 'Record call stack in profile traces'),
+    F('sglang-profile-record-shapes', 'flag', False, 'SGLang Engine Parameters', 'Record tensor shapes in profile traces'),
+    # --- Custom Rollout Functions
+    F('rollout-function-path', 'str', 'relax.engine.rollout.sglang_rollout.generate_rollout', 'Custom Rollout Functions', 'Rollout generation function path'),
+    F('custom-generate-function-path', 'str', None, 'Custom Rollout Functions', 'Custom generate function to replace default rollout generate function. Suitable for multi-turn dialogue, function calling, etc.'),
+    F('rollout-data-postprocess-path', 'str', None, 'Custom Rollout Functions', 'Rollout data postprocessing function, called after all data (including log_probs) is fetched. Can be used to update loss mask'),
+    F('custom-rollout-log-function-path', 'str', None, 'Custom Rollout Functions', 'Custom Rollout logging function'),
+    F('custom-eval-rollout-log-function-path', 'str', None, 'Custom Rollout Functions', 'Custom evaluation Rollout logging function'),
+    # --- Batch Configuration
+    F('global-batch-size', 'int', None, 'Batch Configuration', 'Global batch size. Defines sample count needed for one parameter update (optimizer.step)'),
+    F('micro-batch-size', 'int', 1, 'Batch Configuration', 'Micro batch size. Ignored when --use-dynamic-batch-size is enabled'),
+    F('num-steps-per-rollout', 'int', None, 'Batch Configuration', 'Training steps per Rollout. Equivalent to setting GBS = rollout_batch_size * n_samples_per_prompt / num_steps_per_rollout'),
+    F('use-dynamic-batch-size', 'flag', False, 'Batch Configuration', "Enable dynamic batching. Dynamically packs samples by length so each micro-batch's total tokens approach --max-tokens-per-gpu limit"),
+    F('max-tokens-per-gpu', 'int', None, 'Batch Configuration', 'Maximum tokens per GPU. Must be set when dynamic batching is enabled. Should be set to approximately max_response_len / cp_size when using CP'),
+    F('log-probs-max-tokens-per-gpu', 'int', None, 'Batch Configuration', 'Maximum tokens per GPU when computing log probs. When None, equals max-tokens-per-gpu'),
+    F('balance-data', 'flag', False, 'Batch Configuration', 'Use karmarkar_karp algorithm to balance token count across data parallel ranks. Only available in colocate mode; not supported with --fully-async. Note: different responses for the same prompt may be assigned to different training steps'),
+    # --- Parallelism Configuration
+    F('tensor-model-parallel-size', 'int', 1, 'Parallelism Configuration', 'Tensor parallelism size'),
+    F('pipeline-model-parallel-size', 'int', 1, 'Parallelism Configuration', 'Pipeline parallelism size'),
+    F('sequence-parallel', 'flag', False, 'Parallelism Configuration', 'Enable sequence parallelism'),
+    F('context-parallel-size', 'int', 1, 'Parallelism Configuration', 'Context parallelism size'),
+    F('expert-model-parallel-size', 'int', 1, 'Parallelism Configuration', 'Expert parallelism size (for MoE models)'),
+    F('expert-tensor-parallel-size', 'int', 1, 'Parallelism Configuration', 'Expert tensor parallelism size'),
+    # --- Recomputation
+    F('recompute-granularity', 'str', None, 'Recomputation', 'Recomputation granularity: full, selective', seed_default='-'),
+    F('recompute-method', 'str', None, 'Recomputation', 'Recomputation method: uniform, block', seed_default='-'),
+    F('recompute-num-layers', 'int', None, 'Recomputation', 'Number of layers to recompute', seed_default='-'),
+    # --- Optimizer Configuration
+    F('lr', 'float', 1e-06, 'Optimizer Configuration', 'Learning rate'),
+    F('optimizer', 'str', 'adam', 'Optimizer Configuration', 'Optimizer type (native Megatron parameter)', seed_default='-'),
+    F('lr-decay-style', 'str', 'constant', 'Optimizer Configuration', 'Learning rate decay style (native Megatron parameter)', seed_default='-'),
+    F('weight-decay', 'float', 0.01, 'Optimizer Configuration', 'Weight decay (native Megatron parameter)', seed_default='-'),
+    F('adam-beta1', 'float', 0.9, 'Optimizer Configuration', 'Adam beta1 (native Megatron parameter)', seed_default='-'),
+    F('adam-beta2', 'float', 0.999, 'Optimizer Configuration', 'Adam beta2 (native Megatron parameter)', seed_default='-'),
+    F('clip-grad', 'float', 1.0, 'Optimizer Configuration', 'Gradient clipping'),
+    F('seed', 'int', 1234, 'Optimizer Configuration', 'Random seed'),
+    F('optimizer-cpu-offload', 'flag', False, 'Optimizer Configuration', 'Enable CPU offload for optimizer state (native Megatron parameter)', seed_default='-'),
+    F('overlap-cpu-optimizer-d2h-h2d', 'flag', False, 'Optimizer Configuration', 'Overlap CPU optimizer D2H/H2D communication (native Megatron parameter)', seed_default='-'),
+    F('use-precision-aware-optimizer', 'flag', False, 'Optimizer Configuration', 'Use precision-aware optimizer (native Megatron parameter)', seed_default='-'),
+    F('use-distributed-optimizer', 'flag', False, 'Optimizer Configuration', 'Shard optimizer state, ZeRO-1 style (native Megatron parameter)', seed_default='-'),
+    F('overlap-grad-reduce', 'flag', False, 'Optimizer Configuration', 'Overlap backward compute with grad reduce-scatter (native Megatron parameter)', seed_default='-'),
+    F('overlap-param-gather', 'flag', False, 'Optimizer Configuration', 'Overlap reduce-scatter with next-step param all-gather; requires --overlap-grad-reduce (native Megatron parameter)', seed_default='-'),
+    F('calculate-per-token-loss', 'flag', False, 'Optimizer Configuration', 'Calculate loss per token (native Megatron parameter)'),
+    # --- Advantage Estimation
+    F('advantage-estimator', 'str', 'grpo', 'Advantage Estimation', 'Advantage estimator. Note: OPD is now independent of advantage estimator; enable OPD on any estimator with --opd-kl-coef > 0', choices=('grpo', 'gspo', 'on_policy_distillation', 'sapo', 'cispo', 'rloo', 'reinforce_plus_plus', 'reinforce_plus_plus_baseline', 'ppo')),
+    F('normalize-advantages', 'flag', False, 'Advantage Estimation', 'Whether to normalize advantages'),
+    F('disable-grpo-std-normalization', 'flag', False, 'Advantage Estimation', 'Disable GRPO standard deviation normalization (from Dr.GRPO)', seed_default='-'),
+    F('disable-rewards-normalization', 'flag', False, 'Advantage Estimation', 'Disable reward normalization', seed_default='-'),
+    F('disable-compute-advantages-and-returns', 'flag', False, 'Advantage Estimation', 'Disable advantage and return computation. Used for SFT or custom loss functions', seed_default='-'),
+    # --- Loss Function
+    F('loss-type', 'str', 'policy_loss', 'Loss Function', 'Loss type. When custom_loss, must set --custom-loss-function-path', choices=('policy_loss', 'custom_loss',)),
+    F('custom-loss-function-path', 'str', None, 'Loss Function', 'Custom loss function path'),
+    F('eps-clip', 'float', 0.2, 'Loss Function', 'PPO clipping range (lower bound)'),
+    F('eps-clip-high', 'float', None, 'Loss Function', 'PPO clipping upper bound. When None, equals --eps-clip'),
+    F('eps-clip-c', 'float', None, 'Loss Function', 'Dual-clip PPO value lower bound (paper)'),
+    F('value-clip', 'float', 0.2, 'Loss Function', 'Value function clipping range'),
+    F('entropy-coef', 'float', 0.0, 'Loss Function', 'Entropy loss coefficient'),
+    # --- KL Divergence Related
+    F('kl-coef', 'float', 0.0, 'KL Divergence Related', 'KL penalty coefficient for reward shaping (applied to reward signal before advantage calculation). Cannot be non-zero simultaneously with --kl-loss-coef'),
+    F('use-kl-loss', 'flag', False, 'KL Divergence Related', 'Whether to use KL loss in GRPO'),
+    F('kl-loss-coef', 'float', 0.0, 'KL Divergence Related', 'KL penalty coefficient added to final PPO loss. Cannot be non-zero simultaneously with --kl-coef'),
+    F('kl-loss-type', 'str', 'k1', 'KL Divergence Related', 'KL estimator for the KL loss and KL reward shaping', choices=('k1', 'k2', 'k3', 'low_var_kl')),
+    F('use-unbiased-kl', 'flag', False, 'KL Divergence Related', 'Enable unbiased KL estimation'),
+    F('ref-update-interval', 'int', None, 'KL Divergence Related', 'Reference model update interval in Rollout steps. None means no update'),
+    # --- SAPO Parameters
+    F('sapo-tau-pos', 'float', 1.0, 'SAPO Parameters', 'SAPO positive advantage temperature'),
+    F('sapo-tau-neg', 'float', 1.05, 'SAPO Parameters', 'SAPO negative advantage temperature'),
+    # --- Critic Configuration
+    F('num-critic-only-steps', 'int', 0, 'Critic Configuration', 'Number of steps to train Critic only'),
+    F('critic-train-only', 'flag', False, 'Critic Configuration', 'Train Critic model only'),
+    F('critic-lr', 'float', None, 'Critic Configuration', 'Critic learning rate. When None, equals --lr'),
+    F('critic-lr-warmup-iters', 'int', 0, 'Critic Configuration', 'Number of iterations for linear warmup of Critic model'),
+    # --- Off-Policy Correction
+    F('use-rollout-logprobs', 'flag', False, 'Off-Policy Correction', "Use Rollout's logprobs when computing importance sampling ratio. When not set, uses Actor model's logprobs"),
+    F('use-tis', 'flag', False, 'Off-Policy Correction', 'Enable TIS (Truncated Importance Sampling) off-policy importance sampling'),
+    F('tis-clip', 'float', 2.0, 'Off-Policy Correction', 'Upper clipping threshold for importance sampling ratio'),
+    F('tis-clip-low', 'float', 0.0, 'Off-Policy Correction', 'Lower clipping threshold for importance sampling ratio'),
+    F('custom-tis-function-path', 'str', None, 'Off-Policy Correction', 'Custom TIS/RS function path'),
+    F('custom-pg-loss-reducer-function-path', 'str', None, 'Off-Policy Correction', 'Custom pg_loss reducer function path. When set, pg_loss uses custom reducer while other metrics use default sum_of_sample_mean'),
+    # --- Routing Replay and OPSM
+    F('use-routing-replay', 'flag', False, 'Routing Replay and OPSM', 'Enable Routing Replay (paper)'),
+    F('use-rollout-routing-replay', 'flag', False, 'Routing Replay and OPSM', 'Enable Rollout Routing Replay (paper). Automatically enables --use-routing-replay'),
+    F('use-opsm', 'flag', False, 'Routing Replay and OPSM', 'Enable Off-Policy Sequence Masking (OPSM)'),
+    F('opsm-delta', 'float', 0.0001, 'Routing Replay and OPSM', 'OPSM threshold'),
+    # --- Other Training Options
+    F('reset-optimizer-states', 'flag', False, 'Other Training Options', 'Whether to reset optimizer state after each Rollout'),
+    F('use-rollout-entropy', 'flag', False, 'Other Training Options', 'Whether to compute entropy when calculating logprobs. Used for special loss mask'),
+    F('get-mismatch-metrics', 'flag', False, 'Other Training Options', 'Whether to compute mismatch metrics. Requires setting --custom-tis-function-path'),
+    # --- Parameter Freezing and Selective Training
+    F('only-train-params-name-list', 'str_list', None, 'Parameter Freezing and Selective Training', 'List of regex patterns for parameters to train. Other parameters are frozen. Cannot be used simultaneously with --freeze-params-name-list. Example: --only-train-params-name-list experts'),
+    F('freeze-params-name-list', 'str_list', None, 'Parameter Freezing and Selective Training', 'List of regex patterns for parameters to freeze. Other parameters remain trainable. Example: --freeze-params-name-list embedding output_layer'),
+    # --- Evaluation Configuration
+    F('eval-interval', 'int', None, 'Evaluation Configuration', 'Evaluation interval in Rollout rounds'),
+    F('eval-prompt-data', 'str_list', None, 'Evaluation Configuration', 'Evaluation datasets in format: dataset_name /path/to/data.jsonl. Can specify multiple pairs'),
+    F('eval-config', 'str', None, 'Evaluation Configuration', 'OmegaConf YAML/JSON evaluation config file path. When set, overrides --eval-prompt-data'),
+    F('eval-function-path', 'str', None, 'Evaluation Configuration', 'Evaluation generation function path. When None, uses --rollout-function-path'),
+    F('skip-eval-before-train', 'flag', False, 'Evaluation Configuration', 'Whether to skip evaluation before training'),
+    F('eval-input-key', 'str', None, 'Evaluation Configuration', 'Key for input field in evaluation data. When None, uses --input-key'),
+    F('eval-label-key', 'str', None, 'Evaluation Configuration', 'Key for label field in evaluation data'),
+    F('eval-tool-key', 'str', None, 'Evaluation Configuration', 'Key for tool field in evaluation data'),
+    F('n-samples-per-eval-prompt', 'int', 1, 'Evaluation Configuration', 'Number of samples per evaluation prompt'),
+    F('eval-temperature', 'float', None, 'Evaluation Configuration', 'Sampling temperature for evaluation'),
+    F('eval-top-p', 'float', None, 'Evaluation Configuration', 'Top-p parameter for evaluation'),
+    F('eval-top-k', 'int', None, 'Evaluation Configuration', 'Top-k parameter for evaluation'),
+    F('eval-max-response-len', 'int', None, 'Evaluation Configuration', 'Maximum response length for evaluation'),
+    F('eval-max-prompt-len', 'int', None, 'Evaluation Configuration', 'Maximum prompt length for evaluation'),
+    F('eval-min-new-tokens', 'int', None, 'Evaluation Configuration', 'Minimum new tokens generated for evaluation'),
+    F('eval-max-context-len', 'int', None, 'Evaluation Configuration', 'Maximum context length for evaluation. When None, equals --rollout-max-context-len'),
+    # --- Reward Configuration
+    F('rm-type', 'str', None, 'Reward Configuration', 'Built-in reward model type'),
+    F('custom-rm-path', 'str', None, 'Reward Configuration', 'Custom reward function path. Function signature: def custom_rm(args, sample) -> float'),
+    F('reward-key', 'str', None, 'Reward Configuration', 'Key to extract reward value when reward function returns dict'),
+    F('eval-reward-key', 'str', None, 'Reward Configuration', 'Reward key for evaluation. When None, equals --reward-key'),
+    F('group-rm', 'flag', False, 'Reward Configuration', 'Whether to compute reward for entire group'),
+    F('rm-url', 'str', None, 'Reward Configuration', 'Remote reward model service URL (for --rm-type remote_rm)'),
+    F('custom-reward-post-process-path', 'str', None, 'Reward Configuration', 'Custom reward postprocessing function path. Default is GRPO normalization'),
+    F('custom-convert-samples-to-train-data-path', 'str', None, 'Reward Configuration', 'Custom function to convert samples to training data. Signature: def convert_samples_to_train_data(args, samples) -> dict'),
+    # --- GenRM (Generative Reward Model)
+    F('genrm-model-path', 'str', None, 'GenRM (Generative Reward Model)', 'GenRM model path. Enables GenRM when set'),
+    F('genrm-num-gpus', 'int', 1, 'GenRM (Generative Reward Model)', 'Total GPUs for GenRM'),
+    F('genrm-num-gpus-per-engine', 'int', 1, 'GenRM (Generative Reward Model)', 'GPUs per GenRM engine instance'),
+    F('genrm-engine-config', 'json', None, 'GenRM (Generative Reward Model)', 'GenRM engine initialization parameters. Example: \'{"dp_size": 1, "pp_size": 1, "max_total_tokens": 8192}\''),
+    F('genrm-sampling-config', 'json', None, 'GenRM (Generative Reward Model)', 'GenRM sampling parameters. Available keys: temperature (default 0.1), top_p (default 1.0), top_k (default -1), max_response_len (default 4096)'),
+    # --- On-Policy Distillation (OPD)
+    F('use-opd', 'flag', False, 'On-Policy Distillation (OPD)', 'Enable On-Policy Distillation. Must also specify --opd-type'),
+    F('opd-type', 'str', None, 'On-Policy Distillation (OPD)', 'OPD type. sglang: fetch teacher model logprobs from external SGLang server; megatron: load teacher model via --opd-teacher-load', choices=('sglang', 'megatron',)),
+    F('opd-kl-coef', 'float', 1.0, 'On-Policy Distillation (OPD)', 'OPD KL penalty coefficient'),
+    F('opd-teacher-load', 'str', None, 'On-Policy Distillation (OPD)', 'OPD teacher model checkpoint path. Required when --opd-type=megatron'),
+    F('opd-teacher-ckpt-step', 'int', None, 'On-Policy Distillation (OPD)', 'OPD teacher model checkpoint step'),
+    # --- Fault Tolerance Configuration
+    F('use-fault-tolerance', 'flag', False, 'Fault Tolerance Configuration', 'Whether to enable fault tolerance during Rollout'),
+    F('use-health-check', 'flag', False, 'Fault Tolerance Configuration', "Whether to enable global health check system. Controller's HealthManager monitors all services and triggers automatic restart on failure"),
+    F('max-global-restart', 'int', 3, 'Fault Tolerance Configuration', 'Maximum number of global restarts allowed. Training terminates after exceeding. Only effective when --use-health-check is enabled'),
+    F('rollout-health-check-interval', 'float', 30.0, 'Fault Tolerance Configuration', 'Rollout engine health check interval in seconds'),
+    F('rollout-health-check-timeout', 'float', 30.0, 'Fault Tolerance Configuration', 'Rollout engine health check timeout in seconds'),
+    F('rollout-health-check-first-wait', 'float', 0.0, 'Fault Tolerance Configuration', 'Initial wait time before starting health check in seconds. Increase this value when using deepgemm'),
+    # --- Autoscaler
+    F('autoscaler-config', 'str', None, 'Autoscaler', 'Path to autoscaler YAML configuration file. Enables autoscaling when set, disabled when not set. Example: --autoscaler-config relax/utils/autoscaler/autoscaler.yaml'),
+    # --- Scale-Out Operation Parameters
+    F('scale-out-timeout', 'float', 300.0, 'Scale-Out Operation Parameters', 'Timeout for all scale-out operations (engine startup, connect, health check, weight sync) in seconds'),
+    F('scale-out-partial-success-policy', 'str', 'rollback_all', 'Scale-Out Operation Parameters', 'Policy for partial success during scale-out. rollback_all reverts all engines on any failure; keep_partial keeps successfully scaled engines', choices=('rollback_all', 'keep_partial',)),
+    # --- Scale-In Operation Parameters
+    F('scale-in-drain-timeout', 'float', 30.0, 'Scale-In Operation Parameters', 'Timeout to wait for in-flight requests to drain before force-aborting (seconds)'),
+    F('scale-in-shutdown-timeout', 'float', 30.0, 'Scale-In Operation Parameters', 'Timeout for graceful SGLang engine shutdown; ray.kill is used if exceeded (seconds)'),
+    # --- TensorBoard
+    F('use-tensorboard', 'flag', False, 'TensorBoard', 'Enable TensorBoard logging'),
+    F('tb-project-name', 'str', None, 'TensorBoard', 'TensorBoard log directory. Defaults to environment variable TENSORBOARD_DIR'),
+    F('tb-experiment-name', 'str', None, 'TensorBoard', 'TensorBoard experiment name'),
+    # --- ClearML
+    F('use-clearml', 'flag', False, 'ClearML', 'Enable ClearML logging'),
+    # --- Metrics Service
+    F('use-metrics-service', 'flag', False, 'Metrics Service', 'Enable centralized metrics collection and reporting service'),
+    F('timeline-dump-dir', 'str', None, 'Metrics Service', 'Timeline trace event export directory (Chrome Trace format). Timeline tracing disabled if not set'),
+    # --- Logging Options
+    F('log-passrate', 'flag', False, 'Logging Options', 'Enable pass@n pass rate logging'),
+    F('log-multi-turn', 'flag', False, 'Logging Options', 'Enable multi-turn Rollout information logging'),
+    F('log-correct-samples', 'flag', False, 'Logging Options', 'Log correct samples'),
+    F('log-reward-category', 'str', None, 'Logging Options', 'Log reward category statistics. Specify key in reward dict'),
+    # --- Notifications
+    F('notify-urls', 'str', None, 'Notifications', 'Apprise notification URL list (comma-separated)'),
+    # --- Router Configuration
+    F('use-slime-router', 'flag', False, 'Router Configuration', "Use SlimeRouter for text-based routing instead of SGLang's token-based routing"),
+    F('slime-router-middleware-paths', 'str_list', None, 'Router Configuration', 'List of middleware paths'),
+    F('slime-router-timeout', 'float', None, 'Router Configuration', 'SlimeRouter HTTP request timeout in seconds'),
+    F('slime-router-max-connections', 'int', None, 'Router Configuration', 'SlimeRouter HTTP client maximum connections'),
+    F('slime-router-health-check-failure-threshold', 'int', 3, 'Router Configuration', 'Mark worker as unhealthy after this many consecutive failures'),
+    # --- Other Training Parameters
+    F('train-env-vars', 'json', {}, 'Other Training Parameters', 'Additional environment variables for training process'),
+    F('train-memory-margin-bytes', 'size', GiB, 'Other Training Parameters', 'Reserved space for training memory allocation'),
+    F('disable-weights-backuper', 'flag', False, 'Other Training Parameters', 'Disable weight backup to save host memory', seed_default='-'),
+    F('custom-model-provider-path', 'str', None, 'Other Training Parameters', 'Custom model provider function path'),
+    F('recompute-loss-function', 'flag', False, 'Other Training Parameters', 'Whether to recompute loss function to save VRAM'),
+    F('log-probs-chunk-size', 'int', -1, 'Other Training Parameters', 'Chunk size for computing log probs. Used to save VRAM'),
+    F('allgather-cp', 'flag', False, 'Other Training Parameters', '-'),
+    F('model-name', 'str', None, 'Other Training Parameters', 'Model name for Megatron to HF weight conversion. Inferred from AutoConfig.from_pretrained(hf_checkpoint) if not set'),
+    F('only-load-weight', 'flag', False, 'Other Training Parameters', 'Reference model and actor fwd only load weights'),
+    F('rlsp-server-port', 'int', 8234, 'Other Training Parameters', 'RLSP Server HTTP port'),
+    F('custom-config-path', 'str', None, 'Other Training Parameters', 'Custom parameter YAML config file path. Key-value pairs in file override existing parameters'),
+    # --- Debug
+    F('debug-rollout-only', 'flag', False, 'Debug', 'Run Rollout only, no training'),
+    F('debug-train-only', 'flag', False, 'Debug', 'Run training only, no Rollout'),
+    F('load-debug-rollout-data', 'str', None, 'Debug', 'Load debug Rollout data. Automatically enables --debug-train-only when set'),
+    F('load-debug-rollout-data-subsample', 'float', None, 'Debug', 'Subsample debug Rollout data to accelerate debugging'),
+    F('save-debug-rollout-data', 'str', None, 'Debug', 'Save Rollout data. Path supports {rollout_id} placeholder'),
+    F('save-debug-train-data', 'str', None, 'Debug', 'Save training data. Path supports {rollout_id} placeholder'),
+    F('dump-details', 'str', None, 'Debug', 'Export all training details for post-hoc analysis'),
+    F('check-weight-update-equal', 'flag', False, 'Debug', 'Check if weight updates are equal'),
+    F('enable-cuda-memory-check', 'flag', False, 'Debug', 'Enable memory check around low-level NCCL communication calls. Logs available GPU memory before each collective and attaches memory info to exceptions on failure'),
+    # --- Training Performance Profiling
+    F('use-pytorch-profiler', 'flag', False, 'Training Performance Profiling', "Enable PyTorch's built-in profiler to record CUDA kernels, CPU ops, and communication during training (from Megatron)"),
+    F('profile-step-start', 'int', 10, 'Training Performance Profiling', 'Step offset at which to start profiling (inclusive, from Megatron). Counts from 0 since the current training launch, not absolute rollout ID; resets on checkpoint resumption'),
+    F('profile-step-end', 'int', 12, 'Training Performance Profiling', 'Step offset at which to stop profiling (inclusive, from Megatron). Same counting semantics as above. E.g. start=10, end=12 profiles steps 10, 11, 12 (3 steps)'),
+    F('profile-target', 'str_list', ['train_overall'], 'Training Performance Profiling', 'Profiling targets: train_overall, train_actor, train_log_probs'),
+    F('profile-with-stack', 'flag', False, 'Training Performance Profiling', 'Record stack information in profiler traces'),
+    F('profile-with-memory', 'flag', False, 'Training Performance Profiling', 'Record memory information in profiler traces'),
+    F('profile-with-flops', 'flag', False, 'Training Performance Profiling', 'Estimate FLOPs in profiler traces'),
+    # --- GPU Memory Profiling
+    F('record-memory-history', 'flag', False, 'GPU Memory Profiling', 'Enable CUDA memory allocation history recording (from Megatron). Records call stacks and tensor info for each allocation/deallocation, and auto-dumps a snapshot on OOM'),
+    F('memory-snapshot-path', 'str', 'snapshot.pickle', 'GPU Memory Profiling', 'Memory snapshot filename (from Megatron)'),
+    F('memory-snapshot-dir', 'str', None, 'GPU Memory Profiling', 'Memory snapshot output directory. Defaults to traces/<tb_experiment_name>/memory_snapshot'),
+    F('memory-snapshot-num-steps', 'int', None, 'GPU Memory Profiling', 'Proactively dump a memory snapshot after the specified number of steps (0-indexed, i.e., setting 3 means dump after step 2)'),
+    F('memory-recorder', 'str', 'torch', 'GPU Memory Profiling', 'Memory recorder backend: torch (PyTorch built-in), memray (requires pip install memray)'),
+    # --- Network
+    F('http-proxy', 'str', None, 'Network', 'HTTP proxy address'),
+    F('use-distributed-post', 'flag', False, 'Network', 'Use distributed POST requests'),
+]
+
+ADDITIONS_GROUP = "Relax harness additions"
+ADDED_FLAGS: list[FlagSpec] = [
+    F("preset", "str", None, ADDITIONS_GROUP,
+      "Named bundle of defaults (relax/utils/presets.py), e.g. quickstart; later flags and --config override it"),
+    F("output-dir", "str", None, ADDITIONS_GROUP,
+      "Run directory for metrics.jsonl, weights.jsonl, events.jsonl, samples.jsonl, run.json (default runs/<timestamp>)"),
+    F("config", "str", None, ADDITIONS_GROUP,
+      "YAML file whose keys are flag names (with - or _); same semantics as --custom-config-path"),
+    F("device", "str", "auto", ADDITIONS_GROUP, "Device for the trainer and embedded engines: auto picks cuda when available",
+      choices=("auto", "cpu", "cuda")),
+    F("rollout-backend", "str", "embedded", ADDITIONS_GROUP,
+      "Rollout engine: embedded (our engine server) or sglang (a real SGLang server)", choices=("embedded", "sglang")),
+]
+
+# What is implemented so far. A flag not listed here may only keep its documented default;
+# a choice flag listed in SUPPORTED_VALUES may only take those values.
+SUPPORTED: frozenset[str] = frozenset({
+    # cluster and checkpoints
+    "resource", "colocate", "hf-checkpoint", "load", "save", "save-interval", "save-hf", "no-save-optim",
+    # data
+    "prompt-data", "input-key", "label-key", "metadata-key", "tool-key", "apply-chat-template",
+    "apply-chat-template-kwargs", "system-prompt", "rollout-shuffle", "rollout-seed", "rollout-max-prompt-len",
+    "data-source-path", "rollout-function-path",
+    # rollout
+    "num-rollout", "num-epoch", "rollout-batch-size", "n-samples-per-prompt", "rollout-temperature", "rollout-top-p",
+    "rollout-top-k", "rollout-max-response-len", "rollout-max-context-len", "rollout-stop", "rollout-stop-token-ids",
+    "rollout-skip-special-tokens", "update-weight-buffer-size",
+    # batching and optimizer
+    "global-batch-size", "micro-batch-size", "num-steps-per-rollout", "lr", "clip-grad", "seed", "weight-decay",
+    "adam-beta1", "adam-beta2", "optimizer", "train-backend",
+    # algorithm
+    "advantage-estimator", "normalize-advantages", "disable-grpo-std-normalization", "disable-rewards-normalization",
+    "eps-clip", "eps-clip-high", "eps-clip-c", "entropy-coef", "use-kl-loss", "kl-loss-coef", "kl-loss-type",
+    "calculate-per-token-loss",
+    # rewards
+    "rm-type", "custom-rm-path", "reward-key",
+    # logging and config
+    "use-tensorboard", "tb-project-name", "tb-experiment-name", "custom-config-path",
+    # additions
+    "preset", "output-dir", "config", "device", "rollout-backend",
+})
+SUPPORTED_VALUES: dict[str, frozenset[Any]] = {
+    "optimizer": frozenset({"adam"}),
+    "advantage-estimator": frozenset({"grpo"}),
+    "train-backend": frozenset({"torch"}),
+    "rollout-backend": frozenset({"embedded"}),
+}
+
+
+def _finalize(spec: FlagSpec) -> FlagSpec:
+    from dataclasses import replace
+
+    return replace(spec, supported=spec.name in SUPPORTED, supported_values=SUPPORTED_VALUES.get(spec.name))
+
+
+FLAGS: list[FlagSpec] = [_finalize(f) for f in SEED_FLAGS + ADDED_FLAGS]
+FLAGS_BY_NAME: dict[str, FlagSpec] = {f.name: f for f in FLAGS}

@@ -1,0 +1,41 @@
+"""Helpers for tests that run ``relax train`` as a real subprocess (its own Ray cluster)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+# A small, fast variant of the quickstart: 8 prompts x 4 samples, two micro-batches per step.
+FAST_FLAGS = [
+    "--preset", "quickstart",
+    "--rollout-batch-size", "8",
+    "--n-samples-per-prompt", "4",
+    "--global-batch-size", "32",
+    "--micro-batch-size", "16",
+]
+
+
+def run_relax(args: list[str], tmp_path: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", RELAX_RAY_TEMP_DIR=str(_ray_dir(tmp_path)))
+    return subprocess.run(
+        [sys.executable, "-m", "relax.cli", "train", *args],
+        capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path,
+    )
+
+
+def _ray_dir(tmp_path: Path) -> Path:
+    # Ray's socket paths must stay short (AF_UNIX limit), so use a short dir under /tmp.
+    d = Path("/tmp") / f"rt{abs(hash(str(tmp_path))) % 10**8}"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def assert_ok(proc: subprocess.CompletedProcess[str]) -> None:
+    assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
