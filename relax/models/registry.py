@@ -101,7 +101,9 @@ def build_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, seed: 
     if Path(name_or_path).is_dir():
         from transformers import AutoModelForCausalLM
 
-        return AutoModelForCausalLM.from_pretrained(name_or_path, local_files_only=True, dtype=dtype)
+        return AutoModelForCausalLM.from_pretrained(
+            name_or_path, local_files_only=True, dtype=dtype, attn_implementation="eager"
+        )
     raise _unknown(name_or_path)
 
 

@@ -30,8 +30,7 @@ def _quickstart() -> dict[str, Any]:
         "n_samples_per_prompt": 8,
         "rollout_max_response_len": 1,
         "rollout_temperature": 1.0,
-        "global_batch_size": 256,
-        "micro_batch_size": 256,
+        "micro_batch_size": 64,  # --global-batch-size defaults to the whole rollout (one optimizer step)
         "num_rollout": 300,
         "lr": 3e-3,
         "weight_decay": 0.0,

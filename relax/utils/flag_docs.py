@@ -1,0 +1,45 @@
+"""Generate docs/flags.md from the flag table: ``python -m relax.utils.flag_docs > docs/flags.md``."""
+
+from __future__ import annotations
+
+import sys
+
+from relax.utils.flag_table import FLAGS, MiB
+
+
+def _default(spec) -> str:
+    if spec.seed_default is not None:
+        return f"{spec.default!r} (seed: {spec.seed_default})"
+    if spec.type == "size" and isinstance(spec.default, int):
+        return f"{spec.default} ({spec.default // MiB} MiB)"
+    return "required" if spec.required else repr(spec.default)
+
+
+def _status(spec) -> str:
+    if spec.supported_values is not None:
+        return "yes: " + ", ".join(sorted(map(str, spec.supported_values)))
+    return "yes" if spec.supported else "not yet"
+
+
+def render() -> str:
+    lines = [
+        "# `relax train` flags",
+        "",
+        "Generated from `relax/utils/flag_table.py` by `python -m relax.utils.flag_docs`; do not edit by hand.",
+        "A flag marked *not yet* parses with its documented type and default and exits 2 with",
+        "`relax: not supported yet: --flag` when given any other value. `--sglang-*` flags not listed here",
+        "are passed through to SGLang (minus the prefix) when `--rollout-backend sglang` is used.",
+    ]
+    group = None
+    for spec in FLAGS:
+        if spec.group != group:
+            group = spec.group
+            lines += ["", f"## {group}", "", "| flag | type | default | implemented | description |", "|---|---|---|---|---|"]
+        choices = f" Choices: {', '.join(spec.choices)}." if spec.choices else ""
+        help_ = (spec.help + choices).replace("|", "\\|")
+        lines.append(f"| `--{spec.name}` | {spec.type} | {_default(spec)} | {_status(spec)} | {help_} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render())
