@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.ray]
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("straight")
-    proc = run_relax([*FAST_FLAGS, "--num-rollout", "6", "--output-dir", str(tmp / "run")], tmp)
+    proc = run_relax([*FAST_FLAGS, "--num-rollout", "6", "--use-tensorboard", "--output-dir", str(tmp / "run")], tmp)
     assert_ok(proc)
     return tmp / "run"
 
@@ -60,7 +60,7 @@ def test_resume_parity(straight_run: Path, tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     first = run_relax(
         [*FAST_FLAGS, "--num-rollout", "3", "--save", str(ckpt), "--save-interval", "3",
-         "--output-dir", str(tmp_path / "a")], tmp_path,
+         "--save-hf", str(tmp_path / "hf_{rollout_id}"), "--output-dir", str(tmp_path / "a")], tmp_path,
     )
     assert_ok(first)
     second = run_relax(
@@ -73,3 +73,22 @@ def test_resume_parity(straight_run: Path, tmp_path: Path) -> None:
     for a, b in zip(straight, resumed, strict=True):
         for key in ("train/loss", "train/pg_loss", "rollout/reward_mean", "train/grad_norm"):
             assert abs(a[key] - b[key]) < 1e-6, f"step {a['step']} {key}: straight {a[key]} vs resumed {b[key]}"
+
+
+def test_tensorboard_events_written(straight_run: Path) -> None:
+    assert list((straight_run / "tensorboard").rglob("events.out.tfevents.*"))
+
+
+def test_save_hf_loads_with_transformers_and_matches_synced_weights(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from relax.weights.checksum import state_checksums
+
+    proc = run_relax([*FAST_FLAGS, "--num-rollout", "2", "--save-hf", str(tmp_path / "hf_{rollout_id}"),
+                      "--output-dir", str(tmp_path / "run")], tmp_path)
+    assert_ok(proc)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf_1", local_files_only=True)
+    AutoTokenizer.from_pretrained(tmp_path / "hf_1", local_files_only=True)
+    last = [r for r in read_jsonl(tmp_path / "run" / "weights.jsonl") if r["side"] == "trainer"][-1]
+    assert last["version"] == 2
+    assert state_checksums(model.state_dict().items()) == last["checksums"]
