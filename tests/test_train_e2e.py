@@ -92,3 +92,16 @@ def test_save_hf_loads_with_transformers_and_matches_synced_weights(tmp_path: Pa
     last = [r for r in read_jsonl(tmp_path / "run" / "weights.jsonl") if r["side"] == "trainer"][-1]
     assert last["version"] == 2
     assert state_checksums(model.state_dict().items()) == last["checksums"]
+
+
+def test_two_engines_both_receive_every_sync(tmp_path: Path) -> None:
+    proc = run_relax([*FAST_FLAGS, "--num-rollout", "2", "--resource", '{"actor": [1, 0], "rollout": [2, 0]}',
+                      "--output-dir", str(tmp_path / "run")], tmp_path)
+    assert_ok(proc)
+    records = read_jsonl(tmp_path / "run" / "weights.jsonl")
+    for version in range(3):
+        sides = {r["side"]: r["checksums"] for r in records if r["version"] == version}
+        assert set(sides) == {"trainer", "engine:0", "engine:1"}
+        assert sides["engine:0"] == sides["trainer"] == sides["engine:1"]
+    roles = {e["role"] for e in read_jsonl(tmp_path / "run" / "events.jsonl") if e["event"] == "process_started"}
+    assert roles == {"trainer:0", "engine:0", "engine:1"}

@@ -1,8 +1,13 @@
-"""Reading prompt datasets (jsonl, parquet) with errors that name the file and line."""
+"""Reading prompt datasets (``.jsonl``, ``.parquet``) with one-line errors naming file and line.
+
+Line numbers are 1-based file lines for jsonl (blank lines are skipped but still counted) and
+1-based row numbers for parquet.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,44 +16,61 @@ class DataError(ValueError):
     """Prompt data is missing or malformed; the message is one line naming the culprit."""
 
 
-def read_records(path: str | Path) -> list[dict[str, Any]]:
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"prompt data not found: {p}")
-    suffix = p.suffix.lower()
-    if suffix == ".jsonl":
-        return _read_jsonl(p)
-    if suffix == ".parquet":
-        return _read_parquet(p)
-    raise DataError(f"{p}: unsupported prompt data format {suffix!r} (use .jsonl or .parquet)")
+Record = dict[str, Any]
 
 
-def _read_jsonl(p: Path) -> list[dict[str, Any]]:
-    records = []
-    with open(p, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{p}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno})") from None
-            if not isinstance(record, dict):
-                raise DataError(f"{p}:{lineno}: expected a JSON object, got {type(record).__name__}")
-            records.append(record)
-    return records
+def _read_jsonl(p: Path) -> list[tuple[int, Record]]:
+    rows: list[tuple[int, Record]] = []
+    try:
+        with open(p, encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{p}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno})") from None
+                if not isinstance(record, dict):
+                    raise DataError(f"{p}:{lineno}: expected a JSON object, got {type(record).__name__}")
+                rows.append((lineno, record))
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    return rows
 
 
-def _read_parquet(p: Path) -> list[dict[str, Any]]:
+def _read_parquet(p: Path) -> list[tuple[int, Record]]:
     import pyarrow.parquet as pq
 
     try:
-        return pq.read_table(p).to_pylist()
+        table = pq.read_table(p)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for bad files
-        raise DataError(f"{p}: cannot read parquet: {exc}".splitlines()[0]) from None
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise DataError(f"{p}: cannot read parquet: {first}") from None
+    return list(enumerate(table.to_pylist(), start=1))
 
 
-def require_key(records: list[dict[str, Any]], key: str, path: str | Path) -> None:
-    for i, record in enumerate(records, start=1):
-        if key not in record:
-            raise DataError(f"{path}:{i}: missing key {key!r} (set --input-key)")
+READERS: dict[str, Callable[[Path], list[tuple[int, Record]]]] = {
+    ".jsonl": _read_jsonl,
+    ".parquet": _read_parquet,
+}
+
+
+def read_records(path: str | Path, *, required_keys: Sequence[str] = ()) -> list[Record]:
+    """All records of a prompt file, in file order.
+
+    ``required_keys`` (e.g. the ``--input-key``) are checked here, where true line numbers are known.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"prompt data not found: {p}")
+    reader = READERS.get(p.suffix.lower())
+    if reader is None:
+        raise DataError(
+            f"{p}: unsupported prompt data format {p.suffix!r} (use {' or '.join(READERS)})"
+        )
+    rows = reader(p)
+    for lineno, record in rows:
+        for key in required_keys:
+            if key not in record:
+                raise DataError(f"{p}:{lineno}: missing key {key!r}")
+    return [record for _, record in rows]

@@ -1,5 +1,17 @@
 """Offline tiny model zoo, tokenizers and synthetic tasks (no hub access anywhere)."""
 
-from relax.models.registry import PRESETS, build_config, build_model, load_tokenizer, save_hf
+from relax.models.registry import (
+    PRESETS,
+    Checkpoint,
+    build_config,
+    build_model,
+    load_tokenizer,
+    param_count,
+    resolve_checkpoint,
+    save_hf,
+)
 
-__all__ = ["PRESETS", "build_config", "build_model", "load_tokenizer", "save_hf"]
+__all__ = [
+    "PRESETS", "Checkpoint", "build_config", "build_model", "load_tokenizer", "param_count",
+    "resolve_checkpoint", "save_hf",
+]
