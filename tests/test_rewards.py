@@ -3,65 +3,165 @@
 from __future__ import annotations
 
 import asyncio
-import sys
+import uuid
 from argparse import Namespace
 from pathlib import Path
 
 import pytest
 
-from relax.algorithms import extract_reward
-from relax.engine.rewards import compute_rewards, get_reward_fn
-from relax.engine.rewards.graders import math_answer
+from relax.engine.rewards import GRADERS, compute_rewards, get_reward_fn
+from relax.engine.rewards.graders import extract_answer, math_answer, to_number
 from relax.utils.arguments import ConfigError
+from relax.utils.plugins import PluginError
 from relax.utils.types import Sample
 
 
-def _s(response: str, label: object) -> Sample:
-    return Sample(response=response, label=label)
+def _s(response: str, label: object = None, index: int | None = None) -> Sample:
+    return Sample(response=response, label=label, index=index)
+
+
+def _args(**kw) -> Namespace:
+    base = dict(custom_rm_path=None, rm_type="exact", reward_key=None)
+    base.update(kw)
+    return Namespace(**base)
+
+
+@pytest.fixture
+def module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Write a uniquely named module (the plug-in loader caches by path) and return its name."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def write(source: str) -> str:
+        name = f"relax_test_rm_{uuid.uuid4().hex[:8]}"
+        (tmp_path / f"{name}.py").write_text(source)
+        return name
+
+    return write
 
 
 @pytest.mark.parametrize("response, label, expected", [
     ("The answer is \\boxed{42}.", "42", 1.0),
+    ("The answer is \\boxed{42}.", 42, 1.0),  # non-string labels (parquet ints)
     ("\\boxed{\\frac{1}{2}}", "0.5", 1.0),
+    ("\\boxed{\\dfrac{3}{4}}", "3/4", 1.0),
+    ("\\boxed{-\\frac{1}{2}}", "-0.5", 1.0),
+    ("\\boxed{x = \\frac{10}{4}}", "2.5", 1.0),
     ("so x = 1,000", "1000", 1.0),
+    ("so x = 1000", "1,000", 1.0),
+    ("\\boxed{1,234,567}", "1234567", 1.0),
+    ("points (1,2) and 3", "3", 1.0),  # "1,2" is not a thousands group
     ("first 3 then -7", "-7", 1.0),
-    ("\\boxed{{3}}", "\\boxed{3}", 0.0),
+    ("first 3 then -7", "7", 0.0),
+    ("\\boxed{{3}}", "\\boxed{3}", 1.0),  # redundant braces
     ("\\boxed{3}", "\\boxed{3}", 1.0),
+    ("\\boxed{\\text{5}}", "5", 1.0),
+    ("\\boxed{50\\%}", "50", 1.0),
     ("1/2", "0.5", 1.0),
+    ("0.50", "1/2", 1.0),
+    ("It is 42.", "42", 1.0),
     ("no number here", "1", 0.0),
     ("12", "13", 0.0),
+    ("\\boxed{12} then 13", "12", 1.0),  # boxed beats the last number
+    ("\\boxed{1} and later \\boxed{2}", "2", 1.0),  # last box wins
+    ("\\boxed{\\sqrt{2}}", "\\sqrt{2}", 1.0),  # non-numeric: normalized string match
+    ("\\boxed{\\sqrt{3}}", "\\sqrt{2}", 0.0),
+    ("\\boxed{3", "3", 0.0),  # unbalanced box: no answer
+    ("3", None, 0.0),
 ])
-def test_math_grader(response: str, label: str, expected: float) -> None:
+def test_math_grader(response: str, label: object, expected: float) -> None:
     assert math_answer(Namespace(), _s(response, label)) == expected
 
 
-def test_exact_grader_and_unknown_type() -> None:
-    assert get_reward_fn("exact")(Namespace(), _s(" 7 ", "7")) == 1.0
-    assert get_reward_fn("exact")(Namespace(), _s("8", "7")) == 0.0
-    with pytest.raises(ConfigError, match="unknown --rm-type 'nope'; known: exact, math"):
+def test_math_helpers() -> None:
+    assert extract_answer("a \\boxed{\\frac{a}{\\sqrt{b}}} b") == "\\frac{a}{\\sqrt{b}}"
+    assert extract_answer("\\fbox{7}") == "7"
+    assert extract_answer("nothing") is None
+    assert to_number("1,000.5") == to_number("1000.5") == to_number("2001/2")
+    assert to_number("\\frac{1}{0}") is None and to_number("abc") is None
+
+
+def test_exact_grader() -> None:
+    exact = get_reward_fn("exact")
+    assert exact(Namespace(), _s(" 7 ", "7")) == 1.0
+    assert exact(Namespace(), _s("7", 7)) == 1.0
+    assert exact(Namespace(), _s("8", "7")) == 0.0
+    assert exact(Namespace(), _s("77", "7")) == 0.0
+
+
+def test_unknown_rm_type_lists_known() -> None:
+    with pytest.raises(ValueError) as info:
         get_reward_fn("nope")
+    assert isinstance(info.value, ConfigError)
+    assert str(info.value) == f"unknown --rm-type 'nope'; known: {', '.join(sorted(GRADERS))}"
+    assert {"exact", "math"} <= set(GRADERS)
 
 
-def test_custom_async_reward_by_dotted_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "my_rm.py").write_text(
-        "async def reward(args, sample, **kw):\n    return {'acc': float(sample.response == 'x'), 'len': 1.0}\n"
+def test_no_reward_configured() -> None:
+    with pytest.raises(ConfigError, match="set --rm-type"):
+        asyncio.run(compute_rewards(_args(rm_type=None), [_s("1")]))
+
+
+def test_builtin_rewards_are_stored_on_samples() -> None:
+    samples = [_s("1", "1"), _s("2", "1"), _s("\\boxed{1}", "1")]
+    assert asyncio.run(compute_rewards(_args(), samples)) == [1.0, 0.0, 0.0]
+    assert [s.reward for s in samples] == [1.0, 0.0, 0.0]
+    assert asyncio.run(compute_rewards(_args(rm_type="math"), samples)) == [1.0, 0.0, 1.0]
+
+
+def test_async_custom_reward_dict_and_reward_key(module) -> None:
+    name = module(
+        "import asyncio\n"
+        "async def reward(args, sample, **kw):\n"
+        "    await asyncio.sleep(0)\n"
+        "    return {'acc': float(sample.response == 'x'), 'len': float(len(sample.response))}\n"
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    args = Namespace(custom_rm_path="my_rm.reward", rm_type=None, reward_key="acc")
-    samples = [_s("x", None), _s("y", None)]
-    rewards = asyncio.run(compute_rewards(args, samples))
-    assert [extract_reward(r, "acc") for r in rewards] == [1.0, 0.0]
-    assert samples[0].reward == {"acc": 1.0, "len": 1.0}
-    with pytest.raises(ValueError, match="--reward-key 'nope' not in reward dict"):
-        extract_reward(rewards[0], "nope")
+    samples = [_s("x"), _s("yy")]
+    rewards = asyncio.run(compute_rewards(_args(custom_rm_path=f"{name}.reward", reward_key="acc"), samples))
+    assert rewards == [1.0, 0.0]
+    assert samples[1].reward == {"acc": 0.0, "len": 2.0}  # the full dict stays for logging
+    assert asyncio.run(compute_rewards(_args(custom_rm_path=f"{name}.reward", reward_key="len"), samples)) == [1.0, 2.0]
+    with pytest.raises(ValueError, match=r"--reward-key 'nope' not in reward dict \(keys: \['acc', 'len'\]\)"):
+        asyncio.run(compute_rewards(_args(custom_rm_path=f"{name}.reward", reward_key="nope"), samples))
     with pytest.raises(ValueError, match="set --reward-key"):
-        extract_reward(rewards[0], None)
-    sys.modules.pop("my_rm", None)
+        asyncio.run(compute_rewards(_args(custom_rm_path=f"{name}.reward"), samples))
 
 
-def test_custom_reward_bad_path_names_flag() -> None:
-    from relax.utils.plugins import PluginError
+def test_async_custom_rewards_run_concurrently(module) -> None:
+    name = module(
+        "import asyncio\n"
+        "running = 0\n"
+        "peak = 0\n"
+        "async def reward(args, sample):\n"
+        "    global running, peak\n"
+        "    running += 1; peak = max(peak, running)\n"
+        "    await asyncio.sleep(0.01)\n"
+        "    running -= 1\n"
+        "    return float(sample.index)\n"
+    )
+    samples = [_s("", index=i) for i in range(5)]
+    assert asyncio.run(compute_rewards(_args(custom_rm_path=f"{name}.reward"), samples)) == [0.0, 1.0, 2.0, 3.0, 4.0]
+    import sys
 
-    args = Namespace(custom_rm_path="no_such_mod.fn", rm_type=None, reward_key=None)
-    with pytest.raises(PluginError, match="--custom-rm-path: cannot import module 'no_such_mod'"):
-        asyncio.run(compute_rewards(args, [_s("x", None)]))
+    assert sys.modules[name].peak == 5
+
+
+def test_sync_custom_reward_with_kwargs_signature(module) -> None:
+    name = module("def reward_func(args, sample, **kwargs):\n    return len(sample.response)\n")
+    samples = [_s("abc"), _s("")]
+    assert asyncio.run(compute_rewards(_args(custom_rm_path=f"{name}.reward_func"), samples)) == [3.0, 0.0]
+    assert samples[0].reward == 3
+
+
+def test_custom_reward_errors_name_the_function_and_sample(module) -> None:
+    name = module("def bad(args, sample):\n    raise RuntimeError('boom')\n")
+    with pytest.raises(RuntimeError, match="boom") as info:
+        asyncio.run(compute_rewards(_args(custom_rm_path=f"{name}.bad"), [_s("x", index=4)]))
+    assert f"in reward function --custom-rm-path {name}.bad (sample index 4" in info.value.__notes__[0]
+
+
+def test_custom_reward_bad_paths_name_flag_and_signature(module) -> None:
+    with pytest.raises(PluginError, match="--custom-rm-path: cannot import module 'no_such_mod'.*reward_func\\(args, sample"):
+        asyncio.run(compute_rewards(_args(custom_rm_path="no_such_mod.fn"), [_s("x")]))
+    name = module("def one(sample):\n    return 1.0\n")
+    with pytest.raises(PluginError, match="takes 1 positional argument"):
+        asyncio.run(compute_rewards(_args(custom_rm_path=f"{name}.one"), [_s("x")]))

@@ -11,8 +11,7 @@ from argparse import Namespace
 import ray
 
 from relax import checkpoint as ckpt
-from relax.algorithms import extract_reward
-from relax.backends.torch.batch import TrainSample
+from relax.core.train_data import to_train_samples
 from relax.core.setup import RunInputs
 from relax.distributed.actors import EngineActor, TrainerActor
 from relax.distributed.placement import parse_resource, start_ray
@@ -20,25 +19,13 @@ from relax.engine.rollout.engine_pool import RayEnginePool
 from relax.engine.rollout.sglang_rollout import GenerateState
 from relax.metrics import console
 from relax.metrics.artifacts import RunArtifacts
-from relax.utils.types import Sample
 from relax.weights.sync import sync_weights
 
 
-def _to_train_sample(args: Namespace, s: Sample) -> TrainSample:
-    return TrainSample(
-        tokens=list(s.tokens),
-        response_length=s.response_length,
-        loss_mask=list(s.effective_loss_mask()),
-        reward=extract_reward(s.reward, args.reward_key),
-        rollout_log_probs=s.rollout_log_probs,
-        teacher_log_probs=s.teacher_log_probs,
-    )
-
-
-def _rollout_metrics(args: Namespace, samples: list[TrainSample], seconds: float) -> dict[str, float]:
+def _rollout_metrics(samples, raw_rewards: list[float], seconds: float) -> dict[str, float]:
     import numpy as np
 
-    rewards = np.array([s.reward for s in samples], dtype=np.float64)
+    rewards = np.array(raw_rewards, dtype=np.float64)
     lengths = np.array([s.response_length for s in samples], dtype=np.float64)
     return {
         "rollout/reward_mean": float(rewards.mean()),
@@ -96,7 +83,7 @@ def train_colocate(args: Namespace, run: RunInputs, artifacts: RunArtifacts) -> 
         artifacts.event("step_start", step=step)
         artifacts.event("phase", step=step, phase="rollout")
         groups = run.rollout_fn(args, step, run.data_source)
-        samples = [_to_train_sample(args, s) for g in groups for s in g]
+        samples, raw_rewards = to_train_samples(args, groups)
         t1 = time.perf_counter()
         artifacts.event("phase", step=step, phase="train")
         train_metrics = ray.get(trainer.train_rollout.remote(samples, step))
@@ -119,7 +106,7 @@ def train_colocate(args: Namespace, run: RunInputs, artifacts: RunArtifacts) -> 
             "step": step,
             "weight_version": step,
             "time": time.time(),
-            **_rollout_metrics(args, samples, t1 - t0),
+            **_rollout_metrics(samples, raw_rewards, t1 - t0),
             **train_metrics,
             "perf/rollout_time_s": t1 - t0,
             "perf/train_time_s": t2 - t1,

@@ -27,7 +27,7 @@ def _read_jsonl(p: Path) -> list[tuple[int, Record]]:
                 if not line.strip():
                     continue
                 try:
-                    record = json.loads(line)
+                    record = json.loads(line.rstrip("\r\n"))
                 except json.JSONDecodeError as exc:
                     raise DataError(f"{p}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno})") from None
                 if not isinstance(record, dict):

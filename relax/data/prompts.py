@@ -1,15 +1,38 @@
-"""Turning dataset records into prompt `Sample`s: chat template, system prompt, length filter."""
+"""Turning dataset records into prompt `Sample`s: chat template, system prompt, length filter.
+
+``Sample.prompt`` is the exact text sent to the engine and ``Sample.tokens`` its token ids
+(``add_special_tokens=False``: no BOS unless the chat template writes one).
+
+* With ``--apply-chat-template`` the input is a string (one user message) or a list of
+  OpenAI messages; ``--system-prompt`` becomes a leading system message.
+* Without it the input must be a string and the system prompt is a plain text prefix
+  (``<system_prompt><dataset_prompt>``, as the seed documents).
+"""
 
 from __future__ import annotations
 
+import json
+import logging
+from collections.abc import Callable
 from typing import Any
 
 from relax.data.dataset import DataError
 from relax.utils.types import Sample
 
+logger = logging.getLogger(__name__)
+
+# --custom-prompt-path contract (seed 000): transforms the raw input before templating.
+PromptFn = Callable[[Any, dict[str, Any]], Any]
+CUSTOM_PROMPT_SIGNATURE = "custom_fn(prompt, data: dict) -> prompt"
+
 
 def _messages(value: Any, system_prompt: str | None) -> list[dict[str, Any]]:
-    messages = [{"role": "user", "content": value}] if isinstance(value, str) else list(value)
+    if isinstance(value, str):
+        messages = [{"role": "user", "content": value}]
+    elif isinstance(value, list) and all(isinstance(m, dict) for m in value):
+        messages = list(value)
+    else:
+        raise ValueError(f"input must be a string or a list of messages, got {type(value).__name__}")
     if system_prompt:
         messages = [{"role": "system", "content": system_prompt}, *messages]
     return messages
@@ -17,42 +40,67 @@ def _messages(value: Any, system_prompt: str | None) -> list[dict[str, Any]]:
 
 def prompt_text(record_input: Any, tokenizer: Any, *, apply_chat_template: bool, system_prompt: str | None,
                 tools: Any = None, chat_template_kwargs: dict[str, Any] | None = None) -> str:
+    """The engine-facing prompt text for one record's input."""
     if apply_chat_template:
         return tokenizer.apply_chat_template(
             _messages(record_input, system_prompt), tools=tools, tokenize=False, add_generation_prompt=True,
             **(chat_template_kwargs or {}),
         )
     if not isinstance(record_input, str):
-        raise ValueError("a message list as input needs --apply-chat-template")
+        raise ValueError(f"input is a {type(record_input).__name__}; a message list needs --apply-chat-template")
     return (system_prompt or "") + record_input
 
 
-def build_samples(records: list[dict[str, Any]], tokenizer: Any, *, path: str, input_key: str,
-                  label_key: str | None, metadata_key: str, apply_chat_template: bool,
+def _metadata(value: Any) -> dict[str, Any]:
+    """A dict as is; a JSON-object string (common in parquet) decoded; anything else under "value"."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            decoded = json.loads(value)
+        except json.JSONDecodeError:
+            decoded = None
+        if isinstance(decoded, dict):
+            return decoded
+    return dict(value) if isinstance(value, dict) else {"value": value}
+
+
+def build_samples(records: list[dict[str, Any]], tokenizer: Any, *, input_key: str, label_key: str | None,
+                  metadata_key: str, apply_chat_template: bool,
                   apply_chat_template_kwargs: dict[str, Any] | None, system_prompt: str | None,
-                  tool_key: str, max_prompt_len: int | None) -> tuple[list[Sample], int]:
-    """Return the prompt samples and how many were dropped for exceeding ``max_prompt_len``."""
+                  tool_key: str, max_prompt_len: int | None, path: str = "<records>",
+                  prompt_fn: PromptFn | None = None) -> tuple[list[Sample], int]:
+    """Return the prompt samples (``group_index`` = record index) and how many were too long.
+
+    Records with more than ``max_prompt_len`` prompt tokens are dropped and counted. Errors
+    name ``path`` and the 1-based record number.
+    """
     samples: list[Sample] = []
     filtered = 0
     for i, record in enumerate(records):
-        if input_key not in record:
-            raise DataError(f"{path}:{i + 1}: missing key {input_key!r} (set --input-key)")
-        if label_key is not None and label_key not in record:
-            raise DataError(f"{path}:{i + 1}: missing key {label_key!r} (set --label-key)")
+        where = f"{path}:{i + 1}"
+        for key in (input_key, label_key):
+            if key is not None and key not in record:
+                raise DataError(f"{where}: missing key {key!r}")
+        raw = record[input_key]
+        if prompt_fn is not None:
+            raw = prompt_fn(raw, record)
         try:
-            text = prompt_text(record[input_key], tokenizer, apply_chat_template=apply_chat_template,
+            text = prompt_text(raw, tokenizer, apply_chat_template=apply_chat_template,
                                system_prompt=system_prompt, tools=record.get(tool_key),
                                chat_template_kwargs=apply_chat_template_kwargs)
         except ValueError as exc:
-            raise DataError(f"{path}:{i + 1}: {exc}") from None
+            raise DataError(f"{where}: {exc}") from None
         tokens = tokenizer.encode(text, add_special_tokens=False)
         if max_prompt_len is not None and len(tokens) > max_prompt_len:
             filtered += 1
             continue
-        metadata = record.get(metadata_key) or {}
         samples.append(Sample(
             group_index=i, prompt=text, tokens=list(tokens),
-            label=record.get(label_key) if label_key else None,
-            metadata=metadata if isinstance(metadata, dict) else {"value": metadata},
+            label=record[label_key] if label_key is not None else None,
+            metadata=_metadata(record.get(metadata_key)),
         ))
+    if filtered:
+        logger.info("%s: dropped %d of %d prompts longer than %d tokens (--rollout-max-prompt-len)",
+                    path, filtered, len(records), max_prompt_len)
     return samples, filtered

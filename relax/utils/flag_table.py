@@ -365,6 +365,9 @@ ADDED_FLAGS: list[FlagSpec] = [
       "YAML file whose keys are flag names (with - or _); same semantics as --custom-config-path"),
     F("device", "str", "auto", ADDITIONS_GROUP, "Device for the trainer and embedded engines: auto picks cuda when available",
       choices=("auto", "cpu", "cuda")),
+    F("gamma", "float", 1.0, ADDITIONS_GROUP,
+      "Discount factor for GAE (ppo) and REINFORCE++ returns (slime flag; not in the seed's tables)"),
+    F("lambd", "float", 1.0, ADDITIONS_GROUP, "GAE lambda for the ppo estimator (slime flag; not in the seed's tables)"),
     F("rollout-backend", "str", "embedded", ADDITIONS_GROUP,
       "Rollout engine: embedded (our engine server) or sglang (a real SGLang server)", choices=("embedded", "sglang")),
 ]
@@ -388,9 +391,14 @@ SUPPORTED: frozenset[str] = frozenset({
     # algorithm
     "advantage-estimator", "normalize-advantages", "disable-grpo-std-normalization", "disable-rewards-normalization",
     "eps-clip", "eps-clip-high", "eps-clip-c", "entropy-coef", "use-kl-loss", "kl-loss-coef", "kl-loss-type",
-    "calculate-per-token-loss",
+    "calculate-per-token-loss", "disable-compute-advantages-and-returns", "gamma", "lambd", "loss-type",
+    "custom-loss-function-path", "sapo-tau-pos", "sapo-tau-neg", "value-clip", "critic-lr", "critic-lr-warmup-iters",
+    "num-critic-only-steps", "critic-train-only", "kl-coef", "use-unbiased-kl",
+    # off-policy corrections
+    "use-rollout-logprobs", "use-tis", "tis-clip", "tis-clip-low", "custom-tis-function-path", "use-opsm", "opsm-delta",
+    "get-mismatch-metrics", "custom-pg-loss-reducer-function-path",
     # rewards
-    "rm-type", "custom-rm-path", "reward-key",
+    "rm-type", "custom-rm-path", "reward-key", "custom-reward-post-process-path",
     # logging and config
     "use-tensorboard", "tb-project-name", "tb-experiment-name", "custom-config-path",
     # additions
@@ -398,7 +406,8 @@ SUPPORTED: frozenset[str] = frozenset({
 })
 SUPPORTED_VALUES: dict[str, frozenset[Any]] = {
     "optimizer": frozenset({"adam"}),
-    "advantage-estimator": frozenset({"grpo"}),
+    "advantage-estimator": frozenset({"grpo", "gspo", "sapo", "cispo", "rloo", "reinforce_plus_plus",
+                                      "reinforce_plus_plus_baseline", "ppo"}),  # on_policy_distillation: issue "Modes"
     "train-backend": frozenset({"torch"}),
     "rollout-backend": frozenset({"embedded"}),
 }

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from relax.algorithms import AlgorithmConfig, compute_advantages, policy_loss
+from relax.algorithms.critic import should_update_actor
 from relax.backends.torch.batch import RolloutTensors, TrainSample, build_model_inputs, build_rollout_tensors
 from relax.backends.torch.logprobs import response_log_probs
 from relax.models import build_model
@@ -51,6 +52,11 @@ class TorchTrainBackend:
         )
         self.algo = AlgorithmConfig.from_args(args)
         self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
+        self.critic = None
+        if args.advantage_estimator == "ppo":
+            from relax.backends.torch.critic import Critic
+
+            self.critic = Critic(args, self.device, self.pad_id, self.algo)
 
     # ------------------------------------------------------------------ forward passes
     def _slices(self, n: int, size: int) -> list[slice]:
@@ -75,6 +81,8 @@ class TorchTrainBackend:
             raise ValueError(f"rollout produced {n} samples, not a multiple of --global-batch-size {args.global_batch_size}")
         old_lp = self._log_probs_no_grad(self.model, batch)
         ref_lp = self._log_probs_no_grad(self.ref_model, batch) if self.ref_model is not None else None
+        micro = self._slices(n, args.micro_batch_size)
+        old_values = self.critic.values(batch, micro) if self.critic is not None else None
         adv = compute_advantages(
             self.algo,
             rewards=batch.rewards,
@@ -82,6 +90,7 @@ class TorchTrainBackend:
             group_size=args.n_samples_per_prompt,
             old_log_probs=old_lp,
             ref_log_probs=ref_lp,
+            values=old_values,
             teacher_log_probs=batch.teacher_log_probs,
         )
         metrics: dict[str, float] = {f"train/{k}": float(v) for k, v in adv.metrics.items()}
@@ -89,8 +98,15 @@ class TorchTrainBackend:
             diff = (old_lp - batch.rollout_log_probs).abs() * batch.loss_mask
             metrics["train/train_rollout_logprob_abs_diff"] = float(diff.sum() / batch.loss_mask.sum().clamp(min=1))
         per_step: dict[str, list[float]] = defaultdict(list)
+        update_actor = should_update_actor(
+            step, num_critic_only_steps=args.num_critic_only_steps, critic_train_only=args.critic_train_only
+        )
         for gsl in self._slices(n, args.global_batch_size):
-            for key, value in self._optimizer_step(batch, gsl, old_lp, ref_lp, adv.advantages).items():
+            step_metrics = self._optimizer_step(batch, gsl, old_lp, ref_lp, adv.advantages) if update_actor else {}
+            if self.critic is not None:
+                local = [slice(gsl.start + s.start, gsl.start + s.stop) for s in self._slices(gsl.stop - gsl.start, args.micro_batch_size)]
+                step_metrics.update(self.critic.train_step(batch, gsl, local, old_values, adv.returns, step))
+            for key, value in step_metrics.items():
                 per_step[key].append(value)
         metrics.update({f"train/{k}": float(np.mean(v)) for k, v in per_step.items()})
         metrics["train/lr"] = float(self.optimizer.param_groups[0]["lr"])
@@ -170,6 +186,11 @@ class TorchTrainBackend:
         save_file({k: v.clone() for k, v in state.items()}, str(path / "model.safetensors"))
         if save_optimizer:
             torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
+        if self.critic is not None:
+            save_file({k: v.detach().cpu().contiguous().clone() for k, v in self.critic.model.state_dict().items()},
+                      str(path / "critic.safetensors"))
+            if save_optimizer:
+                torch.save(self.critic.optimizer.state_dict(), path / "critic_optimizer.pt")
         rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
         torch.save(rng, path / "rng.pt")
 
@@ -183,6 +204,10 @@ class TorchTrainBackend:
             raise ValueError(f"checkpoint {path} does not match the model: missing={missing} unexpected={unexpected}")
         if (path / "optimizer.pt").exists():
             self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+        if self.critic is not None:
+            self.critic.model.load_state_dict(load_file(str(path / "critic.safetensors")))
+            if (path / "critic_optimizer.pt").exists():
+                self.critic.optimizer.load_state_dict(torch.load(path / "critic_optimizer.pt", weights_only=False))
         rng = torch.load(path / "rng.pt", weights_only=False)
         torch.set_rng_state(rng["torch"])
         np.random.set_state(rng["numpy"])

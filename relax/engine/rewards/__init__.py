@@ -2,6 +2,11 @@
 
 Custom reward functions follow Relax's contract ``reward_func(args, sample, **kwargs)``
 returning a float or a dict (then ``--reward-key`` picks the value); sync or async both work.
+
+`compute_rewards` resolves one *scorer* for the run: a coroutine that takes the samples and
+returns one raw reward per sample. Per-sample functions (built-in graders, custom rm) are
+wrapped by `_per_sample`; group rewards (``--group-rm``) and the remote rm slot in as other
+scorers without touching the callers.
 """
 
 from __future__ import annotations
@@ -9,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 from argparse import Namespace
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from relax.algorithms.rewards import extract_reward
 from relax.engine.rewards.graders import GRADERS, RewardFn
 from relax.utils.arguments import ConfigError
 from relax.utils.plugins import load_function
@@ -18,29 +25,54 @@ from relax.utils.types import Sample
 
 CUSTOM_RM_SIGNATURE = "reward_func(args, sample, **kwargs) -> float | dict"
 
+Scorer = Callable[[Namespace, list[Sample]], Awaitable[list[Any]]]
+
+__all__ = ["CUSTOM_RM_SIGNATURE", "GRADERS", "RewardFn", "compute_rewards", "get_reward_fn"]
+
 
 def get_reward_fn(rm_type: str) -> RewardFn:
+    """The built-in grader registered as ``rm_type``."""
     try:
         return GRADERS[rm_type]
     except KeyError:
         raise ConfigError(f"unknown --rm-type {rm_type!r}; known: {', '.join(sorted(GRADERS))}") from None
 
 
-def _reward_fn(args: Namespace) -> Any:
+def _per_sample(fn: Callable[..., Any], name: str) -> Scorer:
+    """Score samples one call each; async functions run concurrently."""
+
+    async def call(args: Namespace, sample: Sample) -> Any:
+        try:
+            result = fn(args, sample)
+            return await result if inspect.isawaitable(result) else result
+        except Exception as exc:
+            exc.add_note(f"in reward function {name} (sample index {sample.index}, group {sample.group_index})")
+            raise
+
+    async def score(args: Namespace, samples: list[Sample]) -> list[Any]:
+        return list(await asyncio.gather(*(call(args, s) for s in samples)))
+
+    return score
+
+
+def _scorer(args: Namespace) -> Scorer:
     if args.custom_rm_path:
-        return load_function(args.custom_rm_path, flag="--custom-rm-path", signature=CUSTOM_RM_SIGNATURE, min_args=2)
-    return get_reward_fn(args.rm_type)
+        fn = load_function(args.custom_rm_path, flag="--custom-rm-path", signature=CUSTOM_RM_SIGNATURE, min_args=2)
+        return _per_sample(fn, f"--custom-rm-path {args.custom_rm_path}")
+    if args.rm_type is None:
+        raise ConfigError("no reward: set --rm-type (built-in: " + ", ".join(sorted(GRADERS)) + ") or --custom-rm-path")
+    return _per_sample(get_reward_fn(args.rm_type), f"--rm-type {args.rm_type}")
 
 
-async def _call(fn: Any, args: Namespace, sample: Sample) -> Any:
-    result = fn(args, sample)
-    return await result if inspect.isawaitable(result) else result
+async def compute_rewards(args: Namespace, samples: list[Sample]) -> list[float]:
+    """Score every sample, store the raw result (float or dict) on ``sample.reward``, return the floats.
 
-
-async def compute_rewards(args: Namespace, samples: list[Sample]) -> list[Any]:
-    """Score every sample (concurrently for async functions) and store the result on it."""
-    fn = _reward_fn(args)
-    rewards = await asyncio.gather(*(_call(fn, args, s) for s in samples))
-    for s, r in zip(samples, rewards, strict=True):
+    A dict result needs ``--reward-key`` naming the value to train on; the full dict stays on
+    the sample for logging.
+    """
+    raw = await _scorer(args)(args, samples)
+    if len(raw) != len(samples):
+        raise RuntimeError(f"reward scorer returned {len(raw)} rewards for {len(samples)} samples")
+    for s, r in zip(samples, raw, strict=True):
         s.reward = r
-    return list(rewards)
+    return [extract_reward(r, args.reward_key) for r in raw]

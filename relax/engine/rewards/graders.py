@@ -1,4 +1,11 @@
-"""Built-in rule-based graders for ``--rm-type`` (registered by name)."""
+"""Built-in rule-based graders for ``--rm-type``, registered by name in `GRADERS`.
+
+Each grader is ``reward_fn(args, sample) -> float`` (sync). ``math`` extracts a final answer
+(the last ``\\boxed{...}``, nested braces allowed, else the last number in the response) and
+compares it with the label numerically: ``"1/2"``, ``"0.5"``, ``"\\frac{1}{2}"``,
+``"\\boxed{3}"``, ``"1,000"`` and ``"-7"`` are all understood. Answers that are not numbers
+are compared as normalized strings.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,7 @@ import re
 from argparse import Namespace
 from collections.abc import Callable
 from fractions import Fraction
+from typing import Any
 
 from relax.utils.types import Sample
 
@@ -17,55 +25,92 @@ def exact(args: Namespace, sample: Sample) -> float:
     return float(sample.response.strip() == str(sample.label).strip())
 
 
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+# a number: thousands-grouped ("1,000,000.5"), plain/decimal/fraction ("-12", "3.5", "1/2"), or ".5"
+_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\d,])|-?\d+(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+_BOX_COMMANDS = ("\\boxed", "\\fbox")
 
 
-def _boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}``, honouring nested braces."""
-    start = text.rfind("\\boxed{")
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), honouring nested braces."""
+    start = max(text.rfind(cmd + "{") for cmd in _BOX_COMMANDS)
     if start < 0:
         return None
-    depth, i = 0, start + len("\\boxed")
-    for j in range(i, len(text)):
+    open_at = text.index("{", start)
+    depth = 0
+    for j in range(open_at, len(text)):
         if text[j] == "{":
             depth += 1
         elif text[j] == "}":
             depth -= 1
             if depth == 0:
-                return text[i + 1 : j]
-    return None
-
-
-def _to_number(text: str) -> Fraction | None:
-    cleaned = text.strip().strip("$").replace(",", "").replace(" ", "")
-    m = re.fullmatch(r"\\frac\{(-?\d+)\}\{(\d+)\}", cleaned)
-    if m:
-        return Fraction(int(m.group(1)), int(m.group(2)))
-    try:
-        return Fraction(cleaned)
-    except (ValueError, ZeroDivisionError):
-        return None
+                return text[open_at + 1 : j]
+    return None  # unbalanced: no answer
 
 
 def extract_answer(response: str) -> str | None:
-    boxed = _boxed(response)
-    if boxed is not None:
-        return boxed
+    """The final answer of a response: last ``\\boxed{}`` content, else the last number.
+
+    An unclosed box (a truncated response) is no answer, not a fallback to the last number.
+    """
+    if any(cmd + "{" in response for cmd in _BOX_COMMANDS):
+        return last_boxed(response)
     numbers = _NUMBER.findall(response)
     return numbers[-1] if numbers else None
 
 
+_LATEX_NOISE = re.compile(r"\\left|\\right|\\!|\\,|\\;|\\:|\\ |\\displaystyle|\^\{?\\circ\}?|\\%|%|\$")
+_TEXT_WRAPPER = re.compile(r"\\(?:text|mathrm|textbf|mathbf)\{([^{}]*)\}")
+_FRAC = re.compile(r"^(-?)\\[dt]?frac\{(-?[\d.]+)\}\{(-?[\d.]+)\}$")
+
+
+def _strip_braces(s: str) -> str:
+    while s.startswith("{") and s.endswith("}") and last_boxed("\\boxed" + s) == s[1:-1]:
+        s = s[1:-1].strip()
+    return s
+
+
+def normalize_answer(text: str) -> str:
+    """Drop LaTeX spacing/sizing noise, text wrappers, redundant outer braces and a leading ``x =``."""
+    s = _TEXT_WRAPPER.sub(r"\1", _LATEX_NOISE.sub("", str(text))).strip().rstrip(".").strip()
+    s = _strip_braces(s)
+    if "=" in s:
+        s = s.rsplit("=", 1)[1].strip()
+    return _strip_braces(s).replace(" ", "")
+
+
+def to_number(text: str) -> Fraction | None:
+    """An exact rational for a numeric answer (``"1,000"``, ``"-0.5"``, ``"3/4"``, ``"\\frac{1}{2}"``), else None."""
+    s = normalize_answer(text)
+    m = _FRAC.match(s)
+    try:
+        if m:
+            value = Fraction(m.group(2)) / Fraction(m.group(3))
+            return -value if m.group(1) else value
+        if re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?", s):
+            s = s.replace(",", "")
+        return Fraction(s)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
 def math_answer(args: Namespace, sample: Sample) -> float:
-    """Final-answer match: the last ``\\boxed{}`` (else the last number) equals the label numerically."""
+    """1.0 when the response's final answer equals the label (numerically when both are numbers)."""
+    if sample.label is None:
+        return 0.0
     predicted = extract_answer(sample.response)
-    label = str(sample.label)
-    label = _boxed(label) or label
     if predicted is None:
         return 0.0
-    a, b = _to_number(predicted), _to_number(label)
+    label = _label_text(sample.label)
+    a, b = to_number(predicted), to_number(label)
     if a is not None and b is not None:
         return float(a == b)
-    return float(predicted.strip() == label.strip())
+    return float(normalize_answer(predicted) == normalize_answer(label))
+
+
+def _label_text(label: Any) -> str:
+    text = str(label)
+    boxed = last_boxed(text)
+    return boxed if boxed is not None else text
 
 
 GRADERS: dict[str, RewardFn] = {"exact": exact, "math": math_answer}

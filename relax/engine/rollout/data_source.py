@@ -1,7 +1,12 @@
 """Rollout data source: epochs over the prompt dataset, seeded shuffling, a recycle buffer.
 
 `RolloutDataSourceWithBuffer` is the default of ``--data-source-path`` (its dotted path is
-public). Its whole position (epoch, offset, counters, buffer) is in `state_dict`, so a
+public). It walks the prompts in order, reshuffling each epoch with a generator seeded by
+``--rollout-seed + epoch`` when ``--rollout-shuffle`` is on, and hands out groups of
+``--n-samples-per-prompt`` deep copies of a prompt sample. Groups given back with
+`add_samples` (partial rollout, over-sampling leftovers) are served first, oldest first.
+
+Its whole position (epoch, offset, counters, buffer) is in `state_dict`, as plain data, so a
 resumed run serves exactly the prompts the straight run would have served.
 """
 
@@ -15,33 +20,46 @@ from typing import Any
 import numpy as np
 
 from relax.data.dataset import DataError, read_records
-from relax.data.prompts import build_samples
+from relax.data.prompts import CUSTOM_PROMPT_SIGNATURE, build_samples
 from relax.utils.types import Sample
+
+STATE_VERSION = 1
 
 
 class RolloutDataSourceWithBuffer:
+    """Reads ``args.prompt_data`` once; ``tokenizer`` defaults to the ``--hf-checkpoint`` one."""
+
     def __init__(self, args: Namespace, tokenizer: Any = None):
+        if not args.prompt_data:
+            raise DataError("--prompt-data is required")
         if tokenizer is None:
             from relax.models import load_tokenizer
 
             tokenizer = load_tokenizer(args.hf_checkpoint)
-        if not args.prompt_data:
-            raise DataError("--prompt-data is required")
-        records = read_records(args.prompt_data)
+        prompt_fn = None
+        if args.custom_prompt_path:
+            from relax.utils.plugins import load_function
+
+            prompt_fn = load_function(args.custom_prompt_path, flag="--custom-prompt-path",
+                                      signature=CUSTOM_PROMPT_SIGNATURE, min_args=2)
+        records = read_records(args.prompt_data, required_keys=[args.input_key])
+        self.num_records = len(records)
         self.prompts, self.num_filtered = build_samples(
             records, tokenizer, path=args.prompt_data, input_key=args.input_key, label_key=args.label_key,
             metadata_key=args.metadata_key, apply_chat_template=args.apply_chat_template,
             apply_chat_template_kwargs=args.apply_chat_template_kwargs, system_prompt=args.system_prompt,
-            tool_key=args.tool_key, max_prompt_len=args.rollout_max_prompt_len,
+            tool_key=args.tool_key, max_prompt_len=args.rollout_max_prompt_len, prompt_fn=prompt_fn,
         )
         if not self.prompts:
-            raise DataError(f"{args.prompt_data}: no prompts left (empty file, or all longer than --rollout-max-prompt-len)")
+            raise DataError(
+                f"{args.prompt_data}: no prompts left (empty file, or all longer than --rollout-max-prompt-len)"
+            )
         self.n_samples = args.n_samples_per_prompt
         self.shuffle = args.rollout_shuffle
         self.seed = args.rollout_seed
         self.epoch = 0
-        self.offset = 0
-        self.sample_counter = 0
+        self.offset = 0  # position in this epoch's order
+        self.sample_counter = 0  # next Sample.index
         self.buffer: list[list[Sample]] = []
         self._order = self._epoch_order(0)
 
@@ -49,47 +67,71 @@ class RolloutDataSourceWithBuffer:
         return len(self.prompts)
 
     def _epoch_order(self, epoch: int) -> list[int]:
-        order = np.arange(len(self.prompts))
-        if self.shuffle:
-            np.random.default_rng(self.seed + epoch).shuffle(order)
-        return order.tolist()
+        if not self.shuffle:
+            return list(range(len(self.prompts)))
+        return np.random.default_rng(self.seed + epoch).permutation(len(self.prompts)).tolist()
 
     def _next_prompt(self) -> tuple[int, Sample]:
         if self.offset >= len(self._order):
             self.epoch += 1
             self.offset = 0
             self._order = self._epoch_order(self.epoch)
-        idx = self._order[self.offset]
+        prompt = self.prompts[self._order[self.offset]]
         self.offset += 1
-        return self.epoch * len(self.prompts) + idx, self.prompts[idx]
+        # unique per (epoch, record); the record index survives --rollout-max-prompt-len filtering
+        return self.epoch * self.num_records + prompt.group_index, prompt
+
+    def _new_group(self) -> list[Sample]:
+        group_index, prompt = self._next_prompt()
+        group = []
+        for _ in range(self.n_samples):
+            s = copy.deepcopy(prompt)
+            s.group_index = group_index
+            s.index = self.sample_counter
+            self.sample_counter += 1
+            group.append(s)
+        return group
 
     def get_samples(self, num_groups: int) -> list[list[Sample]]:
-        groups = self.buffer[:num_groups]
-        self.buffer = self.buffer[num_groups:]
+        """``num_groups`` groups: buffered ones first (oldest first), then fresh prompts."""
+        groups, self.buffer = self.buffer[:num_groups], self.buffer[num_groups:]
         while len(groups) < num_groups:
-            group_index, prompt = self._next_prompt()
-            group = []
-            for _ in range(self.n_samples):
-                s = copy.deepcopy(prompt)
-                s.group_index = group_index
-                s.index = self.sample_counter
-                self.sample_counter += 1
-                group.append(s)
-            groups.append(group)
+            groups.append(self._new_group())
         return groups
 
     def add_samples(self, groups: list[list[Sample]]) -> None:
+        """Give groups back; the next `get_samples` calls serve them before new prompts."""
+        for group in groups:
+            if not isinstance(group, list):
+                raise TypeError(f"add_samples takes a list of groups (list[list[Sample]]), got {type(group).__name__}")
         self.buffer.extend(groups)
 
+    def get_buffer_length(self) -> int:
+        return len(self.buffer)
+
     def num_rollout_for_epochs(self, num_epoch: int, rollout_batch_size: int) -> int:
+        """Rollout steps that cover ``num_epoch`` passes over the prompts (the last step may cross an epoch)."""
         return max(1, math.ceil(num_epoch * len(self.prompts) / rollout_batch_size))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "offset": self.offset, "sample_counter": self.sample_counter,
-                "buffer": copy.deepcopy(self.buffer)}
+        """Plain data (ints, lists, dicts): picklable and JSON-serializable."""
+        return {
+            "version": STATE_VERSION,
+            "num_prompts": len(self.prompts),
+            "epoch": self.epoch,
+            "offset": self.offset,
+            "sample_counter": self.sample_counter,
+            "buffer": [[s.to_dict() for s in group] for group in self.buffer],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("num_prompts", len(self.prompts)) != len(self.prompts):
+            raise DataError(
+                f"resume: the data source state was saved for {state['num_prompts']} prompts but "
+                f"--prompt-data now has {len(self.prompts)}"
+            )
         self.epoch, self.offset = state["epoch"], state["offset"]
         self.sample_counter = state["sample_counter"]
-        self.buffer = copy.deepcopy(state["buffer"])
+        self.buffer = [[s if isinstance(s, Sample) else Sample.from_dict(s) for s in group]
+                       for group in state["buffer"]]
         self._order = self._epoch_order(self.epoch)

@@ -1,0 +1,71 @@
+"""The PPO critic for the torch backend: the policy's transformer body plus a scalar value head.
+
+The value of response token t is read at the same position whose logits predict token t
+(the state before emitting it), so values line up with log-probs and advantages.
+"""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from collections import defaultdict
+
+import torch
+
+from relax.algorithms.critic import critic_lr_at, value_loss
+from relax.backends.torch.batch import RolloutTensors, build_model_inputs
+from relax.models import build_model
+
+
+class ValueModel(torch.nn.Module):
+    def __init__(self, causal_lm: torch.nn.Module):
+        super().__init__()
+        self.body = causal_lm.get_decoder()
+        self.head = torch.nn.Linear(causal_lm.config.hidden_size, 1)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.head(hidden.float()).squeeze(-1)
+
+
+class Critic:
+    """Owns the value model and its optimizer; trained alongside the actor in each optimizer step."""
+
+    def __init__(self, args: Namespace, device: torch.device, pad_id: int, algo_cfg):
+        self.args, self.device, self.pad_id, self.algo = args, device, pad_id, algo_cfg
+        self.model = ValueModel(build_model(args.hf_checkpoint, dtype=torch.float32, seed=args.seed)).to(device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.critic_lr,
+                                           betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
+
+    def _values(self, batch: RolloutTensors, sl: slice) -> torch.Tensor:
+        inputs = build_model_inputs(batch.samples[sl], batch.loss_mask.shape[1], self.pad_id, self.device)
+        values = self.model(inputs.input_ids, inputs.attention_mask)
+        return values.gather(1, inputs.logit_positions) * inputs.valid.to(values.dtype)
+
+    @torch.no_grad()
+    def values(self, batch: RolloutTensors, slices: list[slice]) -> torch.Tensor:
+        out = torch.zeros_like(batch.loss_mask)
+        for sl in slices:
+            out[sl] = self._values(batch, sl).cpu()
+        return out
+
+    def train_step(self, batch: RolloutTensors, gsl: slice, micro: list[slice], old_values, returns, step: int):
+        for group in self.optimizer.param_groups:
+            group["lr"] = critic_lr_at(step, self.args.critic_lr, self.args.critic_lr_warmup_iters)
+        num_samples = gsl.stop - gsl.start
+        num_tokens = int(batch.loss_mask[gsl].sum().item())
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = defaultdict(float)
+        for sl in micro:
+            values = self._values(batch, sl)
+            loss, m = value_loss(self.algo, values=values, old_values=old_values[sl].to(self.device),
+                                 returns=returns[sl].to(self.device), loss_mask=batch.loss_mask[sl].to(self.device),
+                                 num_global_samples=num_samples, num_global_tokens=num_tokens)
+            loss.backward()
+            for k, v in m.items():
+                sums[k] += float(v)
+        sums["critic_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad))
+        self.optimizer.step()
+        sums["critic_lr"] = self.optimizer.param_groups[0]["lr"]
+        return dict(sums)
