@@ -1,83 +1,119 @@
-"""The typed slice of flags the RL math needs, resolved and validated once.
+"""The typed slice of flags the RL math needs, read and validated once.
 
-`AlgorithmConfig.from_args` is the only place the algorithms read flags; the functions in
-this package take the config, never the flat ``args`` namespace (plug-ins get ``cfg.args``
-because their Relax signatures take ``args``).
+`AlgorithmConfig.from_args` is the only place the algorithms read flags. Every default lives
+in the flag schema (relax/utils/flag_table.py) and derived values (``--eps-clip-high``,
+``--critic-lr``) are resolved by relax/utils/validation.py, so this class has no defaults of
+its own and reads every field strictly. Plug-ins get ``cfg.args`` because their Relax
+signatures take ``args``.
 """
 
 from __future__ import annotations
 
 from argparse import Namespace
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
-
-GRPO_FAMILY = ("grpo", "gspo", "sapo", "cispo", "rloo")
 
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
-    advantage_estimator: str = "grpo"
-    disable_grpo_std_normalization: bool = False
-    disable_rewards_normalization: bool = False
-    disable_compute_advantages_and_returns: bool = False
-    normalize_advantages: bool = False
-    rewards_preprocessed: bool = False  # a --custom-reward-post-process-path already shaped the rewards
-    gamma: float = 1.0
-    lambd: float = 1.0
+    # advantages
+    advantage_estimator: str
+    disable_grpo_std_normalization: bool
+    disable_rewards_normalization: bool
+    disable_compute_advantages_and_returns: bool
+    normalize_advantages: bool
+    custom_reward_post_process_path: str | None
+    gamma: float
+    lambd: float
     # policy loss
-    loss_type: str = "policy_loss"
-    eps_clip: float = 0.2
-    eps_clip_high: float = 0.2
-    eps_clip_c: float | None = None
-    entropy_coef: float = 0.0
-    sapo_tau_pos: float = 1.0
-    sapo_tau_neg: float = 1.05
-    calculate_per_token_loss: bool = False
+    loss_type: str
+    custom_loss_function_path: str | None
+    eps_clip: float
+    eps_clip_high: float
+    eps_clip_c: float | None
+    entropy_coef: float
+    sapo_tau_pos: float
+    sapo_tau_neg: float
+    calculate_per_token_loss: bool
+    custom_pg_loss_reducer_function_path: str | None
     # KL
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.0
-    kl_loss_type: str = "k1"
-    kl_coef: float = 0.0
-    use_unbiased_kl: bool = False
+    use_kl_loss: bool
+    kl_loss_coef: float
+    kl_loss_type: str
+    kl_coef: float
+    use_unbiased_kl: bool
     # off-policy corrections
-    use_rollout_logprobs: bool = False
-    use_tis: bool = False
-    tis_clip: float = 2.0
-    tis_clip_low: float = 0.0
-    use_opsm: bool = False
-    opsm_delta: float = 1e-4
-    get_mismatch_metrics: bool = False
-    # OPD
-    use_opd: bool = False
-    opd_kl_coef: float = 1.0
+    use_rollout_logprobs: bool
+    use_tis: bool
+    tis_clip: float
+    tis_clip_low: float
+    custom_tis_function_path: str | None
+    use_opsm: bool
+    opsm_delta: float
+    get_mismatch_metrics: bool
+    # on-policy distillation
+    use_opd: bool
+    opd_kl_coef: float
     # critic
-    value_clip: float = 0.2
-    # plug-ins (dotted paths)
-    custom_loss_function_path: str | None = None
-    custom_tis_function_path: str | None = None
-    custom_pg_loss_reducer_function_path: str | None = None
+    value_clip: float
+    critic_lr: float
+    critic_lr_warmup_iters: int
+    num_critic_only_steps: int
+    critic_train_only: bool
     args: Any = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_args(cls, args: Namespace) -> AlgorithmConfig:
-        names = [f for f in cls.__dataclass_fields__ if f not in ("args", "rewards_preprocessed")]
-        values = {name: getattr(args, name) for name in names if hasattr(args, name)}
-        for flag in ("disable_grpo_std_normalization", "disable_rewards_normalization",
-                     "disable_compute_advantages_and_returns", "normalize_advantages"):
-            values[flag] = bool(values.get(flag))
-        if values.get("eps_clip_high") is None:
-            values["eps_clip_high"] = values.get("eps_clip", cls.eps_clip)
-        values["rewards_preprocessed"] = bool(getattr(args, "custom_reward_post_process_path", None))
+        names = [f.name for f in fields(cls) if f.name != "args"]
+        missing = [n for n in names if not hasattr(args, n)]
+        if missing:
+            raise ValueError(f"args lacks {', '.join(missing)}: parse flags with relax.utils.arguments first")
+        values = {n: getattr(args, n) for n in names}
+        for n in names:  # store_true flags whose schema default is "-" arrive as None
+            if cls.__dataclass_fields__[n].type == "bool":
+                values[n] = bool(values[n])
         cfg = cls(**values, args=args)
         cfg.validate()
         return cfg
 
+    @property
+    def rewards_preprocessed(self) -> bool:
+        """A ``--custom-reward-post-process-path`` already turned raw rewards into final ones."""
+        return self.custom_reward_post_process_path is not None
+
     def validate(self) -> None:
+        from relax.algorithms.advantages import ESTIMATORS
+        from relax.algorithms.kl import KL_ESTIMATORS
+
+        if self.advantage_estimator not in ESTIMATORS:
+            raise ValueError(
+                f"unknown --advantage-estimator {self.advantage_estimator!r}; known: {', '.join(ESTIMATORS)}"
+            )
+        if self.kl_loss_type not in KL_ESTIMATORS:
+            raise ValueError(
+                f"unknown --kl-loss-type {self.kl_loss_type!r}; known: {', '.join(KL_ESTIMATORS)}"
+            )
+        if self.eps_clip_high is None:
+            raise ValueError(
+                "--eps-clip-high must be resolved (relax.utils.validation) before building AlgorithmConfig"
+            )
         if self.eps_clip_c is not None and self.eps_clip_c <= 1.0:
             raise ValueError(f"--eps-clip-c must be > 1 (dual-clip lower bound), got {self.eps_clip_c}")
-        if self.kl_coef and self.kl_loss_coef:
-            raise ValueError("--kl-coef and --kl-loss-coef cannot both be non-zero")
+        if self.kl_coef and self.use_kl_loss and self.kl_loss_coef:
+            raise ValueError(
+                "--kl-coef (reward shaping) and --use-kl-loss --kl-loss-coef (loss) are mutually exclusive"
+            )
+        if self.loss_type not in ("policy_loss", "custom_loss"):
+            raise ValueError(f"unknown --loss-type {self.loss_type!r}; known: policy_loss, custom_loss")
         if self.loss_type == "custom_loss" and not self.custom_loss_function_path:
             raise ValueError("--loss-type custom_loss requires --custom-loss-function-path")
         if self.tis_clip_low > self.tis_clip:
             raise ValueError(f"--tis-clip-low {self.tis_clip_low} exceeds --tis-clip {self.tis_clip}")
+        if self.custom_tis_function_path and not self.use_tis:
+            raise ValueError("--custom-tis-function-path has no effect without --use-tis")
+        if self.sapo_tau_pos <= 0 or self.sapo_tau_neg <= 0:
+            raise ValueError(
+                f"--sapo-tau-pos/--sapo-tau-neg must be > 0, got {self.sapo_tau_pos}/{self.sapo_tau_neg}"
+            )
+        if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.lambd <= 1.0):
+            raise ValueError(f"--gamma and --lambd must lie in [0, 1], got {self.gamma}/{self.lambd}")

@@ -1,46 +1,56 @@
 """Train/rollout mismatch corrections: truncated importance sampling (TIS) and ICEPOP.
 
-Both compare the trainer's old log-probs with the engine's rollout log-probs of the same
-tokens. A correction returns per-token weights (detached) that multiply the policy-gradient
-loss, plus metrics. Custom corrections (``--custom-tis-function-path``) follow the same
-signature::
+The engine that sampled a response (rollout log-probs) and the trainer (old log-probs) disagree
+slightly, so the samples are off-policy for the trainer. A correction turns the per-token ratio
+``pi_old / pi_rollout`` into a detached weight that multiplies the policy-gradient loss.
+``--use-tis`` applies one; ``--custom-tis-function-path`` picks which (default
+:func:`truncated_is`; ``relax.algorithms.tis.icepop`` is the built-in alternative). Contract::
 
     tis_function(old_log_probs, rollout_log_probs, loss_mask, *, low: float, high: float)
-        -> tuple[Tensor [B, T] weights, dict[str, Tensor] metrics]
+        -> (weights: Tensor[B, T], metrics: dict[str, Tensor[B, T]])
+
+``low``/``high`` are ``--tis-clip-low``/``--tis-clip``. Metrics are per-token values; the policy
+loss reduces them like the loss, so they stay additive over micro-batches.
 """
 
 from __future__ import annotations
 
 import torch
 
-TIS_SIGNATURE = "tis_function(old_log_probs, rollout_log_probs, loss_mask, *, low, high) -> (weights, metrics)"
+TIS_SIGNATURE = (
+    "tis_function(old_log_probs, rollout_log_probs, loss_mask, *, low, high) -> (weights, metrics)"
+)
 
 
 def truncated_is(old_log_probs, rollout_log_probs, loss_mask, *, low: float, high: float):
-    """w = clamp(pi_old / pi_rollout, low, high): keeps the gradient, bounds its variance."""
+    """w = clamp(pi_old / pi_rollout, low, high): keeps every token, bounds the weight's variance."""
     ratio = torch.exp(old_log_probs - rollout_log_probs).detach()
-    weights = ratio.clamp(low, high) * loss_mask
-    clipped = ((ratio < low) | (ratio > high)).to(loss_mask.dtype) * loss_mask
-    return weights, {"tis_clipfrac": clipped.sum() / loss_mask.sum().clamp(min=1)}
+    weights = ratio.clamp(low, high)
+    clipped = ((ratio < low) | (ratio > high)).to(ratio.dtype)
+    return weights, {"tis_weight": weights, "tis_clipfrac": clipped}
 
 
 def icepop(old_log_probs, rollout_log_probs, loss_mask, *, low: float, high: float):
-    """ICEPOP: tokens whose ratio leaves [low, high] are masked out (weight 0) instead of clamped."""
+    """ICEPOP (Ring-1T): tokens whose ratio leaves [low, high] get weight 0 instead of a clamped one.
+
+    A badly mismatched token is more likely an engine/trainer numerics artefact than signal, so it
+    is dropped rather than kept at the bound; in-range tokens keep their raw ratio.
+    """
     ratio = torch.exp(old_log_probs - rollout_log_probs).detach()
-    keep = ((ratio >= low) & (ratio <= high)).to(loss_mask.dtype) * loss_mask
-    return ratio * keep, {"icepop_maskfrac": 1 - keep.sum() / loss_mask.sum().clamp(min=1)}
+    keep = ((ratio >= low) & (ratio <= high)).to(ratio.dtype)
+    return ratio * keep, {"tis_weight": ratio * keep, "tis_clipfrac": 1.0 - keep}
 
 
-def mismatch_metrics(old_log_probs, rollout_log_probs, loss_mask) -> dict[str, torch.Tensor]:
-    """Token-mean |old - rollout|, k3 KL(rollout || old), and the ratio's range over valid tokens."""
-    n = loss_mask.sum().clamp(min=1)
+def mismatch_metrics(
+    old_log_probs, rollout_log_probs, loss_mask
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """``--get-mismatch-metrics``: (per-token metrics to reduce like the loss, extremes over valid tokens).
+
+    Per token: |log p_old - log p_rollout| and k3 KL(rollout || old) = r - 1 - log r with
+    r = p_old / p_rollout. Extremes: the ratio's min and max (absent when no token is valid).
+    """
     diff = (old_log_probs - rollout_log_probs).detach()
-    k3 = torch.expm1(diff) - diff
-    valid = loss_mask > 0
-    ratio = torch.exp(diff)[valid]
-    return {
-        "mismatch_logprob_abs_diff": (diff.abs() * loss_mask).sum() / n,
-        "mismatch_k3_kl": (k3 * loss_mask).sum() / n,
-        "mismatch_ratio_max": ratio.max() if ratio.numel() else torch.tensor(1.0),
-        "mismatch_ratio_min": ratio.min() if ratio.numel() else torch.tensor(1.0),
-    }
+    per_token = {"mismatch_logprob_abs_diff": diff.abs(), "mismatch_k3_kl": torch.expm1(diff) - diff}
+    ratio = torch.exp(diff)[loss_mask > 0]
+    extremes = {"mismatch_ratio_max": ratio.max(), "mismatch_ratio_min": ratio.min()} if ratio.numel() else {}
+    return per_token, extremes

@@ -6,8 +6,9 @@ here ever touches a hub: directories load with ``local_files_only=True``.
 Attention implementation: tiny CPU presets use ``eager``. Measured on CPU fp32, a full
 forward and an incremental KV-cache decode of the same tokens agree to <= 3e-7 (tiny-qwen3)
 with eager and <= 5e-7 with sdpa, so eager keeps train/rollout log-probs closest. GPU presets
-use ``sdpa``: eager materializes every attention matrix, which costs memory and time at
-benchmark sizes.
+use ``sdpa``: on an H100 in bf16 (bench-270m, batch 8, 128-token prefill + 32 decode steps)
+the two are equally close (mean |log-prob diff| 1.4e-3 eager vs 1.5e-3 sdpa, bf16 rounding
+dominates) and sdpa's forward is 1.8x faster.
 """
 
 from __future__ import annotations

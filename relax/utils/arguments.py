@@ -1,207 +1,197 @@
-"""Parsing and validating ``relax train`` flags (the table lives in flag_table.py).
+"""Parsing ``relax train`` flags: command line, presets, config files, passthrough, the gate.
 
-Every default is resolved here, once: downstream code reads ``args.<dest>`` and trusts it.
-Problems raise `ConfigError` with a one-line message; the CLI prints it as ``relax: ...``
-and exits 2.
+The table of flags lives in flag_table.py; this module turns an argv into a Namespace whose
+attributes are the flag dests (``args.rollout_batch_size``), every default resolved.
+Order of layers: documented defaults < ``--preset`` < ``--config`` / ``--custom-config-path``
+files < explicit command-line flags (position on the command line does not matter).
+Every problem raises `ConfigError` with a one-line message; the CLI prints it as
+``relax: <message>`` and exits 2.
+
+Extra attributes beyond the table: ``sglang_passthrough`` (undeclared ``--sglang-foo-bar V``
+flags as ``{"foo_bar": "V"}``; a bare flag gives True).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import difflib
 import json
-import re
 import time
-from pathlib import Path
 from typing import Any
 
+from relax.utils.config_files import SGLANG_PREFIX, load_config_file, typed_value
 from relax.utils.flag_table import FLAGS, FLAGS_BY_NAME, FlagSpec
+from relax.utils.flag_types import ConfigError, convert, parse_size
+from relax.utils.presets import get_preset
+from relax.utils.validation import resolve_and_validate
 
-SGLANG_PREFIX = "sglang-"
-
-
-class ConfigError(ValueError):
-    """A flag, preset or config file is wrong; the message is one line."""
-
-
-# ---------------------------------------------------------------------- value types
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+__all__ = ["FLAGS", "ConfigError", "args_to_dict", "build_parser", "check_supported", "format_flag", "parse_args",
+           "parse_size"]
 
 
-def parse_size(text: str | int) -> int:
-    """``512MB`` / ``1GB`` / ``1048576`` -> bytes (binary multiples, as the seed's ``1GB (1024³)``)."""
-    if isinstance(text, int):
-        return text
-    m = _SIZE.match(str(text))
-    if not m:
-        raise ValueError(f"not a size: {text!r} (examples: 1048576, 512MB, 1GB)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+def format_flag(name: str) -> str:
+    """``rollout_batch_size`` or ``rollout-batch-size`` -> ``--rollout-batch-size`` (for messages)."""
+    return "--" + name.lstrip("-").replace("_", "-")
 
 
-def parse_bool(text: str | bool) -> bool:
-    if isinstance(text, bool):
-        return text
-    value = str(text).strip().lower()
-    if value in ("true", "1", "yes", "on"):
-        return True
-    if value in ("false", "0", "no", "off"):
-        return False
-    raise ValueError(f"not a boolean: {text!r} (use true or false)")
-
-
-def parse_json(text: Any) -> Any:
-    if not isinstance(text, str):
-        return text
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"invalid JSON: {exc.msg}") from None
-
-
-_SCALAR = {"int": int, "float": float, "str": str, "bool": parse_bool, "json": parse_json, "size": parse_size,
-           "str_list": str, "int_list": int}
-
-
-def convert(spec: FlagSpec, value: Any) -> Any:
-    """Type a value coming from a preset or config file like the command line would."""
-    if value is None:
-        return None
-    if spec.type == "flag":
-        return parse_bool(value)
-    if spec.type in ("str_list", "int_list"):
-        items = value if isinstance(value, list) else [value]
-        return [_SCALAR[spec.type](v) for v in items]
-    if spec.type == "int" and isinstance(value, float) and not value.is_integer():
-        raise ValueError(f"not an integer: {value!r}")
-    return _SCALAR[spec.type](value)
-
-
-# ---------------------------------------------------------------------- parser
+# ---------------------------------------------------------------------- command line
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse would print usage and exit
         raise ConfigError(message)
 
 
 def _typed(spec: FlagSpec):
+    """argparse ``type=``: one command-line token typed like the table says."""
+    item_type = spec.type
+
     def fn(text: str) -> Any:
         try:
-            return convert(spec, text) if spec.type not in ("str_list", "int_list") else _SCALAR[spec.type](text)
+            value = convert(item_type, text)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
+        return value[0] if spec.type in ("str_list", "int_list") else value
 
     fn.__name__ = spec.type
     return fn
 
 
+def _help(spec: FlagSpec) -> str:
+    default = "required" if spec.required else repr(spec.default)
+    status = "" if spec.supported else " (not supported yet)"
+    return f"{spec.help} [default: {default}]{status}"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="relax train", description="Train an LLM policy with RL. Flags: docs/flags.md",
+    """An argparse parser for every flag in the table; absent flags stay absent (no defaults here)."""
+    parser = _Parser(prog="relax train", usage="relax train [--preset NAME] [--config FILE.yaml] [--FLAG VALUE ...]",
+                     description="Train an LLM policy with RL. Reference: docs/flags.md",
                      argument_default=argparse.SUPPRESS, allow_abbrev=False)
     groups: dict[str, Any] = {}
     for spec in FLAGS:
         group = groups.setdefault(spec.group, parser.add_argument_group(spec.group))
-        kwargs: dict[str, Any] = {"dest": spec.dest, "help": spec.help}
+        kwargs: dict[str, Any] = {"dest": spec.dest, "help": _help(spec).replace("%", "%%")}
         if spec.type == "flag":
             kwargs["action"] = "store_true"
         else:
             kwargs["type"] = _typed(spec)
             if spec.type in ("str_list", "int_list"):
                 kwargs["nargs"] = "+"
+            elif spec.type == "bool":  # --polling-mode false; a bare --polling-mode means true
+                kwargs.update(nargs="?", const=True, metavar="true|false")
             if spec.choices:
                 kwargs["choices"] = list(spec.choices)
         group.add_argument(f"--{spec.name}", **kwargs)
     return parser
 
 
-def _collect_passthrough(extra: list[str]) -> dict[str, Any]:
-    """``--sglang-foo-bar V`` / ``--sglang-foo-bar`` -> ``{"foo_bar": V | True}``; anything else is an error."""
+def _split_passthrough(argv: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """Take undeclared ``--sglang-foo-bar [V]`` / ``--sglang-foo-bar=V`` out of argv."""
+    rest: list[str] = []
     out: dict[str, Any] = {}
     i = 0
-    while i < len(extra):
-        token = extra[i]
-        if not token.startswith("--"):
-            raise ConfigError(f"unexpected argument {token!r}")
-        name = token[2:].split("=", 1)[0]
-        if not name.startswith(SGLANG_PREFIX):
-            close = difflib.get_close_matches(name, FLAGS_BY_NAME, n=1)
-            hint = f" (did you mean --{close[0]}?)" if close else ""
-            raise ConfigError(f"unknown flag --{name}{hint}")
+    while i < len(argv):
+        token = argv[i]
+        name = token[2:].split("=", 1)[0] if token.startswith("--") else ""
+        if not name.startswith(SGLANG_PREFIX) or name in FLAGS_BY_NAME:
+            rest.append(token)
+            i += 1
+            continue
         key = name[len(SGLANG_PREFIX):].replace("-", "_")
+        if not key:
+            raise ConfigError(f"incomplete flag {token!r}")
         if "=" in token:
             out[key] = token.split("=", 1)[1]
-        elif i + 1 < len(extra) and not extra[i + 1].startswith("--"):
-            out[key] = extra[i + 1]
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            out[key] = argv[i + 1]
             i += 1
         else:
             out[key] = True
         i += 1
-    return out
+    return rest, out
 
 
-def _load_config_file(path: str, flag: str) -> dict[str, Any]:
-    import yaml
-
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{flag}: config file not found: {p}")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{flag}: {p}: invalid YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{flag}: {p}: expected a mapping of flag names to values")
-    out = {}
-    for key, value in data.items():
-        spec = FLAGS_BY_NAME.get(str(key).replace("_", "-"))
-        if spec is None or spec.name in ("config", "custom-config-path"):
-            raise ConfigError(f"{flag}: {p}: unknown key {key!r}")
-        try:
-            out[spec.dest] = convert(spec, value)
-        except ValueError as exc:
-            raise ConfigError(f"{flag}: {p}: key {key!r}: {exc}") from None
-        if spec.choices and out[spec.dest] not in spec.choices:
-            raise ConfigError(f"{flag}: {p}: key {key!r}: {value!r} is not one of {', '.join(spec.choices)}")
-    return out
+def _unknown(extra: list[str]) -> ConfigError:
+    token = extra[0]
+    if not token.startswith("--"):
+        return ConfigError(f"unexpected argument {token!r} (flags start with --)")
+    name = token[2:].split("=", 1)[0]
+    close = difflib.get_close_matches(name, FLAGS_BY_NAME, n=1)
+    hint = f" (did you mean --{close[0]}?)" if close else ""
+    return ConfigError(f"unknown flag --{name}{hint}")
 
 
-# ---------------------------------------------------------------------- main entry
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = build_parser()
-    explicit_ns, extra = parser.parse_known_args(argv)
-    explicit = vars(explicit_ns)
-    passthrough = _collect_passthrough(extra)
-
-    values: dict[str, Any] = {spec.dest: spec.default for spec in FLAGS}
-    if explicit.get("preset"):
-        from relax.utils.presets import get_preset
-
-        values.update(get_preset(explicit["preset"]))
-    for flag in ("config", "custom_config_path"):
-        if explicit.get(flag):
-            values.update(_load_config_file(explicit[flag], "--" + flag.replace("_", "-")))
-    values.update(explicit)
-    args = argparse.Namespace(**values)
-    args.sglang_passthrough = passthrough
-    _check_supported(args)
-    from relax.utils.validation import resolve_and_validate
-
-    resolve_and_validate(args)
-    if args.output_dir is None:
-        args.output_dir = f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
-    return args
+def _parse_command_line(argv: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    rest, passthrough = _split_passthrough(list(argv))
+    namespace, extra = build_parser().parse_known_args(rest)
+    if extra:
+        raise _unknown(extra)
+    return vars(namespace), passthrough
 
 
-def _check_supported(args: argparse.Namespace) -> None:
-    """Refuse, in table order, the first flag whose feature does not exist yet."""
+# ---------------------------------------------------------------------- layers
+def _lower_layers(explicit: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Preset values overlaid by config-file values; plus the files' sglang passthrough."""
+    from_files: dict[str, Any] = {}
+    passthrough: dict[str, Any] = {}
+    for dest in ("config", "custom_config_path"):
+        if explicit.get(dest):
+            values, extra = load_config_file(explicit[dest], format_flag(dest))
+            from_files.update(values)
+            passthrough.update(extra)
+    preset_name = explicit.get("preset") or from_files.get("preset")
+    layers: dict[str, Any] = {}
+    if preset_name:
+        for dest, value in get_preset(preset_name).items():
+            spec = FLAGS_BY_NAME.get(dest.replace("_", "-"))
+            if spec is None:
+                raise ConfigError(f"--preset {preset_name}: unknown key {dest!r}")
+            layers[dest] = typed_value(spec, value, where=f"--preset {preset_name}: key {dest!r}")
+        layers["preset"] = preset_name
+    layers.update(from_files)
+    return layers, passthrough
+
+
+def check_supported(args: argparse.Namespace) -> None:
+    """Refuse, in table order, the first flag whose feature does not exist yet.
+
+    A flag that is not supported may only keep its documented default; a choice flag with
+    ``supported_values`` may only take those. Runs before derived values are filled in, so
+    implied settings (``--colocate`` -> offload) never trip it.
+    """
     for spec in FLAGS:
         value = getattr(args, spec.dest)
-        if spec.supported_values is not None and value not in spec.supported_values and value is not None:
+        if spec.supported_values is not None and value is not None and value not in spec.supported_values:
             raise ConfigError(f"not supported yet: --{spec.name} {value}")
         if not spec.supported and value != spec.default:
             raise ConfigError(f"not supported yet: --{spec.name}")
     if args.sglang_passthrough and args.rollout_backend != "sglang":
         first = next(iter(args.sglang_passthrough))
         raise ConfigError(f"not supported yet: --sglang-{first.replace('_', '-')}")
+
+
+def _check_required(args: argparse.Namespace) -> None:
+    for spec in FLAGS:
+        if spec.required and getattr(args, spec.dest) is None:
+            raise ConfigError(f"--{spec.name} is required")
+
+
+# ---------------------------------------------------------------------- entry
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Parse, layer, gate and validate ``relax train`` flags; raise ConfigError on any problem."""
+    explicit, cli_passthrough = _parse_command_line(argv)
+    lower, passthrough = _lower_layers(explicit)
+    values = {spec.dest: copy.deepcopy(spec.default) for spec in FLAGS}
+    values.update(lower)
+    values.update(explicit)
+    args = argparse.Namespace(**values)
+    args.sglang_passthrough = {**passthrough, **cli_passthrough}
+    _check_required(args)
+    check_supported(args)
+    resolve_and_validate(args, explicit=frozenset(explicit))
+    if args.output_dir is None:
+        args.output_dir = f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
+    return args
 
 
 def args_to_dict(args: argparse.Namespace) -> dict[str, Any]:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import sys
 
-from relax.utils.flag_table import FLAGS, MiB
+from relax.utils.flag_table import FLAGS
+from relax.utils.flag_types import format_size
 
 
 def _default(spec) -> str:
     if spec.seed_default is not None:
         return f"{spec.default!r} (seed: {spec.seed_default})"
     if spec.type == "size" and isinstance(spec.default, int):
-        return f"{spec.default} ({spec.default // MiB} MiB)"
+        return f"{format_size(spec.default)} ({spec.default} bytes)"
     return "required" if spec.required else repr(spec.default)
 
 
@@ -29,6 +30,10 @@ def render() -> str:
         "A flag marked *not yet* parses with its documented type and default and exits 2 with",
         "`relax: not supported yet: --flag` when given any other value. `--sglang-*` flags not listed here",
         "are passed through to SGLang (minus the prefix) when `--rollout-backend sglang` is used.",
+        "",
+        "Values are layered: documented default < `--preset` < `--config` / `--custom-config-path` YAML",
+        "(keys are flag names with `-` or `_`) < flags on the command line, whatever their order.",
+        "Sizes accept plain bytes or `512MB`, `1GB` (binary multiples). `bool` flags take `true` or `false`.",
     ]
     group = None
     for spec in FLAGS:

@@ -10,11 +10,13 @@ defaults for them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-MiB = 1024**2
-GiB = 1024**3
+from relax.utils.flag_types import FLAG_TYPES, GiB, MiB
+
+__all__ = ["FLAGS", "FLAGS_BY_NAME", "FlagSpec", "GiB", "MiB", "SUPPORTED", "SUPPORTED_VALUES"]
+MEGATRON_DEFAULT = "; default is Megatron-LM's own"
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,10 @@ class FlagSpec:
     seed_default: str | None = None  # the seed's wording when it is not the literal default ("-")
     supported: bool = False
     supported_values: frozenset[Any] | None = None  # for choice flags: the values implemented so far
+
+    def __post_init__(self) -> None:
+        if self.type not in FLAG_TYPES:
+            raise ValueError(f"--{self.name}: unknown flag type {self.type!r}")
 
     @property
     def dest(self) -> str:
@@ -46,8 +52,8 @@ SEED_FLAGS: list[FlagSpec] = [
     F('resource', 'json', None, 'Ray Launch Parameters', 'Ray resource configuration in JSON format. Example: \'{"actor":[replicas, gpus], "rollout":[replicas, gpus]}\'', seed_default='-'),
     F('colocate', 'flag', False, 'Ray Launch Parameters', 'Whether to colocate inference engines and training Actors on the same GPUs. Automatically sets --offload to True'),
     F('offload', 'flag', False, 'Ray Launch Parameters', 'Equivalent to setting both --offload-train and --offload-rollout'),
-    F('offload-train', 'flag', None, 'Ray Launch Parameters', 'Whether to offload training Actor to CPU during training. Always True when --colocate is enabled'),
-    F('offload-rollout', 'flag', None, 'Ray Launch Parameters', 'Whether to offload Rollout generator to CPU during training. Always True when --colocate is enabled'),
+    F('offload-train', 'flag', None, 'Ray Launch Parameters', 'Whether to offload training Actor to CPU during training. Always True when --colocate is enabled; otherwise None resolves to --offload'),
+    F('offload-rollout', 'flag', None, 'Ray Launch Parameters', 'Whether to offload Rollout generator to CPU during training. Always True when --colocate is enabled; otherwise None resolves to --offload'),
     F('distributed-backend', 'str', 'nccl', 'Ray Launch Parameters', 'Distributed backend'),
     F('distributed-timeout-minutes', 'int', 10, 'Ray Launch Parameters', 'Distributed timeout in minutes'),
     # --- TransferQueue Data Queue
@@ -112,12 +118,12 @@ SEED_FLAGS: list[FlagSpec] = [
     # --- Sampling Parameters
     F('num-rollout', 'int', None, 'Sampling Parameters', 'Total number of Rollout rounds. Choose either this or --num-epoch'),
     F('num-epoch', 'int', None, 'Sampling Parameters', 'Number of training epochs. Automatically calculates num_rollout based on dataset size. Ignored if --num-rollout is also set'),
-    F('rollout-batch-size', 'int', None, 'Sampling Parameters', 'Number of prompts per rollout round. Total data = rollout-batch-size * n-samples-per-prompt', required=True),
+    F('rollout-batch-size', 'int', None, 'Sampling Parameters', 'Number of prompts per rollout round. Total data = rollout-batch-size * n-samples-per-prompt. Required (a --preset or --config may provide it)', required=True),
     F('n-samples-per-prompt', 'int', 1, 'Sampling Parameters', 'Number of responses generated per prompt'),
     F('rollout-temperature', 'float', 1.0, 'Sampling Parameters', 'Sampling temperature for inference engine'),
     F('rollout-top-p', 'float', 1.0, 'Sampling Parameters', 'Top-p sampling parameter for inference engine'),
     F('rollout-top-k', 'int', -1, 'Sampling Parameters', 'Top-k sampling parameter for inference engine. -1 means not used'),
-    F('rollout-max-response-len', 'int', None, 'Sampling Parameters', "Maximum response length, equivalent to SGLang's max_tokens"),
+    F('rollout-max-response-len', 'int', None, 'Sampling Parameters', "Maximum response length, equivalent to SGLang's max_tokens. When None, 128 (SGLang's default max_new_tokens)"),
     F('rollout-max-prompt-len', 'int', None, 'Sampling Parameters', 'Maximum prompt length. Filters long prompts during dataset initialization if set'),
     F('rollout-max-context-len', 'int', None, 'Sampling Parameters', 'Maximum context length for inference engine. Should not exceed max_position_embeddings in HuggingFace model config.json'),
     F('rollout-stop', 'str_list', None, 'Sampling Parameters', 'Stop words for Rollout. Can be one or multiple strings'),
@@ -157,7 +163,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('custom-rollout-log-function-path', 'str', None, 'Custom Rollout Functions', 'Custom Rollout logging function'),
     F('custom-eval-rollout-log-function-path', 'str', None, 'Custom Rollout Functions', 'Custom evaluation Rollout logging function'),
     # --- Batch Configuration
-    F('global-batch-size', 'int', None, 'Batch Configuration', 'Global batch size. Defines sample count needed for one parameter update (optimizer.step)'),
+    F('global-batch-size', 'int', None, 'Batch Configuration', 'Global batch size. Defines sample count needed for one parameter update (optimizer.step). When None, rollout-batch-size * n-samples-per-prompt (one update per rollout)'),
     F('micro-batch-size', 'int', 1, 'Batch Configuration', 'Micro batch size. Ignored when --use-dynamic-batch-size is enabled'),
     F('num-steps-per-rollout', 'int', None, 'Batch Configuration', 'Training steps per Rollout. Equivalent to setting GBS = rollout_batch_size * n_samples_per_prompt / num_steps_per_rollout'),
     F('use-dynamic-batch-size', 'flag', False, 'Batch Configuration', "Enable dynamic batching. Dynamically packs samples by length so each micro-batch's total tokens approach --max-tokens-per-gpu limit"),
@@ -172,25 +178,25 @@ SEED_FLAGS: list[FlagSpec] = [
     F('expert-model-parallel-size', 'int', 1, 'Parallelism Configuration', 'Expert parallelism size (for MoE models)'),
     F('expert-tensor-parallel-size', 'int', 1, 'Parallelism Configuration', 'Expert tensor parallelism size'),
     # --- Recomputation
-    F('recompute-granularity', 'str', None, 'Recomputation', 'Recomputation granularity: full, selective', seed_default='-'),
-    F('recompute-method', 'str', None, 'Recomputation', 'Recomputation method: uniform, block', seed_default='-'),
-    F('recompute-num-layers', 'int', None, 'Recomputation', 'Number of layers to recompute', seed_default='-'),
+    F('recompute-granularity', 'str', None, 'Recomputation', 'Recomputation granularity: full, selective (native Megatron parameter' + MEGATRON_DEFAULT + ': off)', choices=('full', 'selective'), seed_default='-'),
+    F('recompute-method', 'str', None, 'Recomputation', 'Recomputation method: uniform, block (native Megatron parameter' + MEGATRON_DEFAULT + ': unset)', choices=('uniform', 'block'), seed_default='-'),
+    F('recompute-num-layers', 'int', None, 'Recomputation', 'Number of layers to recompute (native Megatron parameter' + MEGATRON_DEFAULT + ': unset)', seed_default='-'),
     # --- Optimizer Configuration
     F('lr', 'float', 1e-06, 'Optimizer Configuration', 'Learning rate'),
-    F('optimizer', 'str', 'adam', 'Optimizer Configuration', 'Optimizer type (native Megatron parameter)', seed_default='-'),
-    F('lr-decay-style', 'str', 'constant', 'Optimizer Configuration', 'Learning rate decay style (native Megatron parameter)', seed_default='-'),
-    F('weight-decay', 'float', 0.01, 'Optimizer Configuration', 'Weight decay (native Megatron parameter)', seed_default='-'),
-    F('adam-beta1', 'float', 0.9, 'Optimizer Configuration', 'Adam beta1 (native Megatron parameter)', seed_default='-'),
-    F('adam-beta2', 'float', 0.999, 'Optimizer Configuration', 'Adam beta2 (native Megatron parameter)', seed_default='-'),
+    F('optimizer', 'str', 'adam', 'Optimizer Configuration', 'Optimizer type (native Megatron parameter' + MEGATRON_DEFAULT + ')', choices=('adam', 'sgd'), seed_default='-'),
+    F('lr-decay-style', 'str', 'constant', 'Optimizer Configuration', 'Learning rate decay style (native Megatron parameter' + MEGATRON_DEFAULT + ')', choices=('constant', 'linear', 'cosine', 'inverse-square-root', 'WSD'), seed_default='-'),
+    F('weight-decay', 'float', 0.01, 'Optimizer Configuration', 'Weight decay (native Megatron parameter' + MEGATRON_DEFAULT + ')', seed_default='-'),
+    F('adam-beta1', 'float', 0.9, 'Optimizer Configuration', 'Adam beta1 (native Megatron parameter' + MEGATRON_DEFAULT + ')', seed_default='-'),
+    F('adam-beta2', 'float', 0.999, 'Optimizer Configuration', 'Adam beta2 (native Megatron parameter' + MEGATRON_DEFAULT + ')', seed_default='-'),
     F('clip-grad', 'float', 1.0, 'Optimizer Configuration', 'Gradient clipping'),
     F('seed', 'int', 1234, 'Optimizer Configuration', 'Random seed'),
-    F('optimizer-cpu-offload', 'flag', False, 'Optimizer Configuration', 'Enable CPU offload for optimizer state (native Megatron parameter)', seed_default='-'),
-    F('overlap-cpu-optimizer-d2h-h2d', 'flag', False, 'Optimizer Configuration', 'Overlap CPU optimizer D2H/H2D communication (native Megatron parameter)', seed_default='-'),
-    F('use-precision-aware-optimizer', 'flag', False, 'Optimizer Configuration', 'Use precision-aware optimizer (native Megatron parameter)', seed_default='-'),
-    F('use-distributed-optimizer', 'flag', False, 'Optimizer Configuration', 'Shard optimizer state, ZeRO-1 style (native Megatron parameter)', seed_default='-'),
-    F('overlap-grad-reduce', 'flag', False, 'Optimizer Configuration', 'Overlap backward compute with grad reduce-scatter (native Megatron parameter)', seed_default='-'),
-    F('overlap-param-gather', 'flag', False, 'Optimizer Configuration', 'Overlap reduce-scatter with next-step param all-gather; requires --overlap-grad-reduce (native Megatron parameter)', seed_default='-'),
-    F('calculate-per-token-loss', 'flag', False, 'Optimizer Configuration', 'Calculate loss per token (native Megatron parameter)'),
+    F('optimizer-cpu-offload', 'flag', False, 'Optimizer Configuration', 'Enable CPU offload for optimizer state (native Megatron parameter' + MEGATRON_DEFAULT + ')', seed_default='-'),
+    F('overlap-cpu-optimizer-d2h-h2d', 'flag', False, 'Optimizer Configuration', 'Overlap CPU optimizer D2H/H2D communication (native Megatron parameter' + MEGATRON_DEFAULT + ')', seed_default='-'),
+    F('use-precision-aware-optimizer', 'flag', False, 'Optimizer Configuration', 'Use precision-aware optimizer (native Megatron parameter' + MEGATRON_DEFAULT + ')', seed_default='-'),
+    F('use-distributed-optimizer', 'flag', False, 'Optimizer Configuration', 'Shard optimizer state, ZeRO-1 style (native Megatron parameter' + MEGATRON_DEFAULT + ')', seed_default='-'),
+    F('overlap-grad-reduce', 'flag', False, 'Optimizer Configuration', 'Overlap backward compute with grad reduce-scatter (native Megatron parameter' + MEGATRON_DEFAULT + ')', seed_default='-'),
+    F('overlap-param-gather', 'flag', False, 'Optimizer Configuration', 'Overlap reduce-scatter with next-step param all-gather; requires --overlap-grad-reduce (native Megatron parameter' + MEGATRON_DEFAULT + ')', seed_default='-'),
+    F('calculate-per-token-loss', 'flag', False, 'Optimizer Configuration', 'Calculate loss per token (native Megatron parameter' + MEGATRON_DEFAULT + ')'),
     # --- Advantage Estimation
     F('advantage-estimator', 'str', 'grpo', 'Advantage Estimation', 'Advantage estimator. Note: OPD is now independent of advantage estimator; enable OPD on any estimator with --opd-kl-coef > 0', choices=('grpo', 'gspo', 'on_policy_distillation', 'sapo', 'cispo', 'rloo', 'reinforce_plus_plus', 'reinforce_plus_plus_baseline', 'ppo')),
     F('normalize-advantages', 'flag', False, 'Advantage Estimation', 'Whether to normalize advantages'),
@@ -349,7 +355,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('memory-snapshot-path', 'str', 'snapshot.pickle', 'GPU Memory Profiling', 'Memory snapshot filename (from Megatron)'),
     F('memory-snapshot-dir', 'str', None, 'GPU Memory Profiling', 'Memory snapshot output directory. Defaults to traces/<tb_experiment_name>/memory_snapshot'),
     F('memory-snapshot-num-steps', 'int', None, 'GPU Memory Profiling', 'Proactively dump a memory snapshot after the specified number of steps (0-indexed, i.e., setting 3 means dump after step 2)'),
-    F('memory-recorder', 'str', 'torch', 'GPU Memory Profiling', 'Memory recorder backend: torch (PyTorch built-in), memray (requires pip install memray)'),
+    F('memory-recorder', 'str', 'torch', 'GPU Memory Profiling', 'Memory recorder backend: torch (PyTorch built-in), memray (requires pip install memray)', choices=('torch', 'memray')),
     # --- Network
     F('http-proxy', 'str', None, 'Network', 'HTTP proxy address'),
     F('use-distributed-post', 'flag', False, 'Network', 'Use distributed POST requests'),
@@ -399,6 +405,8 @@ SUPPORTED: frozenset[str] = frozenset({
     "get-mismatch-metrics", "custom-pg-loss-reducer-function-path",
     # rewards
     "rm-type", "custom-rm-path", "reward-key", "custom-reward-post-process-path",
+    # modes
+    "fully-async", "max-staleness",
     # logging and config
     "use-tensorboard", "tb-project-name", "tb-experiment-name", "custom-config-path",
     # additions
@@ -414,8 +422,6 @@ SUPPORTED_VALUES: dict[str, frozenset[Any]] = {
 
 
 def _finalize(spec: FlagSpec) -> FlagSpec:
-    from dataclasses import replace
-
     return replace(spec, supported=spec.name in SUPPORTED, supported_values=SUPPORTED_VALUES.get(spec.name))
 
 

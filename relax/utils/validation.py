@@ -1,31 +1,49 @@
-"""Cross-flag rules and derived defaults, applied once after parsing (seed 000 semantics)."""
+"""Cross-flag rules and derived defaults, applied once after parsing (seed 000 semantics).
+
+`resolve_and_validate` fills every "When None, equals --x" default and raises `ConfigError`
+(one line) on inconsistent values. It runs after the not-supported gate, so the implied
+values it sets (``--colocate`` -> offload) never trip that gate.
+"""
 
 from __future__ import annotations
 
 from argparse import Namespace
+from collections.abc import Set
 
-from relax.utils.arguments import ConfigError
+from relax.utils.flag_types import ConfigError
 
 
-def _batch_sizes(args: Namespace) -> None:
-    if args.rollout_batch_size is None:
-        if args.debug_train_only:
-            return
-        raise ConfigError("--rollout-batch-size is required")
-    for name in ("rollout_batch_size", "n_samples_per_prompt", "micro_batch_size"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _positive(args: Namespace, *dests: str) -> None:
+    for dest in dests:
+        value = getattr(args, dest)
+        if value is not None and value < 1:
+            raise ConfigError(f"{_flag(dest)} must be >= 1, got {value}")
+
+
+def _batch_sizes(args: Namespace, explicit: Set[str]) -> None:
+    _positive(args, "rollout_batch_size", "n_samples_per_prompt", "micro_batch_size", "global_batch_size",
+              "num_steps_per_rollout", "num_rollout", "num_epoch", "save_interval")
     total = args.rollout_batch_size * args.n_samples_per_prompt
     if args.num_steps_per_rollout is not None:
-        if args.num_steps_per_rollout < 1 or total % args.num_steps_per_rollout:
+        if total % args.num_steps_per_rollout:
             raise ConfigError(
-                f"--num-steps-per-rollout {args.num_steps_per_rollout} must divide "
-                f"rollout-batch-size x n-samples-per-prompt = {total}"
+                f"--num-steps-per-rollout {args.num_steps_per_rollout} must divide rollout-batch-size x "
+                f"n-samples-per-prompt = {args.rollout_batch_size} x {args.n_samples_per_prompt} = {total}"
             )
-        args.global_batch_size = total // args.num_steps_per_rollout
+        derived = total // args.num_steps_per_rollout
+        if "global_batch_size" in explicit and args.global_batch_size != derived:
+            raise ConfigError(
+                f"--global-batch-size {args.global_batch_size} conflicts with --num-steps-per-rollout "
+                f"{args.num_steps_per_rollout}, which sets it to {total} / {args.num_steps_per_rollout} = {derived}"
+            )
+        args.global_batch_size = derived
     if args.global_batch_size is None:
         args.global_batch_size = total
-    if args.global_batch_size < 1 or total % args.global_batch_size:
+    if total % args.global_batch_size:
         raise ConfigError(
             f"--global-batch-size {args.global_batch_size} must divide rollout-batch-size x n-samples-per-prompt "
             f"= {args.rollout_batch_size} x {args.n_samples_per_prompt} = {total}"
@@ -34,11 +52,20 @@ def _batch_sizes(args: Namespace) -> None:
         raise ConfigError(
             f"--micro-batch-size {args.micro_batch_size} must divide --global-batch-size {args.global_batch_size}"
         )
+    if args.over_sampling_batch_size is not None and args.over_sampling_batch_size < args.rollout_batch_size:
+        raise ConfigError(
+            f"--over-sampling-batch-size {args.over_sampling_batch_size} must be >= "
+            f"--rollout-batch-size {args.rollout_batch_size}"
+        )
 
 
-def _exclusive(args: Namespace) -> None:
+def _requirements(args: Namespace) -> None:
+    """Flags that need, or exclude, other flags."""
     if args.kl_coef and args.kl_loss_coef:
-        raise ConfigError("--kl-coef and --kl-loss-coef cannot both be non-zero (reward shaping vs loss)")
+        raise ConfigError(
+            f"--kl-coef {args.kl_coef} and --kl-loss-coef {args.kl_loss_coef} are mutually exclusive "
+            "(reward shaping vs loss term): set one of them to 0"
+        )
     if args.only_train_params_name_list and args.freeze_params_name_list:
         raise ConfigError("--only-train-params-name-list and --freeze-params-name-list cannot be used together")
     if args.loss_type == "custom_loss" and not args.custom_loss_function_path:
@@ -51,41 +78,50 @@ def _exclusive(args: Namespace) -> None:
         raise ConfigError("--rm-type remote_rm requires --rm-url")
     if args.use_dynamic_batch_size and not args.max_tokens_per_gpu:
         raise ConfigError("--use-dynamic-batch-size requires --max-tokens-per-gpu")
-    if args.save_interval is not None and args.save_interval < 1:
-        raise ConfigError(f"--save-interval must be >= 1, got {args.save_interval}")
 
 
-def _derived(args: Namespace) -> None:
-    if args.eps_clip_high is None:
-        args.eps_clip_high = args.eps_clip
-    if args.critic_lr is None:
-        args.critic_lr = args.lr
-    if args.eval_input_key is None:
-        args.eval_input_key = args.input_key
-    if args.eval_max_context_len is None:
-        args.eval_max_context_len = args.rollout_max_context_len
-    if args.eval_reward_key is None:
-        args.eval_reward_key = args.reward_key
-    if args.log_probs_max_tokens_per_gpu is None:
-        args.log_probs_max_tokens_per_gpu = args.max_tokens_per_gpu
-    if args.colocate or args.offload:
+def _implied(args: Namespace) -> None:
+    """Flags that switch other flags on (seed: 'Automatically enables / sets ...')."""
+    if args.colocate:
         args.offload_train = True
         args.offload_rollout = True
+    if args.offload_train is None:
+        args.offload_train = args.offload
+    if args.offload_rollout is None:
+        args.offload_rollout = args.offload
     if args.load_debug_rollout_data:
         args.debug_train_only = True
     if args.use_rollout_routing_replay:
         args.use_routing_replay = True
+
+
+def _when_none(args: Namespace) -> None:
+    """'When None, equals --x' defaults from the seed's tables."""
+    pairs = {
+        "eps_clip_high": "eps_clip",
+        "critic_lr": "lr",
+        "critic_load": "load",
+        "eval_input_key": "input_key",
+        "eval_max_context_len": "rollout_max_context_len",
+        "eval_reward_key": "reward_key",
+        "eval_function_path": "rollout_function_path",
+        "log_probs_max_tokens_per_gpu": "max_tokens_per_gpu",
+    }
+    for dest, source in pairs.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, getattr(args, source))
     if args.rollout_max_response_len is None:
         args.rollout_max_response_len = 128  # SGLang's own default for max_new_tokens
 
 
-def resolve_and_validate(args: Namespace) -> None:
+def resolve_and_validate(args: Namespace, explicit: Set[str] = frozenset()) -> None:
+    """Fill derived defaults and check cross-flag rules. ``explicit``: dests given on the command line."""
+    _implied(args)
+    debug = args.debug_rollout_only or args.debug_train_only
     if not args.prompt_data and not args.debug_train_only:
         raise ConfigError("--prompt-data is required")
-    if args.num_rollout is None and args.num_epoch is None and not (args.debug_rollout_only or args.debug_train_only):
+    if args.num_rollout is None and args.num_epoch is None and not debug:
         raise ConfigError("set --num-rollout or --num-epoch")
-    if args.num_rollout is not None and args.num_rollout < 1:
-        raise ConfigError(f"--num-rollout must be >= 1, got {args.num_rollout}")
-    _batch_sizes(args)
-    _exclusive(args)
-    _derived(args)
+    _batch_sizes(args, explicit)
+    _requirements(args)
+    _when_none(args)

@@ -3,132 +3,304 @@
 Requests and responses are SGLang-shaped dicts (``input_ids`` + ``sampling_params`` in,
 ``output_ids`` + ``meta_info.output_token_logprobs`` + ``finish_reason`` out), so the same
 rollout code drives this engine and a real SGLang server.
+
+The engine is a step machine so a scheduler can run continuous batching on top of it:
+``add_request`` queues work, each ``step`` admits waiting requests (one left-padded prefill,
+whose KV cache is merged into the running batch) and decodes one token for every running
+request, and finished requests leave the batch at once. ``generate`` is the synchronous
+wrapper: add everything, step until done.
+
+Batch layout: rows are left-padded; ``mask`` marks real cache slots and every row gets explicit
+``position_ids`` (its own token count), so padding never changes a row's numbers. Each row keeps
+one *pending* token (sampled, not yet in the cache) which the next decode step feeds.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from relax.backends.embedded.sampling import SamplingParams, sample_token
+from relax.backends.embedded.kv_batch import KVBatch
+from relax.backends.embedded.sampling import SamplingParams, draw_uniform, sample_batch
 from relax.weights.checksum import state_checksums
+
+# Top-level /generate fields we accept; the second set is SGLang's and ignored (defaults apply).
+_REQUEST_FIELDS = frozenset({"input_ids", "text", "sampling_params", "return_logprob", "rid"})
+_IGNORED_REQUEST_FIELDS = frozenset({"logprob_start_len", "top_logprobs_num", "return_text_in_logprobs",
+                                     "stream", "lora_path", "custom_logit_processor", "token_ids_logprob"})
 
 
 @dataclass
-class _Request:
+class Request:
+    """One generation request moving through the engine."""
+
+    rid: str
     input_ids: list[int]
     params: SamplingParams
     generator: torch.Generator
     max_new: int
+    return_logprob: bool
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish: dict[str, Any] | None = None
-    text: str = ""
+    text: str | None = None
+    created: float = field(default_factory=time.monotonic)
+
+    @property
+    def done(self) -> bool:
+        return self.finish is not None
 
 
 class EmbeddedEngine:
-    def __init__(self, model: torch.nn.Module, *, eos_token_ids: list[int], device: str = "cpu",
-                 max_context_len: int | None = None, tokenizer: Any = None):
-        self.model = model.to(device).eval()
+    """HF causal LM + KV-cache batching + per-request seeded sampling + weight updates."""
+
+    def __init__(self, model: torch.nn.Module, *, eos_token_ids: Iterable[int], device: str = "cpu",
+                 max_context_len: int | None = None, tokenizer: Any = None, max_running_requests: int = 256):
         self.device = torch.device(device)
-        self.eos_token_ids = set(eos_token_ids)
+        self.model = model.to(self.device).eval()
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.tokenizer = tokenizer
-        self.max_context_len = max_context_len or int(getattr(model.config, "max_position_embeddings", 4096))
+        limit = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+        self.max_context_len = min(int(max_context_len), limit) if max_context_len else limit
+        self.max_running_requests = max_running_requests
         self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
-        self.weight_version = 0
+        self._weight_version = 0
         self._seed_counter = itertools.count(1)
+        self._rid_counter = itertools.count()
+        self.waiting: list[Request] = []
+        self.batch = KVBatch(self.device)
+        self.released = False
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def weight_version(self) -> int:
+        return self._weight_version
+
+    @weight_version.setter
+    def weight_version(self, value: int) -> None:
+        self._weight_version = int(value)
+
+    @property
+    def running(self) -> list[Request]:
+        return self.batch.reqs
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.batch.reqs)
+
+    def named_parameters(self, *args, **kwargs):
+        return self.model.named_parameters(*args, **kwargs)
 
     # ------------------------------------------------------------------ requests
-    def _make_request(self, req: dict) -> _Request:
-        input_ids = list(req["input_ids"])
-        if not input_ids:
-            raise ValueError("empty input_ids")
+    def make_request(self, req: dict[str, Any]) -> Request:
+        """Validate one SGLang-shaped request dict; raises ``ValueError`` with a one-line message."""
+        if not isinstance(req, dict):
+            raise ValueError(f"a request must be an object, got {type(req).__name__}")
+        unknown = sorted(set(req) - _REQUEST_FIELDS - _IGNORED_REQUEST_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown request field(s): {', '.join(unknown)}")
+        if req.get("stream"):
+            raise ValueError("stream=true is not supported by the embedded engine")
+        input_ids = self._input_ids(req)
         params = SamplingParams.from_dict(req.get("sampling_params"))
+        if params.stop and self.tokenizer is None:
+            raise ValueError("sampling_params.stop needs a tokenizer; use stop_token_ids")
         if len(input_ids) >= self.max_context_len:
-            raise ValueError(f"prompt of {len(input_ids)} tokens does not fit the context of {self.max_context_len}")
+            raise ValueError(f"prompt of {len(input_ids)} tokens does not fit the context length "
+                             f"{self.max_context_len}")
         seed = params.seed if params.seed is not None else next(self._seed_counter)
-        gen = torch.Generator().manual_seed(int(seed))
+        generator = torch.Generator().manual_seed(int(seed) & ((1 << 63) - 1))
         max_new = min(params.max_new_tokens, self.max_context_len - len(input_ids))
-        return _Request(input_ids, params, gen, max_new)
+        rid = req.get("rid")
+        rid = str(rid) if rid is not None else f"req-{next(self._rid_counter)}"
+        return Request(rid, input_ids, params, generator, max_new, bool(req.get("return_logprob", False)))
 
-    def _check_finish(self, r: _Request, token: int) -> None:
-        if token in self.eos_token_ids or token in r.params.stop_token_ids:
-            r.finish = {"type": "stop", "matched": token}
-        elif r.params.stop and self.tokenizer is not None:
-            text = self.tokenizer.decode(r.output_ids)
-            for stop in r.params.stop:
-                if stop in text:
-                    r.finish = {"type": "stop", "matched": stop}
-                    r.text = text[: text.index(stop)]
-                    return
-        if r.finish is None and len(r.output_ids) >= r.max_new:
-            r.finish = {"type": "length", "length": len(r.output_ids)}
+    def _input_ids(self, req: dict[str, Any]) -> list[int]:
+        ids = req.get("input_ids")
+        if ids is None and isinstance(req.get("text"), str):
+            if self.tokenizer is None:
+                raise ValueError("text input needs a tokenizer; send input_ids")
+            ids = self.tokenizer.encode(req["text"], add_special_tokens=False)
+        if not isinstance(ids, list) or not ids:
+            raise ValueError("input_ids must be a non-empty list of token ids")
+        vocab = int(self.model.config.vocab_size)
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids):
+            raise ValueError(f"input_ids must be integers in [0, {vocab})")
+        return list(ids)
 
-    def _response(self, r: _Request) -> dict:
-        if not r.text and self.tokenizer is not None:
-            r.text = self.tokenizer.decode(r.output_ids, skip_special_tokens=r.params.skip_special_tokens)
-        return {
-            "text": r.text,
-            "output_ids": r.output_ids,
-            "meta_info": {
-                "output_token_logprobs": [[lp, tok, None] for lp, tok in zip(r.logprobs, r.output_ids, strict=True)],
-                "finish_reason": r.finish,
-                "prompt_tokens": len(r.input_ids),
-                "completion_tokens": len(r.output_ids),
-                "weight_version": self.weight_version,
-            },
+    def add_request(self, req: dict[str, Any] | Request) -> Request:
+        if self.released:
+            raise RuntimeError("engine memory is released; call resume_memory_occupation first")
+        r = req if isinstance(req, Request) else self.make_request(req)
+        self.waiting.append(r)
+        return r
+
+    def abort(self, rid: str | None = None, *, abort_all: bool = False) -> list[Request]:
+        """Finish matching waiting/running requests with ``finish_reason.type == "abort"``.
+
+        Running requests keep the tokens and log-probs generated so far; they leave the batch
+        now, so a caller holding them gets a partial response it can resume from.
+        """
+        hit = [r for r in [*self.waiting, *self.batch.reqs] if abort_all or r.rid == rid]
+        for r in hit:
+            r.finish = {"type": "abort", "message": "aborted by request"}
+        self.waiting = [r for r in self.waiting if not r.done]
+        self.batch.drop_finished()
+        return hit
+
+    def response(self, r: Request) -> dict[str, Any]:
+        if r.text is None:
+            r.text = self._decode(r.output_ids, r.params.skip_special_tokens)
+        meta: dict[str, Any] = {
+            "id": r.rid,
+            "finish_reason": r.finish,
+            "prompt_tokens": len(r.input_ids),
+            "completion_tokens": len(r.output_ids),
+            "cached_tokens": 0,
+            "weight_version": self._weight_version,
+            "e2e_latency": time.monotonic() - r.created,
         }
+        if r.return_logprob:
+            meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(r.logprobs, r.output_ids,
+                                                                                 strict=True)]
+        return {"text": r.text, "output_ids": list(r.output_ids), "meta_info": meta}
+
+    def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     # ------------------------------------------------------------------ decoding
     @torch.no_grad()
-    def generate(self, requests: list[dict]) -> list[dict]:
-        reqs = [self._make_request(r) for r in requests]
-        if not reqs:
-            return []
+    def generate(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Run ``requests`` to completion (alongside anything already queued) and return responses."""
+        reqs = [self.make_request(r) for r in requests]  # validate all before queueing any
+        for r in reqs:
+            self.add_request(r)
+        while not all(r.done for r in reqs):
+            self.step()
+        return [self.response(r) for r in reqs]
+
+    @torch.no_grad()
+    def step(self) -> list[Request]:
+        """Admit waiting requests, decode one token for the batch; return the requests that finished."""
+        finished: list[Request] = []
+        room = self.max_running_requests - len(self.batch.reqs)
+        if self.waiting and room > 0:
+            admit, self.waiting = self.waiting[:room], self.waiting[room:]
+            finished += self._prefill(admit)
+        if self.batch.reqs:
+            finished += self._decode_step()
+        return finished
+
+    def _prefill(self, reqs: list[Request]) -> list[Request]:
         width = max(len(r.input_ids) for r in reqs)
         ids = torch.full((len(reqs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(reqs), width), dtype=torch.long)
-        for i, r in enumerate(reqs):  # left padding: the next token of every row is at the end
+        for i, r in enumerate(reqs):
             ids[i, width - len(r.input_ids):] = torch.tensor(r.input_ids)
             mask[i, width - len(r.input_ids):] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
-        past = None
-        step_ids = ids
-        while True:
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1]:]
-            out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
-                             past_key_values=past, use_cache=True)
-            past = out.past_key_values
-            logits = out.logits[:, -1, :]
-            next_ids = torch.full((len(reqs),), self.pad_id, dtype=torch.long)
-            for i, r in enumerate(reqs):
-                if r.finish is not None:
-                    continue
-                token, logprob = sample_token(logits[i], r.params, r.generator)
-                r.output_ids.append(token)
-                r.logprobs.append(logprob)
-                next_ids[i] = token
-                self._check_finish(r, token)
-            if all(r.finish is not None for r in reqs):
-                break
-            step_ids = next_ids.to(self.device).unsqueeze(-1)
-            alive = torch.tensor([r.finish is None for r in reqs], dtype=torch.long, device=self.device)
-            mask = torch.cat([mask, alive.unsqueeze(-1)], dim=-1)
-        return [self._response(r) for r in reqs]
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        tokens = self._sample(reqs, out.logits[:, -1, :])
+        self.batch.merge(reqs, out.past_key_values, mask, tokens)
+        return self._finish_and_drop()
+
+    def _decode_step(self) -> list[Request]:
+        b = self.batch
+        positions = b.mask.sum(-1, keepdim=True)
+        mask = torch.cat([b.mask, torch.ones_like(b.mask[:, :1])], dim=-1)
+        out = self.model(input_ids=b.pending.unsqueeze(-1), attention_mask=mask, position_ids=positions,
+                         past_key_values=b.cache, use_cache=True)
+        b.mask = mask
+        b.pending = self._sample(b.reqs, out.logits[:, -1, :])
+        return self._finish_and_drop()
+
+    def _sample(self, reqs: list[Request], logits: torch.Tensor) -> torch.Tensor:
+        dev = logits.device
+        temp = torch.tensor([r.params.temperature for r in reqs], dtype=torch.float32, device=dev)
+        top_p = torch.tensor([r.params.top_p for r in reqs], dtype=torch.float32, device=dev)
+        top_k = torch.tensor([r.params.top_k for r in reqs], dtype=torch.long, device=dev)
+        uniform = torch.tensor([draw_uniform(r.generator) for r in reqs], dtype=torch.float32, device=dev)
+        tokens, logprobs = sample_batch(logits, temp, top_p, top_k, uniform)
+        for r, tok, lp in zip(reqs, tokens.tolist(), logprobs.tolist(), strict=True):
+            r.output_ids.append(tok)
+            r.logprobs.append(lp)
+            self._check_finish(r, tok)
+        return tokens
+
+    def _finish_and_drop(self) -> list[Request]:
+        finished = [r for r in self.batch.reqs if r.done]
+        if finished:
+            self.batch.drop_finished()
+        return finished
+
+    def _check_finish(self, r: Request, token: int) -> None:
+        if token in self.eos_token_ids or token in r.params.stop_token_ids:
+            r.finish = {"type": "stop", "matched": token}
+            return
+        if r.params.stop:
+            text = self._decode(r.output_ids, r.params.skip_special_tokens)
+            hits = [(text.find(s), s) for s in r.params.stop if s in text]
+            if hits:
+                at, stop = min(hits)
+                r.finish = {"type": "stop", "matched": stop}
+                r.text = text[:at]
+                return
+        if len(r.output_ids) >= r.max_new:
+            r.finish = {"type": "length", "length": len(r.output_ids)}
 
     # ------------------------------------------------------------------ weights
+    def _bump_version(self, version: int | str | None) -> None:
+        self._weight_version = self._weight_version + 1 if version is None else int(version)
+
     @torch.no_grad()
-    def update_weights_from_tensors(self, named_tensors, version: int | None = None) -> None:
+    def update_weights_from_tensors(self, named_tensors: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+                                    version: int | str | None = None) -> int:
+        """Copy tensors into the model by HF name (all names checked first); bump the weight version."""
+        items = list(named_tensors.items() if isinstance(named_tensors, dict) else named_tensors)
         state = self.model.state_dict()
-        items = named_tensors.items() if isinstance(named_tensors, dict) else named_tensors
         for name, tensor in items:
             if name not in state:
-                raise ValueError(f"unknown weight {name!r}")
+                raise ValueError(f"unknown weight {name!r} (not in the engine model's state dict)")
+            if tuple(tensor.shape) != tuple(state[name].shape):
+                raise ValueError(f"weight {name!r} has shape {list(tensor.shape)}, "
+                                 f"the engine expects {list(state[name].shape)}")
+        for name, tensor in items:
             state[name].copy_(tensor.to(state[name].device, state[name].dtype))
-        self.weight_version = self.weight_version + 1 if version is None else int(version)
+        self._bump_version(version)
+        return self._weight_version
 
     def weight_checksums(self) -> dict[str, str]:
         return state_checksums(self.model.state_dict().items())
+
+    def flush_cache(self) -> bool:
+        """Nothing is cached across requests (no prefix cache); succeeds when idle like SGLang."""
+        return not self.has_work()
+
+    # ------------------------------------------------------------------ memory
+    def release_memory_occupation(self) -> None:
+        """Free device memory: drop the KV cache and park weights on the CPU (GPU only).
+
+        Requires an idle engine (abort or finish requests first), as SGLang does.
+        """
+        if self.has_work():
+            raise RuntimeError("cannot release memory while requests are running")
+        self.batch = KVBatch(self.device)
+        if self.device.type == "cuda" and not self.released:
+            for t in itertools.chain(self.model.parameters(), self.model.buffers()):
+                t.data = t.data.to("cpu", non_blocking=False).pin_memory()
+            torch.cuda.empty_cache()
+        self.released = True
+
+    def resume_memory_occupation(self) -> None:
+        if self.device.type == "cuda" and self.released:
+            for t in itertools.chain(self.model.parameters(), self.model.buffers()):
+                t.data = t.data.to(self.device, non_blocking=True)
+            torch.cuda.synchronize(self.device)
+        self.released = False

@@ -1,16 +1,37 @@
-"""Per-request token sampling with its own seeded generator.
+"""Sampling parameters and the batched sampler of the embedded engine.
 
 Log-prob convention (shared with the trainer): ``log_softmax(logits / temperature)`` of the
-chosen token in fp32, *before* top-p/top-k filtering; temperature 0 is greedy and reports
-the raw log-softmax. Each request draws from its own ``torch.Generator`` so the same seed and
-request give the same tokens whatever else is in the batch.
+chosen token in fp32, *before* top-p/top-k filtering; temperature 0 is greedy and reports the
+raw ``log_softmax(logits)``.
+
+Determinism: every request owns a ``torch.Generator`` and draws exactly one uniform number per
+token from it. The token is the inverse-CDF pick of that number over the request's filtered,
+sorted (stable) distribution, so the same seed and request give the same tokens whatever else
+shares the batch.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "temperature": (int, float),
+    "top_p": (int, float),
+    "top_k": (int,),
+    "max_new_tokens": (int,),
+    "stop": (str, list, tuple),
+    "stop_token_ids": (list, tuple),
+    "seed": (int,),
+    "skip_special_tokens": (bool,),
+}
+# Accepted for SGLang compatibility and ignored (their defaults are what we do anyway).
+_IGNORED_FIELDS = frozenset({"n", "min_new_tokens", "ignore_eos", "spaces_between_special_tokens",
+                             "no_stop_trim", "frequency_penalty", "presence_penalty", "repetition_penalty",
+                             "min_p", "sampling_seed"})
 
 
 @dataclass(frozen=True)
@@ -22,53 +43,81 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
-    skip_special_tokens: bool = False
-
-    KNOWN = ("temperature", "top_p", "top_k", "max_new_tokens", "stop", "stop_token_ids", "seed",
-             "skip_special_tokens")
+    skip_special_tokens: bool = True
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> SamplingParams:
-        d = dict(d or {})
-        unknown = sorted(set(d) - set(cls.KNOWN))
+    def from_dict(cls, d: dict[str, Any] | None) -> SamplingParams:
+        """Validate an SGLang ``sampling_params`` dict; raises ``ValueError`` naming the bad field."""
+        if d is None:
+            d = {}
+        if not isinstance(d, dict):
+            raise ValueError(f"sampling_params must be an object, got {type(d).__name__}")
+        unknown = sorted(set(d) - set(_FIELD_TYPES) - _IGNORED_FIELDS)
         if unknown:
             raise ValueError(f"unknown sampling_params field(s): {', '.join(unknown)}")
-        clean = {k: v for k, v in d.items() if v is not None}
+        if "sampling_seed" in d and d.get("seed") is None:  # newer SGLang name
+            d = dict(d, seed=d["sampling_seed"])
+        clean: dict[str, Any] = {}
+        for key, types in _FIELD_TYPES.items():
+            value = d.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+                raise ValueError(f"sampling_params.{key} has the wrong type: {value!r}")
+            clean[key] = value
         if isinstance(clean.get("stop"), str):
             clean["stop"] = [clean["stop"]]
         for key in ("stop", "stop_token_ids"):
             if key in clean:
                 clean[key] = tuple(clean[key])
+        if not all(isinstance(s, str) and s for s in clean.get("stop", ())):
+            raise ValueError("sampling_params.stop must be non-empty strings")
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in clean.get("stop_token_ids", ())):
+            raise ValueError("sampling_params.stop_token_ids must be integers")
         params = cls(**clean)
         if params.max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens must be > 0, got {params.max_new_tokens}")
-        if params.temperature < 0 or not 0 < params.top_p <= 1:
-            raise ValueError(f"invalid temperature/top_p: {params.temperature}/{params.top_p}")
+            raise ValueError(f"sampling_params.max_new_tokens must be > 0, got {params.max_new_tokens}")
+        if not math.isfinite(params.temperature) or params.temperature < 0:
+            raise ValueError(f"sampling_params.temperature must be >= 0, got {params.temperature}")
+        if not 0 < params.top_p <= 1:
+            raise ValueError(f"sampling_params.top_p must be in (0, 1], got {params.top_p}")
+        if params.top_k == 0 or params.top_k < -1:
+            raise ValueError(f"sampling_params.top_k must be -1 (off) or >= 1, got {params.top_k}")
         return params
 
 
-def filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Mask (to -inf) everything outside top-k and the top-p nucleus of a 1-D logit row."""
-    out = scaled
-    if 0 < top_k < out.numel():
-        kth = torch.topk(out, top_k).values[-1]
-        out = out.masked_fill(out < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(out, descending=True)
-        cum = torch.softmax(sorted_logits, -1).cumsum(-1)
-        remove = cum - torch.softmax(sorted_logits, -1) >= top_p  # keep the token that crosses top_p
-        out = out.clone()
-        out[order[remove]] = float("-inf")
-    return out
+def draw_uniform(generator: torch.Generator) -> float:
+    """The one random number a request consumes per generated token."""
+    return float(torch.rand((), generator=generator, dtype=torch.float64))
 
 
-def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[int, float]:
+def sample_batch(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
+                 uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick one token per row; return ``(tokens [B] long, logprobs [B] fp32)``.
+
+    ``temperature``/``top_p``/``uniform`` are [B] fp32 tensors, ``top_k`` [B] long (<= 0 means off);
+    rows with temperature 0 are greedy.
+    """
     logits = logits.float()
-    if params.temperature == 0:
-        token = int(torch.argmax(logits))
-        return token, float(torch.log_softmax(logits, -1)[token])
-    scaled = logits / params.temperature
-    log_probs = torch.log_softmax(scaled, -1)
-    probs = torch.softmax(filter_logits(scaled, params.top_k, params.top_p), -1)
-    token = int(torch.multinomial(probs, 1, generator=generator))
-    return token, float(log_probs[token])
+    vocab = logits.shape[-1]
+    greedy = temperature <= 0
+    scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(-1)
+    logprobs_all = torch.log_softmax(scaled, dim=-1)
+
+    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True, stable=True)
+    sorted_probs = torch.softmax(sorted_logits, dim=-1)
+    before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly above each rank
+    ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).unsqueeze(-1)
+    keep = (before < top_p.unsqueeze(-1)) & (ranks < k)
+    keep[:, 0] = True  # the top token always survives
+    kept = sorted_probs * keep
+    cdf = kept.cumsum(-1)
+    target = (uniform * cdf[:, -1]).unsqueeze(-1)
+    pick = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    pick = torch.minimum(pick, keep.sum(-1) - 1)
+    sampled = order.gather(-1, pick.unsqueeze(-1)).squeeze(-1)
+
+    tokens = torch.where(greedy, logits.argmax(-1), sampled)
+    logprobs = logprobs_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return tokens, logprobs

@@ -21,6 +21,7 @@ import torch
 
 from relax.algorithms import AlgorithmConfig, compute_advantages, policy_loss
 from relax.algorithms.critic import should_update_actor
+from relax.algorithms.reducers import merge_metrics
 from relax.backends.torch.batch import RolloutTensors, TrainSample, build_model_inputs, build_rollout_tensors
 from relax.backends.torch.logprobs import response_log_probs
 from relax.models import build_model
@@ -98,9 +99,7 @@ class TorchTrainBackend:
             diff = (old_lp - batch.rollout_log_probs).abs() * batch.loss_mask
             metrics["train/train_rollout_logprob_abs_diff"] = float(diff.sum() / batch.loss_mask.sum().clamp(min=1))
         per_step: dict[str, list[float]] = defaultdict(list)
-        update_actor = should_update_actor(
-            step, num_critic_only_steps=args.num_critic_only_steps, critic_train_only=args.critic_train_only
-        )
+        update_actor = should_update_actor(self.algo, step)
         for gsl in self._slices(n, args.global_batch_size):
             step_metrics = self._optimizer_step(batch, gsl, old_lp, ref_lp, adv.advantages) if update_actor else {}
             if self.critic is not None:
@@ -125,7 +124,7 @@ class TorchTrainBackend:
         num_samples = gsl.stop - gsl.start
         num_tokens = int(batch.loss_mask[gsl].sum().item())
         self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = defaultdict(float)
+        sums: dict[str, torch.Tensor] = {}
         for local in self._slices(num_samples, args.micro_batch_size):
             sl = slice(gsl.start + local.start, gsl.start + local.stop)
             inputs = build_model_inputs(batch.samples[sl], width, self.pad_id, self.device)
@@ -146,14 +145,14 @@ class TorchTrainBackend:
                 num_global_tokens=num_tokens,
             )
             loss.backward()
-            for key, value in m.items():
-                sums[key] += float(value)
+            sums = merge_metrics(sums, {k: v.detach().cpu() for k, v in m.items()})
+        out = {k: float(v) for k, v in sums.items()}
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.clip_grad)
         if not torch.isfinite(grad_norm):
-            raise FloatingPointError(f"non-finite gradient norm ({float(grad_norm)}); loss was {sums.get('loss')}")
+            raise FloatingPointError(f"non-finite gradient norm ({float(grad_norm)}); loss was {out.get('loss')}")
         self.optimizer.step()
-        sums["grad_norm"] = float(grad_norm)
-        return dict(sums)
+        out["grad_norm"] = float(grad_norm)
+        return out
 
     # ------------------------------------------------------------------ weights
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:

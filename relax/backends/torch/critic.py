@@ -7,11 +7,10 @@ The value of response token t is read at the same position whose logits predict 
 from __future__ import annotations
 
 from argparse import Namespace
-from collections import defaultdict
-
 import torch
 
 from relax.algorithms.critic import critic_lr_at, value_loss
+from relax.algorithms.reducers import merge_metrics
 from relax.backends.torch.batch import RolloutTensors, build_model_inputs
 from relax.models import build_model
 
@@ -52,20 +51,20 @@ class Critic:
 
     def train_step(self, batch: RolloutTensors, gsl: slice, micro: list[slice], old_values, returns, step: int):
         for group in self.optimizer.param_groups:
-            group["lr"] = critic_lr_at(step, self.args.critic_lr, self.args.critic_lr_warmup_iters)
+            group["lr"] = critic_lr_at(step, self.algo)
         num_samples = gsl.stop - gsl.start
         num_tokens = int(batch.loss_mask[gsl].sum().item())
         self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = defaultdict(float)
+        sums: dict[str, torch.Tensor] = {}
         for sl in micro:
             values = self._values(batch, sl)
             loss, m = value_loss(self.algo, values=values, old_values=old_values[sl].to(self.device),
                                  returns=returns[sl].to(self.device), loss_mask=batch.loss_mask[sl].to(self.device),
                                  num_global_samples=num_samples, num_global_tokens=num_tokens)
             loss.backward()
-            for k, v in m.items():
-                sums[k] += float(v)
-        sums["critic_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad))
+            sums = merge_metrics(sums, {k: v.detach().cpu() for k, v in m.items()})
+        out = {k: float(v) for k, v in sums.items()}
+        out["critic_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad))
         self.optimizer.step()
-        sums["critic_lr"] = self.optimizer.param_groups[0]["lr"]
-        return dict(sums)
+        out["critic_lr"] = self.optimizer.param_groups[0]["lr"]
+        return out

@@ -1,5 +1,8 @@
-"""Dynamic-sampling filters (``--dynamic-sampling-filter-path``), Relax signature
-``filter(args, samples: list[Sample], **kwargs) -> DynamicFilterOutput``."""
+"""Dynamic-sampling filters for ``--dynamic-sampling-filter-path``.
+
+Relax/slime signature: ``filter(args, samples: list[Sample], **kwargs) -> DynamicFilterOutput``,
+called once per group; a group with ``keep=False`` is dropped and ``reason`` is logged.
+"""
 
 from __future__ import annotations
 
@@ -10,17 +13,19 @@ from relax.algorithms.rewards import extract_reward
 from relax.utils.types import Sample
 
 
-@dataclass
+@dataclass(frozen=True)
 class DynamicFilterOutput:
     keep: bool
     reason: str | None = None
 
 
 def check_reward_nonzero_std(args: Namespace, samples: list[Sample], **kwargs) -> DynamicFilterOutput:
-    """DAPO: drop a group whose rewards are all equal (all right or all wrong: zero advantage)."""
-    rewards = [extract_reward(s.reward, getattr(args, "reward_key", None)) for s in samples]
-    mean = sum(rewards) / len(rewards)
-    std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
-    if std > 0.0:
+    """DAPO: drop a group whose rewards are all equal (all right or all wrong: zero GRPO advantage).
+
+    Equality is exact rather than ``std > 0`` so float rounding of identical rewards cannot keep
+    a group that carries no signal. Dict rewards are read through ``--reward-key``.
+    """
+    rewards = [extract_reward(s.reward, args.reward_key) for s in samples]
+    if len(set(rewards)) > 1:
         return DynamicFilterOutput(keep=True)
-    return DynamicFilterOutput(keep=False, reason=f"zero_std_{round(mean, 1)}")
+    return DynamicFilterOutput(keep=False, reason=f"zero_std_{round(rewards[0], 1) if rewards else 'empty'}")

@@ -1,0 +1,152 @@
+"""Continuous batching: one thread steps the engine while callers submit and abort requests.
+
+Concurrent ``submit`` calls share decode steps: each ``EmbeddedEngine.step`` admits whatever
+has arrived since the last step and retires whatever finished, so requests join and leave the
+running batch at token granularity. Determinism is per request (each owns its seeded
+generator), so batch composition never changes a seeded request's tokens.
+
+Control operations (weight updates, release/resume) run through ``exclusive()``: the loop
+finishes its current step, waits, and resumes afterwards. ``pause()`` stops stepping with
+requests kept in place (their KV cache survives) until ``resume()``.
+The same scheduler runs on CPU (eager) and GPU; only the engine's device differs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import Any
+
+from relax.backends.embedded.engine import EmbeddedEngine, Request
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, engine: EmbeddedEngine):
+        self.engine = engine
+        self._cond = threading.Condition()
+        self._engine_lock = threading.Lock()
+        self._futures: dict[str, tuple[Request, Future]] = {}
+        self._paused = False
+        self._exclusive_waiters = 0
+        self._stopped = False
+        self.steps = 0
+        self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ requests
+    def submit(self, request: dict[str, Any]) -> Future:
+        """Queue one SGLang-shaped request; the future resolves to its response dict.
+
+        Raises ``ValueError`` (bad request) or ``RuntimeError`` (engine released) immediately.
+        """
+        return self.submit_many([request])[0]
+
+    def submit_many(self, requests: list[dict[str, Any]]) -> list[Future]:
+        """Validate all first, so a bad one rejects the batch without starting any."""
+        with self._engine_lock:
+            if self.engine.released:
+                raise RuntimeError("engine memory is released; call resume_memory_occupation first")
+            reqs = [self.engine.make_request(q) for q in requests]
+            rids = [r.rid for r in reqs]
+            taken = sorted({rid for rid in rids if rid in self._futures or rids.count(rid) > 1})
+            if taken:
+                raise ValueError(f"request id(s) already in use: {', '.join(taken)}")
+            futures = []
+            for r in reqs:
+                self.engine.add_request(r)
+                futures.append(Future())
+                futures[-1].rid = r.rid  # type: ignore[attr-defined]
+                self._futures[r.rid] = (r, futures[-1])
+        self._wake()
+        return futures
+
+    def abort(self, rid: str | None = None, *, abort_all: bool = False) -> int:
+        """Abort one request (by rid) or all; their futures resolve to partial responses."""
+        with self._engine_lock:
+            hit = self.engine.abort(rid, abort_all=abort_all)
+            self._resolve(hit)
+        return len(hit)
+
+    def num_outstanding(self) -> int:
+        return len(self._futures)
+
+    # ------------------------------------------------------------------ control
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def pause(self) -> None:
+        with self._cond:
+            self._paused = True
+        with self._engine_lock:  # returns once the in-flight step is over
+            pass
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[EmbeddedEngine]:
+        """Hold the engine between steps (generation waits, requests keep their place)."""
+        with self._cond:
+            self._exclusive_waiters += 1
+        try:
+            with self._engine_lock:
+                yield self.engine
+        finally:
+            with self._cond:
+                self._exclusive_waiters -= 1
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        self._thread.join(timeout=10)
+        self.abort(abort_all=True)
+
+    # ------------------------------------------------------------------ loop
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _runnable(self) -> bool:
+        return not self._paused and not self._exclusive_waiters and self.engine.has_work()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopped and not self._runnable():
+                    self._cond.wait()
+                if self._stopped:
+                    return
+            with self._engine_lock:
+                if not self._runnable():
+                    continue
+                try:
+                    finished = self.engine.step()
+                    self.steps += 1
+                except Exception as exc:  # a failing step fails its requests, not the server
+                    log.exception("engine step failed")
+                    self._fail_all(exc)
+                    continue
+                self._resolve(finished)
+
+    def _resolve(self, reqs: list[Request]) -> None:
+        for r in reqs:
+            entry = self._futures.pop(r.rid, None)
+            if entry is not None and not entry[1].done():
+                entry[1].set_result(self.engine.response(r))
+
+    def _fail_all(self, exc: BaseException) -> None:
+        hit = self.engine.abort(abort_all=True)
+        for r in hit:
+            entry = self._futures.pop(r.rid, None)
+            if entry is not None and not entry[1].done():
+                entry[1].set_exception(RuntimeError(f"engine step failed: {exc}"))

@@ -1,0 +1,120 @@
+"""What both training loops share: actors up, resume, weight sync, per-step bookkeeping.
+
+The colocate loop (colocate.py) and the fully-async loop (fully_async.py) differ only in
+how rollout and training are scheduled; everything a step leaves behind (metrics, sample
+accounting, checkpoints, HF exports) is written here, the same way for both.
+"""
+
+from __future__ import annotations
+
+import time
+from argparse import Namespace
+from dataclasses import dataclass, field
+
+import numpy as np
+import ray
+
+from relax import checkpoint as ckpt
+from relax.core.setup import RunInputs
+from relax.distributed.actors import EngineActor, TrainerActor
+from relax.distributed.placement import parse_resource, start_ray
+from relax.engine.rollout.engine_pool import RayEnginePool
+from relax.engine.rollout.sglang_rollout import GenerateState
+from relax.metrics import console
+from relax.metrics.artifacts import RunArtifacts
+from relax.utils.types import Sample
+from relax.weights.sync import sync_weights
+
+
+@dataclass
+class Runtime:
+    args: Namespace
+    run: RunInputs
+    artifacts: RunArtifacts
+    trainer: object
+    engines: list
+    start_step: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def last_step(self) -> int:
+        return self.run.num_rollout - 1
+
+    def sync(self, version: int, step: int) -> float:
+        return sync_weights(self.trainer, self.engines, version=version, step=step,
+                            bucket_bytes=self.args.update_weight_buffer_size, artifacts=self.artifacts)
+
+    def finish_step(self, step: int, groups: list[list[Sample]], rollout_metrics: dict, train_metrics: dict,
+                    perf: dict[str, float], weight_version: int, data_state=None) -> None:
+        """Account samples, checkpoint when due, write and print the step's metrics.
+
+        ``data_state`` returns the data-source position right after this step's prompts were drawn
+        (the fully-async loop draws ahead); by default it is the data source's current position.
+        """
+        args, artifacts = self.args, self.artifacts
+        for g in groups:
+            for s in g:
+                artifacts.samples.write({"step": step, "group_index": s.group_index, "index": s.index,
+                                         "attempts": s.abort_count + 1, "fate": "trained", "reason": None})
+        if args.save and _due(args.save_interval, step, self.last_step):
+            artifacts.event("phase", step=step, phase="checkpoint")
+            directory = ckpt.iteration_dir(args.save, step)
+            ray.get(self.trainer.save.remote(str(directory), not args.no_save_optim))
+            position = data_state() if data_state is not None else self.run.data_source.state_dict()
+            ckpt.write_driver_state(directory, ckpt.DriverState(step + 1, step + 1, position))
+            ckpt.mark_latest(args.save, step)
+            artifacts.event("checkpoint_saved", step=step, path=str(directory))
+        if args.save_hf and _due(args.save_interval, step, self.last_step):
+            ray.get(self.trainer.save_hf.remote(args.save_hf.format(rollout_id=step)))
+        metrics = {"step": step, "weight_version": weight_version, "time": time.time(),
+                   **rollout_metrics, **train_metrics, **perf}
+        artifacts.metrics.write(metrics)
+        artifacts.log_step(metrics)
+        artifacts.event("step_end", step=step)
+        console.print_step(metrics, self.run.num_rollout)
+
+
+def _due(interval: int | None, step: int, last: int) -> bool:
+    return step == last or bool(interval and (step + 1) % interval == 0)
+
+
+def rollout_metrics(groups: list[list[Sample]], raw_rewards: list[float], seconds: float, step: int) -> dict[str, float]:
+    samples = [s for g in groups for s in g]
+    lengths = np.array([s.response_length for s in samples], dtype=np.float64)
+    rewards = np.array(raw_rewards, dtype=np.float64)
+    staleness = np.array([step - (s.weight_version if s.weight_version is not None else step) for s in samples])
+    return {
+        "rollout/reward_mean": float(rewards.mean()),
+        "rollout/reward_std": float(rewards.std()),
+        "rollout/response_len_mean": float(lengths.mean()),
+        "rollout/num_samples": float(len(samples)),
+        "rollout/tokens_per_s": float(lengths.sum() / max(seconds, 1e-9)),
+        "rollout/staleness_max": float(staleness.max()),
+        "rollout/staleness_mean": float(staleness.mean()),
+    }
+
+
+def start_runtime(args: Namespace, run: RunInputs, artifacts: RunArtifacts) -> Runtime:
+    """Start Ray and the actors, resume from --load, and push the initial weights (version = start step)."""
+    use_gpu = run.device == "cuda"
+    placement = parse_resource(args, use_gpu)
+    start_ray(use_gpu)
+    trainer = TrainerActor.options(**placement.actor_options("actor")).remote(args, run.device)
+    engines = [EngineActor.options(**placement.actor_options("rollout")).remote(args, run.device, i)
+               for i in range(placement.rollout.replicas)]
+    artifacts.event("process_started", role="trainer:0", pid=ray.get(trainer.pid.remote()))
+    for i, engine in enumerate(engines):
+        artifacts.event("process_started", role=f"engine:{i}", pid=ray.get(engine.pid.remote()))
+    console.info(f"trainer up: {ray.get(trainer.describe.remote())}; {len(engines)} engine(s)")
+    GenerateState.install(args, tokenizer=run.tokenizer, pool=RayEnginePool(engines))
+    rt = Runtime(args, run, artifacts, trainer, engines)
+    if args.load:
+        directory = ckpt.find_latest(args.load)
+        state = ckpt.read_driver_state(directory)
+        ray.get(trainer.load.remote(str(directory)))
+        run.data_source.load_state_dict(state.data_source)
+        rt.start_step = state.next_step
+        artifacts.event("resume", step=rt.start_step, path=str(directory))
+        console.info(f"resumed from {directory} at step {rt.start_step}")
+    rt.sync(version=rt.start_step, step=rt.start_step)
+    return rt

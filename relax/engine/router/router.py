@@ -1,0 +1,266 @@
+"""A router in front of several engine servers (embedded or SGLang), behind one address.
+
+    python -m relax.engine.router --port 30000 --worker-urls http://127.0.0.1:30001 http://127.0.0.1:30002
+
+* ``/generate`` goes to the live worker with the fewest outstanding requests; a request with a
+  routing key (header ``X-Routing-Key`` or body field ``routing_key``, stripped before
+  forwarding) sticks to one worker (rendezvous hashing over the live workers).
+* Failover: if a worker cannot be reached or drops the connection, the request is retried on
+  another live worker (seeded requests give the same tokens there) and the worker is marked
+  suspect until a health check passes.
+* A background loop checks ``/health`` of every worker each ``--health-check-interval`` s; a
+  worker failing ``--slime-router-health-check-failure-threshold`` consecutive checks is removed.
+* ``/add_worker?url=`` and ``/remove_worker?url=`` change the pool at run time; ``/list_workers``
+  shows it. Control endpoints (abort, pause, continue, flush, release/resume memory, disk weight
+  updates) are broadcast to every worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+log = logging.getLogger("relax.router")
+
+BROADCAST_PATHS = ("/abort_request", "/pause_generation", "/continue_generation", "/flush_cache",
+                   "/release_memory_occupation", "/resume_memory_occupation", "/update_weights_from_disk")
+_CONNECTION_ERRORS = (aiohttp.ClientConnectionError, ConnectionError, asyncio.TimeoutError)
+
+
+@dataclass
+class Worker:
+    url: str
+    outstanding: int = 0
+    failures: int = 0  # consecutive failed health checks
+    suspect: bool = False  # a request failed to reach it; skipped until a health check passes
+    served: int = 0
+    added: float = field(default_factory=time.monotonic)
+    gone: asyncio.Event = field(default_factory=asyncio.Event)  # set when removed from the pool
+
+    def info(self) -> dict[str, Any]:
+        return {"url": self.url, "outstanding": self.outstanding, "failures": self.failures,
+                "suspect": self.suspect, "served": self.served}
+
+
+def _norm(url: str) -> str:
+    url = url.strip().rstrip("/")
+    return url if "://" in url else f"http://{url}"
+
+
+class NoWorker(RuntimeError):
+    pass
+
+
+class Router:
+    def __init__(self, worker_urls: list[str] = (), *, failure_threshold: int = 3, health_interval: float = 1.0,
+                 health_timeout: float = 2.0, request_timeout: float | None = None, max_connections: int = 1024,
+                 api_key: str | None = None, worker_api_key: str | None = None):
+        self.workers: dict[str, Worker] = {}
+        for url in worker_urls:
+            self.add_worker(url)
+        self.failure_threshold = failure_threshold
+        self.health_interval = health_interval
+        self.health_timeout = health_timeout
+        self.request_timeout = request_timeout
+        self.max_connections = max_connections
+        self.api_key = api_key
+        self.worker_headers = {"Authorization": f"Bearer {worker_api_key}"} if worker_api_key else {}
+        self.session: aiohttp.ClientSession | None = None
+        self._health_task: asyncio.Task | None = None
+
+    # ------------------------------------------------------------------ pool
+    def add_worker(self, url: str) -> Worker:
+        url = _norm(url)
+        return self.workers.setdefault(url, Worker(url))
+
+    def remove_worker(self, url: str) -> bool:
+        w = self.workers.pop(_norm(url), None)
+        if w is not None:
+            w.gone.set()  # in-flight requests on it move elsewhere
+        return w is not None
+
+    def pick(self, key: str | None = None, exclude: frozenset[str] = frozenset()) -> Worker:
+        candidates = [w for w in self.workers.values() if w.url not in exclude]
+        healthy = [w for w in candidates if not w.suspect]
+        pool = healthy or candidates
+        if not pool:
+            raise NoWorker("no live worker behind the router")
+        if key is not None:
+            return max(pool, key=lambda w: hashlib.blake2b(f"{key}|{w.url}".encode(), digest_size=8).digest())
+        return min(pool, key=lambda w: (w.outstanding, w.served))
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self, app: web.Application) -> None:
+        connector = aiohttp.TCPConnector(limit=self.max_connections)
+        self.session = aiohttp.ClientSession(connector=connector, trust_env=False)
+        self._health_task = asyncio.create_task(self._health_loop())
+
+    async def stop(self, app: web.Application) -> None:
+        if self._health_task:
+            self._health_task.cancel()
+        if self.session:
+            await self.session.close()
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval)
+            workers = list(self.workers.values())
+            results = await asyncio.gather(*(self._check(w) for w in workers))
+            for w, ok in zip(workers, results, strict=True):
+                if ok:
+                    w.failures, w.suspect = 0, False
+                    continue
+                w.failures += 1
+                w.suspect = True
+                if w.failures >= self.failure_threshold and self.workers.get(w.url) is w:
+                    log.warning("removing worker %s after %d failed health checks", w.url, w.failures)
+                    self.remove_worker(w.url)
+
+    async def _check(self, w: Worker) -> bool:
+        try:
+            async with self.session.get(f"{w.url}/health", headers=self.worker_headers,
+                                        timeout=aiohttp.ClientTimeout(total=self.health_timeout)) as resp:
+                return resp.status == 200
+        except (*_CONNECTION_ERRORS, aiohttp.ClientError):
+            return False
+
+    # ------------------------------------------------------------------ forwarding
+    async def _send(self, w: Worker, method: str, path: str, body: bytes | None,
+                    timeout: float | None) -> tuple[int, bytes]:
+        headers = {"Content-Type": "application/json", **self.worker_headers}
+        async with self.session.request(method, f"{w.url}{path}", data=body, headers=headers,
+                                        timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            return resp.status, await resp.read()
+
+    async def _send_unless_gone(self, w: Worker, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
+        """`_send`, abandoned (as a connection error) if the worker is removed meanwhile (e.g. hung)."""
+        send = asyncio.ensure_future(self._send(w, method, path, body, self.request_timeout))
+        gone = asyncio.ensure_future(w.gone.wait())
+        try:
+            await asyncio.wait([send, gone], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not send.done():
+            send.cancel()
+            raise ConnectionError(f"worker {w.url} was removed from the pool")
+        return send.result()
+
+    async def forward(self, method: str, path: str, body: bytes | None, key: str | None = None) -> web.Response:
+        """Send to one worker; on a connection failure retry on the others (each at most once)."""
+        tried: set[str] = set()
+        last_error = "no live worker behind the router"
+        while True:
+            try:
+                w = self.pick(key, frozenset(tried))
+            except NoWorker:
+                return _error(503, f"{last_error} (tried {len(tried)} worker(s))")
+            tried.add(w.url)
+            w.outstanding += 1
+            try:
+                status, data = await self._send_unless_gone(w, method, path, body)
+            except _CONNECTION_ERRORS as exc:
+                w.suspect = True
+                last_error = f"worker {w.url} failed: {type(exc).__name__}: {exc}"
+                log.warning("%s; retrying elsewhere", last_error)
+                continue
+            finally:
+                w.outstanding -= 1
+            w.served += 1
+            return web.Response(status=status, body=data, content_type="application/json")
+
+    async def broadcast(self, method: str, path: str, body: bytes | None) -> web.Response:
+        workers = list(self.workers.values())
+        if not workers:
+            return _error(503, "no live worker behind the router")
+
+        async def one(w: Worker) -> Any:
+            try:
+                status, data = await self._send(w, method, path, body, self.request_timeout)
+                return {"status": status, "response": json.loads(data) if data else None}
+            except (*_CONNECTION_ERRORS, aiohttp.ClientError, json.JSONDecodeError) as exc:
+                return {"status": 502, "response": {"error": {"message": f"{type(exc).__name__}: {exc}"}}}
+
+        results = dict(zip((w.url for w in workers), await asyncio.gather(*(one(w) for w in workers)), strict=True))
+        ok = all(r["status"] < 400 for r in results.values())
+        return web.json_response({"success": ok, "workers": results}, status=200 if ok else 502)
+
+    # ------------------------------------------------------------------ http
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=16 << 30, middlewares=[self._auth])
+        app.on_startup.append(self.start)
+        app.on_cleanup.append(self.stop)
+        app.router.add_post("/generate", self.h_generate)
+        for path in BROADCAST_PATHS:
+            app.router.add_post(path, self.h_broadcast)
+        app.router.add_post("/add_worker", self.h_add)
+        app.router.add_post("/remove_worker", self.h_remove)
+        app.router.add_get("/list_workers", self.h_list)
+        app.router.add_get("/health", self.h_health)
+        app.router.add_get("/get_weight_version", self.h_weight_version)
+        app.router.add_route("*", "/{tail:.*}", self.h_any)
+        return app
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if self.api_key is not None and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return _error(401, "missing or wrong API key (Authorization: Bearer <key>)")
+        return await handler(request)
+
+    async def h_generate(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        key = request.headers.get("X-Routing-Key")
+        try:
+            body = json.loads(raw) if raw else {}
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return _error(400, f"malformed JSON body: {exc}")
+        if isinstance(body, dict) and "routing_key" in body:
+            key = str(body.pop("routing_key"))
+            raw = json.dumps(body).encode()
+        return await self.forward("POST", "/generate", raw, key)
+
+    async def h_broadcast(self, request: web.Request) -> web.Response:
+        return await self.broadcast("POST", request.path, await request.read())
+
+    async def h_any(self, request: web.Request) -> web.Response:
+        return await self.forward(request.method, request.path_qs, await request.read() or None)
+
+    async def h_add(self, request: web.Request) -> web.Response:
+        url = request.query.get("url")
+        if not url:
+            return _error(400, "add_worker needs ?url=")
+        self.add_worker(url)
+        return web.json_response({"success": True, "urls": list(self.workers)})
+
+    async def h_remove(self, request: web.Request) -> web.Response:
+        url = request.query.get("url")
+        if not url:
+            return _error(400, "remove_worker needs ?url=")
+        return web.json_response({"success": self.remove_worker(url), "urls": list(self.workers)})
+
+    async def h_list(self, request: web.Request) -> web.Response:
+        return web.json_response({"urls": list(self.workers), "workers": [w.info() for w in self.workers.values()]})
+
+    async def h_health(self, request: web.Request) -> web.Response:
+        live = [w.url for w in self.workers.values() if not w.suspect]
+        return web.json_response({"status": "ok" if live else "no live worker", "live_workers": live},
+                                 status=200 if live else 503)
+
+    async def h_weight_version(self, request: web.Request) -> web.Response:
+        resp = await self.broadcast("GET", "/get_weight_version", None)
+        data = json.loads(resp.body)
+        versions = [r["response"]["weight_version"] for r in data.get("workers", {}).values() if r["status"] == 200]
+        if not versions:
+            return resp
+        return web.json_response({"weight_version": min(versions), "workers": data["workers"]})
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "code": status}}, status=status)

@@ -1,0 +1,112 @@
+"""Async HTTP helpers used by rollout code and Relax recipes (``relax.utils.http_utils.post``).
+
+One pooled ``aiohttp`` session per event loop. Failures surface as `EngineError` naming the
+address: a refused connection, a connection dropped mid-request (engine killed) or a timeout.
+An HTTP 4xx/5xx answer raises `EngineHTTPError` (a subclass) carrying the status and the
+server's message; 4xx answers are never retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import weakref
+from typing import Any
+
+import aiohttp
+
+_SESSIONS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = weakref.WeakKeyDictionary()
+CONNECT_TIMEOUT_S = 10.0
+MAX_CONNECTIONS = 1024
+
+
+class EngineError(RuntimeError):
+    """An engine (or router) at ``url`` could not serve a request."""
+
+    def __init__(self, url: str, message: str):
+        super().__init__(f"{url}: {message}")
+        self.url = url
+
+
+class EngineHTTPError(EngineError):
+    """The server answered with an HTTP error status."""
+
+    def __init__(self, url: str, status: int, message: str):
+        super().__init__(url, f"HTTP {status}: {message}")
+        self.status = status
+        self.server_message = message
+
+
+def _session() -> aiohttp.ClientSession:
+    loop = asyncio.get_running_loop()
+    session = _SESSIONS.get(loop)
+    if session is None or session.closed:
+        connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, force_close=False)
+        session = aiohttp.ClientSession(connector=connector, trust_env=False)
+        _SESSIONS[loop] = session
+    return session
+
+
+async def close_session() -> None:
+    """Close this loop's pooled session (optional; sessions die with their loop)."""
+    session = _SESSIONS.pop(asyncio.get_running_loop(), None)
+    if session is not None:
+        await session.close()
+
+
+def _error_message(text: str) -> str:
+    try:
+        data = json.loads(text)
+        if isinstance(data, dict) and isinstance(data.get("error"), dict):
+            return str(data["error"].get("message", text))
+        if isinstance(data, dict) and "message" in data:
+            return str(data["message"])
+    except (json.JSONDecodeError, TypeError):
+        pass
+    return text[:500]
+
+
+async def request(method: str, url: str, payload: Any = None, *, timeout: float | None = None,
+                  headers: dict[str, str] | None = None, connect_timeout: float = CONNECT_TIMEOUT_S) -> Any:
+    """One HTTP call returning the decoded JSON (or ``None`` for an empty body)."""
+    client_timeout = aiohttp.ClientTimeout(total=timeout, connect=min(connect_timeout, timeout or connect_timeout))
+    try:
+        async with _session().request(method, url, json=payload, headers=headers, timeout=client_timeout) as resp:
+            text = await resp.text()
+            if resp.status >= 400:
+                raise EngineHTTPError(url, resp.status, _error_message(text))
+            return json.loads(text) if text.strip() else None
+    except EngineError:
+        raise
+    except TimeoutError:
+        raise EngineError(url, f"no answer within {timeout if timeout is not None else connect_timeout} s") from None
+    except aiohttp.ClientConnectorError as exc:
+        raise EngineError(url, f"cannot connect ({exc.os_error or exc})") from None
+    except (aiohttp.ClientError, ConnectionError) as exc:
+        raise EngineError(url, f"connection failed: {type(exc).__name__}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise EngineError(url, f"answer is not JSON: {exc}") from None
+
+
+async def post(url: str, payload: Any = None, max_retries: int = 0, *, timeout: float | None = None,
+               headers: dict[str, str] | None = None, retry_delay: float = 1.0) -> Any:
+    """POST ``payload`` as JSON and return the JSON answer (the Relax recipe helper).
+
+    Connection failures and 5xx answers are retried ``max_retries`` times, ``retry_delay`` s
+    apart; 4xx answers raise at once.
+    """
+    for attempt in range(max_retries + 1):
+        try:
+            return await request("POST", url, payload, timeout=timeout, headers=headers)
+        except EngineHTTPError as exc:
+            if exc.status < 500 or attempt == max_retries:
+                raise
+        except EngineError:
+            if attempt == max_retries:
+                raise
+        await asyncio.sleep(retry_delay)
+    raise AssertionError("unreachable")
+
+
+async def get(url: str, *, timeout: float | None = None, headers: dict[str, str] | None = None) -> Any:
+    return await request("GET", url, timeout=timeout, headers=headers)

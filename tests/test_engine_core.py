@@ -1,0 +1,250 @@
+"""EmbeddedEngine (in-process): log-prob parity with a full forward, seeded determinism,
+stop conditions, context limits, continuous-batching joins/leaves, weight updates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relax.backends.embedded.engine import EmbeddedEngine
+from relax.backends.embedded.sampling import SamplingParams
+from relax.weights.checksum import state_checksums, tensor_checksum
+
+torch.set_num_threads(1)
+EOS = 2
+
+
+def tiny_model(seed: int = 0, tie: bool = False):
+    import transformers
+
+    cfg = transformers.Qwen3Config(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                   max_position_embeddings=256, tie_word_embeddings=tie, pad_token_id=0,
+                                   eos_token_id=EOS)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    return transformers.Qwen3ForCausalLM(cfg).float().eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
+
+
+def make_engine(model, **kw) -> EmbeddedEngine:
+    return EmbeddedEngine(model, eos_token_ids=kw.pop("eos", []), **kw)
+
+
+def req(ids, *, seed=None, temperature=1.0, max_new=12, **params):
+    sp = dict(temperature=temperature, max_new_tokens=max_new, seed=seed, **params)
+    return {"input_ids": list(ids), "sampling_params": sp, "return_logprob": True}
+
+
+def full_forward_logprobs(model, prompt, output, temperature):
+    ids = torch.tensor([prompt + output])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float()
+    t = temperature if temperature > 0 else 1.0
+    lp = torch.log_softmax(logits / t, -1)
+    positions = torch.arange(len(prompt) - 1, len(prompt) + len(output) - 1)
+    return lp[positions, torch.tensor(output)]
+
+
+PROMPTS = [[5, 6, 7], [11, 12, 13, 14, 15, 16, 17, 18], [40], [3, 9, 27, 81, 43]]
+
+
+@pytest.mark.parametrize("temperature,top_p,top_k", [(1.0, 1.0, -1), (0.7, 0.9, 20), (0.0, 1.0, -1)])
+def test_logprobs_match_full_forward(model, temperature, top_p, top_k) -> None:
+    engine = make_engine(model)
+    reqs = [req(p, seed=i, temperature=temperature, top_p=top_p, top_k=top_k, max_new=16)
+            for i, p in enumerate(PROMPTS)]
+    diffs = []
+    for r, resp in zip(reqs, engine.generate(reqs), strict=True):
+        out = resp["output_ids"]
+        lps = [x[0] for x in resp["meta_info"]["output_token_logprobs"]]
+        assert [x[1] for x in resp["meta_info"]["output_token_logprobs"]] == out
+        ref = full_forward_logprobs(model, r["input_ids"], out, temperature)
+        diffs.append((torch.tensor(lps) - ref).abs())
+    diff = torch.cat(diffs)
+    assert diff.mean() < 1e-4 and diff.max() < 1e-3, diff
+
+
+def test_greedy_matches_argmax_of_full_forward(model) -> None:
+    engine = make_engine(model)
+    resp = engine.generate([req(PROMPTS[1], temperature=0.0, max_new=10)])[0]
+    ids = list(PROMPTS[1])
+    for tok in resp["output_ids"]:
+        with torch.no_grad():
+            assert int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()) == tok
+        ids.append(tok)
+
+
+def test_same_seed_same_tokens_regardless_of_batch(model) -> None:
+    engine = make_engine(model)
+    alone = engine.generate([req(PROMPTS[0], seed=123, max_new=20)])[0]
+    mixed = engine.generate([req(PROMPTS[1], seed=1), req(PROMPTS[0], seed=123, max_new=20),
+                             req(PROMPTS[2], seed=2, max_new=3)])[1]
+    assert alone["output_ids"] == mixed["output_ids"]
+    a = [x[0] for x in alone["meta_info"]["output_token_logprobs"]]
+    b = [x[0] for x in mixed["meta_info"]["output_token_logprobs"]]
+    assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-5
+    other = engine.generate([req(PROMPTS[0], seed=124, max_new=20)])[0]
+    assert other["output_ids"] != alone["output_ids"]
+
+
+def test_unseeded_requests_differ(model) -> None:
+    engine = make_engine(model)
+    a, b = engine.generate([req(PROMPTS[0], max_new=20), req(PROMPTS[0], max_new=20)])
+    assert a["output_ids"] != b["output_ids"]
+
+
+def test_stop_token_ids_and_eos(model) -> None:
+    engine = make_engine(model)
+    first = engine.generate([req(PROMPTS[0], seed=7, max_new=20)])[0]["output_ids"]
+    stop_tok = first[3]
+    cut = first.index(stop_tok) + 1
+    resp = engine.generate([req(PROMPTS[0], seed=7, max_new=20, stop_token_ids=[stop_tok])])[0]
+    assert resp["output_ids"] == first[:cut]
+    assert resp["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_tok}
+    eos_engine = make_engine(model, eos=[stop_tok])
+    resp = eos_engine.generate([req(PROMPTS[0], seed=7, max_new=20)])[0]
+    assert resp["output_ids"] == first[:cut] and resp["meta_info"]["finish_reason"]["type"] == "stop"
+    full = engine.generate([req(PROMPTS[0], seed=7, max_new=20)])[0]
+    assert full["meta_info"]["finish_reason"] == {"type": "length", "length": 20}
+    assert full["meta_info"]["completion_tokens"] == 20 and full["meta_info"]["prompt_tokens"] == 3
+
+
+class _CharTok:
+    """Token t <-> chr(ord('a') + t % 26): enough for stop strings."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(ord("a") + t % 26) for t in ids)
+
+
+def test_stop_strings_trim_text(model) -> None:
+    engine = make_engine(model, tokenizer=_CharTok())
+    first = engine.generate([req(PROMPTS[0], seed=9, max_new=20)])[0]
+    stop = first["text"][5:7]
+    resp = engine.generate([req(PROMPTS[0], seed=9, max_new=20, stop=[stop])])[0]
+    at = first["text"].find(stop)
+    assert resp["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert resp["text"] == first["text"][:at]
+    assert resp["output_ids"] == first["output_ids"][: at + 2]
+
+
+def test_context_limits(model) -> None:
+    engine = make_engine(model, max_context_len=10)
+    resp = engine.generate([req([1, 2, 3, 4, 5, 6], seed=1, max_new=50)])[0]
+    assert len(resp["output_ids"]) == 4 and resp["meta_info"]["finish_reason"]["type"] == "length"
+    with pytest.raises(ValueError, match="context length"):
+        engine.generate([req(list(range(1, 12)), max_new=2)])
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({"input_ids": []}, "non-empty"),
+    ({"input_ids": [1, 500]}, r"\[0, 100\)"),
+    ({"input_ids": [1], "sampling_params": {"max_new_tokens": 0}}, "max_new_tokens"),
+    ({"input_ids": [1], "sampling_params": {"temprature": 1.0}}, "unknown sampling_params"),
+    ({"input_ids": [1], "sampling_params": {"top_p": 0}}, "top_p"),
+    ({"input_ids": [1], "sampling_params": {"temperature": "hot"}}, "temperature"),
+    ({"input_ids": [1], "bogus": 1}, "unknown request field"),
+    ({"input_ids": [1], "sampling_params": {"stop": ["x"]}}, "tokenizer"),
+])
+def test_bad_requests_raise_value_error(model, bad, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        make_engine(model).generate([bad])
+
+
+def test_continuous_batching_join_and_leave(model) -> None:
+    """Requests admitted mid-flight and rows leaving early give the same tokens as solo runs."""
+    engine = make_engine(model)
+    specs = [(PROMPTS[i % 4], 100 + i, 5 + 3 * i) for i in range(6)]
+    solo = [engine.generate([req(p, seed=s, max_new=n)])[0] for p, s, n in specs]
+    live = [engine.add_request(req(*specs[0][:1], seed=specs[0][1], max_new=specs[0][2]))]
+    for i, (p, s, n) in enumerate(specs[1:], start=1):
+        engine.step()
+        live.append(engine.add_request(req(p, seed=s, max_new=n)))
+        if i == 3:
+            engine.step()
+    while engine.has_work():
+        engine.step()
+    for r, ref in zip(live, solo, strict=True):
+        got = engine.response(r)
+        assert got["output_ids"] == ref["output_ids"]
+        a = torch.tensor([x[0] for x in got["meta_info"]["output_token_logprobs"]])
+        b = torch.tensor([x[0] for x in ref["meta_info"]["output_token_logprobs"]])
+        assert (a - b).abs().max() < 1e-5
+
+
+def test_abort_keeps_partial_output_and_resume_continues(model) -> None:
+    engine = make_engine(model)
+    r = engine.add_request(req(PROMPTS[1], temperature=0.0, max_new=12))
+    for _ in range(3):
+        engine.step()
+    assert engine.abort(r.rid) == [r]
+    partial = engine.response(r)
+    assert partial["meta_info"]["finish_reason"]["type"] == "abort"
+    n = len(partial["output_ids"])
+    assert 0 < n < 12 and len(partial["meta_info"]["output_token_logprobs"]) == n
+    assert not engine.has_work()
+    resumed = engine.generate([req(PROMPTS[1] + partial["output_ids"], temperature=0.0, max_new=12 - n)])[0]
+    straight = engine.generate([req(PROMPTS[1], temperature=0.0, max_new=12)])[0]
+    assert partial["output_ids"] + resumed["output_ids"] == straight["output_ids"]
+
+
+def test_update_weights_and_checksums() -> None:
+    src, dst = tiny_model(seed=1, tie=True), tiny_model(seed=2, tie=True)
+    engine = make_engine(dst)
+    assert engine.weight_version == 0
+    before = engine.weight_checksums()
+    assert set(before) == set(src.state_dict()) and "lm_head.weight" in before
+    version = engine.update_weights_from_tensors(list(src.state_dict().items()))
+    assert version == 1 == engine.weight_version
+    assert engine.weight_checksums() == state_checksums(src.state_dict().items())
+    engine.update_weights_from_tensors({}, version=7)
+    assert engine.weight_version == 7
+    with pytest.raises(ValueError, match="model.nope"):
+        engine.update_weights_from_tensors({"model.nope": torch.zeros(1)})
+    with pytest.raises(ValueError, match="shape"):
+        engine.update_weights_from_tensors({"lm_head.weight": torch.zeros(3)})
+    resp = engine.generate([req([1, 2], seed=0, max_new=2)])[0]
+    assert resp["meta_info"]["weight_version"] == 7
+
+
+def test_tensor_checksum_format() -> None:
+    t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    s = tensor_checksum(t)
+    assert s.startswith("float32[2,3]:") and s == tensor_checksum(t.clone())
+    assert tensor_checksum(t.bfloat16()).startswith("bfloat16[2,3]:")
+    assert tensor_checksum(t.t()) != s
+
+
+def test_sampling_params_defaults() -> None:
+    p = SamplingParams.from_dict({"stop": "x", "top_k": -1, "seed": None})
+    assert p.stop == ("x",) and p.seed is None and p.top_k == -1
+
+
+def test_sampler_distribution_and_filters() -> None:
+    from relax.backends.embedded.sampling import sample_batch
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    n = 20000
+    gen = torch.Generator().manual_seed(0)
+    u = torch.rand(n, generator=gen)
+
+    def counts(temp, top_p, top_k):
+        toks, lps = sample_batch(logits.expand(n, 4), torch.full((n,), temp), torch.full((n,), top_p),
+                                 torch.full((n,), top_k, dtype=torch.long), u)
+        return torch.bincount(toks, minlength=4).float() / n, lps
+
+    freq, lps = counts(1.0, 1.0, -1)
+    assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.015)
+    assert torch.allclose(lps, torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))[
+        sample_batch(logits.expand(n, 4), torch.ones(n), torch.ones(n), torch.full((n,), -1), u)[0]])
+    freq, lps = counts(1.0, 0.7, -1)  # nucleus {0, 1}: renormalised 0.625 / 0.375; log-probs unfiltered
+    assert torch.allclose(freq, torch.tensor([0.625, 0.375, 0, 0]), atol=0.015)
+    assert set(lps.tolist()) <= set(torch.log(torch.tensor([0.5, 0.3])).tolist())
+    freq, _ = counts(1.0, 1.0, 1)
+    assert freq.tolist() == [1.0, 0, 0, 0]
+    freq, lps = counts(0.0, 1.0, -1)
+    assert freq.tolist() == [1.0, 0, 0, 0] and torch.allclose(lps, torch.log(torch.tensor(0.5)))

@@ -1,0 +1,336 @@
+"""The embedded engine server over HTTP, driven by the production client (EngineClient)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import pytest
+import torch
+
+from relax.backends.embedded.launch import EngineProcess
+from relax.engine.rollout.engine_client import DistributedWeightSender, EngineClient, EngineError, EngineHTTPError
+from relax.utils.http_utils import close_session, post
+from relax.weights.checksum import state_checksums
+
+torch.set_num_threads(1)
+SEED = 1234
+
+
+def run(coro):
+    async def main():
+        try:
+            return await coro
+        finally:
+            await close_session()
+
+    return asyncio.run(main())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny(seed: int):
+    from relax.models import build_model
+
+    return build_model("tiny-qwen3", seed=seed).eval()
+
+
+@pytest.fixture(scope="module")
+def engine():
+    proc = EngineProcess.start(["--hf-checkpoint", "tiny-qwen3", "--seed", str(SEED)])
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def client(engine) -> EngineClient:
+    return EngineClient(engine.url, timeout=60)
+
+
+@pytest.fixture
+def reset_weights(engine):
+    """Tests that change weights put the seed-SEED weights back afterwards."""
+    yield
+    run(EngineClient(engine.url).update_weights_from_tensor(tiny(SEED).state_dict()))
+
+
+def gen(ids, *, seed=None, max_new=16, temperature=1.0, **kw):
+    return {"input_ids": list(ids), "return_logprob": True,
+            "sampling_params": {"max_new_tokens": max_new, "temperature": temperature, "seed": seed}, **kw}
+
+
+def test_generate_logprobs_match_full_forward(client) -> None:
+    prompts = [[5, 6, 7, 8], [20, 21], [30, 31, 32, 33, 34, 35]]
+    responses = run(client.generate([gen(p, seed=i, max_new=24) for i, p in enumerate(prompts)]))
+    model = tiny(SEED)
+    diffs = []
+    for p, resp in zip(prompts, responses, strict=True):
+        out = resp["output_ids"]
+        assert resp["meta_info"]["finish_reason"]["type"] in ("length", "stop")
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=torch.tensor([p + out])).logits[0].float(), -1)
+        ref = logp[torch.arange(len(p) - 1, len(p) + len(out) - 1), torch.tensor(out)]
+        got = torch.tensor([x[0] for x in resp["meta_info"]["output_token_logprobs"]])
+        diffs.append((got - ref).abs())
+    assert torch.cat(diffs).mean() < 1e-4
+
+
+def test_batch_body_and_recipe_post_helper(engine) -> None:
+    body = {"input_ids": [[5, 6], [7]], "sampling_params": {"max_new_tokens": 3, "seed": 3}, "return_logprob": True}
+    out = run(post(f"{engine.url}/generate", body))
+    assert len(out) == 2 and all(len(r["output_ids"]) == 3 for r in out)
+    single = run(post(f"{engine.url}/generate", gen([5, 6], seed=3, max_new=3)))
+    assert single["output_ids"] == out[0]["output_ids"]
+
+
+def test_same_seed_same_output_under_concurrency(client) -> None:
+    async def go():
+        noise = [client.generate(gen([i + 3, i + 4], seed=None, max_new=30)) for i in range(6)]
+        a, b, *_ = await asyncio.gather(client.generate(gen([9, 9, 9], seed=77, max_new=30)),
+                                        client.generate(gen([9, 9, 9], seed=77, max_new=30)), *noise)
+        c = await client.generate(gen([9, 9, 9], seed=77, max_new=30))
+        return a, b, c
+
+    a, b, c = run(go())
+    assert a["output_ids"] == b["output_ids"] == c["output_ids"]
+    lp = [[x[0] for x in r["meta_info"]["output_token_logprobs"]] for r in (a, c)]
+    assert lp[0] == pytest.approx(lp[1], abs=1e-5)
+
+
+def test_concurrent_requests_share_decode_steps(client) -> None:
+    async def go():
+        before = (await client.server_info())["steps"]
+        await asyncio.gather(*(client.generate(gen([3 + i], seed=i, max_new=40)) for i in range(8)))
+        return (await client.server_info())["steps"] - before
+
+    steps = run(go())
+    assert steps < 8 * 40 / 2  # sequential would take 320 steps
+
+
+def test_abort_returns_partial_and_resume_continues(client) -> None:
+    prompt, total = [11, 12, 13], 480
+
+    async def go():
+        task = asyncio.create_task(client.generate(gen(prompt, temperature=0.0, max_new=total, rid="long")))
+        for _ in range(200):
+            await asyncio.sleep(0.02)
+            if (await client.server_info())["running"]:
+                break
+        await asyncio.sleep(0.05)
+        await client.pause_generation(mode="in_place")  # hold it mid-flight, then abort it
+        assert (await client.server_info())["running"] == 1
+        assert (await client.abort_request("long"))["num_aborted"] == 1
+        await client.continue_generation()
+        partial = await task
+        n = len(partial["output_ids"])
+        resumed = await client.generate(gen(prompt + partial["output_ids"], temperature=0.0, max_new=total - n))
+        straight = await client.generate(gen(prompt, temperature=0.0, max_new=total))
+        return partial, resumed, straight
+
+    partial, resumed, straight = run(go())
+    assert partial["meta_info"]["finish_reason"]["type"] == "abort"
+    n = len(partial["output_ids"])
+    assert 0 < n < total and len(partial["meta_info"]["output_token_logprobs"]) == n
+    assert partial["output_ids"] + resumed["output_ids"] == straight["output_ids"]
+    lp = [x[0] for x in partial["meta_info"]["output_token_logprobs"]]
+    assert lp == pytest.approx([x[0] for x in straight["meta_info"]["output_token_logprobs"][:n]], abs=1e-5)
+
+
+def test_pause_in_place_and_continue(client) -> None:
+    async def go():
+        await client.pause_generation(mode="in_place")
+        task = asyncio.create_task(client.generate(gen([4, 5], seed=1, max_new=8)))
+        await asyncio.sleep(0.3)
+        waited = not task.done()
+        await client.continue_generation()
+        return waited, await task
+
+    waited, resp = run(go())
+    assert waited and resp["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_pause_abort_mode_aborts_running(client) -> None:
+    async def go():
+        task = asyncio.create_task(client.generate(gen([4, 5], temperature=0.0, max_new=480)))
+        for _ in range(200):
+            await asyncio.sleep(0.02)
+            if (await client.server_info())["running"]:
+                break
+        await client.pause_generation()
+        resp = await task
+        await client.continue_generation()
+        after = await client.generate(gen([4, 5], max_new=2))
+        return resp, after
+
+    resp, after = run(go())
+    assert resp["meta_info"]["finish_reason"]["type"] == "abort"
+    assert after["meta_info"]["finish_reason"]["type"] in ("length", "stop")
+
+
+@pytest.mark.parametrize("via", ["serialized", "shm"])
+def test_update_weights_from_tensor(client, reset_weights, via) -> None:
+    src = tiny(seed=99)
+
+    async def go():
+        v0 = await client.get_weight_version()
+        res = await client.update_weights_from_tensor(list(src.state_dict().items()), via=via)
+        return v0, res, await client.checksums(), await client.generate(gen([1, 2], seed=0, max_new=2))
+
+    v0, res, sums, resp = run(go())
+    assert res["success"] and res["weight_version"] == v0 + 1
+    assert sums == state_checksums(src.state_dict().items())
+    assert resp["meta_info"]["weight_version"] == v0 + 1
+
+
+def test_update_weights_from_disk(client, reset_weights, tmp_path) -> None:
+    src = tiny(seed=98)
+    src.save_pretrained(tmp_path, safe_serialization=True)
+    res = run(client.update_weights_from_disk(tmp_path, version=41))
+    assert res["weight_version"] == 41
+    assert run(client.checksums()) == state_checksums(src.state_dict().items())
+    with pytest.raises(EngineHTTPError, match="no \\*.safetensors"):
+        run(client.update_weights_from_disk(tmp_path / "missing"))
+
+
+def test_update_weights_from_distributed(client, reset_weights) -> None:
+    src = tiny(seed=97)
+
+    async def go():
+        sender = await DistributedWeightSender.connect([client], "127.0.0.1", free_port(), backend="gloo")
+        try:
+            res = await sender.send(src.state_dict().items(), version=7)
+            res2 = await sender.send(tiny(SEED).state_dict().items(), version=8)
+        finally:
+            sender.close()
+            await client.destroy_weights_update_group()
+        return res, res2, await client.get_weight_version(), await client.checksums()
+
+    res, res2, version, sums = run(go())
+    assert res[0]["weight_version"] == 7 and res2[0]["weight_version"] == 8 == version
+    assert sums == state_checksums(tiny(SEED).state_dict().items())
+
+
+def test_weights_checker_reset_then_sync(client, reset_weights) -> None:
+    trainer = tiny(SEED).state_dict()
+    expected = state_checksums(trainer.items())
+
+    async def go():
+        snap = await client.weights_checker("snapshot")
+        await client.weights_checker("reset_tensors")
+        after_reset = await client.checksums()
+        changed = await client.weights_checker("compare")
+        await client.update_weights_from_tensor(trainer)
+        return snap, after_reset, changed, await client.checksums(), await client.weights_checker("compare")
+
+    snap, after_reset, changed, after_sync, same = run(go())
+    assert snap["num_tensors"] == len(expected)
+    assert all(after_reset[k] != expected[k] for k in expected)
+    assert not changed["equal"] and set(changed["mismatched"]) == set(expected)
+    assert after_sync == expected and same["equal"]
+    with pytest.raises(EngineHTTPError, match="unknown weights_checker action"):
+        run(client.weights_checker("explode"))
+
+
+def test_release_and_resume_memory(client) -> None:
+    async def go():
+        await client.release_memory_occupation()
+        try:
+            with pytest.raises(EngineHTTPError) as exc:
+                await client.generate(gen([1], max_new=2))
+        finally:
+            await client.resume_memory_occupation()
+        return exc.value, await client.generate(gen([1], max_new=2))
+
+    err, resp = run(go())
+    assert err.status == 409 and "released" in err.server_message
+    assert resp["meta_info"]["finish_reason"]["type"] in ("length", "stop")
+
+
+@pytest.mark.parametrize("body,message", [
+    ("{not json", "malformed JSON"),
+    ('[1, 2]', "must be an object"),
+    ('{"input_ids": [1], "sampling_params": {"max_new_tokens": 0}}', "max_new_tokens"),
+    ('{"input_ids": [1], "bogus": true}', "unknown request field"),
+    ('{"input_ids": [1], "sampling_params": {"nope": 1}}', "unknown sampling_params"),
+    ('{"input_ids": ' + str(list(range(1, 20)) * 30) + "}", "context length"),
+    ('{"input_ids": []}', "non-empty"),
+])
+def test_bad_input_is_4xx_and_server_keeps_serving(engine, client, body, message) -> None:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(f"{engine.url}/generate", data=body.encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(req, timeout=10)
+    assert exc.value.code == 400 and message in exc.value.read().decode()
+    assert run(client.health())
+    assert len(run(client.generate(gen([1], max_new=1)))["output_ids"]) == 1
+
+
+def test_bad_control_bodies(client) -> None:
+    with pytest.raises(EngineHTTPError, match="rid or abort_all"):
+        run(client._post("/abort_request", {}))
+    with pytest.raises(EngineHTTPError, match="unknown field"):
+        run(client._post("/pause_generation", {"mood": "x"}))
+    with pytest.raises(EngineHTTPError, match="unknown weight"):
+        run(client.update_weights_from_tensor({"model.nope": torch.zeros(2)}))
+    with pytest.raises(EngineHTTPError, match="init_weights_update_group first"):
+        run(client.update_weights_from_distributed(["lm_head.weight"], ["float32"], [[2]]))
+
+
+def test_health_generate_and_info(client) -> None:
+    assert run(client.health_generate())["status"] == "ok"
+    info = run(client.server_info())
+    assert info["device"] == "cpu" and info["max_context_len"] == 512
+
+
+def test_api_key_required_when_given() -> None:
+    proc = EngineProcess.start(["--hf-checkpoint", "tiny-qwen3", "--api-key", "s3cret"])
+    try:
+        with pytest.raises(EngineHTTPError) as exc:
+            run(EngineClient(proc.url).generate(gen([1], max_new=1)))
+        assert exc.value.status == 401
+        assert len(run(EngineClient(proc.url, api_key="s3cret").generate(gen([1], max_new=1)))["output_ids"]) == 1
+    finally:
+        proc.stop()
+
+
+def test_non_loopback_host_needs_api_key() -> None:
+    from relax.backends.embedded.server import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--hf-checkpoint", "tiny-qwen3", "--host", "0.0.0.0"])
+    assert parse_args(["--hf-checkpoint", "x", "--host", "0.0.0.0", "--api-key", "k"]).api_key == "k"
+
+
+def test_killed_engine_gives_client_error_within_timeout() -> None:
+    proc = EngineProcess.start(["--hf-checkpoint", "tiny-qwen3"])
+    client = EngineClient(proc.url, timeout=30, control_timeout=5)
+
+    async def go():
+        await client.pause_generation(mode="in_place")  # the request below is in flight for sure
+        task = asyncio.create_task(client.generate(gen([3], temperature=0.0, max_new=480)))
+        await asyncio.sleep(0.3)
+        proc.kill()
+        start = time.monotonic()
+        with pytest.raises(EngineError) as exc:
+            await task
+        mid = time.monotonic() - start
+        start = time.monotonic()
+        with pytest.raises(EngineError) as exc2:
+            await client.get_weight_version()
+        return exc.value, mid, exc2.value, time.monotonic() - start
+
+    try:
+        err, t1, err2, t2 = run(go())
+    finally:
+        proc.stop()
+    assert proc.url in str(err) and proc.url in str(err2)
+    assert t1 < 10 and t2 < 6
+    assert not run(client.health(timeout=1))
