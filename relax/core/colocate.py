@@ -6,18 +6,14 @@ It reads top to bottom in the order a run happens; every phase is a named compon
 from __future__ import annotations
 
 import time
-from argparse import Namespace
-
 import ray
 
-from relax.core.runtime import rollout_metrics, start_runtime
-from relax.core.setup import RunInputs
+from relax.core.runtime import Runtime, rollout_metrics
 from relax.core.train_data import to_train_samples
-from relax.metrics.artifacts import RunArtifacts
 
 
-def train_colocate(args: Namespace, run: RunInputs, artifacts: RunArtifacts) -> None:
-    rt = start_runtime(args, run, artifacts)
+def train_colocate(rt: Runtime) -> None:
+    args, run, artifacts = rt.args, rt.run, rt.artifacts
     for step in range(rt.start_step, run.num_rollout):
         t0 = time.perf_counter()
         artifacts.event("step_start", step=step)

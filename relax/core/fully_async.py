@@ -16,15 +16,12 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from argparse import Namespace
 from dataclasses import dataclass
 
 import ray
 
-from relax.core.runtime import Runtime, rollout_metrics, start_runtime
-from relax.core.setup import RunInputs
+from relax.core.runtime import Runtime, rollout_metrics
 from relax.core.train_data import to_train_samples
-from relax.metrics.artifacts import RunArtifacts
 
 
 @dataclass
@@ -96,8 +93,8 @@ def _next_batch(producer: _Producer) -> _Batch:
         return item
 
 
-def train_fully_async(args: Namespace, run: RunInputs, artifacts: RunArtifacts) -> None:
-    rt = start_runtime(args, run, artifacts)
+def train_fully_async(rt: Runtime) -> None:
+    run, artifacts = rt.run, rt.artifacts
     producer = _Producer(rt)
     producer.start()
     try:

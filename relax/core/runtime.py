@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import time
 from argparse import Namespace
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import ray
+from ray.exceptions import RayActorError
 
 from relax import checkpoint as ckpt
 from relax.core.setup import RunInputs
@@ -34,15 +35,47 @@ class Runtime:
     trainer: object
     engines: list
     start_step: int = 0
-    timings: dict[str, float] = field(default_factory=dict)
+    version: int = 0  # weight version the engines hold
+    step: int = 0  # the step in progress (for sync records)
+    supervisor: object = None  # EngineSupervisor with --use-fault-tolerance
 
     @property
     def last_step(self) -> int:
         return self.run.num_rollout - 1
 
     def sync(self, version: int, step: int) -> float:
-        return sync_weights(self.trainer, self.engines, version=version, step=step,
+        """Push the trainer's weights to every engine as ``version``; restart engines that died meanwhile."""
+        self.version, self.step = version, step
+        while True:
+            targets = list(enumerate(self.engines))
+            try:
+                return sync_weights(self.trainer, targets, version=version, step=step,
+                                    bucket_bytes=self.args.update_weight_buffer_size, artifacts=self.artifacts)
+            except RayActorError:
+                if self.supervisor is None or not self.trainer_alive():
+                    raise
+                self.supervisor.check_all()  # replaces (and re-syncs) the dead engines, then retry
+
+    def sync_one(self, index: int) -> float:
+        """Bring one (restarted) engine to the current version."""
+        return sync_weights(self.trainer, [(index, self.engines[index])], version=self.version, step=self.step,
                             bucket_bytes=self.args.update_weight_buffer_size, artifacts=self.artifacts)
+
+    def trainer_alive(self) -> bool:
+        try:
+            ray.get(self.trainer.pid.remote(), timeout=self.args.rollout_health_check_timeout)
+            return True
+        except Exception:  # noqa: BLE001 - any failure means not alive
+            return False
+
+    def shutdown(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.stop()
+        for actor in [self.trainer, *self.engines]:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
 
     def finish_step(self, step: int, groups: list[list[Sample]], rollout_metrics: dict, train_metrics: dict,
                     perf: dict[str, float], weight_version: int, data_state=None) -> None:
@@ -99,15 +132,20 @@ def start_runtime(args: Namespace, run: RunInputs, artifacts: RunArtifacts) -> R
     use_gpu = run.device == "cuda"
     placement = parse_resource(args, use_gpu)
     start_ray(use_gpu)
-    trainer = TrainerActor.options(**placement.actor_options("actor")).remote(args, run.device)
+    # max_concurrency 2: heartbeats are answered while a training step runs
+    trainer = TrainerActor.options(max_concurrency=2, **placement.actor_options("actor")).remote(args, run.device)
     engines = [EngineActor.options(**placement.actor_options("rollout")).remote(args, run.device, i)
                for i in range(placement.rollout.replicas)]
     artifacts.event("process_started", role="trainer:0", pid=ray.get(trainer.pid.remote()))
     for i, engine in enumerate(engines):
         artifacts.event("process_started", role=f"engine:{i}", pid=ray.get(engine.pid.remote()))
     console.info(f"trainer up: {ray.get(trainer.describe.remote())}; {len(engines)} engine(s)")
-    GenerateState.install(args, tokenizer=run.tokenizer, pool=RayEnginePool(engines))
     rt = Runtime(args, run, artifacts, trainer, engines)
+    if args.use_fault_tolerance:
+        from relax.core.fault_tolerance import EngineSupervisor
+
+        rt.supervisor = EngineSupervisor(rt, placement.actor_options("rollout"))
+    GenerateState.install(args, tokenizer=run.tokenizer, pool=RayEnginePool(engines, supervisor=rt.supervisor))
     if args.load:
         directory = ckpt.find_latest(args.load)
         state = ckpt.read_driver_state(directory)
@@ -117,4 +155,6 @@ def start_runtime(args: Namespace, run: RunInputs, artifacts: RunArtifacts) -> R
         artifacts.event("resume", step=rt.start_step, path=str(directory))
         console.info(f"resumed from {directory} at step {rt.start_step}")
     rt.sync(version=rt.start_step, step=rt.start_step)
+    if rt.supervisor is not None:
+        rt.supervisor.start()
     return rt

@@ -23,10 +23,11 @@ EXIT_FAILED = 1
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from relax.checkpoint import CheckpointError
+    from relax.core.restarts import GlobalRestartError
     from relax.data.dataset import DataError
     from relax.utils.plugins import PluginError
 
-    return (ConfigError, DataError, PluginError, CheckpointError)
+    return (ConfigError, DataError, PluginError, CheckpointError, GlobalRestartError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from relax.core.colocate import train_colocate
     from relax.core.fully_async import train_fully_async
+    from relax.core.restarts import train_with_restarts
     from relax.core.setup import prepare_run, run_json
     from relax.metrics import console
     from relax.metrics.artifacts import RunArtifacts
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             artifacts.add_step_logger(tb)
             console.info(f"tensorboard logs in {tb.log_dir}")
         console.info(f"output dir {args.output_dir}; {run.num_rollout} steps on {run.device}")
-        (train_fully_async if args.fully_async else train_colocate)(args, run, artifacts)
+        train_with_restarts(train_fully_async if args.fully_async else train_colocate, args, run, artifacts)
     except _user_errors() as exc:
         code, error = (EXIT_CONFIG if isinstance(exc, ConfigError) else EXIT_FAILED), str(exc)
         print(f"relax: {error}", file=sys.stderr)

@@ -407,6 +407,9 @@ SUPPORTED: frozenset[str] = frozenset({
     "rm-type", "custom-rm-path", "reward-key", "custom-reward-post-process-path",
     # modes
     "fully-async", "max-staleness",
+    # fault tolerance
+    "use-fault-tolerance", "use-health-check", "max-global-restart", "rollout-health-check-interval",
+    "rollout-health-check-timeout", "rollout-health-check-first-wait",
     # logging and config
     "use-tensorboard", "tb-project-name", "tb-experiment-name", "custom-config-path",
     # additions

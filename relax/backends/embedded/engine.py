@@ -5,14 +5,14 @@ Requests and responses are SGLang-shaped dicts (``input_ids`` + ``sampling_param
 rollout code drives this engine and a real SGLang server.
 
 The engine is a step machine so a scheduler can run continuous batching on top of it:
-``add_request`` queues work, each ``step`` admits waiting requests (one left-padded prefill,
-whose KV cache is merged into the running batch) and decodes one token for every running
-request, and finished requests leave the batch at once. ``generate`` is the synchronous
-wrapper: add everything, step until done.
+``add_request`` queues work, each ``step`` admits waiting requests (prefill into the running
+batch) and decodes one token for every running request, and finished requests leave the batch
+at once. ``generate`` is the synchronous wrapper: add everything, step until done.
 
-Batch layout: rows are left-padded; ``mask`` marks real cache slots and every row gets explicit
-``position_ids`` (its own token count), so padding never changes a row's numbers. Each row keeps
-one *pending* token (sampled, not yet in the cache) which the next decode step feeds.
+The KV cache and forwards belong to a runner (`relax.backends.embedded.runners`): ``"hf"``
+(default; HF DynamicCache, left padding) or ``"static"`` (preallocated slots, CUDA graphs on
+GPU with ``cuda_graph=True``). Each running row keeps one *pending* token (sampled, not yet in
+the cache) which the next decode step feeds.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from relax.backends.embedded.kv_batch import KVBatch
+from relax.backends.embedded.runners import HFRunner, StaticRunner
 from relax.backends.embedded.sampling import SamplingParams, draw_uniform, sample_batch
 from relax.weights.checksum import state_checksums
 
@@ -60,7 +60,8 @@ class EmbeddedEngine:
     """HF causal LM + KV-cache batching + per-request seeded sampling + weight updates."""
 
     def __init__(self, model: torch.nn.Module, *, eos_token_ids: Iterable[int], device: str = "cpu",
-                 max_context_len: int | None = None, tokenizer: Any = None, max_running_requests: int = 256):
+                 max_context_len: int | None = None, tokenizer: Any = None, max_running_requests: int = 256,
+                 runner: str = "hf", cuda_graph: bool = False):
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
@@ -73,7 +74,15 @@ class EmbeddedEngine:
         self._seed_counter = itertools.count(1)
         self._rid_counter = itertools.count()
         self.waiting: list[Request] = []
-        self.batch = KVBatch(self.device)
+        self.reqs: list[Request] = []  # running rows, in the runner's row order
+        self.pending: torch.Tensor | None = None  # [rows] sampled tokens not yet in the cache
+        if runner == "hf":
+            self.runner: HFRunner | StaticRunner = HFRunner(self.model, self.device, self.pad_id)
+        elif runner == "static":
+            self.runner = StaticRunner(self.model, self.device, slots=max_running_requests,
+                                       max_len=self.max_context_len, cuda_graph=cuda_graph)
+        else:
+            raise ValueError(f"unknown runner {runner!r} (hf or static)")
         self.released = False
 
     # ------------------------------------------------------------------ properties
@@ -87,10 +96,10 @@ class EmbeddedEngine:
 
     @property
     def running(self) -> list[Request]:
-        return self.batch.reqs
+        return self.reqs
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.batch.reqs)
+        return bool(self.waiting or self.reqs)
 
     def named_parameters(self, *args, **kwargs):
         return self.model.named_parameters(*args, **kwargs)
@@ -145,11 +154,11 @@ class EmbeddedEngine:
         Running requests keep the tokens and log-probs generated so far; they leave the batch
         now, so a caller holding them gets a partial response it can resume from.
         """
-        hit = [r for r in [*self.waiting, *self.batch.reqs] if abort_all or r.rid == rid]
+        hit = [r for r in [*self.waiting, *self.reqs] if abort_all or r.rid == rid]
         for r in hit:
             r.finish = {"type": "abort", "message": "aborted by request"}
         self.waiting = [r for r in self.waiting if not r.done]
-        self.batch.drop_finished()
+        self._drop_finished()
         return hit
 
     def response(self, r: Request) -> dict[str, Any]:
@@ -189,36 +198,22 @@ class EmbeddedEngine:
     def step(self) -> list[Request]:
         """Admit waiting requests, decode one token for the batch; return the requests that finished."""
         finished: list[Request] = []
-        room = self.max_running_requests - len(self.batch.reqs)
+        room = self.max_running_requests - len(self.reqs)
         if self.waiting and room > 0:
             admit, self.waiting = self.waiting[:room], self.waiting[room:]
             finished += self._prefill(admit)
-        if self.batch.reqs:
+        if self.reqs:
             finished += self._decode_step()
         return finished
 
     def _prefill(self, reqs: list[Request]) -> list[Request]:
-        width = max(len(r.input_ids) for r in reqs)
-        ids = torch.full((len(reqs), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(reqs), width), dtype=torch.long)
-        for i, r in enumerate(reqs):
-            ids[i, width - len(r.input_ids):] = torch.tensor(r.input_ids)
-            mask[i, width - len(r.input_ids):] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
-        tokens = self._sample(reqs, out.logits[:, -1, :])
-        self.batch.merge(reqs, out.past_key_values, mask, tokens)
+        tokens = self._sample(reqs, self.runner.prefill([r.input_ids for r in reqs]))
+        self.reqs += reqs
+        self.pending = tokens if self.pending is None else torch.cat([self.pending, tokens])
         return self._finish_and_drop()
 
     def _decode_step(self) -> list[Request]:
-        b = self.batch
-        positions = b.mask.sum(-1, keepdim=True)
-        mask = torch.cat([b.mask, torch.ones_like(b.mask[:, :1])], dim=-1)
-        out = self.model(input_ids=b.pending.unsqueeze(-1), attention_mask=mask, position_ids=positions,
-                         past_key_values=b.cache, use_cache=True)
-        b.mask = mask
-        b.pending = self._sample(b.reqs, out.logits[:, -1, :])
+        self.pending = self._sample(self.reqs, self.runner.decode(self.pending))
         return self._finish_and_drop()
 
     def _sample(self, reqs: list[Request], logits: torch.Tensor) -> torch.Tensor:
@@ -235,10 +230,19 @@ class EmbeddedEngine:
         return tokens
 
     def _finish_and_drop(self) -> list[Request]:
-        finished = [r for r in self.batch.reqs if r.done]
+        finished = [r for r in self.reqs if r.done]
         if finished:
-            self.batch.drop_finished()
+            self._drop_finished()
         return finished
+
+    def _drop_finished(self) -> None:
+        keep = [i for i, r in enumerate(self.reqs) if not r.done]
+        if len(keep) == len(self.reqs):
+            return
+        order = self.runner.keep(keep)
+        self.reqs = [self.reqs[i] for i in order]
+        self.pending = self.pending[torch.tensor(order, dtype=torch.long, device=self.pending.device)] \
+            if order else None
 
     def _check_finish(self, r: Request, token: int) -> None:
         if token in self.eos_token_ids or token in r.params.stop_token_ids:
@@ -291,7 +295,10 @@ class EmbeddedEngine:
         """
         if self.has_work():
             raise RuntimeError("cannot release memory while requests are running")
-        self.batch = KVBatch(self.device)
+        self.reqs, self.pending = [], None
+        self.runner.reset()
+        if isinstance(self.runner, StaticRunner):
+            self.runner.free()
         if self.device.type == "cuda" and not self.released:
             for t in itertools.chain(self.model.parameters(), self.model.buffers()):
                 t.data = t.data.to("cpu", non_blocking=False).pin_memory()

@@ -25,6 +25,10 @@ from relax.backends.embedded.engine import EmbeddedEngine, Request
 log = logging.getLogger(__name__)
 
 
+class EngineStepError(Exception):
+    """A decode step raised; every request in flight at that moment fails with this."""
+
+
 class Scheduler:
     def __init__(self, engine: EmbeddedEngine):
         self.engine = engine
@@ -149,4 +153,4 @@ class Scheduler:
         for r in hit:
             entry = self._futures.pop(r.rid, None)
             if entry is not None and not entry[1].done():
-                entry[1].set_exception(RuntimeError(f"engine step failed: {exc}"))
+                entry[1].set_exception(EngineStepError(f"engine step failed: {type(exc).__name__}: {exc}"))

@@ -153,9 +153,8 @@ class EngineServer:
         try:
             results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
         except asyncio.CancelledError:  # the client went away: free its rows
-            for f in futures:
-                if not f.done():
-                    self.scheduler.abort(f.rid)
+            for f in futures:  # (gather cancelled the futures; finished rids are no-ops)
+                self.scheduler.abort(f.rid)
             raise
         return web.json_response(list(results) if is_batch else results[0])
 
@@ -189,7 +188,7 @@ class EngineServer:
     def _apply(self, engine: Any, named: wt.NamedTensors, version: Any) -> dict[str, Any]:
         engine.update_weights_from_tensors(named, version=_version(version))
         return {"success": True, "message": f"updated {len(named)} tensors", "weight_version": engine.weight_version,
-                "num_paused_requests": engine.batch.__len__()}
+                "num_paused_requests": len(engine.running)}
 
     async def update_weights_from_tensor(self, request: web.Request) -> web.Response:
         body = fields(await self.body(request), optional=(
@@ -346,6 +345,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--max-context-len", type=int, default=None)
     p.add_argument("--max-running-requests", type=int, default=256)
+    p.add_argument("--runner", default="hf", choices=("hf", "static"),
+                   help="KV cache: hf (DynamicCache, left padding) or static (preallocated slots)")
+    p.add_argument("--cuda-graph", action="store_true", help="static runner on CUDA: decode as CUDA graphs")
     p.add_argument("--num-threads", type=int, default=1, help="torch intra-op threads (CPU)")
     p.add_argument("--log-level", default="WARNING")
     args = p.parse_args(argv)
@@ -383,7 +385,8 @@ def build_engine(args: argparse.Namespace):
     if isinstance(model.config.eos_token_id, list):
         eos |= set(model.config.eos_token_id)
     return EmbeddedEngine(model, eos_token_ids=sorted(eos), device=device, max_context_len=args.max_context_len,
-                          tokenizer=tokenizer, max_running_requests=args.max_running_requests)
+                          tokenizer=tokenizer, max_running_requests=args.max_running_requests,
+                          runner=args.runner, cuda_graph=args.cuda_graph)
 
 
 async def serve(server: EngineServer, host: str, port: int) -> None:

@@ -40,7 +40,7 @@ class WeightsChecker:
         gen = torch.Generator().manual_seed(int(seed))
         state = self.model.state_dict()
         seen: set[int] = set()
-        for name, t in state.items():
+        for t in state.values():
             if t.data_ptr() in seen or not t.is_floating_point():
                 continue
             seen.add(t.data_ptr())

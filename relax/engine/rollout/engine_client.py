@@ -24,7 +24,7 @@ import torch
 from relax.backends.embedded import weight_transport as wt
 from relax.utils.http_utils import EngineError, EngineHTTPError, request
 
-__all__ = ["DistributedWeightSender", "EngineClient", "EngineError", "EngineHTTPError"]
+__all__ = ["DistributedWeightSender", "EngineClient", "EngineError", "EngineHTTPError", "HttpEnginePool"]
 
 
 class EngineClient:
@@ -207,3 +207,17 @@ class DistributedWeightSender:
 
     def close(self) -> None:
         self.group.close()
+
+
+class HttpEnginePool:
+    """The HTTP counterpart of ``RayEnginePool``: a batch goes to one address (a router or an engine).
+
+    The router balances single requests across engines, so the batch is sent as concurrent
+    single requests; ``group_size`` is accepted for interface parity.
+    """
+
+    def __init__(self, client: EngineClient):
+        self.client = client
+
+    async def generate_batch(self, requests: list[dict[str, Any]], group_size: int = 1) -> list[dict[str, Any]]:
+        return await self.client.generate(list(requests))
