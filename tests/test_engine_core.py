@@ -31,8 +31,13 @@ def model():
     return tiny_model()
 
 
-def make_engine(model, **kw) -> EmbeddedEngine:
-    return EmbeddedEngine(model, eos_token_ids=kw.pop("eos", []), **kw)
+@pytest.fixture(params=["hf", "static"])
+def runner(request) -> str:
+    return request.param
+
+
+def make_engine(model, runner="hf", **kw) -> EmbeddedEngine:
+    return EmbeddedEngine(model, eos_token_ids=kw.pop("eos", []), runner=runner, **kw)
 
 
 def req(ids, *, seed=None, temperature=1.0, max_new=12, **params):
@@ -54,8 +59,8 @@ PROMPTS = [[5, 6, 7], [11, 12, 13, 14, 15, 16, 17, 18], [40], [3, 9, 27, 81, 43]
 
 
 @pytest.mark.parametrize("temperature,top_p,top_k", [(1.0, 1.0, -1), (0.7, 0.9, 20), (0.0, 1.0, -1)])
-def test_logprobs_match_full_forward(model, temperature, top_p, top_k) -> None:
-    engine = make_engine(model)
+def test_logprobs_match_full_forward(model, temperature, top_p, top_k, runner) -> None:
+    engine = make_engine(model, runner)
     reqs = [req(p, seed=i, temperature=temperature, top_p=top_p, top_k=top_k, max_new=16)
             for i, p in enumerate(PROMPTS)]
     diffs = []
@@ -69,8 +74,8 @@ def test_logprobs_match_full_forward(model, temperature, top_p, top_k) -> None:
     assert diff.mean() < 1e-4 and diff.max() < 1e-3, diff
 
 
-def test_greedy_matches_argmax_of_full_forward(model) -> None:
-    engine = make_engine(model)
+def test_greedy_matches_argmax_of_full_forward(model, runner) -> None:
+    engine = make_engine(model, runner)
     resp = engine.generate([req(PROMPTS[1], temperature=0.0, max_new=10)])[0]
     ids = list(PROMPTS[1])
     for tok in resp["output_ids"]:
@@ -79,8 +84,8 @@ def test_greedy_matches_argmax_of_full_forward(model) -> None:
         ids.append(tok)
 
 
-def test_same_seed_same_tokens_regardless_of_batch(model) -> None:
-    engine = make_engine(model)
+def test_same_seed_same_tokens_regardless_of_batch(model, runner) -> None:
+    engine = make_engine(model, runner)
     alone = engine.generate([req(PROMPTS[0], seed=123, max_new=20)])[0]
     mixed = engine.generate([req(PROMPTS[1], seed=1), req(PROMPTS[0], seed=123, max_new=20),
                              req(PROMPTS[2], seed=2, max_new=3)])[1]
@@ -92,21 +97,21 @@ def test_same_seed_same_tokens_regardless_of_batch(model) -> None:
     assert other["output_ids"] != alone["output_ids"]
 
 
-def test_unseeded_requests_differ(model) -> None:
-    engine = make_engine(model)
+def test_unseeded_requests_differ(model, runner) -> None:
+    engine = make_engine(model, runner)
     a, b = engine.generate([req(PROMPTS[0], max_new=20), req(PROMPTS[0], max_new=20)])
     assert a["output_ids"] != b["output_ids"]
 
 
-def test_stop_token_ids_and_eos(model) -> None:
-    engine = make_engine(model)
+def test_stop_token_ids_and_eos(model, runner) -> None:
+    engine = make_engine(model, runner)
     first = engine.generate([req(PROMPTS[0], seed=7, max_new=20)])[0]["output_ids"]
     stop_tok = first[3]
     cut = first.index(stop_tok) + 1
     resp = engine.generate([req(PROMPTS[0], seed=7, max_new=20, stop_token_ids=[stop_tok])])[0]
     assert resp["output_ids"] == first[:cut]
     assert resp["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_tok}
-    eos_engine = make_engine(model, eos=[stop_tok])
+    eos_engine = make_engine(model, runner, eos=[stop_tok])
     resp = eos_engine.generate([req(PROMPTS[0], seed=7, max_new=20)])[0]
     assert resp["output_ids"] == first[:cut] and resp["meta_info"]["finish_reason"]["type"] == "stop"
     full = engine.generate([req(PROMPTS[0], seed=7, max_new=20)])[0]
@@ -121,8 +126,8 @@ class _CharTok:
         return "".join(chr(ord("a") + t % 26) for t in ids)
 
 
-def test_stop_strings_trim_text(model) -> None:
-    engine = make_engine(model, tokenizer=_CharTok())
+def test_stop_strings_trim_text(model, runner) -> None:
+    engine = make_engine(model, runner, tokenizer=_CharTok())
     first = engine.generate([req(PROMPTS[0], seed=9, max_new=20)])[0]
     stop = first["text"][5:7]
     resp = engine.generate([req(PROMPTS[0], seed=9, max_new=20, stop=[stop])])[0]
@@ -132,8 +137,8 @@ def test_stop_strings_trim_text(model) -> None:
     assert resp["output_ids"] == first["output_ids"][: at + 2]
 
 
-def test_context_limits(model) -> None:
-    engine = make_engine(model, max_context_len=10)
+def test_context_limits(model, runner) -> None:
+    engine = make_engine(model, runner, max_context_len=10)
     resp = engine.generate([req([1, 2, 3, 4, 5, 6], seed=1, max_new=50)])[0]
     assert len(resp["output_ids"]) == 4 and resp["meta_info"]["finish_reason"]["type"] == "length"
     with pytest.raises(ValueError, match="context length"):
@@ -155,9 +160,9 @@ def test_bad_requests_raise_value_error(model, bad, match) -> None:
         make_engine(model).generate([bad])
 
 
-def test_continuous_batching_join_and_leave(model) -> None:
+def test_continuous_batching_join_and_leave(model, runner) -> None:
     """Requests admitted mid-flight and rows leaving early give the same tokens as solo runs."""
-    engine = make_engine(model)
+    engine = make_engine(model, runner)
     specs = [(PROMPTS[i % 4], 100 + i, 5 + 3 * i) for i in range(6)]
     solo = [engine.generate([req(p, seed=s, max_new=n)])[0] for p, s, n in specs]
     live = [engine.add_request(req(*specs[0][:1], seed=specs[0][1], max_new=specs[0][2]))]
@@ -176,8 +181,8 @@ def test_continuous_batching_join_and_leave(model) -> None:
         assert (a - b).abs().max() < 1e-5
 
 
-def test_abort_keeps_partial_output_and_resume_continues(model) -> None:
-    engine = make_engine(model)
+def test_abort_keeps_partial_output_and_resume_continues(model, runner) -> None:
+    engine = make_engine(model, runner)
     r = engine.add_request(req(PROMPTS[1], temperature=0.0, max_new=12))
     for _ in range(3):
         engine.step()
@@ -192,9 +197,9 @@ def test_abort_keeps_partial_output_and_resume_continues(model) -> None:
     assert partial["output_ids"] + resumed["output_ids"] == straight["output_ids"]
 
 
-def test_update_weights_and_checksums() -> None:
+def test_update_weights_and_checksums(runner) -> None:
     src, dst = tiny_model(seed=1, tie=True), tiny_model(seed=2, tie=True)
-    engine = make_engine(dst)
+    engine = make_engine(dst, runner)
     assert engine.weight_version == 0
     before = engine.weight_checksums()
     assert set(before) == set(src.state_dict()) and "lm_head.weight" in before
@@ -248,3 +253,55 @@ def test_sampler_distribution_and_filters() -> None:
     assert freq.tolist() == [1.0, 0, 0, 0]
     freq, lps = counts(0.0, 1.0, -1)
     assert freq.tolist() == [1.0, 0, 0, 0] and torch.allclose(lps, torch.log(torch.tensor(0.5)))
+
+
+def test_static_runner_matches_hf_runner_and_compacts_slots(model) -> None:
+    """Many rows of different lengths leaving at different steps: slot moves keep every row intact."""
+    specs = [(PROMPTS[i % 4] + [i], 200 + i, 2 + (7 * i) % 13) for i in range(10)]
+    reqs = [req(p, seed=s, max_new=n) for p, s, n in specs]
+    hf = make_engine(model, "hf", max_running_requests=4).generate(reqs)
+    static_engine = make_engine(model, "static", max_running_requests=4)
+    static = static_engine.generate(reqs)
+    for a, b in zip(hf, static, strict=True):
+        assert a["output_ids"] == b["output_ids"]
+        la = torch.tensor([x[0] for x in a["meta_info"]["output_token_logprobs"]])
+        lb = torch.tensor([x[0] for x in b["meta_info"]["output_token_logprobs"]])
+        assert (la - lb).abs().max() < 1e-5
+    assert static_engine.runner.rows == 0
+
+
+def test_static_runner_keep_order() -> None:
+    from relax.backends.embedded.runners import StaticRunner
+
+    r = StaticRunner(tiny_model(), torch.device("cpu"), slots=6, max_len=8)
+    r.prefill([[1], [2, 3], [4], [5, 6, 7], [8], [9, 9]])
+    marks = [r.k[0][i, 0, 0, 0].item() for i in range(6)]
+    order = r.keep([0, 2, 5])
+    assert sorted(order) == [0, 2, 5] and r.rows == 3
+    assert r.lengths == [[1, 2, 1, 3, 1, 2][i] for i in order]
+    assert [r.k[0][j, 0, 0, 0].item() for j in range(3)] == [marks[i] for i in order]
+
+
+def test_static_runner_graph_shaped_decode_on_cpu(model, monkeypatch) -> None:
+    """The CUDA-graph decode path (padded bucket, full-length masked attention), replayed eagerly."""
+    from relax.backends.embedded.runners import StaticRunner
+
+    def fake_capture(self, size):
+        tok_buf = torch.zeros(size, dtype=torch.long)
+        pos_buf = torch.zeros(size, dtype=torch.long)
+        out = torch.zeros(size, self.model.config.vocab_size)
+
+        class Replay:
+            def replay(_):
+                out.copy_(self._decode_eager(tok_buf, pos_buf, self.max_len))
+
+        return Replay(), tok_buf, pos_buf, out
+
+    monkeypatch.setattr(StaticRunner, "_capture", fake_capture)
+    reqs = [req(p, seed=i, max_new=10 + i) for i, p in enumerate(PROMPTS)]
+    ref = make_engine(model, "hf").generate(reqs)
+    engine = make_engine(model, "static", max_running_requests=8, max_context_len=64)
+    engine.runner.cuda_graph = True
+    got = engine.generate(reqs)
+    assert [r["output_ids"] for r in got] == [r["output_ids"] for r in ref]
+    assert sorted(engine.runner._graphs) == [1, 2, 4]

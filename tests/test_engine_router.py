@@ -80,6 +80,16 @@ def test_broadcast_and_weight_version(cluster) -> None:
     assert run(EngineClient(router.url).get_weight_version()) == 0
 
 
+def test_http_engine_pool_keeps_order(cluster) -> None:
+    from relax.engine.rollout.engine_client import HttpEnginePool
+
+    router, (a, _) = cluster
+    reqs = [gen([9, i], seed=i, max_new=6) for i in range(8)]
+    got = run(HttpEnginePool(EngineClient(router.url)).generate_batch(reqs, group_size=4))
+    ref = run(EngineClient(a.url).generate(reqs))
+    assert [r["output_ids"] for r in got] == [r["output_ids"] for r in ref]
+
+
 def test_remove_and_add_worker_at_run_time(cluster) -> None:
     router, engines = cluster
 

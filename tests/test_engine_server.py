@@ -10,7 +10,12 @@ import pytest
 import torch
 
 from relax.backends.embedded.launch import EngineProcess
-from relax.engine.rollout.engine_client import DistributedWeightSender, EngineClient, EngineError, EngineHTTPError
+from relax.engine.rollout.engine_client import (
+    DistributedWeightSender,
+    EngineClient,
+    EngineError,
+    EngineHTTPError,
+)
 from relax.utils.http_utils import close_session, post
 from relax.weights.checksum import state_checksums
 
@@ -291,7 +296,8 @@ def test_health_generate_and_info(client) -> None:
 
 
 def test_api_key_required_when_given() -> None:
-    proc = EngineProcess.start(["--hf-checkpoint", "tiny-qwen3", "--api-key", "s3cret"])
+    """(This server also runs the static-slot runner.)"""
+    proc = EngineProcess.start(["--hf-checkpoint", "tiny-qwen3", "--api-key", "s3cret", "--runner", "static"])
     try:
         with pytest.raises(EngineHTTPError) as exc:
             run(EngineClient(proc.url).generate(gen([1], max_new=1)))
@@ -334,3 +340,18 @@ def test_killed_engine_gives_client_error_within_timeout() -> None:
     assert proc.url in str(err) and proc.url in str(err2)
     assert t1 < 10 and t2 < 6
     assert not run(client.health(timeout=1))
+
+
+def test_client_that_gives_up_frees_its_request(client, engine) -> None:
+    async def go():
+        await client.pause_generation(mode="in_place")
+        try:
+            with pytest.raises(EngineError, match="no answer within"):
+                await EngineClient(engine.url, timeout=0.5).generate(gen([1, 2], max_new=5))
+            await asyncio.sleep(0.3)
+            return await client.server_info()
+        finally:
+            await client.continue_generation()
+
+    info = run(go())
+    assert info["waiting"] == 0 and info["running"] == 0
