@@ -406,7 +406,7 @@ SUPPORTED: frozenset[str] = frozenset({
     # rewards
     "rm-type", "custom-rm-path", "reward-key", "custom-reward-post-process-path",
     # modes
-    "fully-async", "max-staleness",
+    "fully-async", "max-staleness", "use-opd", "opd-type", "opd-kl-coef", "opd-teacher-load",
     # fault tolerance
     "use-fault-tolerance", "use-health-check", "max-global-restart", "rollout-health-check-interval",
     "rollout-health-check-timeout", "rollout-health-check-first-wait",
@@ -417,8 +417,9 @@ SUPPORTED: frozenset[str] = frozenset({
 })
 SUPPORTED_VALUES: dict[str, frozenset[Any]] = {
     "optimizer": frozenset({"adam"}),
+    "opd-type": frozenset({"megatron"}),  # the training backend's teacher (torch on CPU); sglang: issue "Modes"
     "advantage-estimator": frozenset({"grpo", "gspo", "sapo", "cispo", "rloo", "reinforce_plus_plus",
-                                      "reinforce_plus_plus_baseline", "ppo"}),  # on_policy_distillation: issue "Modes"
+                                      "reinforce_plus_plus_baseline", "ppo", "on_policy_distillation"}),
     "train-backend": frozenset({"torch"}),
     "rollout-backend": frozenset({"embedded"}),
 }

@@ -53,6 +53,14 @@ class TorchTrainBackend:
         )
         self.algo = AlgorithmConfig.from_args(args)
         self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
+        # OPD with the teacher in the training backend (--opd-type megatron; the torch backend plays that role)
+        self.teacher = None
+        if args.use_opd:
+            self.teacher = build_model(args.opd_teacher_load, dtype=torch.float32, seed=args.seed)
+            self.teacher = self.teacher.to(self.device).eval().requires_grad_(False)
+            if self.teacher.config.vocab_size != self.model.config.vocab_size:
+                raise ValueError(f"--opd-teacher-load {args.opd_teacher_load}: vocab {self.teacher.config.vocab_size} "
+                                 f"differs from the student's {self.model.config.vocab_size}")
         self.critic = None
         if args.advantage_estimator == "ppo":
             from relax.backends.torch.critic import Critic
@@ -82,6 +90,9 @@ class TorchTrainBackend:
             raise ValueError(f"rollout produced {n} samples, not a multiple of --global-batch-size {args.global_batch_size}")
         old_lp = self._log_probs_no_grad(self.model, batch)
         ref_lp = self._log_probs_no_grad(self.ref_model, batch) if self.ref_model is not None else None
+        teacher_lp = batch.teacher_log_probs
+        if self.teacher is not None:
+            teacher_lp = self._log_probs_no_grad(self.teacher, batch)
         micro = self._slices(n, args.micro_batch_size)
         old_values = self.critic.values(batch, micro) if self.critic is not None else None
         adv = compute_advantages(
@@ -92,9 +103,12 @@ class TorchTrainBackend:
             old_log_probs=old_lp,
             ref_log_probs=ref_lp,
             values=old_values,
-            teacher_log_probs=batch.teacher_log_probs,
+            teacher_log_probs=teacher_lp,
         )
         metrics: dict[str, float] = {f"train/{k}": float(v) for k, v in adv.metrics.items()}
+        if teacher_lp is not None:  # sampled-token estimate of KL(student || teacher)
+            gap = (old_lp - teacher_lp) * batch.loss_mask
+            metrics["train/opd_reverse_kl"] = float(gap.sum() / batch.loss_mask.sum().clamp(min=1))
         if batch.rollout_log_probs is not None:
             diff = (old_lp - batch.rollout_log_probs).abs() * batch.loss_mask
             metrics["train/train_rollout_logprob_abs_diff"] = float(diff.sum() / batch.loss_mask.sum().clamp(min=1))
