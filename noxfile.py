@@ -50,3 +50,50 @@ def demo(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     session.install("ruff>=0.5")
     session.run("ruff", "check", "relax", "harness", "tests", "scenarios", "ci", "noxfile.py")
+
+
+def _gate(session: nox.Session, results: str) -> None:
+    session.run("python", "-m", "ci.gate", f"{results}/results.json", "--baselines", "ci/baselines",
+                "--summary", f"{results}/summary.md")
+
+
+@nox.session(python=PYTHON)
+def scenarios(session: nox.Session) -> None:
+    """CPU variants of every scenario family (local executor), then the regression gate."""
+    _install(session)
+    results = "harness-results/cpu"
+    _pytest(session, "scenarios", "-n", "2", "--harness-profile", "cpu", "--harness-results", results,
+            f"--junitxml={results}/junit.xml")
+    _gate(session, results)
+
+
+@nox.session(venv_backend="none")
+def gpu_scenarios(session: nox.Session) -> None:
+    """GPU variants in this machine's own Python (CUDA torch preinstalled; ray etc. via ci/wheelhouse)."""
+    results = "harness-results/gpu"
+    executor = "docker" if os.environ.get("RELAX_HARNESS_DOCKER_GPU") else "local"
+    _pytest(session, "scenarios", "-m", "gpu", "--harness-profile", "gpu", "--harness-executor", executor,
+            "--harness-results", results, f"--junitxml={results}/junit.xml")
+    _gate(session, results)
+
+
+@nox.session(python=PYTHON)
+def docker_scenarios(session: nox.Session) -> None:
+    """Scenarios in real containers: starts a private dockerd (root, none running), builds images offline."""
+    _install(session)
+    state = os.environ.get("RELAX_DOCKERD_DIR", "/tmp/relax-dockerd")
+    env_file = f"{state}/env"
+    session.run("bash", "-c", f'mkdir -p {state} && containers/dockerd.sh start {state} > {env_file}', external=True)
+    try:
+        session.run("bash", "-c", f"set -a; . {env_file}; containers/build_images.sh cpu --offline", external=True)
+        session.run("bash", "-c", f"set -a; . {env_file}; pytest tests/test_harness_docker.py scenarios "
+                    "--harness-executor docker --harness-profile cpu --harness-results harness-results/docker",
+                    external=True, env=SINGLE_THREAD)
+    finally:
+        session.run("bash", "containers/dockerd.sh", "stop", state, external=True)
+
+
+@nox.session(venv_backend="none")
+def bench(session: nox.Session) -> None:
+    """GPU benchmarks (run on the GPU machine): embedded engine vs HF generate, bf16 log-prob mismatch."""
+    session.run("python3", "ci/bench_engine.py", *session.posargs)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class Profile(str, Enum):
+class Profile(StrEnum):
     CPU = "cpu"
     GPU = "gpu"
 

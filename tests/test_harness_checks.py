@@ -31,7 +31,7 @@ def good(tmp_path: Path) -> Path:
 def test_registry_lists_every_check() -> None:
     assert {"loss_parity", "weight_equality", "logprob_mismatch", "sample_accounting", "throughput",
             "fault_outcome", "learning", "metric_bound"} <= set(CHECKS.names())
-    with pytest.raises(KeyError, match="unknown check 'nope'; known:"):
+    with pytest.raises(ValueError, match="unknown check .nope.; known:"):
         parse_check({"kind": "nope"})
 
 
@@ -186,6 +186,21 @@ def test_accounting_recycled_then_trained_passes(tmp_path: Path, good: Path) -> 
         return [first, *recs[1:], later]
 
     edit_jsonl(good / "samples.jsonl", recycle)
+    res = check({"kind": "sample_accounting"}, ctx(tmp_path, main=good))
+    assert res.status is Status.PASSED, res.message
+
+
+def test_accounting_trained_twice_fails_unless_rolled_back(tmp_path: Path, good: Path) -> None:
+    edit_jsonl(good / "samples.jsonl", lambda recs: [*recs, dict(recs[0], step=1)])
+    res = check({"kind": "sample_accounting"}, ctx(tmp_path, main=good))
+    assert res.status is Status.FAILED and "has 2 final fates" in res.message
+
+    def rolled_back(recs):
+        once = [r for r in recs if r["fate"] == "trained"][:-1]  # undo the planted duplicate
+        rollback = dict(once[0], fate="recycled", reason="global_restart: rolled back to step 0")
+        return [*once, rollback, dict(once[0], attempts=2)]
+
+    edit_jsonl(good / "samples.jsonl", rolled_back)
     res = check({"kind": "sample_accounting"}, ctx(tmp_path, main=good))
     assert res.status is Status.PASSED, res.message
 

@@ -67,13 +67,13 @@ def test_session_runs_scenarios_and_reports(suite: pytest.Pytester) -> None:
     result.assert_outcomes(passed=1, failed=1, xfailed=1, skipped=1)
     result.stdout.fnmatch_lines([
         "*scenario broken*FAILED - check learning: did not learn*",
-        "*gpu scenario: run with --harness-profile gpu*",
-        "*XFAIL*test_waits*waits for issue 5*",
         "*= relax scenarios =*",
         "*good*passed*3/3*",
         "*broken*failed*",
         "*waits*xfailed*",
         "results: *results.json  report: *report.html",
+        "*gpu scenario: run with --harness-profile gpu*",
+        "*XFAIL*test_waits*waits for issue 5*",
     ])
     data = json.loads((results / "results.json").read_text())
     by_name = {s["name"]: s for s in data["scenarios"]}

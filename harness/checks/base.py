@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -14,7 +14,7 @@ from harness.profiles import Profile, Tolerances, tolerances
 from harness.registry import Registry
 
 
-class Status(str, Enum):
+class Status(StrEnum):
     PASSED = "passed"
     FAILED = "failed"
     SKIPPED = "skipped"  # could not be judged (e.g. no baseline yet); the reason says why
@@ -105,4 +105,8 @@ def parse_check(data: Any) -> CheckParams:
         return data
     if not isinstance(data, dict) or "kind" not in data:
         raise ValueError(f"a check needs a 'kind' (one of {', '.join(CHECKS.names())}); got {data!r}")
-    return CHECKS.get(data["kind"]).model_validate(data)
+    try:
+        cls = CHECKS.get(data["kind"])
+    except KeyError as exc:
+        raise ValueError(exc.args[0]) from None
+    return cls.model_validate(data)

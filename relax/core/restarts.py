@@ -10,6 +10,7 @@ was written yet), so a fault costs at most the steps since the last checkpoint.
 
 from __future__ import annotations
 
+import json
 import threading
 from argparse import Namespace
 from pathlib import Path
@@ -60,6 +61,15 @@ def _has_checkpoint(root: str | None) -> bool:
     return bool(root) and (Path(root) / ckpt.LATEST_FILE).exists()
 
 
+def _recycle_rolled_back_samples(artifacts: RunArtifacts, resume_step: int) -> None:
+    """Samples trained at or after ``resume_step`` were rolled back: record them as recycled (they are redrawn)."""
+    path = artifacts.dir / "samples.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for rec in records:
+        if rec["fate"] == "trained" and rec["step"] >= resume_step:
+            artifacts.samples.write({**rec, "fate": "recycled", "reason": f"global_restart: rolled back to step {resume_step}"})
+
+
 def train_with_restarts(loop, args: Namespace, run: RunInputs, artifacts: RunArtifacts) -> None:
     """Run ``loop(rt)``; with --use-health-check, restart everything after a service dies."""
     initial_data = run.data_source.state_dict()
@@ -90,7 +100,10 @@ def train_with_restarts(loop, args: Namespace, run: RunInputs, artifacts: RunArt
                 args.load = original_load
                 if original_load is None:
                     run.data_source.load_state_dict(initial_data)
-            artifacts.event("restart", role="global", count=restarts, reason=reason, load=args.load)
+            resume_step = ckpt.read_driver_state(ckpt.find_latest(args.load)).next_step if args.load else 0
+            _recycle_rolled_back_samples(artifacts, resume_step)
+            artifacts.event("restart", role="global", count=restarts, reason=reason, load=args.load,
+                            resume_step=resume_step)
             console.info(f"global restart {restarts}/{args.max_global_restart} from {args.load or 'the start'}: {reason}")
         finally:
             rt.shutdown()

@@ -23,6 +23,7 @@ from relax.engine.rollout.engine_pool import RayEnginePool
 from relax.engine.rollout.sglang_rollout import GenerateState
 from relax.metrics import console
 from relax.metrics.artifacts import RunArtifacts
+from relax.utils.fault_hooks import fault_at
 from relax.utils.types import Sample
 from relax.weights.sync import sync_weights
 
@@ -49,6 +50,9 @@ class Runtime:
         while True:
             targets = list(enumerate(self.engines))
             try:
+                if self.args.check_weight_update_equal:  # a tensor the sync misses keeps its noise: checksums differ
+                    ray.get([e.weights_checker.remote("reset_tensors", seed=version) for _, e in targets])
+                    self.artifacts.event("weights_reset", version=version)
                 return sync_weights(self.trainer, targets, version=version, step=step,
                                     bucket_bytes=self.args.update_weight_buffer_size, artifacts=self.artifacts)
             except RayActorError:
@@ -92,6 +96,8 @@ class Runtime:
         if args.save and _due(args.save_interval, step, self.last_step):
             artifacts.event("phase", step=step, phase="checkpoint")
             directory = ckpt.iteration_dir(args.save, step)
+            if fault_at("CKPT_WRITE_FAIL", step):
+                raise OSError(f"checkpoint write failed: {directory} (injected fault at step {step})")
             ray.get(self.trainer.save.remote(str(directory), not args.no_save_optim))
             position = data_state() if data_state is not None else self.run.data_source.state_dict()
             ckpt.write_driver_state(directory, ckpt.DriverState(step + 1, step + 1, position))

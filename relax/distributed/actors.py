@@ -92,3 +92,9 @@ class EngineActor:
 
     def checksums(self) -> dict[str, str]:
         return self.engine.weight_checksums()
+
+    def weights_checker(self, action: str, **kwargs) -> dict:
+        """SGLang's /weights_checker actions (snapshot, reset_tensors, checksum, compare) on this engine."""
+        from relax.backends.embedded.weights_checker import WeightsChecker
+
+        return WeightsChecker(self.engine.model).run(action, **kwargs)

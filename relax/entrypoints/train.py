@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         code, error = 130, "interrupted"
         print("relax: interrupted", file=sys.stderr)
     except Exception as exc:  # noqa: BLE001 - report, record and exit non-zero
-        code, error = EXIT_FAILED, f"{type(exc).__name__}: {exc}".splitlines()[0]
+        cause = getattr(exc, "cause", None) or exc  # a Ray task error wraps the worker's exception
+        code, error = EXIT_FAILED, f"{type(cause).__name__}: {cause}".splitlines()[0]
         traceback.print_exc()
         print(f"relax: run failed: {error}", file=sys.stderr)
     finally:

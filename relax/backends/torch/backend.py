@@ -25,6 +25,7 @@ from relax.algorithms.reducers import merge_metrics
 from relax.backends.torch.batch import RolloutTensors, TrainSample, build_model_inputs, build_rollout_tensors
 from relax.backends.torch.logprobs import response_log_probs
 from relax.models import build_model
+from relax.utils.fault_hooks import fault_at
 from relax.weights.checksum import state_checksums
 
 
@@ -53,6 +54,7 @@ class TorchTrainBackend:
         )
         self.algo = AlgorithmConfig.from_args(args)
         self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
+        self._step = 0  # the rollout step being trained (for fault hooks)
         # OPD with the teacher in the training backend (--opd-type megatron; the torch backend plays that role)
         self.teacher = None
         if args.use_opd:
@@ -84,6 +86,7 @@ class TorchTrainBackend:
     # ------------------------------------------------------------------ one RL step
     def train_rollout(self, samples: list[TrainSample], step: int) -> dict[str, float]:
         args = self.args
+        self._step = step
         batch = build_rollout_tensors(samples)
         n = len(samples)
         if n % args.global_batch_size:
@@ -158,6 +161,8 @@ class TorchTrainBackend:
                 num_global_samples=num_samples,
                 num_global_tokens=num_tokens,
             )
+            if fault_at("NAN_LOSS", self._step):
+                loss = loss * float("nan")
             loss.backward()
             sums = merge_metrics(sums, {k: v.detach().cpu() for k, v in m.items()})
         out = {k: float(v) for k, v in sums.items()}

@@ -15,6 +15,7 @@ import asyncio
 from argparse import Namespace
 from typing import Any
 
+from relax.utils.fault_hooks import fault_at
 from relax.utils.types import Sample
 
 _MASK63 = (1 << 63) - 1
@@ -104,6 +105,8 @@ async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: 
     responses = await state.pool.generate_batch(requests, args.n_samples_per_prompt)
     for s, resp in zip(flat, responses, strict=True):
         apply_response(s, resp)
+    if fault_at("REWARD_RAISE", rollout_id):
+        raise RuntimeError(f"reward function raised (injected fault at step {rollout_id})")
     await compute_rewards(args, flat)
     return groups
 

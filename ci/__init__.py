@@ -1,0 +1,1 @@
+"""CI helpers: the scenario gate (``python -m ci.gate``), baselines, workflow templates, wheelhouse."""

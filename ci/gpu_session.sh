@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One GPU session on the air-gapped GPU machine (see ci/wheelhouse/): install the carried
+# wheels, then run the GPU measurements and write everything under $OUT.
+#   ci/gpu_session.sh PART1_DIR [what ...]      what: bench | colocate | scenarios (default: all)
+set -uo pipefail
+PART1="$1"; shift
+WHAT="${*:-bench colocate scenarios}"
+SITE=/tmp/site
+[ -d "$SITE/ray" ] || bash ci/wheelhouse/install.sh "$SITE" "$PART1" .whl2 || exit 1
+export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+python3 -c "import ray, torch, transformers; print('ray', ray.__version__, 'torch', torch.__version__, transformers.__version__, torch.cuda.get_device_name())"
+for w in $WHAT; do
+  case $w in
+    bench) timeout 330 python3 ci/bench_engine.py 2>&1 | tee "$OUT/bench_engine.txt" ;;
+    colocate) timeout 200 python3 -m relax.cli train --preset quickstart --device cuda --num-rollout 40 \
+                --output-dir "$OUT/gpu_colocate" 2>&1 | tail -8 | tee "$OUT/gpu_colocate.txt"
+              python3 -m relax.metrics.summary "$OUT/gpu_colocate" | tee -a "$OUT/gpu_colocate.txt" ;;
+    scenarios) [ -f noxfile.py ] && timeout 300 python3 -m pytest scenarios -p harness.pytest_plugin \
+                --harness-profile gpu -k colocate -q 2>&1 | tail -20 | tee "$OUT/gpu_scenarios.txt" ;;
+  esac
+done

@@ -1,0 +1,7 @@
+"""Fault registry: kill / hang a role's process, an HTTP fault proxy, engine-hook env faults."""
+
+from harness.faults import hooks, proxy, signals  # noqa: F401
+from harness.faults.base import FAULTS, FaultParams, FaultRecorder, Trigger, parse_fault
+from harness.faults.watcher import EventTail, FaultWatcher
+
+__all__ = ["FAULTS", "EventTail", "FaultParams", "FaultRecorder", "FaultWatcher", "Trigger", "parse_fault"]

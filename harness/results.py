@@ -1,0 +1,121 @@
+"""Result objects (what a scenario test asserts on) and the results JSON file."""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from harness.checks import CheckResult, Status
+
+SERIES_KEYS = ("train/loss", "train/grad_norm", "rollout/reward_mean", "perf/tokens_per_s", "perf/step_time_s")
+SCHEMA = "relax-harness-results/1"
+
+
+class RunResult(BaseModel):
+    name: str
+    launches: int = 1
+    exit_code: int | None = None
+    expect_exit: int | None = 0
+    timed_out: bool = False
+    duration_s: float = 0.0
+    output_dir: str = ""
+    log_path: str = ""
+    log_tail: str = ""
+    unsupported: str | None = None  # the engine's "not supported yet: --flag" line
+    faults: list[dict[str, Any]] = []  # fault records the harness injected
+    fault_errors: list[str] = []
+    killed_pids: list[int] = []
+    details: dict[str, Any] = {}
+
+
+class ScenarioResult(BaseModel):
+    name: str
+    family: str = "misc"
+    profile: str = "cpu"
+    executor: str = "local"
+    status: Literal["passed", "failed", "unsupported"] = "failed"
+    message: str = ""
+    problems: list[str] = []
+    runs: list[RunResult] = []
+    checks: list[CheckResult] = []
+    baseline_key: str | None = None
+    calibration_s: float | None = None
+    device_class: str = "cpu"
+    started: float = 0.0
+    duration_s: float = 0.0
+    series: dict[str, dict[str, list[list[float | None]]]] = {}  # run -> key -> [[step, value], ...]
+    test: dict[str, Any] = {}  # pytest node id / outcome / xfail reason (filled by the plugin)
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    def check(self, name: str) -> CheckResult:
+        for c in self.checks:
+            if name in (c.name, c.kind):
+                return c
+        raise KeyError(f"no check {name!r} in {self.name} (checks: {[c.name for c in self.checks]})")
+
+    def run(self, name: str = "main") -> RunResult:
+        for r in self.runs:
+            if r.name == name:
+                return r
+        raise KeyError(f"no run {name!r} in {self.name}")
+
+    def failures(self) -> list[str]:
+        out = list(self.problems)
+        out += [f"check {c.name}: {c.message}" for c in self.checks if c.status is Status.FAILED]
+        return out
+
+    def summary(self) -> str:
+        lines = [f"scenario {self.name} [{self.profile}/{self.executor}]: {self.status.upper()} - {self.message}"]
+        lines += [f"  {c.status.value:<7} {c.name}: {c.message}" for c in self.checks]
+        for r in self.runs:
+            if r.exit_code != r.expect_exit and r.expect_exit is not None or r.timed_out:
+                lines.append(f"  run {r.name} log ({r.log_path}), last lines:")
+                lines += ["    " + ln for ln in r.log_tail.splitlines()[-25:]]
+        return "\n".join(lines)
+
+    def assert_ok(self) -> ScenarioResult:
+        if not self.passed:
+            raise AssertionError(self.summary())
+        return self
+
+
+def clean(value: Any) -> Any:
+    """JSON-safe: non-finite floats become None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [clean(v) for v in value]
+    return value
+
+
+def environment() -> dict[str, Any]:
+    return {"python": platform.python_version(), "platform": platform.platform(), "host": platform.node(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def write_results(path: Path, scenarios: list[ScenarioResult], **meta: Any) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"schema": SCHEMA, "environment": environment(), **meta,
+            "scenarios": [clean(s.model_dump(mode="json")) for s in scenarios]}
+    path.write_text(json.dumps(data, indent=2, allow_nan=False))
+    return path
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    return json.loads(Path(path).read_text())
+
+
+def scenario_results(data: dict[str, Any]) -> list[ScenarioResult]:
+    return [ScenarioResult.model_validate(s) for s in data.get("scenarios", [])]

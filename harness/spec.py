@@ -1,0 +1,138 @@
+"""The scenario spec: typed and validated (pydantic). YAML files in scenarios/specs/ hold them.
+
+A scenario launches one or more runs of ``relax train`` (each optionally in sequential phases,
+e.g. train-then-resume in one output dir), injects its faults, then evaluates its checks over
+the runs' artifacts. Flags may use placeholders: ``{output_dir}`` (this run's dir),
+``{scenario_dir}``, ``{run:NAME}`` (another run's dir) and ``{proxy:NAME}`` (a fault proxy).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
+
+from harness.checks import CheckParams, parse_check
+from harness.faults import FaultParams, parse_fault
+from harness.profiles import Profile
+
+_PLACEHOLDER = re.compile(r"\{(output_dir|scenario_dir|run:[\w.-]+|proxy:[\w.-]+)\}")
+_NAME = r"^[a-z0-9][a-z0-9_.-]*$"
+
+
+class Resources(BaseModel):
+    """What the executor reserves for the run (docker: cpu/memory limits and GPU requests)."""
+
+    model_config = ConfigDict(extra="forbid")
+    cpus: float = Field(2.0, gt=0)
+    gpus: int = Field(0, ge=0)
+    memory_gb: float | None = Field(None, gt=0)
+
+
+class RunSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field("main", pattern=_NAME)
+    flags: list[str] = []  # appended to the scenario's engine_flags
+    phases: list[list[str]] = []  # if set: one launch per phase, same output dir, phase flags appended
+    env: dict[str, str] = {}
+    expect_exit: int | None = 0  # None: any exit code is acceptable (a check judges the outcome)
+
+    def launches(self, base: list[str]) -> list[list[str]]:
+        return [base + self.flags + p for p in self.phases] if self.phases else [base + self.flags]
+
+
+class ScenarioSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=_NAME)
+    family: str = "misc"
+    description: str = ""
+    profile: Profile = Profile.CPU
+    engine_flags: list[str] = []
+    resources: Resources = Resources()
+    env: dict[str, str] = {}
+    runs: list[RunSpec] = [RunSpec()]
+    faults: list[SerializeAsAny[FaultParams]] = []
+    checks: list[SerializeAsAny[CheckParams]] = []
+    baseline_key: str | None = None
+    timeout_s: float = Field(900.0, gt=0)  # per launch
+    image: str | None = None  # docker executor; default from the profile
+
+    @field_validator("checks", mode="before")
+    @classmethod
+    def _checks(cls, value: Any) -> list[CheckParams]:
+        return [parse_check(c) for c in value or []]
+
+    @field_validator("faults", mode="before")
+    @classmethod
+    def _faults(cls, value: Any) -> list[FaultParams]:
+        return [parse_fault(f) for f in value or []]
+
+    @model_validator(mode="after")
+    def _cross(self) -> ScenarioSpec:
+        names = [r.name for r in self.runs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"run names must be unique: {names}")
+        for fault in self.faults:
+            if fault.run is not None and fault.run not in names:
+                raise ValueError(f"fault {fault.kind} targets unknown run {fault.run!r} (runs: {names})")
+        for check in self.checks:
+            refs = list(getattr(check, "runs", []) or []) + [getattr(check, "run", None)]
+            for ref in refs:
+                if ref is not None and ref not in names:
+                    raise ValueError(f"check {check.label} references unknown run {ref!r} (runs: {names})")
+        if self.profile is Profile.GPU and self.resources.gpus == 0:
+            self.resources = self.resources.model_copy(update={"gpus": 1})
+        return self
+
+    def faults_for(self, run: str) -> list[FaultParams]:
+        first = self.runs[0].name
+        return [f for f in self.faults if (f.run or first) == run]
+
+    def with_overrides(self, **update: Any) -> ScenarioSpec:
+        return ScenarioSpec.model_validate({**self.model_dump(mode="json"), **update})
+
+
+def substitute(flags: list[str], values: dict[str, str]) -> list[str]:
+    def one(flag: str) -> str:
+        def rep(m: re.Match[str]) -> str:
+            if m.group(1) not in values:
+                raise KeyError(f"unknown placeholder {{{m.group(1)}}} in flag {flag!r}")
+            return values[m.group(1)]
+
+        return _PLACEHOLDER.sub(rep, flag)
+
+    return [one(f) for f in flags]
+
+
+def load_file(path: str | Path) -> list[ScenarioSpec]:
+    """A YAML file: ``{family: NAME, defaults: {...}, scenarios: [...]}`` or a single scenario mapping."""
+    path = Path(path)
+    data = yaml.safe_load(path.read_text()) or {}
+    if "scenarios" not in data:
+        return [ScenarioSpec.model_validate(data)]
+    defaults = {"family": data.get("family", path.stem), **(data.get("defaults") or {})}
+    specs = []
+    for item in data["scenarios"]:
+        try:
+            specs.append(ScenarioSpec.model_validate({**defaults, **item}))
+        except Exception as exc:
+            raise ValueError(f"{path}: scenario {item.get('name', '?')!r}: {exc}") from exc
+    return specs
+
+
+def default_specs_dir() -> Path:
+    return Path(__file__).resolve().parents[1] / "scenarios" / "specs"
+
+
+def load_catalog(directory: str | Path | None = None) -> dict[str, ScenarioSpec]:
+    directory = Path(directory) if directory else default_specs_dir()
+    catalog: dict[str, ScenarioSpec] = {}
+    for path in sorted(directory.glob("*.yaml")):
+        for spec in load_file(path):
+            if spec.name in catalog:
+                raise ValueError(f"scenario {spec.name!r} defined twice (again in {path})")
+            catalog[spec.name] = spec
+    return catalog

@@ -1,0 +1,25 @@
+"""Colocate family: the training loop as shipped (expected to pass)."""
+
+import pytest
+
+
+def test_colocate_cpu(scenario):
+    scenario("colocate-cpu").assert_ok()
+
+
+def test_colocate_two_engines_cpu(scenario):
+    scenario("colocate-two-engines-cpu").assert_ok()
+
+
+def test_colocate_reset_tensors_cpu(scenario):
+    scenario("colocate-reset-tensors-cpu").assert_ok()
+
+
+@pytest.mark.slow
+def test_colocate_learns_cpu(scenario):
+    scenario("colocate-learns-cpu").assert_ok()
+
+
+@pytest.mark.gpu
+def test_colocate_gpu(scenario):
+    scenario("colocate-gpu").assert_ok()

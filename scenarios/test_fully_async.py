@@ -1,0 +1,16 @@
+"""Fully-async family: staleness-bounded rollout ahead of the trainer."""
+
+import pytest
+
+
+def test_fully_async_cpu(scenario):
+    scenario("fully-async-cpu").assert_ok()
+
+
+def test_fully_async_staleness0_equals_colocate_cpu(scenario):
+    scenario("fully-async-staleness0-parity-cpu").assert_ok()
+
+
+@pytest.mark.gpu
+def test_fully_async_gpu(scenario):
+    scenario("fully-async-gpu").assert_ok()

@@ -1,0 +1,28 @@
+"""Parity family: DP1 vs DP2 (gloo), micro-batch 1 vs N, straight vs resume, torch vs megatron."""
+
+import pytest
+from _waits import dp2, megatron
+
+
+def test_microbatch_1_vs_n_cpu(scenario):
+    scenario("parity-microbatch-cpu").assert_ok()
+
+
+def test_straight_vs_resume_cpu(scenario):
+    scenario("parity-resume-cpu").assert_ok()
+
+
+@dp2
+def test_dp1_vs_dp2_cpu(scenario):
+    scenario("parity-dp2-cpu").assert_ok()
+
+
+@pytest.mark.gpu
+def test_microbatch_1_vs_n_gpu(scenario):
+    scenario("parity-microbatch-gpu").assert_ok()
+
+
+@pytest.mark.gpu
+@megatron
+def test_torch_vs_megatron_gpu(scenario):
+    scenario("parity-torch-vs-megatron-gpu").assert_ok()
