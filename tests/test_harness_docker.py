@@ -87,3 +87,25 @@ def test_run_kwargs_host_network_gpu_requests_and_mounts(tmp_path: Path) -> None
     assert kw["environment"]["RELAX_FAULT_NAN_LOSS_AT_STEP"] == "1" and kw["nano_cpus"] == 4_000_000_000
     assert kw["mem_limit"] == "8192m" and kw["labels"]["relax-harness"] == "1"
     assert ex.image_for(launch) == "relax:gpu"
+
+
+def test_docker_runs_a_real_relax_scenario(client, image: str, tmp_path: Path) -> None:
+    """The real engine (not the fake) in a container: this interpreter, its environment and the
+    repository are bind-mounted read-write at the same paths; host networking only."""
+    import sys
+
+    mounts = sorted({REPO, Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()})
+    executor = DockerExecutor(image=image, client=client, grace_s=5, mounts=mounts,
+                              engine_cmd=[sys.executable, "-m", "relax.cli", "train"])
+    spec = ScenarioSpec.model_validate({
+        "name": "docker-colocate", "timeout_s": 300,
+        "engine_flags": ["--preset", "quickstart", "--rollout-batch-size", "8", "--n-samples-per-prompt", "4",
+                         "--global-batch-size", "32", "--micro-batch-size", "16", "--num-rollout", "3"],
+        "checks": [{"kind": "weight_equality", "engines": 1, "min_versions": 4}, {"kind": "sample_accounting"},
+                   {"kind": "logprob_mismatch"}]})
+    res = run_scenario(spec, HarnessConfig(executor=executor, results_dir=tmp_path, device_class="cpu"))
+    assert res.passed, res.summary()
+    details = res.run().details
+    assert details["network_mode"] == "host"
+    with pytest.raises(Exception, match="(?i)no such container|not found|404"):
+        client.containers.get(details["container_id"])
