@@ -17,6 +17,7 @@ def train_colocate(rt: Runtime) -> None:
     for step in range(rt.start_step, run.num_rollout):
         t0 = time.perf_counter()
         artifacts.event("step_start", step=step)
+        eval_metrics = rt.evaluate(step)
         artifacts.event("phase", step=step, phase="rollout")
         groups = run.rollout_fn(args, step, run.data_source)
         samples, raw_rewards = to_train_samples(args, groups)
@@ -30,5 +31,5 @@ def train_colocate(rt: Runtime) -> None:
         perf = {"perf/rollout_time_s": t1 - t0, "perf/train_time_s": t2 - t1, "perf/sync_time_s": sync_s,
                 "perf/step_time_s": step_s,
                 "perf/tokens_per_s": sum(len(s.tokens) for s in samples) / max(step_s, 1e-9)}
-        rt.finish_step(step, groups, rollout_metrics(groups, raw_rewards, t1 - t0, step), train_metrics, perf,
-                       weight_version=step)
+        rt.finish_step(step, groups, rollout_metrics(groups, raw_rewards, t1 - t0, step),
+                       {**train_metrics, **eval_metrics}, perf, weight_version=step)

@@ -103,6 +103,7 @@ def train_fully_async(rt: Runtime) -> None:
             batch = _next_batch(producer)
             assert batch.step == step, (batch.step, step)
             artifacts.event("step_start", step=step)
+            eval_metrics = rt.evaluate(step)  # engines hold version `step` here: syncs happen only in this thread
             t1 = time.perf_counter()
             artifacts.event("phase", step=step, phase="train")
             train_metrics = ray.get(rt.trainer.train_rollout.remote(batch.samples, step))
@@ -116,7 +117,7 @@ def train_fully_async(rt: Runtime) -> None:
                     "perf/tokens_per_s": sum(len(s.tokens) for s in batch.samples) / max(step_s, 1e-9)}
             versions = [s.weight_version for g in batch.groups for s in g]
             rt.finish_step(step, batch.groups, rollout_metrics(batch.groups, batch.raw_rewards, batch.seconds, step),
-                           train_metrics, perf, weight_version=min(versions),
+                           {**train_metrics, **eval_metrics}, perf, weight_version=min(versions),
                            data_state=lambda s=step: producer.data_state_after(s))
     finally:
         producer.stop()

@@ -60,6 +60,17 @@ class Runtime:
                     raise
                 self.supervisor.check_all()  # replaces (and re-syncs) the dead engines, then retry
 
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Eval metrics for this step when ``--eval-interval`` says so (the engines hold version ``step``)."""
+        from relax.engine.rollout.evaluation import eval_due, run_eval
+
+        if not self.run.eval_sets or not eval_due(self.args, step):
+            return {}
+        self.artifacts.event("phase", step=step, phase="eval")
+        start = time.perf_counter()
+        metrics = run_eval(self.args, step, self.run.eval_sets)
+        return {**metrics, "perf/eval_time_s": time.perf_counter() - start}
+
     def sync_one(self, index: int) -> float:
         """Bring one (restarted) engine to the current version."""
         return sync_weights(self.trainer, [(index, self.engines[index])], version=self.version, step=self.step,

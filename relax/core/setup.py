@@ -10,7 +10,7 @@ import platform
 import sys
 import time
 from argparse import Namespace
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import relax
@@ -37,6 +37,7 @@ class RunInputs:
     data_source: Any
     rollout_fn: Any
     num_rollout: int
+    eval_sets: list = field(default_factory=list)
 
 
 def prepare_run(args: Namespace) -> RunInputs:
@@ -62,7 +63,11 @@ def prepare_run(args: Namespace) -> RunInputs:
         signature="generate_rollout(args, rollout_id, data_source, evaluation=False) -> list[list[Sample]]",
         min_args=3,
     )
-    return RunInputs(device, tokenizer, data_source, rollout_fn, num_rollout)
+    from relax.engine.rollout.evaluation import load_eval_sets
+
+    if args.eval_interval and not args.eval_prompt_data:
+        raise ConfigError("--eval-interval needs --eval-prompt-data NAME PATH")
+    return RunInputs(device, tokenizer, data_source, rollout_fn, num_rollout, load_eval_sets(args, tokenizer))
 
 
 def run_json(args: Namespace, device: str, status: str, **extra: Any) -> dict[str, Any]:

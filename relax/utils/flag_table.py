@@ -408,6 +408,10 @@ SUPPORTED: frozenset[str] = frozenset({
     # modes
     "fully-async", "max-staleness", "use-opd", "opd-type", "opd-kl-coef", "opd-teacher-load",
     "check-weight-update-equal",
+    # evaluation
+    "eval-interval", "eval-prompt-data", "n-samples-per-eval-prompt", "eval-temperature", "eval-top-p", "eval-top-k",
+    "eval-max-response-len", "eval-max-prompt-len", "skip-eval-before-train", "eval-input-key", "eval-label-key",
+    "eval-tool-key", "eval-reward-key", "log-passrate",
     # fault tolerance
     "use-fault-tolerance", "use-health-check", "max-global-restart", "rollout-health-check-interval",
     "rollout-health-check-timeout", "rollout-health-check-first-wait",

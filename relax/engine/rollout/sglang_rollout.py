@@ -114,5 +114,6 @@ async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: 
 def generate_rollout(args: Namespace, rollout_id: int, data_source: Any, evaluation: bool = False) -> list[list[Sample]]:
     """Generate one rollout batch of ``--rollout-batch-size`` groups with rewards (Relax signature)."""
     if evaluation:
-        raise NotImplementedError("evaluation rollouts arrive with --eval-interval support")
+        raise ValueError("generate_rollout(evaluation=True): evaluation runs from --eval-interval/--eval-prompt-data "
+                         "(relax.engine.rollout.evaluation.run_eval)")
     return asyncio.run(generate_rollout_async(args, rollout_id, data_source))

@@ -1,0 +1,116 @@
+"""Evaluation rollouts (``--eval-interval``, ``--eval-prompt-data NAME PATH ...``).
+
+Before every rollout step whose id is a multiple of ``--eval-interval`` (step 0 too, unless
+``--skip-eval-before-train``) each eval dataset is generated with the eval sampling flags
+(each falls back to its rollout flag) and scored by the training reward. Results are merged
+into that step's metrics.jsonl record as ``eval/<name>/reward_mean`` and ``eval/<name>/pass@<n>``
+(the share of prompts with at least one correct sample among ``--n-samples-per-eval-prompt``;
+labels come from ``--eval-label-key``, else ``--label-key``);
+``--log-passrate`` adds the unbiased pass@k for every power of two k < n.
+Seeds depend on (rollout seed, step, dataset, sample), so an eval is reproducible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from argparse import Namespace
+from dataclasses import dataclass
+from math import comb
+from typing import Any
+
+from relax.algorithms import extract_reward
+from relax.data.dataset import read_records
+from relax.data.prompts import build_samples
+from relax.engine.rewards import compute_rewards
+from relax.engine.rollout.sglang_rollout import GenerateState, apply_response, sample_seed
+from relax.utils.arguments import ConfigError
+from relax.utils.types import Sample
+
+EVAL_SEED_OFFSET = 1 << 40  # keeps eval seeds apart from training seeds of the same step
+
+
+@dataclass
+class EvalSet:
+    name: str
+    prompts: list[Sample]
+
+
+def load_eval_sets(args: Namespace, tokenizer: Any) -> list[EvalSet]:
+    items = args.eval_prompt_data or []
+    if len(items) % 2:
+        raise ConfigError("--eval-prompt-data takes pairs: NAME PATH [NAME PATH ...]")
+    sets = []
+    for name, path in zip(items[::2], items[1::2], strict=True):
+        prompts, _ = build_samples(
+            read_records(path), tokenizer, path=path, input_key=args.eval_input_key,
+            label_key=args.eval_label_key or args.label_key,
+            metadata_key=args.metadata_key, apply_chat_template=args.apply_chat_template,
+            apply_chat_template_kwargs=args.apply_chat_template_kwargs, system_prompt=args.system_prompt,
+            tool_key=args.eval_tool_key or args.tool_key, max_prompt_len=args.eval_max_prompt_len,
+        )
+        sets.append(EvalSet(name, prompts))
+    return sets
+
+
+def eval_due(args: Namespace, step: int) -> bool:
+    if not args.eval_interval:
+        return False
+    if step == 0 and args.skip_eval_before_train:
+        return False
+    return step % args.eval_interval == 0
+
+
+def eval_sampling_params(args: Namespace) -> dict[str, Any]:
+    def pick(eval_value, rollout_value):
+        return rollout_value if eval_value is None else eval_value
+
+    return {
+        "temperature": pick(args.eval_temperature, args.rollout_temperature),
+        "top_p": pick(args.eval_top_p, args.rollout_top_p),
+        "top_k": pick(args.eval_top_k, args.rollout_top_k),
+        "max_new_tokens": pick(args.eval_max_response_len, args.rollout_max_response_len),
+        "stop": args.rollout_stop,
+        "stop_token_ids": args.rollout_stop_token_ids,
+        "skip_special_tokens": args.rollout_skip_special_tokens,
+    }
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al., 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+async def _evaluate_set(args: Namespace, step: int, set_index: int, eval_set: EvalSet) -> dict[str, float]:
+    n = args.n_samples_per_eval_prompt
+    samples = [copy.deepcopy(p) for p in eval_set.prompts for _ in range(n)]
+    params = eval_sampling_params(args)
+    requests = [{"input_ids": list(s.tokens), "return_logprob": True,
+                 "sampling_params": dict(params, seed=sample_seed(args.rollout_seed + EVAL_SEED_OFFSET + set_index,
+                                                                  step, i))}
+                for i, s in enumerate(samples)]
+    responses = await GenerateState(args).pool.generate_batch(requests, n)
+    for s, resp in zip(samples, responses, strict=True):
+        apply_response(s, resp)
+    await compute_rewards(args, samples)
+    rewards = [extract_reward(s.reward, args.eval_reward_key) for s in samples]
+    correct = [sum(r > 0 for r in rewards[i : i + n]) for i in range(0, len(rewards), n)]
+    prefix = f"eval/{eval_set.name}"
+    out = {f"{prefix}/reward_mean": sum(rewards) / len(rewards), f"{prefix}/pass@{n}": sum(c > 0 for c in correct) / len(correct),
+           f"{prefix}/response_len_mean": sum(s.response_length for s in samples) / len(samples)}
+    if args.log_passrate:
+        k = 1
+        while k < n:
+            out[f"{prefix}/pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(correct)
+            k *= 2
+    return out
+
+
+def run_eval(args: Namespace, step: int, eval_sets: list[EvalSet]) -> dict[str, float]:
+    async def all_sets() -> dict[str, float]:
+        parts = await asyncio.gather(*(_evaluate_set(args, step, i, s) for i, s in enumerate(eval_sets)))
+        return {k: v for part in parts for k, v in part.items()}
+
+    return asyncio.run(all_sets())
