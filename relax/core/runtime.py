@@ -23,6 +23,7 @@ from relax.engine.rollout.engine_pool import RayEnginePool
 from relax.engine.rollout.sglang_rollout import GenerateState
 from relax.metrics import console
 from relax.metrics.artifacts import RunArtifacts
+from relax.utils.arguments import ConfigError
 from relax.utils.fault_hooks import fault_at
 from relax.utils.types import Sample
 from relax.weights.sync import sync_weights
@@ -158,6 +159,13 @@ def start_runtime(args: Namespace, run: RunInputs, artifacts: RunArtifacts) -> R
         artifacts.event("process_started", role=f"engine:{i}", pid=ray.get(engine.pid.remote()))
     console.info(f"trainer up: {ray.get(trainer.describe.remote())}; {len(engines)} engine(s)")
     rt = Runtime(args, run, artifacts, trainer, engines)
+    if args.custom_generate_function_path and len(engines) > 1:
+        raise ConfigError("not supported yet: --custom-generate-function-path with more than one engine "
+                          "(needs the router in the training loop)")
+    if args.custom_generate_function_path:  # recipes POST to http://{sglang_router_ip}:{sglang_router_port}/generate
+        url = ray.get(engines[0].http_url.remote())
+        args.sglang_router_ip, port = url.removeprefix("http://").rsplit(":", 1)
+        args.sglang_router_port = int(port)
     if args.use_fault_tolerance:
         from relax.core.fault_tolerance import EngineSupervisor
 

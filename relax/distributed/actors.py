@@ -80,21 +80,75 @@ class EngineActor:
             tokenizer=tokenizer,
         )
 
+        self.scheduler = None
+        self.url: str | None = None
+        if args.custom_generate_function_path:
+            self._serve_http()
+
+    def _serve_http(self) -> None:
+        """Serve SGLang's HTTP API over this same engine (for custom generate functions), on loopback.
+
+        HTTP requests go through the continuous-batching scheduler; the actor's own batch calls and
+        weight updates run between its decode steps (``scheduler.exclusive()``).
+        """
+        import asyncio
+        import socket
+        import threading
+
+        from aiohttp import web
+
+        from relax.backends.embedded.scheduler import Scheduler
+        from relax.backends.embedded.server import EngineServer
+
+        self.scheduler = Scheduler(self.engine)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        ready = threading.Event()
+        loop = asyncio.new_event_loop()
+
+        async def start() -> None:
+            runner = web.AppRunner(EngineServer(self.scheduler).app(), access_log=None)
+            await runner.setup()
+            await web.SockSite(runner, sock).start()
+            ready.set()
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            loop.run_until_complete(start())
+            loop.run_forever()
+
+        threading.Thread(target=run, name="relax-engine-http", daemon=True).start()
+        if not ready.wait(60):
+            raise RuntimeError(f"engine HTTP server did not start on {self.url}")
+
+    def _exclusive(self, fn):
+        if self.scheduler is None:
+            return fn(self.engine)
+        with self.scheduler.exclusive() as engine:
+            return fn(engine)
+
     def pid(self) -> int:
         return os.getpid()
 
+    def http_url(self) -> str | None:
+        return self.url
+
     def generate(self, requests: list[dict]) -> list[dict]:
-        return self.engine.generate(requests)
+        return self._exclusive(lambda engine: engine.generate(requests))
 
     def update_weights(self, bucket: list, version: int | None) -> int:
-        self.engine.update_weights_from_tensors(bucket, version=version)
-        return self.engine.weight_version
+        def apply(engine) -> int:
+            engine.update_weights_from_tensors(bucket, version=version)
+            return engine.weight_version
+
+        return self._exclusive(apply)
 
     def checksums(self) -> dict[str, str]:
-        return self.engine.weight_checksums()
+        return self._exclusive(lambda engine: engine.weight_checksums())
 
     def weights_checker(self, action: str, **kwargs) -> dict:
         """SGLang's /weights_checker actions (snapshot, reset_tensors, checksum, compare) on this engine."""
         from relax.backends.embedded.weights_checker import WeightsChecker
 
-        return WeightsChecker(self.engine.model).run(action, **kwargs)
+        return self._exclusive(lambda engine: WeightsChecker(engine.model).run(action, **kwargs))

@@ -98,6 +98,40 @@ async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: 
     state = GenerateState(args)
     groups = data_source.get_samples(args.rollout_batch_size)
     flat = [s for g in groups for s in g]
+    if args.custom_generate_function_path:
+        await _custom_generate(args, rollout_id, state, flat)
+    else:
+        await _batch_generate(args, rollout_id, state, flat)
+    if fault_at("REWARD_RAISE", rollout_id):
+        raise RuntimeError(f"reward function raised (injected fault at step {rollout_id})")
+    await compute_rewards(args, flat)
+    return groups
+
+
+GENERATE_SIGNATURE = "async generate(args, sample: Sample, sampling_params: dict) -> Sample"
+
+
+async def _custom_generate(args: Namespace, rollout_id: int, state: GenerateState, flat: list[Sample]) -> None:
+    """Relax's custom generate hook (multi-turn, tools): one call per sample, talking HTTP to the engine."""
+    from relax.utils.plugins import load_function
+
+    fn = load_function(args.custom_generate_function_path, flag="--custom-generate-function-path",
+                       signature=GENERATE_SIGNATURE, min_args=3)
+    results = await asyncio.gather(*(
+        fn(args, s, dict(state.sampling_params, seed=sample_seed(args.rollout_seed, rollout_id, s.index)))
+        for s in flat
+    ))
+    for s, out in zip(flat, results, strict=True):
+        if out is not s and not isinstance(out, Sample):
+            raise TypeError(f"--custom-generate-function-path returned {type(out).__name__}; expected {GENERATE_SIGNATURE}")
+        if isinstance(out, Sample) and out is not s:
+            s.__dict__.update(out.__dict__)
+        if s.loss_mask is not None and len(s.loss_mask) != s.response_length:
+            raise ValueError(f"custom generate: sample {s.index} has {len(s.loss_mask)} loss-mask entries for "
+                             f"{s.response_length} response tokens")
+
+
+async def _batch_generate(args: Namespace, rollout_id: int, state: GenerateState, flat: list[Sample]) -> None:
     requests = []
     for s in flat:
         params = dict(state.sampling_params, seed=sample_seed(args.rollout_seed, rollout_id, s.index))
@@ -105,10 +139,6 @@ async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: 
     responses = await state.pool.generate_batch(requests, args.n_samples_per_prompt)
     for s, resp in zip(flat, responses, strict=True):
         apply_response(s, resp)
-    if fault_at("REWARD_RAISE", rollout_id):
-        raise RuntimeError(f"reward function raised (injected fault at step {rollout_id})")
-    await compute_rewards(args, flat)
-    return groups
 
 
 def generate_rollout(args: Namespace, rollout_id: int, data_source: Any, evaluation: bool = False) -> list[list[Sample]]:
@@ -116,4 +146,12 @@ def generate_rollout(args: Namespace, rollout_id: int, data_source: Any, evaluat
     if evaluation:
         raise ValueError("generate_rollout(evaluation=True): evaluation runs from --eval-interval/--eval-prompt-data "
                          "(relax.engine.rollout.evaluation.run_eval)")
-    return asyncio.run(generate_rollout_async(args, rollout_id, data_source))
+    from relax.utils.http_utils import close_session
+
+    async def run() -> list[list[Sample]]:
+        try:
+            return await generate_rollout_async(args, rollout_id, data_source)
+        finally:
+            await close_session()  # this loop ends here; custom generate functions may have opened a session
+
+    return asyncio.run(run())
