@@ -44,7 +44,7 @@ def test_inconsistent_global_batch_size(tmp_path: Path) -> None:
     assert proc.returncode == 2
 
 
-@pytest.mark.parametrize("flag", [["--partial-rollout"], ["--use-fault-tolerance"], ["--eval-interval", "2"]])
+@pytest.mark.parametrize("flag", [["--partial-rollout"], ["--offload"], ["--use-routing-replay"]])
 def test_not_supported_yet(tmp_path: Path, flag: list[str]) -> None:
     proc = run_relax(["--preset", "quickstart", *flag, "--output-dir", str(tmp_path / "o")], tmp_path)
     _one_line_error(proc, f"not supported yet: {flag[0]}")

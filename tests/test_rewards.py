@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import uuid
 from argparse import Namespace
 from pathlib import Path
@@ -21,7 +22,7 @@ def _s(response: str, label: object = None, index: int | None = None) -> Sample:
 
 
 def _args(**kw) -> Namespace:
-    base = dict(custom_rm_path=None, rm_type="exact", reward_key=None)
+    base = dict(custom_rm_path=None, rm_type="exact", reward_key=None, group_rm=False)
     base.update(kw)
     return Namespace(**base)
 
@@ -165,3 +166,60 @@ def test_custom_reward_bad_paths_name_flag_and_signature(module) -> None:
     name = module("def one(sample):\n    return 1.0\n")
     with pytest.raises(PluginError, match="takes 1 positional argument"):
         asyncio.run(compute_rewards(_args(custom_rm_path=f"{name}.one"), [_s("x")]))
+
+
+def test_remote_rm_against_a_local_http_server(tmp_path: Path) -> None:
+    """--rm-type remote_rm POSTs prompt/response/label to --rm-url (a real local HTTP server)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(body)
+            answer = json.dumps({"score": float(body["response"] == body["label"]), "len": len(body["response"])})
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(answer.encode())
+
+        def log_message(self, *a) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        args = Namespace(custom_rm_path=None, rm_type="remote_rm", group_rm=False, reward_key="score",
+                         rm_url=f"http://127.0.0.1:{server.server_port}/reward")
+        rewards = asyncio.run(compute_rewards(args, [_s("7", "7"), _s("3", "7")]))
+    finally:
+        server.shutdown()
+    assert rewards == [1.0, 0.0]
+    assert {b["response"] for b in seen} == {"7", "3"} and all(b["label"] == "7" for b in seen)
+
+
+def test_remote_rm_down_names_the_url() -> None:
+    from relax.engine.rollout.engine_client import EngineError
+
+    args = Namespace(custom_rm_path=None, rm_type="remote_rm", group_rm=False, reward_key=None,
+                     rm_url="http://127.0.0.1:9/reward")
+    with pytest.raises(EngineError, match="127.0.0.1:9"):
+        asyncio.run(compute_rewards(args, [_s("7", "7")]))
+
+
+def test_group_rm_scores_whole_groups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "my_group_rm.py").write_text(
+        "def reward(args, samples):\n"
+        "    best = max(len(s.response) for s in samples)\n"
+        "    return [float(len(s.response) == best) for s in samples]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = Namespace(custom_rm_path="my_group_rm.reward", rm_type=None, group_rm=True, reward_key=None)
+    samples = [Sample(response=r, group_index=g) for r, g in [("a", 0), ("bb", 0), ("ccc", 1), ("c", 1)]]
+    assert asyncio.run(compute_rewards(args, samples)) == [0.0, 1.0, 1.0, 0.0]
+    sys.modules.pop("my_group_rm", None)
+    with pytest.raises(ConfigError, match="--group-rm needs --custom-rm-path"):
+        asyncio.run(compute_rewards(Namespace(custom_rm_path=None, rm_type="exact", group_rm=True, reward_key=None), samples))

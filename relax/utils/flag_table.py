@@ -407,7 +407,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "rm-type", "custom-rm-path", "reward-key", "custom-reward-post-process-path",
     # modes
     "fully-async", "max-staleness", "use-opd", "opd-type", "opd-kl-coef", "opd-teacher-load",
-    "check-weight-update-equal", "custom-generate-function-path",
+    "check-weight-update-equal", "custom-generate-function-path", "group-rm", "rm-url",
     # evaluation
     "eval-interval", "eval-prompt-data", "n-samples-per-eval-prompt", "eval-temperature", "eval-top-p", "eval-top-k",
     "eval-max-response-len", "eval-max-prompt-len", "skip-eval-before-train", "eval-input-key", "eval-label-key",

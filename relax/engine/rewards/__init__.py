@@ -55,7 +55,34 @@ def _per_sample(fn: Callable[..., Any], name: str) -> Scorer:
     return score
 
 
+GROUP_RM_SIGNATURE = "reward_func(args, samples: list[Sample], **kwargs) -> list[float | dict]"
+
+
+def _per_group(fn: Callable[..., Any], name: str) -> Scorer:
+    """``--group-rm``: one call per group (samples sharing a prompt), all groups concurrently."""
+    async def call(args: Namespace, group: list[Sample]) -> list[Any]:
+        result = fn(args, group)
+        result = await result if inspect.isawaitable(result) else result
+        if len(result) != len(group):
+            raise RuntimeError(f"{name} returned {len(result)} rewards for a group of {len(group)} samples")
+        return list(result)
+
+    async def score(args: Namespace, samples: list[Sample]) -> list[Any]:
+        groups: dict[Any, list[Sample]] = {}
+        for s in samples:
+            groups.setdefault(s.group_index, []).append(s)
+        results = await asyncio.gather(*(call(args, g) for g in groups.values()))
+        by_id = {id(s): r for g, rs in zip(groups.values(), results, strict=True) for s, r in zip(g, rs, strict=True)}
+        return [by_id[id(s)] for s in samples]
+    return score
+
+
 def _scorer(args: Namespace) -> Scorer:
+    if args.group_rm:
+        if not args.custom_rm_path:
+            raise ConfigError("--group-rm needs --custom-rm-path (a function scoring a whole group)")
+        fn = load_function(args.custom_rm_path, flag="--custom-rm-path", signature=GROUP_RM_SIGNATURE, min_args=2)
+        return _per_group(fn, f"--custom-rm-path {args.custom_rm_path}")
     if args.custom_rm_path:
         fn = load_function(args.custom_rm_path, flag="--custom-rm-path", signature=CUSTOM_RM_SIGNATURE, min_args=2)
         return _per_sample(fn, f"--custom-rm-path {args.custom_rm_path}")

@@ -113,4 +113,6 @@ def _label_text(label: Any) -> str:
     return boxed if boxed is not None else text
 
 
-GRADERS: dict[str, RewardFn] = {"exact": exact, "math": math_answer}
+from relax.engine.rewards.remote import remote_rm  # noqa: E402 - registered below
+
+GRADERS: dict[str, RewardFn] = {"remote_rm": remote_rm, "exact": exact, "math": math_answer}

@@ -1,0 +1,23 @@
+"""``--rm-type remote_rm``: score each sample by POSTing it to ``--rm-url`` (Relax/slime payload).
+
+Payload ``{"prompt", "response", "label", "metadata"}``; the service answers a JSON number or
+object (then ``--reward-key`` selects the value). Connection errors and 5xx are retried a few
+times; a service that stays down ends the run with an error naming the URL.
+"""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from typing import Any
+
+from relax.utils.types import Sample
+
+RETRIES = 3
+
+
+async def remote_rm(args: Namespace, sample: Sample) -> Any:
+    from relax.utils.http_utils import post
+
+    payload = {"prompt": sample.prompt, "response": sample.response, "label": sample.label,
+               "metadata": sample.metadata}
+    return await post(args.rm_url, payload, max_retries=RETRIES)
