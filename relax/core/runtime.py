@@ -101,6 +101,8 @@ class Runtime:
         (the fully-async loop draws ahead); by default it is the data source's current position.
         """
         args, artifacts = self.args, self.artifacts
+        for fate in GenerateState(args).drain_fates():  # filtered / recycled by the rollout function
+            artifacts.samples.write(fate)
         for g in groups:
             for s in g:
                 artifacts.samples.write({"step": step, "group_index": s.group_index, "index": s.index,

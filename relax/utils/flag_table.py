@@ -408,6 +408,7 @@ SUPPORTED: frozenset[str] = frozenset({
     # modes
     "fully-async", "max-staleness", "use-opd", "opd-type", "opd-kl-coef", "opd-teacher-load",
     "check-weight-update-equal", "custom-generate-function-path", "group-rm", "rm-url",
+    "over-sampling-batch-size", "dynamic-sampling-filter-path",
     # evaluation
     "eval-interval", "eval-prompt-data", "n-samples-per-eval-prompt", "eval-temperature", "eval-top-p", "eval-top-k",
     "eval-max-response-len", "eval-max-prompt-len", "skip-eval-before-train", "eval-input-key", "eval-label-key",

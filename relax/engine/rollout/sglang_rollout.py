@@ -12,6 +12,7 @@ sampled, whatever the batch composition or number of engines.
 from __future__ import annotations
 
 import asyncio
+import copy
 from argparse import Namespace
 from typing import Any
 
@@ -55,6 +56,15 @@ class GenerateState(metaclass=_Singleton):
         self.tokenizer = tokenizer
         self.pool = pool
         self.sampling_params = sampling_params(args)
+        self._fates: list[dict[str, Any]] = []  # filtered / recycled samples, drained into samples.jsonl
+
+    def record(self, step: int, group: list[Sample], fate: str, reason: str) -> None:
+        self._fates += [{"step": step, "group_index": s.group_index, "index": s.index, "attempts": s.abort_count + 1,
+                         "fate": fate, "reason": reason} for s in group]
+
+    def drain_fates(self) -> list[dict[str, Any]]:
+        fates, self._fates = self._fates, []
+        return fates
 
     @classmethod
     def install(cls, args: Namespace, *, tokenizer: Any = None, pool: Any = None) -> GenerateState:
@@ -92,11 +102,71 @@ def apply_response(sample: Sample, response: dict[str, Any]) -> Sample:
     return sample
 
 
+MAX_SAMPLING_ROUNDS = 64
+FILTER_SIGNATURE = "filter(args, samples: list[Sample], **kwargs) -> DynamicFilterOutput | bool"
+
+
 async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: Any) -> list[list[Sample]]:
+    """Draw, generate and score groups until ``--rollout-batch-size`` of them pass the dynamic filter.
+
+    Groups are drawn ``--over-sampling-batch-size`` at a time. A group the filter rejects gets the
+    fate ``filtered`` (with the filter's reason); groups kept beyond the target go back to the data
+    source as prompts (fate ``recycled``) and are generated again later, so nothing is lost.
+    """
+    state = GenerateState(args)
+    target = args.rollout_batch_size
+    keep_fn = _dynamic_filter(args)
+    kept: list[list[Sample]] = []
+    for _ in range(MAX_SAMPLING_ROUNDS):
+        groups = data_source.get_samples(args.over_sampling_batch_size or target)
+        await _generate_and_score(args, rollout_id, state, groups)
+        for group in groups:
+            keep, reason = keep_fn(args, group)
+            if keep:
+                kept.append(group)
+            else:
+                state.record(rollout_id, group, "filtered", reason or "dynamic_sampling_filter")
+        if len(kept) >= target:
+            break
+    else:
+        raise RuntimeError(f"dynamic sampling kept {len(kept)} of {target} groups after {MAX_SAMPLING_ROUNDS} rounds "
+                           f"of {args.over_sampling_batch_size or target}; check --dynamic-sampling-filter-path")
+    surplus = kept[target:]
+    for group in surplus:
+        state.record(rollout_id, group, "recycled", "over_sampling_surplus")
+    data_source.add_samples([[_as_prompt(s) for s in group] for group in surplus])
+    return kept[:target]
+
+
+def _dynamic_filter(args: Namespace):
+    if not args.dynamic_sampling_filter_path:
+        return lambda a, g: (True, None)
+    from relax.utils.plugins import load_function
+
+    fn = load_function(args.dynamic_sampling_filter_path, flag="--dynamic-sampling-filter-path",
+                       signature=FILTER_SIGNATURE, min_args=2)
+
+    def keep(a: Namespace, group: list[Sample]) -> tuple[bool, str | None]:
+        out = fn(a, group)
+        return (bool(out), None) if isinstance(out, bool) else (bool(out.keep), out.reason)
+
+    return keep
+
+
+def _as_prompt(sample: Sample) -> Sample:
+    """A generated sample reset to its prompt, to be generated again (same index: same seed)."""
+    prompt = copy.deepcopy(sample)
+    prompt.tokens = prompt.tokens[: prompt.prompt_length]
+    prompt.response, prompt.response_length, prompt.reward = "", 0, None
+    prompt.loss_mask = prompt.rollout_log_probs = prompt.teacher_log_probs = None
+    prompt.status, prompt.weight_version = Sample.Status.PENDING, None
+    prompt.abort_count += 1
+    return prompt
+
+
+async def _generate_and_score(args: Namespace, rollout_id: int, state: GenerateState, groups: list[list[Sample]]) -> None:
     from relax.engine.rewards import compute_rewards
 
-    state = GenerateState(args)
-    groups = data_source.get_samples(args.rollout_batch_size)
     flat = [s for g in groups for s in g]
     if args.custom_generate_function_path:
         await _custom_generate(args, rollout_id, state, flat)
@@ -105,7 +175,6 @@ async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: 
     if fault_at("REWARD_RAISE", rollout_id):
         raise RuntimeError(f"reward function raised (injected fault at step {rollout_id})")
     await compute_rewards(args, flat)
-    return groups
 
 
 GENERATE_SIGNATURE = "async generate(args, sample: Sample, sampling_params: dict) -> Sample"
