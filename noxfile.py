@@ -8,6 +8,7 @@ GPU sessions run in the machine's own Python (torch with CUDA is preinstalled th
 from __future__ import annotations
 
 import os
+import sys
 
 import nox
 
@@ -52,8 +53,8 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", "relax", "harness", "tests", "scenarios", "ci", "noxfile.py")
 
 
-def _gate(session: nox.Session, results: str) -> None:
-    session.run("python", "-m", "ci.gate", f"{results}/results.json", "--baselines", "ci/baselines",
+def _gate(session: nox.Session, results: str, python: str = "python") -> None:
+    session.run(python, "-m", "ci.gate", f"{results}/results.json", "--baselines", "ci/baselines",
                 "--summary", f"{results}/summary.md")
 
 
@@ -74,7 +75,7 @@ def gpu_scenarios(session: nox.Session) -> None:
     executor = "docker" if os.environ.get("RELAX_HARNESS_DOCKER_GPU") else "local"
     _pytest(session, "scenarios", "-m", "gpu", "--harness-profile", "gpu", "--harness-executor", executor,
             "--harness-results", results, f"--junitxml={results}/junit.xml")
-    _gate(session, results)
+    _gate(session, results, python=sys.executable)
 
 
 @nox.session(python=PYTHON)
