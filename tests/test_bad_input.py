@@ -44,8 +44,32 @@ def test_inconsistent_global_batch_size(tmp_path: Path) -> None:
     assert proc.returncode == 2
 
 
-@pytest.mark.parametrize("flag", [["--partial-rollout"], ["--offload"], ["--use-routing-replay"]])
+@pytest.mark.parametrize("flag", [["--keep-old-actor"], ["--offload"], ["--use-routing-replay"],
+                                  ["--partial-rollout", "--fully-async"]])
 def test_not_supported_yet(tmp_path: Path, flag: list[str]) -> None:
     proc = run_relax(["--preset", "quickstart", *flag, "--output-dir", str(tmp_path / "o")], tmp_path)
-    _one_line_error(proc, f"not supported yet: {flag[0]}")
+    _one_line_error(proc, f"not supported yet: {' with '.join(flag)}")
     assert proc.returncode == 2
+
+
+HOOKS = """
+def returns_none(args, *rest):
+    return None
+"""
+
+
+@pytest.mark.parametrize(("flag", "path", "expected"), [
+    ("--buffer-filter-path", "no_such_module.fn", "--buffer-filter-path: cannot import module 'no_such_module'"),
+    ("--rollout-data-postprocess-path", "bad_hooks.missing", "module 'bad_hooks' has no attribute 'missing'"),
+    ("--custom-convert-samples-to-train-data-path", "bad_hooks.returns_none",
+     "--custom-convert-samples-to-train-data-path returned NoneType"),
+])
+def test_bad_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flag: str, path: str, expected: str) -> None:
+    (tmp_path / "bad_hooks.py").write_text(HOOKS)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    proc = run_relax(["--preset", "quickstart", "--num-rollout", "1", flag, path, "--output-dir", str(tmp_path / "o")],
+                     tmp_path)
+    # the converter fails after Ray started, whose own start-up warnings may precede our line
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("relax: ")]
+    assert len(ours) == 1 and expected in ours[0] and flag in ours[0], proc.stderr

@@ -23,6 +23,7 @@ class AlgorithmConfig:
     disable_compute_advantages_and_returns: bool
     normalize_advantages: bool
     custom_reward_post_process_path: str | None
+    custom_convert_samples_to_train_data_path: str | None
     gamma: float
     lambd: float
     # policy loss
@@ -78,8 +79,9 @@ class AlgorithmConfig:
 
     @property
     def rewards_preprocessed(self) -> bool:
-        """A ``--custom-reward-post-process-path`` already turned raw rewards into final ones."""
-        return self.custom_reward_post_process_path is not None
+        """A ``--custom-reward-post-process-path`` or a custom train-data converter already turned raw
+        rewards into final ones."""
+        return self.custom_reward_post_process_path is not None or self.custom_convert_samples_to_train_data_path is not None
 
     def validate(self) -> None:
         from relax.algorithms.advantages import ESTIMATORS

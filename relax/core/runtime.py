@@ -120,7 +120,7 @@ class Runtime:
         if args.save_hf and _due(args.save_interval, step, self.last_step):
             ray.get(self.trainer.save_hf.remote(args.save_hf.format(rollout_id=step)))
         metrics = {"step": step, "weight_version": weight_version, "time": time.time(),
-                   **rollout_metrics, **train_metrics, **perf}
+                   **rollout_metrics, **GenerateState(args).pop_metrics(step), **train_metrics, **perf}
         artifacts.metrics.write(metrics)
         artifacts.log_step(metrics)
         artifacts.event("step_end", step=step)

@@ -63,11 +63,25 @@ def prepare_run(args: Namespace) -> RunInputs:
         signature="generate_rollout(args, rollout_id, data_source, evaluation=False) -> list[list[Sample]]",
         min_args=3,
     )
+    _check_train_data_hooks(args)
     from relax.engine.rollout.evaluation import load_eval_sets
 
     if args.eval_interval and not args.eval_prompt_data:
         raise ConfigError("--eval-interval needs --eval-prompt-data NAME PATH")
     return RunInputs(device, tokenizer, data_source, rollout_fn, num_rollout, load_eval_sets(args, tokenizer))
+
+
+def _check_train_data_hooks(args: Namespace) -> None:
+    """Load the train-data hooks now: the post-process one runs in the trainer actor, far from the user."""
+    from relax.backends.torch import rollout_postprocess
+    from relax.core.train_data import CONVERT_SIGNATURE
+
+    if args.custom_convert_samples_to_train_data_path:
+        load_function(args.custom_convert_samples_to_train_data_path, min_args=2, signature=CONVERT_SIGNATURE,
+                      flag="--custom-convert-samples-to-train-data-path")
+    if args.rollout_data_postprocess_path:
+        load_function(args.rollout_data_postprocess_path, flag=rollout_postprocess.FLAG,
+                      signature=rollout_postprocess.SIGNATURE, min_args=3)
 
 
 def run_json(args: Namespace, device: str, status: str, **extra: Any) -> dict[str, Any]:

@@ -3,22 +3,34 @@
 ``--custom-reward-post-process-path`` follows Relax's signature
 ``post_process(args, samples) -> (raw_rewards, rewards)``: the returned ``rewards`` replace GRPO
 group normalization (the trainer then uses them as they are), ``raw_rewards`` feed the metrics.
+
+``--custom-convert-samples-to-train-data-path`` replaces the whole conversion, as in Relax: it
+gets the flat sample list and returns Relax's train-data dict (one entry per sample in each
+column); its ``rewards`` are final like a post-process hook's.
 """
 
 from __future__ import annotations
 
 from argparse import Namespace
+from typing import Any
 
 from relax.algorithms import extract_reward
 from relax.backends.torch.batch import TrainSample
-from relax.utils.plugins import load_function
+from relax.utils.plugins import PluginError, load_function
 from relax.utils.types import Sample
 
 POST_PROCESS_SIGNATURE = "post_process(args, samples: list[Sample]) -> (raw_rewards, rewards)"
+CONVERT_SIGNATURE = ("convert_samples_to_train_data(args, samples: list[Sample]) -> dict with tokens, response_lengths, "
+                     "rewards, loss_masks (optional raw_reward, rollout_log_probs, teacher_log_probs)")
+_CONVERT_FLAG = "--custom-convert-samples-to-train-data-path"
+_REQUIRED = ("tokens", "response_lengths", "rewards", "loss_masks")
+_OPTIONAL = ("raw_reward", "rollout_log_probs", "teacher_log_probs")
 
 
 def to_train_samples(args: Namespace, groups: list[list[Sample]]) -> tuple[list[TrainSample], list[float]]:
     samples = [s for g in groups for s in g]
+    if args.custom_convert_samples_to_train_data_path:
+        return _custom_convert(args, samples)
     raw = [extract_reward(s.reward, args.reward_key) for s in samples]
     rewards = raw
     if args.custom_reward_post_process_path:
@@ -33,3 +45,28 @@ def to_train_samples(args: Namespace, groups: list[list[Sample]]) -> tuple[list[
         for s, r in zip(samples, rewards, strict=True)
     ]
     return train, [float(r) for r in raw]
+
+
+def _custom_convert(args: Namespace, samples: list[Sample]) -> tuple[list[TrainSample], list[float]]:
+    fn = load_function(args.custom_convert_samples_to_train_data_path, flag=_CONVERT_FLAG,
+                       signature=CONVERT_SIGNATURE, min_args=2)
+    data = fn(args, samples)
+    if not isinstance(data, dict):
+        raise PluginError(f"{_CONVERT_FLAG} returned {type(data).__name__}; expected {CONVERT_SIGNATURE}")
+    missing = [k for k in _REQUIRED if k not in data]
+    if missing:
+        raise PluginError(f"{_CONVERT_FLAG} returned a dict without {', '.join(missing)}; expected {CONVERT_SIGNATURE}")
+    columns: dict[str, Any] = {k: data[k] for k in (*_REQUIRED, *_OPTIONAL) if data.get(k) is not None}
+    for key, column in columns.items():
+        if not isinstance(column, list | tuple) or len(column) != len(samples):
+            size = len(column) if isinstance(column, list | tuple) else type(column).__name__
+            raise PluginError(f"{_CONVERT_FLAG}: {key!r} has {size} entries for {len(samples)} samples")
+    train = [
+        TrainSample(tokens=list(columns["tokens"][i]), response_length=int(columns["response_lengths"][i]),
+                    loss_mask=list(columns["loss_masks"][i]), reward=float(columns["rewards"][i]),
+                    rollout_log_probs=columns["rollout_log_probs"][i] if "rollout_log_probs" in columns else None,
+                    teacher_log_probs=columns["teacher_log_probs"][i] if "teacher_log_probs" in columns else None)
+        for i in range(len(samples))
+    ]
+    raw = columns.get("raw_reward", columns["rewards"])
+    return train, [float(extract_reward(r, args.reward_key)) for r in raw]

@@ -82,11 +82,11 @@ class EngineActor:
 
         self.scheduler = None
         self.url: str | None = None
-        if args.custom_generate_function_path:
+        if args.custom_generate_function_path or args.partial_rollout:  # both talk HTTP to the engine
             self._serve_http()
 
     def _serve_http(self) -> None:
-        """Serve SGLang's HTTP API over this same engine (for custom generate functions), on loopback.
+        """Serve SGLang's HTTP API over this same engine (custom generate functions, partial rollout), on loopback.
 
         HTTP requests go through the continuous-batching scheduler; the actor's own batch calls and
         weight updates run between its decode steps (``scheduler.exclusive()``).

@@ -61,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
             console.info(f"tensorboard logs in {tb.log_dir}")
         console.info(f"output dir {args.output_dir}; {run.num_rollout} steps on {run.device}")
         train_with_restarts(train_fully_async if args.fully_async else train_colocate, args, run, artifacts)
-    except _user_errors() as exc:
-        code, error = (EXIT_CONFIG if isinstance(exc, ConfigError) else EXIT_FAILED), str(exc)
+    except _user_errors() as exc:  # also raised in an actor (a user hook in the trainer): Ray wraps it
+        error = str(getattr(exc, "cause", None) or exc)
+        code = EXIT_CONFIG if isinstance(exc, ConfigError) else EXIT_FAILED
         print(f"relax: {error}", file=sys.stderr)
     except KeyboardInterrupt:
         code, error = 130, "interrupted"

@@ -409,6 +409,8 @@ SUPPORTED: frozenset[str] = frozenset({
     "fully-async", "max-staleness", "use-opd", "opd-type", "opd-kl-coef", "opd-teacher-load",
     "check-weight-update-equal", "custom-generate-function-path", "group-rm", "rm-url",
     "over-sampling-batch-size", "dynamic-sampling-filter-path",
+    "partial-rollout", "partial-rollout-max-aborted-count", "mask-offpolicy-in-partial-rollout", "buffer-filter-path",
+    "custom-convert-samples-to-train-data-path", "rollout-data-postprocess-path",
     # evaluation
     "eval-interval", "eval-prompt-data", "n-samples-per-eval-prompt", "eval-temperature", "eval-top-p", "eval-top-k",
     "eval-max-response-len", "eval-max-prompt-len", "skip-eval-before-train", "eval-input-key", "eval-label-key",

@@ -45,6 +45,8 @@ class Sample:
     teacher_log_probs: list[float] | None = None
     status: Status = Status.PENDING
     weight_version: int | None = None  # policy version that generated the response (last segment)
+    # per response token: the policy version that generated it (a resumed partial rollout mixes versions)
+    token_weight_versions: list[int] | None = None
     abort_count: int = 0
     # reward
     reward: float | dict[str, Any] | None = None

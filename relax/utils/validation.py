@@ -10,6 +10,7 @@ from __future__ import annotations
 from argparse import Namespace
 from collections.abc import Set
 
+from relax.backends.megatron.checks import check_train_backend_args
 from relax.utils.flag_types import ConfigError
 
 
@@ -78,6 +79,23 @@ def _requirements(args: Namespace) -> None:
         raise ConfigError("--rm-type remote_rm requires --rm-url")
     if args.use_dynamic_batch_size and not args.max_tokens_per_gpu:
         raise ConfigError("--use-dynamic-batch-size requires --max-tokens-per-gpu")
+    check_train_backend_args(args)
+
+
+def _partial_rollout(args: Namespace) -> None:
+    """--partial-rollout's companions, and the modes it does not combine with yet."""
+    if not args.partial_rollout:
+        for dest in ("partial_rollout_max_aborted_count", "mask_offpolicy_in_partial_rollout"):
+            if getattr(args, dest) not in (None, False):
+                raise ConfigError(f"{_flag(dest)} has no effect without --partial-rollout")
+        return
+    if args.partial_rollout_max_aborted_count is not None and args.partial_rollout_max_aborted_count < 0:
+        raise ConfigError(f"--partial-rollout-max-aborted-count must be >= 0, got {args.partial_rollout_max_aborted_count}")
+    # fully-async: a weight sync may land inside a request, so its tokens' versions are unknown;
+    # the other two send requests the partial-rollout loop cannot abort or resend
+    for dest in ("fully_async", "use_fault_tolerance", "custom_generate_function_path"):
+        if getattr(args, dest):
+            raise ConfigError(f"not supported yet: --partial-rollout with {_flag(dest)}")
 
 
 def _implied(args: Namespace) -> None:
@@ -124,4 +142,5 @@ def resolve_and_validate(args: Namespace, explicit: Set[str] = frozenset()) -> N
         raise ConfigError("set --num-rollout or --num-epoch")
     _batch_sizes(args, explicit)
     _requirements(args)
+    _partial_rollout(args)
     _when_none(args)

@@ -24,6 +24,7 @@ from relax.algorithms.critic import should_update_actor
 from relax.algorithms.reducers import merge_metrics
 from relax.backends.torch.batch import RolloutTensors, TrainSample, build_model_inputs, build_rollout_tensors
 from relax.backends.torch.logprobs import response_log_probs
+from relax.backends.torch.rollout_postprocess import postprocess_rollout_data
 from relax.models import build_model
 from relax.utils.fault_hooks import fault_at
 from relax.weights.checksum import state_checksums
@@ -108,6 +109,7 @@ class TorchTrainBackend:
             values=old_values,
             teacher_log_probs=teacher_lp,
         )
+        postprocess_rollout_data(args, step, batch, old_lp, ref_lp, adv)
         metrics: dict[str, float] = {f"train/{k}": float(v) for k, v in adv.metrics.items()}
         if teacher_lp is not None:  # sampled-token estimate of KL(student || teacher)
             gap = (old_lp - teacher_lp) * batch.loss_mask

@@ -4,7 +4,8 @@
 public). It walks the prompts in order, reshuffling each epoch with a generator seeded by
 ``--rollout-seed + epoch`` when ``--rollout-shuffle`` is on, and hands out groups of
 ``--n-samples-per-prompt`` deep copies of a prompt sample. Groups given back with
-`add_samples` (partial rollout, over-sampling leftovers) are served first, oldest first.
+`add_samples` (partial rollout, over-sampling leftovers) are served first: oldest first, or the
+ones ``--buffer-filter-path`` selects (Relax's call shape, ``rollout_id`` is None as in Relax).
 
 Its whole position (epoch, offset, counters, buffer) is in `state_dict`, as plain data, so a
 resumed run serves exactly the prompts the straight run would have served.
@@ -21,9 +22,11 @@ import numpy as np
 
 from relax.data.dataset import DataError, read_records
 from relax.data.prompts import CUSTOM_PROMPT_SIGNATURE, build_samples
+from relax.utils.plugins import PluginError, load_function
 from relax.utils.types import Sample
 
 STATE_VERSION = 1
+BUFFER_FILTER_SIGNATURE = "buffer_filter(args, rollout_id, buffer: list[list[Sample]], num_samples: int) -> list[list[Sample]]"
 
 
 class RolloutDataSourceWithBuffer:
@@ -38,8 +41,6 @@ class RolloutDataSourceWithBuffer:
             tokenizer = load_tokenizer(args.hf_checkpoint)
         prompt_fn = None
         if args.custom_prompt_path:
-            from relax.utils.plugins import load_function
-
             prompt_fn = load_function(args.custom_prompt_path, flag="--custom-prompt-path",
                                       signature=CUSTOM_PROMPT_SIGNATURE, min_args=2)
         records = read_records(args.prompt_data, required_keys=[args.input_key])
@@ -62,6 +63,11 @@ class RolloutDataSourceWithBuffer:
         self.sample_counter = 0  # next Sample.index
         self.buffer: list[list[Sample]] = []
         self._order = self._epoch_order(0)
+        self.args = args
+        self.buffer_filter = None
+        if args.buffer_filter_path:
+            self.buffer_filter = load_function(args.buffer_filter_path, flag="--buffer-filter-path",
+                                               signature=BUFFER_FILTER_SIGNATURE, min_args=4)
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -93,11 +99,29 @@ class RolloutDataSourceWithBuffer:
         return group
 
     def get_samples(self, num_groups: int) -> list[list[Sample]]:
-        """``num_groups`` groups: buffered ones first (oldest first), then fresh prompts."""
-        groups, self.buffer = self.buffer[:num_groups], self.buffer[num_groups:]
+        """``num_groups`` groups: buffered ones first (oldest first, or as the buffer filter picks), then fresh prompts."""
+        groups = self._take_from_buffer(num_groups)
         while len(groups) < num_groups:
             groups.append(self._new_group())
         return groups
+
+    def _take_from_buffer(self, num_groups: int) -> list[list[Sample]]:
+        if self.buffer_filter is None or not self.buffer:
+            groups, self.buffer = self.buffer[:num_groups], self.buffer[num_groups:]
+            return groups
+        # the filter gets a copy: Relax filters that pop from the list they get work, and a group
+        # leaves the buffer only when it is returned, so none is lost or served twice
+        taken = self.buffer_filter(self.args, None, list(self.buffer), num_groups)
+        buffered = {id(g) for g in self.buffer}
+        if not isinstance(taken, list) or not all(isinstance(g, list) and id(g) in buffered for g in taken):
+            raise PluginError(f"--buffer-filter-path must return groups taken from the buffer it was given; "
+                              f"expected {BUFFER_FILTER_SIGNATURE}")
+        if len(taken) > num_groups or len({id(g) for g in taken}) < len(taken):
+            raise PluginError(f"--buffer-filter-path returned {len(taken)} groups (duplicates or more than the "
+                              f"{num_groups} asked for); expected {BUFFER_FILTER_SIGNATURE}")
+        chosen = {id(g) for g in taken}
+        self.buffer = [g for g in self.buffer if id(g) not in chosen]
+        return taken
 
     def add_samples(self, groups: list[list[Sample]]) -> None:
         """Give groups back; the next `get_samples` calls serve them before new prompts."""

@@ -45,6 +45,15 @@ class RayEnginePool:
                 await asyncio.to_thread(self.supervisor.replace, index, engine, f"generate failed: {type(exc).__name__}")
         raise AssertionError("unreachable")
 
+    async def clients(self) -> list[Any]:
+        """HTTP clients of the engines, which serve SGLang's API when ``--partial-rollout`` needs aborts."""
+        from relax.engine.rollout.engine_client import EngineClient
+
+        urls = await asyncio.gather(*(e.http_url.remote() for e in self.engines))
+        if None in urls:
+            raise RuntimeError("the engines do not serve HTTP (started without --partial-rollout)")
+        return [EngineClient(url, timeout=None) for url in urls]
+
     async def generate_batch(self, requests: list[dict], group_size: int) -> list[dict]:
         num_groups = max(1, len(requests) // max(1, group_size))
         per_engine = -(-num_groups // len(self.engines))  # ceil

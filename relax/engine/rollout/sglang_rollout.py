@@ -57,6 +57,7 @@ class GenerateState(metaclass=_Singleton):
         self.pool = pool
         self.sampling_params = sampling_params(args)
         self._fates: list[dict[str, Any]] = []  # filtered / recycled samples, drained into samples.jsonl
+        self._metrics: dict[int, dict[str, float]] = {}  # per rollout id, merged into that step's metrics
 
     def record(self, step: int, group: list[Sample], fate: str, reason: str) -> None:
         self._fates += [{"step": step, "group_index": s.group_index, "index": s.index, "attempts": s.abort_count + 1,
@@ -65,6 +66,12 @@ class GenerateState(metaclass=_Singleton):
     def drain_fates(self) -> list[dict[str, Any]]:
         fates, self._fates = self._fates, []
         return fates
+
+    def add_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self._metrics.setdefault(step, {}).update(metrics)
+
+    def pop_metrics(self, step: int) -> dict[str, float]:
+        return self._metrics.pop(step, {})
 
     @classmethod
     def install(cls, args: Namespace, *, tokenizer: Any = None, pool: Any = None) -> GenerateState:
@@ -85,7 +92,7 @@ def sampling_params(args: Namespace) -> dict[str, Any]:
     }
 
 
-_FINISH_STATUS = {"length": Sample.Status.TRUNCATED, "stop": Sample.Status.COMPLETED, "abort": Sample.Status.ABORTED}
+FINISH_STATUS = {"length": Sample.Status.TRUNCATED, "stop": Sample.Status.COMPLETED, "abort": Sample.Status.ABORTED}
 
 
 def apply_response(sample: Sample, response: dict[str, Any]) -> Sample:
@@ -97,8 +104,9 @@ def apply_response(sample: Sample, response: dict[str, Any]) -> Sample:
     sample.response = response.get("text", "")
     sample.rollout_log_probs = [float(item[0]) for item in meta.get("output_token_logprobs", [])]
     sample.loss_mask = [1] * len(output_ids)
-    sample.status = _FINISH_STATUS[meta["finish_reason"]["type"]]
+    sample.status = FINISH_STATUS[meta["finish_reason"]["type"]]
     sample.weight_version = meta.get("weight_version")
+    sample.token_weight_versions = [sample.weight_version] * len(output_ids)
     return sample
 
 
@@ -115,7 +123,7 @@ async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: 
     """
     state = GenerateState(args)
     target = args.rollout_batch_size
-    keep_fn = _dynamic_filter(args)
+    keep_fn = dynamic_filter(args)
     kept: list[list[Sample]] = []
     for _ in range(MAX_SAMPLING_ROUNDS):
         groups = data_source.get_samples(args.over_sampling_batch_size or target)
@@ -138,7 +146,7 @@ async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: 
     return kept[:target]
 
 
-def _dynamic_filter(args: Namespace):
+def dynamic_filter(args: Namespace):
     if not args.dynamic_sampling_filter_path:
         return lambda a, g: (True, None)
     from relax.utils.plugins import load_function
@@ -158,7 +166,7 @@ def _as_prompt(sample: Sample) -> Sample:
     prompt = copy.deepcopy(sample)
     prompt.tokens = prompt.tokens[: prompt.prompt_length]
     prompt.response, prompt.response_length, prompt.reward = "", 0, None
-    prompt.loss_mask = prompt.rollout_log_probs = prompt.teacher_log_probs = None
+    prompt.loss_mask = prompt.rollout_log_probs = prompt.teacher_log_probs = prompt.token_weight_versions = None
     prompt.status, prompt.weight_version = Sample.Status.PENDING, None
     prompt.abort_count += 1
     return prompt
@@ -219,6 +227,10 @@ def generate_rollout(args: Namespace, rollout_id: int, data_source: Any, evaluat
 
     async def run() -> list[list[Sample]]:
         try:
+            if args.partial_rollout:
+                from relax.engine.rollout.partial_rollout import generate_partial_rollout_async
+
+                return await generate_partial_rollout_async(args, rollout_id, data_source)
             return await generate_rollout_async(args, rollout_id, data_source)
         finally:
             await close_session()  # this loop ends here; custom generate functions may have opened a session
