@@ -50,9 +50,10 @@ def test_unsupported_choice_values_name_the_value(spec, value: str) -> None:
         parse_args([*BASE, f"--{spec.name}", value])
 
 
-def test_unsupported_seed_default_is_refused_too() -> None:
+def test_seed_default_backend_without_a_gpu_is_refused_with_a_reason(monkeypatch) -> None:
     assert FLAGS_BY_NAME["train-backend"].default == "megatron"
-    with pytest.raises(ConfigError, match="^not supported yet: --train-backend megatron$"):
+    monkeypatch.setattr("relax.backends.megatron.checks._cuda_available", lambda: False)
+    with pytest.raises(ConfigError, match="^--train-backend megatron needs (megatron-core|a CUDA GPU)"):
         parse_args(["--prompt-data", "x", "--rollout-batch-size", "2", "--num-rollout", "1"])
 
 

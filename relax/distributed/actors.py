@@ -22,9 +22,9 @@ def _init_process() -> None:
 class TrainerActor:
     def __init__(self, args: Namespace, device: str):
         _init_process()
-        from relax.backends.torch.backend import TorchTrainBackend
+        from relax.backends.train_registry import build_train_backend
 
-        self.backend = TorchTrainBackend(args, device)
+        self.backend = build_train_backend(args, device)
         self._buckets: list = []
 
     def pid(self) -> int:
@@ -63,14 +63,16 @@ class EngineActor:
 
     def __init__(self, args: Namespace, device: str, engine_id: int):
         _init_process()
-        import torch
 
         from relax.backends.embedded.engine import EmbeddedEngine
+        from relax.backends.train_registry import weight_dtype
         from relax.models import build_model, load_tokenizer
 
         self.engine_id = engine_id
         tokenizer = load_tokenizer(args.hf_checkpoint)
-        model = build_model(args.hf_checkpoint, dtype=torch.float32, seed=args.seed).to(device).eval()
+        # the engine holds weights in the trainer's export dtype, so both sides' checksums agree bitwise
+        dtype = weight_dtype(args.train_backend)
+        model = build_model(args.hf_checkpoint, dtype=dtype, seed=args.seed).to(device).eval()
         eos = [t for t in [tokenizer.eos_token_id, getattr(model.config, "eos_token_id", None)] if isinstance(t, int)]
         self.engine = EmbeddedEngine(
             model,

@@ -394,6 +394,8 @@ SUPPORTED: frozenset[str] = frozenset({
     # batching and optimizer
     "global-batch-size", "micro-batch-size", "num-steps-per-rollout", "lr", "clip-grad", "seed", "weight-decay",
     "adam-beta1", "adam-beta2", "optimizer", "train-backend",
+    # megatron backend
+    "megatron-to-hf-mode", "use-distributed-optimizer",
     # algorithm
     "advantage-estimator", "normalize-advantages", "disable-grpo-std-normalization", "disable-rewards-normalization",
     "eps-clip", "eps-clip-high", "eps-clip-c", "entropy-coef", "use-kl-loss", "kl-loss-coef", "kl-loss-type",
@@ -428,7 +430,7 @@ SUPPORTED_VALUES: dict[str, frozenset[Any]] = {
     "opd-type": frozenset({"megatron"}),  # the training backend's teacher (torch on CPU); sglang: issue "Modes"
     "advantage-estimator": frozenset({"grpo", "gspo", "sapo", "cispo", "rloo", "reinforce_plus_plus",
                                       "reinforce_plus_plus_baseline", "ppo", "on_policy_distillation"}),
-    "train-backend": frozenset({"torch"}),
+    "train-backend": frozenset({"torch", "megatron"}),  # megatron: one CUDA GPU (TP = PP = CP = 1)
     "rollout-backend": frozenset({"embedded"}),
 }
 

@@ -74,13 +74,17 @@ class TorchTrainBackend:
     def _slices(self, n: int, size: int) -> list[slice]:
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
+    def _forward_log_probs(self, model: torch.nn.Module, inputs, *, with_entropy: bool):
+        """Response log-probs (and entropy) of one micro-batch; backends override the forward."""
+        return response_log_probs(model, inputs, temperature=self.args.rollout_temperature, with_entropy=with_entropy)
+
     @torch.no_grad()
     def _log_probs_no_grad(self, model: torch.nn.Module, batch: RolloutTensors) -> torch.Tensor:
         width = batch.loss_mask.shape[1]
         out = torch.zeros_like(batch.loss_mask)
         for sl in self._slices(len(batch.samples), self.args.micro_batch_size):
             inputs = build_model_inputs(batch.samples[sl], width, self.pad_id, self.device)
-            lp, _ = response_log_probs(model, inputs, temperature=self.args.rollout_temperature, with_entropy=False)
+            lp, _ = self._forward_log_probs(model, inputs, with_entropy=False)
             out[sl] = lp.cpu()
         return out
 
@@ -142,14 +146,12 @@ class TorchTrainBackend:
         width = batch.loss_mask.shape[1]
         num_samples = gsl.stop - gsl.start
         num_tokens = int(batch.loss_mask[gsl].sum().item())
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grad()
         sums: dict[str, torch.Tensor] = {}
         for local in self._slices(num_samples, args.micro_batch_size):
             sl = slice(gsl.start + local.start, gsl.start + local.stop)
             inputs = build_model_inputs(batch.samples[sl], width, self.pad_id, self.device)
-            lp, entropy = response_log_probs(
-                self.model, inputs, temperature=args.rollout_temperature, with_entropy=True
-            )
+            lp, entropy = self._forward_log_probs(self.model, inputs, with_entropy=True)
             dev = self.device
             loss, m = policy_loss(
                 self.algo,
@@ -168,12 +170,19 @@ class TorchTrainBackend:
             loss.backward()
             sums = merge_metrics(sums, {k: v.detach().cpu() for k, v in m.items()})
         out = {k: float(v) for k, v in sums.items()}
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.clip_grad)
-        if not torch.isfinite(grad_norm):
-            raise FloatingPointError(f"non-finite gradient norm ({float(grad_norm)}); loss was {out.get('loss')}")
-        self.optimizer.step()
-        out["grad_norm"] = float(grad_norm)
+        out["grad_norm"] = self._apply_gradients(out.get("loss"))
         return out
+
+    def _zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _apply_gradients(self, loss: float | None) -> float:
+        """Clip, refuse a non-finite gradient (before touching the weights), step; returns the grad norm."""
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad)
+        if not torch.isfinite(grad_norm):
+            raise FloatingPointError(f"non-finite gradient norm ({float(grad_norm)}); loss was {loss}")
+        self.optimizer.step()
+        return float(grad_norm)
 
     # ------------------------------------------------------------------ weights
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:

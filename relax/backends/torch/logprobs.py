@@ -4,6 +4,7 @@ Logits are divided by the rollout temperature before the softmax, the same conve
 engines use for the log-probs they return, so train/rollout mismatch is measured like for
 like. Only the rows of the logits that predict response tokens are materialised as
 log-softmax, which keeps memory at ``[b, T, V]`` instead of ``[b, L, V]``.
+`log_probs_from_logits` is that convention on its own; every train backend calls it.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import torch.nn.functional as F
 from relax.backends.torch.batch import ModelInputs
 
 
-def response_log_probs(
-    model: torch.nn.Module, inputs: ModelInputs, *, temperature: float, with_entropy: bool
+def log_probs_from_logits(
+    logits: torch.Tensor, inputs: ModelInputs, *, temperature: float, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    logits = model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask).logits
+    """``logits`` ``[b, L, V]`` over the whole sequence -> response log-probs (and entropy) ``[b, T]``."""
     vocab = logits.shape[-1]
     index = inputs.logit_positions.unsqueeze(-1).expand(-1, -1, vocab)
     selected = logits.gather(1, index).float()
@@ -30,3 +31,10 @@ def response_log_probs(
     if with_entropy:
         entropy = -(log_softmax.exp() * log_softmax).sum(-1) * valid
     return log_probs, entropy
+
+
+def response_log_probs(
+    model: torch.nn.Module, inputs: ModelInputs, *, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    logits = model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask).logits
+    return log_probs_from_logits(logits, inputs, temperature=temperature, with_entropy=with_entropy)

@@ -1,0 +1,169 @@
+"""The megatron-core training backend (``--train-backend megatron``), one GPU for now.
+
+It keeps the torch backend's contract, so the trainer actor, weight sync and checkpoints do
+not care which backend runs: the RL step (`train_rollout`: old/ref/teacher log-probs,
+advantages, policy loss, micro-batch accumulation) is inherited from `TorchTrainBackend`
+unchanged; this class swaps the model (a bf16 GPTModel built from the HF config and loaded
+with the HF weights through the raw converter), the forward (`mcore_response_log_probs`),
+and the optimizer (megatron-core's, fp32 main params, optionally the distributed optimizer),
+and exports HF-named weights for the sync and the checksums.
+
+Precision: bf16 weights and activations, fp32 gradients (Megatron DDP buffers), fp32 Adam
+state and main params. The initial weights are the HF model that ``--hf-checkpoint`` names
+(a preset with ``--seed``, or a directory), so torch and Megatron runs start from the same
+weights up to the bf16 cast.
+"""
+
+from __future__ import annotations
+
+import random
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from relax.algorithms import AlgorithmConfig
+from relax.backends.megatron.config import McoreModelSpec
+from relax.backends.megatron.logprobs import mcore_response_log_probs
+from relax.backends.megatron.model import BuiltModel, build_gpt_model, init_parallel_state
+from relax.backends.megatron.weights import export_hf_state, load_hf_state
+from relax.backends.torch.backend import TorchTrainBackend, needs_reference_model
+from relax.models import build_model
+from relax.weights.checksum import state_checksums
+
+
+def _frozen(built: BuiltModel) -> BuiltModel:
+    built.module.eval().requires_grad_(False)
+    return built
+
+
+class MegatronTrainBackend(TorchTrainBackend):
+    """Owns the bf16 GPTModel (DDP-wrapped), its reference/teacher copies and the Megatron optimizer."""
+
+    def __init__(self, args: Namespace, device: str):
+        self.args = args
+        init_parallel_state(args.seed)
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        torch.manual_seed(args.seed)
+        hf_model = build_model(args.hf_checkpoint, dtype=torch.float32, seed=args.seed)
+        self.hf_config = hf_model.config
+        self.spec = McoreModelSpec.from_hf(hf_model.config)
+        hf_state = hf_model.state_dict()
+        del hf_model
+        self.built = self._load(hf_state)
+        self.ref_model = _frozen(self._load(hf_state)).module if needs_reference_model(args) else None
+        self.teacher = None
+        if args.use_opd:
+            teacher_hf = build_model(args.opd_teacher_load, dtype=torch.float32, seed=args.seed)
+            if teacher_hf.config.vocab_size != self.spec.vocab_size:
+                raise ValueError(f"--opd-teacher-load {args.opd_teacher_load}: vocab {teacher_hf.config.vocab_size} "
+                                 f"differs from the student's {self.spec.vocab_size}")
+            teacher = build_gpt_model(McoreModelSpec.from_hf(teacher_hf.config))
+            load_hf_state(teacher, teacher_hf.state_dict(), mode=args.megatron_to_hf_mode)
+            self.teacher = _frozen(teacher).module
+        del hf_state
+        self.model, self.optimizer = self._wrap_for_training(self.built)
+        self.algo = AlgorithmConfig.from_args(args)
+        self.pad_id = int(getattr(self.hf_config, "pad_token_id", None) or 0)
+        self._step = 0
+        self.critic = None  # --advantage-estimator ppo is refused for this backend at parse time
+
+    def _load(self, hf_state: dict[str, torch.Tensor]) -> BuiltModel:
+        built = build_gpt_model(self.spec)
+        load_hf_state(built, hf_state, mode=self.args.megatron_to_hf_mode)
+        return built
+
+    def _wrap_for_training(self, built: BuiltModel):
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        args = self.args
+        distributed = bool(args.use_distributed_optimizer)
+        ddp = DistributedDataParallel(
+            config=built.config,
+            ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                                     use_distributed_optimizer=distributed),
+            module=built.module,
+        )
+        opt_config = OptimizerConfig(
+            optimizer="adam", lr=args.lr, min_lr=args.lr, weight_decay=args.weight_decay,
+            adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=1e-8,
+            clip_grad=args.clip_grad, bf16=True, params_dtype=torch.bfloat16,
+            use_distributed_optimizer=distributed,
+        )
+        return ddp, get_megatron_optimizer(opt_config, [ddp])
+
+    # ------------------------------------------------------------------ hooks of the shared RL step
+    def _forward_log_probs(self, model: torch.nn.Module, inputs, *, with_entropy: bool):
+        return mcore_response_log_probs(model, inputs, temperature=self.args.rollout_temperature,
+                                        with_entropy=with_entropy)
+
+    def _zero_grad(self) -> None:
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+
+    def _apply_gradients(self, loss: float | None) -> float:
+        """Reduce grads (a world of one), refuse non-finite ones before any update, then Megatron's step
+        (clipping to ``--clip-grad`` and copying fp32 main params back to the bf16 model)."""
+        self.model.finish_grad_sync()
+        grads = [p.main_grad for p in self.model.parameters() if p.requires_grad and p.main_grad is not None]
+        grad_norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
+        if not np.isfinite(grad_norm):
+            raise FloatingPointError(f"non-finite gradient norm ({grad_norm}); loss was {loss}")
+        ok, _, _ = self.optimizer.step()
+        if not ok:
+            raise FloatingPointError(f"Megatron optimizer skipped the step; loss was {loss}")
+        return grad_norm
+
+    # ------------------------------------------------------------------ weights (HF names)
+    def hf_state(self) -> dict[str, torch.Tensor]:
+        return export_hf_state(self.built, mode=self.args.megatron_to_hf_mode)
+
+    def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        return [(name, t.cpu()) for name, t in self.hf_state().items()]
+
+    def checksums(self) -> dict[str, str]:
+        return state_checksums(self.hf_state().items())
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, directory: str, *, save_optimizer: bool) -> None:
+        from safetensors.torch import save_file
+
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.cpu().contiguous().clone() for k, v in self.hf_state().items()}, str(path / "model.safetensors"))
+        if save_optimizer:
+            if self.args.use_distributed_optimizer:
+                raise RuntimeError("relax: not supported yet: saving the --use-distributed-optimizer state "
+                                   "(pass --no-save-optim, or drop --use-distributed-optimizer)")
+            torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
+        rng = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(), "numpy": np.random.get_state(),
+               "python": random.getstate()}
+        torch.save(rng, path / "rng.pt")
+
+    def load(self, directory: str) -> None:
+        from safetensors.torch import load_file
+
+        path = Path(directory)
+        load_hf_state(self.built, load_file(str(path / "model.safetensors")), mode=self.args.megatron_to_hf_mode)
+        self.optimizer.reload_model_params()  # the fp32 main params follow the loaded weights
+        if (path / "optimizer.pt").exists():
+            self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+        rng = torch.load(path / "rng.pt", weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        torch.cuda.set_rng_state(rng["cuda"])
+        np.random.set_state(rng["numpy"])
+        random.setstate(rng["python"])
+
+    def save_hf(self, directory: str) -> None:
+        from relax.models import load_tokenizer, save_hf
+
+        model = build_model(self.args.hf_checkpoint, dtype=torch.bfloat16, seed=self.args.seed)
+        model.load_state_dict({k: v.cpu() for k, v in self.hf_state().items()}, strict=True)
+        save_hf(model, load_tokenizer(self.args.hf_checkpoint), directory)
+
+    def describe(self) -> dict[str, Any]:
+        return {"num_params": sum(p.numel() for p in self.built.gpt.parameters()), "device": str(self.device),
+                "backend": "megatron", "layer_spec": "transformer_engine" if self.built.layout.fused_norms else "local"}

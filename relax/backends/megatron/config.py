@@ -1,0 +1,138 @@
+"""HF config -> megatron-core model description (pure Python: no megatron import, runs on CPU).
+
+`McoreModelSpec.from_hf` reads a Qwen2 / Qwen3 / Llama-family HF config and returns what the
+model provider needs: the `TransformerConfig` fields, the `GPTModel` arguments and the weight
+layout the raw converter uses. Anything in the HF config that the local/TE layer specs would
+silently compute differently (rope scaling, sliding windows, biases on o_proj or the MLP, a
+non-SiLU activation) is refused with a message naming the config field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
+
+
+class UnsupportedModelError(ValueError):
+    """The HF config asks for something the Megatron backend does not build."""
+
+
+@dataclass(frozen=True)
+class McoreModelSpec:
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    kv_channels: int  # head_dim
+    vocab_size: int
+    max_position_embeddings: int
+    rope_theta: float
+    norm_epsilon: float
+    qk_layernorm: bool  # Qwen3: RMSNorm over head_dim on q and k, before RoPE
+    add_qkv_bias: bool  # Qwen2: bias on q/k/v projections
+    tie_word_embeddings: bool
+    init_method_std: float
+
+    @classmethod
+    def from_hf(cls, config: Any) -> McoreModelSpec:
+        model_type = getattr(config, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise UnsupportedModelError(
+                f"the Megatron backend builds {', '.join(SUPPORTED_MODEL_TYPES)} models, not model_type={model_type!r}")
+        _refuse_unsupported(config, model_type)
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        if heads % kv_heads:
+            raise UnsupportedModelError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        return cls(
+            model_type=model_type,
+            num_layers=config.num_hidden_layers,
+            hidden_size=config.hidden_size,
+            ffn_hidden_size=config.intermediate_size,
+            num_attention_heads=heads,
+            num_query_groups=kv_heads,
+            kv_channels=head_dim,
+            vocab_size=config.vocab_size,
+            max_position_embeddings=config.max_position_embeddings,
+            rope_theta=float(rope_theta(config)),
+            norm_epsilon=float(config.rms_norm_eps),
+            qk_layernorm=model_type == "qwen3",
+            add_qkv_bias=model_type == "qwen2",
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            init_method_std=float(getattr(config, "initializer_range", 0.02)),
+        )
+
+    def transformer_config_kwargs(self) -> dict[str, Any]:
+        """Fields of megatron-core's `TransformerConfig` (dtype and activation are added by the provider)."""
+        return dict(
+            num_layers=self.num_layers,
+            hidden_size=self.hidden_size,
+            ffn_hidden_size=self.ffn_hidden_size,
+            num_attention_heads=self.num_attention_heads,
+            num_query_groups=self.num_query_groups,
+            kv_channels=self.kv_channels,
+            normalization="RMSNorm",
+            layernorm_epsilon=self.norm_epsilon,
+            qk_layernorm=self.qk_layernorm,
+            add_bias_linear=False,
+            add_qkv_bias=self.add_qkv_bias,
+            gated_linear_unit=True,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            attention_softmax_in_fp32=True,
+            init_method_std=self.init_method_std,
+            # fusions that need Apex/TE kernels stay off; the TE layer spec brings its own
+            bias_activation_fusion=False,
+            bias_dropout_fusion=False,
+            masked_softmax_fusion=False,
+            apply_rope_fusion=False,
+            gradient_accumulation_fusion=False,
+            persist_layer_norm=False,
+        )
+
+    def gpt_model_kwargs(self) -> dict[str, Any]:
+        """Arguments of megatron-core's `GPTModel` besides config and layer spec."""
+        return dict(
+            vocab_size=self.vocab_size,
+            max_sequence_length=self.max_position_embeddings,
+            share_embeddings_and_output_weights=self.tie_word_embeddings,
+            position_embedding_type="rope",
+            rotary_percent=1.0,
+            rotary_base=self.rope_theta,
+        )
+
+
+def rope_theta(config: Any) -> float:
+    """RoPE base: transformers >= 5 keeps it in ``rope_parameters``, older versions in ``rope_theta``."""
+    params = getattr(config, "rope_parameters", None) or {}
+    theta = params.get("rope_theta") if isinstance(params, dict) else None
+    return theta if theta is not None else getattr(config, "rope_theta", 10000.0)
+
+
+def _rope_type(config: Any) -> str:
+    for source in (getattr(config, "rope_parameters", None), getattr(config, "rope_scaling", None)):
+        if isinstance(source, dict):
+            kind = source.get("rope_type") or source.get("type")
+            if kind:
+                return kind
+    return "default"
+
+
+def _refuse_unsupported(config: Any, model_type: str) -> None:
+    act = getattr(config, "hidden_act", "silu")
+    if act != "silu":
+        raise UnsupportedModelError(f"hidden_act={act!r}: the Megatron backend builds SwiGLU (silu) MLPs only")
+    kind = _rope_type(config)
+    if kind != "default":
+        raise UnsupportedModelError(f"rope_type={kind!r}: only plain RoPE is built by the Megatron backend")
+    if getattr(config, "use_sliding_window", False):
+        raise UnsupportedModelError("use_sliding_window=True: sliding-window attention is not built")
+    if getattr(config, "mlp_bias", False):
+        raise UnsupportedModelError("mlp_bias=True: MLP biases are not built")
+    if model_type != "qwen2" and getattr(config, "attention_bias", False):
+        raise UnsupportedModelError(f"attention_bias=True on a {model_type} config also biases o_proj, which is not built")

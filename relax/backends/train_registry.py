@@ -1,0 +1,38 @@
+"""Training backends by ``--train-backend`` name: the one place that dispatches on it.
+
+Each backend offers the same contract (`TorchTrainBackend`'s public methods: train_rollout,
+named_tensors, weight_buckets, checksums, save, load, save_hf, describe). ``weight_dtype`` is
+the dtype of the HF-named tensors a backend exports, which engines hold so that both sides'
+checksums agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import importlib
+from argparse import Namespace
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class TrainBackendEntry:
+    module: str
+    cls: str
+    weight_dtype: torch.dtype
+
+
+TRAIN_BACKENDS: dict[str, TrainBackendEntry] = {
+    "torch": TrainBackendEntry("relax.backends.torch.backend", "TorchTrainBackend", torch.float32),
+    "megatron": TrainBackendEntry("relax.backends.megatron.backend", "MegatronTrainBackend", torch.bfloat16),
+}
+
+
+def build_train_backend(args: Namespace, device: str) -> Any:
+    entry = TRAIN_BACKENDS[args.train_backend]
+    return getattr(importlib.import_module(entry.module), entry.cls)(args, device)
+
+
+def weight_dtype(train_backend: str) -> torch.dtype:
+    return TRAIN_BACKENDS[train_backend].weight_dtype
