@@ -3,14 +3,10 @@
 
 import pytest
 
-ISSUE5_MODES = "waits for issue 5 (Modes)"
-
 
 def waits(reason: str):
     return pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason)
 
 
-
-partial_rollout = waits(f"{ISSUE5_MODES}: --partial-rollout is not supported yet")
 dp2 = waits("waits for a data-parallel torch trainer (not filed yet): --resource actor replicas > 1 is not supported")
 megatron = waits("waits for issue 7 (Megatron backend): --train-backend megatron not built yet")

@@ -21,9 +21,20 @@ import asyncio
 from argparse import Namespace
 from typing import Any
 
-from relax.engine.rollout.partial_samples import (FINISHED, append_response, mask_offpolicy, partial_metrics,
-                                                  protected, resume_request)
-from relax.engine.rollout.sglang_rollout import MAX_SAMPLING_ROUNDS, GenerateState, dynamic_filter, sample_seed
+from relax.engine.rollout.partial_samples import (
+    FINISHED,
+    append_response,
+    mask_offpolicy,
+    partial_metrics,
+    protected,
+    resume_request,
+)
+from relax.engine.rollout.sglang_rollout import (
+    MAX_SAMPLING_ROUNDS,
+    GenerateState,
+    dynamic_filter,
+    sample_seed,
+)
 from relax.utils.types import Sample
 
 ABORTED = "partial_rollout_abort"
