@@ -1,6 +1,6 @@
 """Embedded engine vs HF ``generate`` on bench-270m, and the bf16 train/rollout log-prob mismatch.
 
-    python ci/bench_engine.py [--batch 64] [--prompt 128] [--new 256] [--runners hf static static+graph]
+    python ci/bench_engine.py [--batch 64] [--prompt 128] [--new 256] [--runners hf ... lean+graph+compile]
 
 GPU only. Workload from MACHINES.md: random-init bench-270m (Qwen3, 267M params, bf16), 64
 random 128-token prompts, 256 sampled tokens each (temperature 1), EOS disabled so every row
@@ -23,7 +23,9 @@ from relax.backends.torch.batch import TrainSample, build_model_inputs, build_ro
 from relax.backends.torch.logprobs import response_log_probs
 from relax.models import build_config, build_model
 
-RUNNERS = {"hf": dict(runner="hf"), "static": dict(runner="static"), "static+graph": dict(runner="static", cuda_graph=True)}
+RUNNERS = {"hf": dict(runner="hf"), "static": dict(runner="static"), "static+graph": dict(runner="static", cuda_graph=True),
+           "lean": dict(runner="lean"), "lean+graph": dict(runner="lean", cuda_graph=True),
+           "lean+graph+compile": dict(runner="lean", cuda_graph=True, compile=True)}
 
 
 def timed(fn) -> float:
@@ -66,6 +68,15 @@ def mismatch(model, requests: list[dict], responses: list[dict]) -> tuple[float,
     return float(d.mean()), float(d.max())
 
 
+def release_resume(engine: EmbeddedEngine) -> tuple[float, float, float, float]:
+    """GiB held, GiB freed by /release_memory_occupation, seconds to release and to resume."""
+    held = torch.cuda.memory_allocated() / 2**30
+    t_rel = timed(engine.release_memory_occupation)
+    freed = held - torch.cuda.memory_allocated() / 2**30
+    t_res = timed(engine.resume_memory_occupation)
+    return held, freed, t_rel, t_res
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=64)
@@ -88,7 +99,7 @@ def main() -> int:
     avg_ctx = ns.prompt + ns.new / 2
     step_bytes = weight_bytes + ns.batch * avg_ctx * kv_per_token
     roofline = ns.batch / (step_bytes / (ns.hbm_tbps * 1e12))
-    mism = {}
+    mism, memory = {}, {}
     for name in ns.runners:
         try:
             engine = EmbeddedEngine(model, eos_token_ids=[], device="cuda", max_context_len=ns.prompt + ns.new + 8,
@@ -97,8 +108,9 @@ def main() -> int:
             engine.generate(engine_requests(prompts, ns.new, 20_000))
             reqs = engine_requests(prompts, ns.new, 0)
             holder = {}
-            results[f"engine {name}"] = tokens / timed(lambda e=engine, r=reqs: holder.update(out=e.generate(r)))
+            results[f"engine {name}"] = tokens / timed(lambda e=engine, r=reqs, h=holder: h.update(out=e.generate(r)))
             mism[name] = mismatch(model, reqs, holder["out"])
+            memory[name] = release_resume(engine)
         except Exception as exc:  # noqa: BLE001 - report the runner as failed, keep measuring the others
             print(f"runner {name} failed: {type(exc).__name__}: {str(exc)[:300]}")
     base = results["HF generate"]
@@ -110,6 +122,9 @@ def main() -> int:
     print(f"\n{'runner':<22} {'mean |dlogp|':>13} {'max |dlogp|':>12}   (engine bf16 vs trainer bf16 full forward)")
     for name, (mean, mx) in mism.items():
         print(f"{name:<22} {mean:>13.2e} {mx:>12.2e}")
+    print(f"\n{'runner':<22} {'held GiB':>9} {'freed GiB':>10} {'release s':>10} {'resume s':>9}")
+    for name, (held, freed, t_rel, t_res) in memory.items():
+        print(f"{name:<22} {held:>9.2f} {freed:>10.2f} {t_rel:>10.3f} {t_res:>9.3f}")
     return 0
 
 

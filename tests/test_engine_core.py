@@ -31,7 +31,7 @@ def model():
     return tiny_model()
 
 
-@pytest.fixture(params=["hf", "static"])
+@pytest.fixture(params=["hf", "static", "lean"])
 def runner(request) -> str:
     return request.param
 

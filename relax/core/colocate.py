@@ -6,6 +6,7 @@ It reads top to bottom in the order a run happens; every phase is a named compon
 from __future__ import annotations
 
 import time
+
 import ray
 
 from relax.core.runtime import Runtime, rollout_metrics

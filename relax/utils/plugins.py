@@ -18,7 +18,7 @@ class PluginError(ValueError):
     """A dotted path could not be imported, or what it names has the wrong shape."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_object(path: str) -> Any:
     """Import ``package.module.attr`` (or ``package.module:attr``) and return the attribute."""
     module_name, sep, attr = path.replace(":", ".").rpartition(".")

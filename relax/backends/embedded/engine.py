@@ -9,10 +9,12 @@ The engine is a step machine so a scheduler can run continuous batching on top o
 batch) and decodes one token for every running request, and finished requests leave the batch
 at once. ``generate`` is the synchronous wrapper: add everything, step until done.
 
-The KV cache and forwards belong to a runner (`relax.backends.embedded.runners`): ``"hf"``
-(default; HF DynamicCache, left padding) or ``"static"`` (preallocated slots, CUDA graphs on
-GPU with ``cuda_graph=True``). Each running row keeps one *pending* token (sampled, not yet in
-the cache) which the next decode step feeds.
+The KV cache and forwards belong to a runner: ``"hf"`` (default; HF DynamicCache, left
+padding), ``"static"`` (preallocated slots over HF's decoder layers) or ``"lean"`` (our own
+decoder forward over the model's weights, batched prefill, decode and sampling captured as CUDA
+graphs with ``cuda_graph=True``; the fast GPU path). The per-row decode state (the *pending*
+token — sampled, not yet in the cache — sampling parameters, random-stream counter) lives in
+device buffers (`RowState`) so sampling needs one host synchronization per step.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from typing import Any
 
 import torch
 
+from relax.backends.embedded.lean_runner import LeanRunner
+from relax.backends.embedded.rows import RowState
 from relax.backends.embedded.runners import HFRunner, StaticRunner
-from relax.backends.embedded.sampling import SamplingParams, draw_uniform, sample_batch
+from relax.backends.embedded.sampling import SamplingParams
 from relax.weights.checksum import state_checksums
 
 # Top-level /generate fields we accept; the second set is SGLang's and ignored (defaults apply).
@@ -42,7 +46,7 @@ class Request:
     rid: str
     input_ids: list[int]
     params: SamplingParams
-    generator: torch.Generator
+    seed: int
     max_new: int
     return_logprob: bool
     output_ids: list[int] = field(default_factory=list)
@@ -61,7 +65,7 @@ class EmbeddedEngine:
 
     def __init__(self, model: torch.nn.Module, *, eos_token_ids: Iterable[int], device: str = "cpu",
                  max_context_len: int | None = None, tokenizer: Any = None, max_running_requests: int = 256,
-                 runner: str = "hf", cuda_graph: bool = False):
+                 runner: str = "hf", cuda_graph: bool = False, compile: bool = False):
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
@@ -75,14 +79,17 @@ class EmbeddedEngine:
         self._rid_counter = itertools.count()
         self.waiting: list[Request] = []
         self.reqs: list[Request] = []  # running rows, in the runner's row order
-        self.pending: torch.Tensor | None = None  # [rows] sampled tokens not yet in the cache
+        self.state = RowState(max_running_requests, self.device)
         if runner == "hf":
-            self.runner: HFRunner | StaticRunner = HFRunner(self.model, self.device, self.pad_id)
+            self.runner: HFRunner | StaticRunner | LeanRunner = HFRunner(self.model, self.device, self.pad_id)
         elif runner == "static":
             self.runner = StaticRunner(self.model, self.device, slots=max_running_requests,
                                        max_len=self.max_context_len, cuda_graph=cuda_graph)
+        elif runner == "lean":
+            self.runner = LeanRunner(self.model, self.device, slots=max_running_requests,
+                                     max_len=self.max_context_len, cuda_graph=cuda_graph, compile=compile)
         else:
-            raise ValueError(f"unknown runner {runner!r} (hf or static)")
+            raise ValueError(f"unknown runner {runner!r} (hf, static or lean)")
         self.released = False
 
     # ------------------------------------------------------------------ properties
@@ -122,11 +129,10 @@ class EmbeddedEngine:
             raise ValueError(f"prompt of {len(input_ids)} tokens does not fit the context length "
                              f"{self.max_context_len}")
         seed = params.seed if params.seed is not None else next(self._seed_counter)
-        generator = torch.Generator().manual_seed(int(seed) & ((1 << 63) - 1))
         max_new = min(params.max_new_tokens, self.max_context_len - len(input_ids))
         rid = req.get("rid")
         rid = str(rid) if rid is not None else f"req-{next(self._rid_counter)}"
-        return Request(rid, input_ids, params, generator, max_new, bool(req.get("return_logprob", False)))
+        return Request(rid, input_ids, params, int(seed) & ((1 << 63) - 1), max_new, bool(req.get("return_logprob", False)))
 
     def _input_ids(self, req: dict[str, Any]) -> list[int]:
         ids = req.get("input_ids")
@@ -207,27 +213,26 @@ class EmbeddedEngine:
         return finished
 
     def _prefill(self, reqs: list[Request]) -> list[Request]:
-        tokens = self._sample(reqs, self.runner.prefill([r.input_ids for r in reqs]))
+        logits = self.runner.prefill([r.input_ids for r in reqs])
+        rows = self.state.append([r.params for r in reqs], [r.seed for r in reqs],
+                                 [len(r.output_ids) for r in reqs], [len(r.input_ids) for r in reqs])
+        self.state.sample(logits, rows)
         self.reqs += reqs
-        self.pending = tokens if self.pending is None else torch.cat([self.pending, tokens])
-        return self._finish_and_drop()
+        return self._record(reqs, rows, fed=False)
 
     def _decode_step(self) -> list[Request]:
-        self.pending = self._sample(self.reqs, self.runner.decode(self.pending))
-        return self._finish_and_drop()
+        self.runner.decode_sample(self.state)
+        return self._record(self.reqs, slice(0, self.state.rows), fed=True)
 
-    def _sample(self, reqs: list[Request], logits: torch.Tensor) -> torch.Tensor:
-        dev = logits.device
-        temp = torch.tensor([r.params.temperature for r in reqs], dtype=torch.float32, device=dev)
-        top_p = torch.tensor([r.params.top_p for r in reqs], dtype=torch.float32, device=dev)
-        top_k = torch.tensor([r.params.top_k for r in reqs], dtype=torch.long, device=dev)
-        uniform = torch.tensor([draw_uniform(r.generator) for r in reqs], dtype=torch.float32, device=dev)
-        tokens, logprobs = sample_batch(logits, temp, top_p, top_k, uniform)
-        for r, tok, lp in zip(reqs, tokens.tolist(), logprobs.tolist(), strict=True):
+    def _record(self, reqs: list[Request], rows: slice, fed: bool) -> list[Request]:
+        """Fetch the tokens just sampled for ``rows``, append them to their requests, drop finished."""
+        tokens, logprobs = self.state.fetch(rows)
+        self.state.advance(rows, fed)
+        for r, tok, lp in zip(reqs, tokens, logprobs, strict=True):
             r.output_ids.append(tok)
             r.logprobs.append(lp)
             self._check_finish(r, tok)
-        return tokens
+        return self._finish_and_drop()
 
     def _finish_and_drop(self) -> list[Request]:
         finished = [r for r in self.reqs if r.done]
@@ -240,9 +245,8 @@ class EmbeddedEngine:
         if len(keep) == len(self.reqs):
             return
         order = self.runner.keep(keep)
+        self.state.keep(order)
         self.reqs = [self.reqs[i] for i in order]
-        self.pending = self.pending[torch.tensor(order, dtype=torch.long, device=self.pending.device)] \
-            if order else None
 
     def _check_finish(self, r: Request, token: int) -> None:
         if token in self.eos_token_ids or token in r.params.stop_token_ids:
@@ -295,9 +299,10 @@ class EmbeddedEngine:
         """
         if self.has_work():
             raise RuntimeError("cannot release memory while requests are running")
-        self.reqs, self.pending = [], None
+        self.reqs = []
+        self.state.clear()
         self.runner.reset()
-        if isinstance(self.runner, StaticRunner):
+        if isinstance(self.runner, StaticRunner | LeanRunner):
             self.runner.free()
         if self.device.type == "cuda" and not self.released:
             for t in itertools.chain(self.model.parameters(), self.model.buffers()):

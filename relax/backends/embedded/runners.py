@@ -5,6 +5,8 @@ pending tokens in the same order. The interface:
 
 * ``prefill(prompts) -> logits [n, V]``: add ``n`` rows at the end, return next-token logits;
 * ``decode(tokens [B]) -> logits [B, V]``: feed one token per row;
+* ``decode_sample(state)``: feed every row's pending token and sample the next one in place
+  (`relax.backends.embedded.rows.RowState`); here eager ``decode`` + ``RowState.sample``;
 * ``keep(indices) -> order``: drop the other rows; returns the old index of each new row;
 * ``reset()``: drop everything (free the cache).
 
@@ -26,6 +28,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from relax.backends.embedded.rows import RowState
+
 
 def _pad_left(t: torch.Tensor, n: int) -> torch.Tensor:
     """Left-pad the sequence axis (-2 for K/V [B, H, L, D], -1 for a mask [B, L]) by ``n``."""
@@ -44,7 +48,15 @@ def _left_padded(prompts: list[list[int]], pad_id: int, device: torch.device) ->
     return ids.to(device), mask.to(device)
 
 
-class HFRunner:
+class _EagerSampling:
+    """``decode_sample`` for runners whose decode returns logits."""
+
+    def decode_sample(self, state: RowState) -> None:
+        rows = slice(0, state.rows)
+        state.sample(self.decode(state.tokens[rows]), rows)
+
+
+class HFRunner(_EagerSampling):
     """DynamicCache + left padding; works for any HF causal LM."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, pad_id: int = 0):
@@ -124,7 +136,7 @@ class _SlotCache:
         return k_cache[:b, :, :self.view_len], v_cache[:b, :, :self.view_len]
 
 
-class StaticRunner:
+class StaticRunner(_EagerSampling):
     """Preallocated slot KV cache; optional CUDA-graph decode. HF decoder-only models (Qwen2/3, Llama)."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, *, slots: int, max_len: int,

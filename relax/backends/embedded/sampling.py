@@ -4,10 +4,12 @@ Log-prob convention (shared with the trainer): ``log_softmax(logits / temperatur
 chosen token in fp32, *before* top-p/top-k filtering; temperature 0 is greedy and reports the
 raw ``log_softmax(logits)``.
 
-Determinism: every request owns a ``torch.Generator`` and draws exactly one uniform number per
-token from it. The token is the inverse-CDF pick of that number over the request's filtered,
-sorted (stable) distribution, so the same seed and request give the same tokens whatever else
-shares the batch.
+Determinism: the random number for a request's ``i``-th generated token is a counter-based hash
+of ``(seed, i)`` computed with integer tensor ops (`counter_uniform`), so it needs no per-request
+generator object, runs inside a captured CUDA graph and gives the same numbers on CPU and GPU.
+The token is the inverse-CDF pick of that number over the request's filtered distribution in
+vocabulary order; every row is computed from its own logits and parameters only, so the same
+seed and request give the same tokens whatever else shares the batch.
 """
 
 from __future__ import annotations
@@ -86,37 +88,59 @@ class SamplingParams:
         return params
 
 
-def draw_uniform(generator: torch.Generator) -> float:
-    """The one random number a request consumes per generated token."""
-    return float(torch.rand((), generator=generator, dtype=torch.float64))
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``(x * c) mod 2**32`` for int64 ``x`` < 2**32 without signed overflow (16-bit halves of c)."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer finalizer (lowbias32): every input bit flips each output bit ~50%."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def counter_uniform(seed: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
+    """Uniform fp32 in [0, 1) from int64 ``seed`` (< 2**63) and token index ``counter``, elementwise."""
+    h = _mix32((counter + 0x9E3779B9) & _M32)
+    h = _mix32(h ^ ((seed >> 32) & _M32))
+    h = _mix32(h ^ (seed & _M32))
+    return (h >> 8).to(torch.float32) * (1.0 / (1 << 24))
 
 
 def sample_batch(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
-                 uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                 uniform: torch.Tensor, filtered: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; return ``(tokens [B] long, logprobs [B] fp32)``.
 
     ``temperature``/``top_p``/``uniform`` are [B] fp32 tensors, ``top_k`` [B] long (<= 0 means off);
-    rows with temperature 0 are greedy.
+    rows with temperature 0 are greedy. ``filtered=False`` promises that no row uses top-p/top-k
+    and skips the sort; a row without filters gets the same token either way.
     """
     logits = logits.float()
     vocab = logits.shape[-1]
     greedy = temperature <= 0
     scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(-1)
     logprobs_all = torch.log_softmax(scaled, dim=-1)
-
-    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True, stable=True)
-    sorted_probs = torch.softmax(sorted_logits, dim=-1)
-    before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly above each rank
-    ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
-    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).unsqueeze(-1)
-    keep = (before < top_p.unsqueeze(-1)) & (ranks < k)
-    keep[:, 0] = True  # the top token always survives
-    kept = sorted_probs * keep
-    cdf = kept.cumsum(-1)
+    probs = logprobs_all.exp()
+    if filtered:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+        before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly above each rank
+        ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
+        k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).unsqueeze(-1)
+        keep_sorted = ((before < top_p.unsqueeze(-1)) | (top_p >= 1).unsqueeze(-1)) & (ranks < k)
+        keep_sorted[:, 0] = True  # the top token always survives
+        keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
+        probs = probs * keep
+    cdf = probs.cumsum(-1)
     target = (uniform * cdf[:, -1]).unsqueeze(-1)
-    pick = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-    pick = torch.minimum(pick, keep.sum(-1) - 1)
-    sampled = order.gather(-1, pick.unsqueeze(-1)).squeeze(-1)
+    pick = torch.searchsorted(cdf, target, right=True).clamp_(max=vocab - 1)
+    ok = probs.gather(-1, pick) > 0  # rounding can land past the last kept token
+    sampled = torch.where(ok, pick, probs.argmax(-1, keepdim=True)).squeeze(-1)
 
     tokens = torch.where(greedy, logits.argmax(-1), sampled)
     logprobs = logprobs_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -7,6 +7,7 @@ The value of response token t is read at the same position whose logits predict 
 from __future__ import annotations
 
 from argparse import Namespace
+
 import torch
 
 from relax.algorithms.critic import critic_lr_at, value_loss

@@ -1,0 +1,102 @@
+"""Per-row decode state of the running batch, in preallocated device buffers.
+
+Row ``i`` of every buffer belongs to the engine's ``i``-th running request. Keeping the pending
+token, the sampling parameters, the token counter (which indexes the request's random stream)
+and the cache position on the device, at fixed addresses, is what lets a runner sample inside
+a captured CUDA graph: a decode step reads and writes these buffers in place and the host only
+fetches the sampled tokens and log-probs. Rows past ``rows`` are kept at zero so padded rows of
+a graph bucket stay harmless (position 0, greedy).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from relax.backends.embedded.sampling import SamplingParams, counter_uniform, sample_batch
+
+
+class RowState:
+    """Device buffers of capacity ``slots`` plus host mirrors of what the host must know."""
+
+    def __init__(self, slots: int, device: torch.device):
+        self.slots, self.device = slots, device
+        zeros = lambda dtype: torch.zeros(slots, dtype=dtype, device=device)  # noqa: E731
+        self.tokens = zeros(torch.long)      # pending token: sampled, not yet in the KV cache
+        self.positions = zeros(torch.long)   # tokens already in the KV cache
+        self.counter = zeros(torch.long)     # generated tokens so far (index into the random stream)
+        self.seed = zeros(torch.long)
+        self.temperature = zeros(torch.float32)
+        self.top_p = zeros(torch.float32)
+        self.top_k = zeros(torch.long)
+        self.logprobs = zeros(torch.float32)
+        self.lengths: list[int] = []         # host mirror of ``positions``
+        self._filters: list[bool] = []       # host: does the row use top-p/top-k?
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def filtered(self) -> bool:
+        return any(self._filters)
+
+    def _buffers(self) -> tuple[torch.Tensor, ...]:
+        return (self.tokens, self.positions, self.counter, self.seed, self.temperature, self.top_p, self.top_k,
+                self.logprobs)
+
+    def clear(self) -> None:
+        for buf in self._buffers():
+            buf.zero_()
+        self.lengths, self._filters = [], []
+
+    def append(self, params: list[SamplingParams], seeds: list[int], counters: list[int],
+               lengths: list[int]) -> slice:
+        """Add rows at the end (after a prefill of ``lengths`` tokens each); return their slice."""
+        start, n = self.rows, len(params)
+        if start + n > self.slots:
+            raise RuntimeError(f"no free row ({self.slots} slots)")
+        rows = slice(start, start + n)
+        host = {
+            self.positions: lengths, self.counter: counters, self.seed: seeds,
+            self.temperature: [p.temperature for p in params], self.top_p: [p.top_p for p in params],
+            self.top_k: [p.top_k for p in params],
+        }
+        for buf, values in host.items():
+            buf[rows].copy_(torch.tensor(values, dtype=buf.dtype), non_blocking=True)
+        self.lengths += list(lengths)
+        self._filters += [p.top_p < 1 or p.top_k > 0 for p in params]
+        return rows
+
+    def sample(self, logits: torch.Tensor, rows: slice, filtered: bool | None = None) -> torch.Tensor:
+        """Sample rows ``rows`` from ``logits`` in place: pending tokens and log-probs; returns the tokens."""
+        tokens, logprobs = sample_batch(
+            logits, self.temperature[rows], self.top_p[rows], self.top_k[rows],
+            counter_uniform(self.seed[rows], self.counter[rows]),
+            filtered=self.filtered if filtered is None else filtered)
+        self.tokens[rows].copy_(tokens)
+        self.logprobs[rows].copy_(logprobs)
+        return tokens
+
+    def fetch(self, rows: slice) -> tuple[list[int], list[float]]:
+        """Tokens and log-probs of ``rows`` on the host (the one synchronization of a step)."""
+        both = torch.stack([self.tokens[rows].double(), self.logprobs[rows].double()]).cpu()
+        return [int(t) for t in both[0].tolist()], both[1].tolist()
+
+    def advance(self, rows: slice, fed: bool) -> None:
+        """After sampling ``rows``: bump their counters; ``fed``: their pending tokens entered the cache."""
+        self.counter[rows] += 1
+        if fed:
+            self.positions[rows] += 1
+            self.lengths[rows] = [n + 1 for n in self.lengths[rows]]
+
+    def keep(self, order: list[int]) -> None:
+        """Row ``j`` becomes old row ``order[j]``; rows past the new end are zeroed."""
+        old, n = self.rows, len(order)
+        if order != list(range(n)):
+            idx = torch.tensor(order, dtype=torch.long, device=self.device)
+            for buf in self._buffers():
+                buf[:n] = buf[idx]
+        for buf in self._buffers():
+            buf[n:old].zero_()
+        self.lengths = [self.lengths[i] for i in order]
+        self._filters = [self._filters[i] for i in order]
