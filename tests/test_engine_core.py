@@ -31,13 +31,15 @@ def model():
     return tiny_model()
 
 
-@pytest.fixture(params=["hf", "static", "lean"])
+@pytest.fixture(params=["hf", "static", "lean", "lean+overlap"])
 def runner(request) -> str:
     return request.param
 
 
 def make_engine(model, runner="hf", **kw) -> EmbeddedEngine:
-    return EmbeddedEngine(model, eos_token_ids=kw.pop("eos", []), runner=runner, **kw)
+    """``runner`` names a runner; ``+overlap`` also turns on the engine's overlap mode (default on CUDA only)."""
+    name, _, mode = runner.partition("+")
+    return EmbeddedEngine(model, eos_token_ids=kw.pop("eos", []), runner=name, overlap=mode == "overlap", **kw)
 
 
 def req(ids, *, seed=None, temperature=1.0, max_new=12, **params):

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from relax.backends.embedded.lean_runner import LeanRunner
-from relax.backends.embedded.rows import RowState
+from relax.backends.embedded.rows import Fetch, RowState
 from relax.backends.embedded.runners import HFRunner, StaticRunner
 from relax.backends.embedded.sampling import SamplingParams
 from relax.weights.checksum import state_checksums
@@ -65,7 +65,8 @@ class EmbeddedEngine:
 
     def __init__(self, model: torch.nn.Module, *, eos_token_ids: Iterable[int], device: str = "cpu",
                  max_context_len: int | None = None, tokenizer: Any = None, max_running_requests: int = 256,
-                 runner: str = "hf", cuda_graph: bool = False, compile: bool = False):
+                 runner: str = "hf", cuda_graph: bool = False, compile: bool = False,
+                 overlap: bool | None = None):
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
@@ -80,6 +81,11 @@ class EmbeddedEngine:
         self.waiting: list[Request] = []
         self.reqs: list[Request] = []  # running rows, in the runner's row order
         self.state = RowState(max_running_requests, self.device)
+        # Overlap (default on CUDA): launch decode step t+1 before reading step t's tokens, so the
+        # host's per-request work hides behind the GPU. A request that finished at step t gets
+        # one wasted token in step t+1, which is discarded.
+        self.overlap = self.device.type == "cuda" if overlap is None else bool(overlap)
+        self._inflight: list[tuple[list[Request], Fetch]] = []
         if runner == "hf":
             self.runner: HFRunner | StaticRunner | LeanRunner = HFRunner(self.model, self.device, self.pad_id)
         elif runner == "static":
@@ -202,14 +208,24 @@ class EmbeddedEngine:
 
     @torch.no_grad()
     def step(self) -> list[Request]:
-        """Admit waiting requests, decode one token for the batch; return the requests that finished."""
+        """Admit waiting requests, decode one token for the batch; return the requests that finished.
+
+        In overlap mode the tokens of a decode step are applied during the next ``step`` call
+        (after launching the following decode), so requests finish one call later.
+        """
         finished: list[Request] = []
         room = self.max_running_requests - len(self.reqs)
         if self.waiting and room > 0:
             admit, self.waiting = self.waiting[:room], self.waiting[room:]
             finished += self._prefill(admit)
         if self.reqs:
-            finished += self._decode_step()
+            rows = slice(0, self.state.rows)
+            self.runner.decode_sample(self.state)
+            self._inflight.append((list(self.reqs), self.state.fetch(rows)))
+            self.state.advance(rows, fed=True)
+        if self._inflight and (not self.overlap or len(self._inflight) > 1 or not self.reqs):
+            reqs, fetch = self._inflight.pop(0)
+            finished += self._apply(reqs, fetch)
         return finished
 
     def _prefill(self, reqs: list[Request]) -> list[Request]:
@@ -218,24 +234,22 @@ class EmbeddedEngine:
                                  [len(r.output_ids) for r in reqs], [len(r.input_ids) for r in reqs])
         self.state.sample(logits, rows)
         self.reqs += reqs
-        return self._record(reqs, rows, fed=False)
+        fetch = self.state.fetch(rows)
+        self.state.advance(rows, fed=False)
+        return self._apply(reqs, fetch)
 
-    def _decode_step(self) -> list[Request]:
-        self.runner.decode_sample(self.state)
-        return self._record(self.reqs, slice(0, self.state.rows), fed=True)
-
-    def _record(self, reqs: list[Request], rows: slice, fed: bool) -> list[Request]:
-        """Fetch the tokens just sampled for ``rows``, append them to their requests, drop finished."""
-        tokens, logprobs = self.state.fetch(rows)
-        self.state.advance(rows, fed)
+    def _apply(self, reqs: list[Request], fetch: Fetch) -> list[Request]:
+        """Append fetched tokens to the requests still running (rows of ``reqs``), drop the finished."""
+        tokens, logprobs = fetch.result()
+        finished = []
         for r, tok, lp in zip(reqs, tokens, logprobs, strict=True):
+            if r.done:  # finished or aborted since this step was launched: a wasted row
+                continue
             r.output_ids.append(tok)
             r.logprobs.append(lp)
             self._check_finish(r, tok)
-        return self._finish_and_drop()
-
-    def _finish_and_drop(self) -> list[Request]:
-        finished = [r for r in self.reqs if r.done]
+            if r.done:
+                finished.append(r)
         if finished:
             self._drop_finished()
         return finished
@@ -299,7 +313,9 @@ class EmbeddedEngine:
         """
         if self.has_work():
             raise RuntimeError("cannot release memory while requests are running")
-        self.reqs = []
+        self.reqs, self._inflight = [], []
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         self.state.clear()
         self.runner.reset()
         if isinstance(self.runner, StaticRunner | LeanRunner):

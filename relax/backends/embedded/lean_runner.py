@@ -11,8 +11,8 @@ separate q/k/v and gate/up GEMMs, sampling outside the graph. This runner keeps 
   next prefill notices and re-fuses (and drops captured graphs, which bake in addresses);
 * **KV cache** ``[slots, kv_heads, max_len, head_dim]`` per layer; row ``i`` lives in slot ``i``;
 * **GQA attention without copies**: queries are grouped ``[B, kv_heads, group, D]`` and multiply
-  the cache view directly; the view spans a length bucket (next power of two >= 128 over the
-  longest row), not the whole context;
+  the cache view directly; the view spans a length bucket over the longest row
+  (`_length_bucket`), not the whole context;
 * **batched prefill**: admitted prompts go through one right-padded forward (SDPA, causal +
   key-padding mask), K/V written straight into their slots;
 * **CUDA graphs** (``cuda_graph=True`` on CUDA): one graph per (batch bucket, length bucket,
@@ -74,11 +74,22 @@ def _check_supported(model: torch.nn.Module) -> None:
                          "use runner 'hf' or 'static'")
 
 
-def _bucket(n: int, cap: int, floor: int = 1) -> int:
-    size = floor
+def _bucket(n: int, cap: int) -> int:
+    """Batch bucket: the next power of two (capped)."""
+    size = 1
     while size < n:
         size *= 2
     return min(size, cap)
+
+
+def _length_bucket(n: int, cap: int) -> int:
+    """Cache-view bucket: four steps per octave from 128 (128, 256, 384, 512, 640, ..., 1024, 1280, ...),
+    so attention reads at most ~25% past the longest row with a few dozen graphs at most."""
+    octave = _MIN_BUCKET
+    while octave * 2 < n:
+        octave *= 2
+    step = max(_MIN_BUCKET, octave // 4) if octave > _MIN_BUCKET * 4 else _MIN_BUCKET
+    return min(-(-n // step) * step, cap)
 
 
 class LeanRunner:
@@ -266,7 +277,7 @@ class LeanRunner:
         if not self.cuda_graph:
             self._decode(state, n, max(state.lengths) + 1, state.filtered)
             return
-        key = (_bucket(n, self.slots), _bucket(max(state.lengths) + 1, self.max_len, _MIN_BUCKET), state.filtered)
+        key = (_bucket(n, self.slots), _length_bucket(max(state.lengths) + 1, self.max_len), state.filtered)
         if key not in self._graphs:
             self._graphs[key] = self._capture(state, *key)
         self._graphs[key].replay()

@@ -77,10 +77,14 @@ class RowState:
         self.logprobs[rows].copy_(logprobs)
         return tokens
 
-    def fetch(self, rows: slice) -> tuple[list[int], list[float]]:
-        """Tokens and log-probs of ``rows`` on the host (the one synchronization of a step)."""
-        both = torch.stack([self.tokens[rows].double(), self.logprobs[rows].double()]).cpu()
-        return [int(t) for t in both[0].tolist()], both[1].tolist()
+    def fetch(self, rows: slice) -> Fetch:
+        """Start copying the tokens and log-probs of ``rows`` to the host; ``.result()`` waits for them.
+
+        On CUDA the copy goes to pinned memory behind an event (PyTorch's caching host allocator
+        recycles the buffers), so the host can launch the next decode step before it waits for
+        this one (the engine's overlap mode).
+        """
+        return Fetch(self, rows)
 
     def advance(self, rows: slice, fed: bool) -> None:
         """After sampling ``rows``: bump their counters; ``fed``: their pending tokens entered the cache."""
@@ -100,3 +104,23 @@ class RowState:
             buf[n:old].zero_()
         self.lengths = [self.lengths[i] for i in order]
         self._filters = [self._filters[i] for i in order]
+
+
+class Fetch:
+    """Sampled tokens/log-probs of some rows on their way to the host."""
+
+    def __init__(self, state: RowState, rows: slice):
+        both = torch.stack([state.tokens[rows].double(), state.logprobs[rows].double()])
+        self.event: torch.cuda.Event | None = None
+        if state.device.type != "cuda":
+            self.host = both
+            return
+        self.host = torch.empty(both.shape, dtype=both.dtype, pin_memory=True)
+        self.host.copy_(both, non_blocking=True)
+        self.event = torch.cuda.Event()
+        self.event.record()
+
+    def result(self) -> tuple[list[int], list[float]]:
+        if self.event is not None:
+            self.event.synchronize()
+        return [int(t) for t in self.host[0].tolist()], self.host[1].tolist()
