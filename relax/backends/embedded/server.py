@@ -345,9 +345,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--max-context-len", type=int, default=None)
     p.add_argument("--max-running-requests", type=int, default=256)
-    p.add_argument("--runner", default="hf", choices=("hf", "static"),
-                   help="KV cache: hf (DynamicCache, left padding) or static (preallocated slots)")
-    p.add_argument("--cuda-graph", action="store_true", help="static runner on CUDA: decode as CUDA graphs")
+    p.add_argument("--runner", default="hf", choices=("hf", "static", "lean"),
+                   help="hf (HF modules, DynamicCache), static (HF modules, preallocated slots) or lean "
+                        "(own fused decoder forward over the model's weights; the fast GPU path)")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="static/lean runner on CUDA: capture decode steps (lean: with sampling) as CUDA graphs")
+    p.add_argument("--compile", action="store_true",
+                   help="lean runner: torch.compile the decode forward before graph capture (slower start)")
+    p.add_argument("--overlap", choices=("auto", "on", "off"), default="auto",
+                   help="launch decode step t+1 before reading step t's tokens (auto: on for CUDA)")
     p.add_argument("--num-threads", type=int, default=1, help="torch intra-op threads (CPU)")
     p.add_argument("--log-level", default="WARNING")
     args = p.parse_args(argv)
@@ -386,7 +392,8 @@ def build_engine(args: argparse.Namespace):
         eos |= set(model.config.eos_token_id)
     return EmbeddedEngine(model, eos_token_ids=sorted(eos), device=device, max_context_len=args.max_context_len,
                           tokenizer=tokenizer, max_running_requests=args.max_running_requests,
-                          runner=args.runner, cuda_graph=args.cuda_graph)
+                          runner=args.runner, cuda_graph=args.cuda_graph, compile=args.compile,
+                          overlap=None if args.overlap == "auto" else args.overlap == "on")
 
 
 async def serve(server: EngineServer, host: str, port: int) -> None:
