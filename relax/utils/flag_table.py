@@ -394,6 +394,8 @@ SUPPORTED: frozenset[str] = frozenset({
     # batching and optimizer
     "global-batch-size", "micro-batch-size", "num-steps-per-rollout", "lr", "clip-grad", "seed", "weight-decay",
     "adam-beta1", "adam-beta2", "optimizer", "train-backend",
+    "use-dynamic-batch-size", "max-tokens-per-gpu", "log-probs-max-tokens-per-gpu", "log-probs-chunk-size",
+    "only-train-params-name-list", "freeze-params-name-list",
     # megatron backend
     "megatron-to-hf-mode", "use-distributed-optimizer",
     # algorithm

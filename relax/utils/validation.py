@@ -7,6 +7,7 @@ values it sets (``--colocate`` -> offload) never trip that gate.
 
 from __future__ import annotations
 
+import re
 from argparse import Namespace
 from collections.abc import Set
 
@@ -58,6 +59,23 @@ def _batch_sizes(args: Namespace, explicit: Set[str]) -> None:
             f"--over-sampling-batch-size {args.over_sampling_batch_size} must be >= "
             f"--rollout-batch-size {args.rollout_batch_size}"
         )
+
+
+def _train_loop(args: Namespace) -> None:
+    """Dynamic batching, chunked log-probs and the parameter-freezing regexes."""
+    _positive(args, "max_tokens_per_gpu", "log_probs_max_tokens_per_gpu")
+    if not args.use_dynamic_batch_size:
+        for dest in ("max_tokens_per_gpu", "log_probs_max_tokens_per_gpu"):
+            if getattr(args, dest) is not None:
+                raise ConfigError(f"{_flag(dest)} has no effect without --use-dynamic-batch-size")
+    if args.log_probs_chunk_size != -1 and args.log_probs_chunk_size < 1:
+        raise ConfigError(f"--log-probs-chunk-size must be -1 (off) or >= 1, got {args.log_probs_chunk_size}")
+    for dest in ("only_train_params_name_list", "freeze_params_name_list"):
+        for pattern in getattr(args, dest) or ():
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(f"{_flag(dest)}: {pattern!r} is not a valid regex ({exc})") from None
 
 
 def _requirements(args: Namespace) -> None:
@@ -142,5 +160,6 @@ def resolve_and_validate(args: Namespace, explicit: Set[str] = frozenset()) -> N
         raise ConfigError("set --num-rollout or --num-epoch")
     _batch_sizes(args, explicit)
     _requirements(args)
+    _train_loop(args)
     _partial_rollout(args)
     _when_none(args)

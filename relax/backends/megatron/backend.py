@@ -6,7 +6,10 @@ advantages, policy loss, micro-batch accumulation) is inherited from `TorchTrain
 unchanged; this class swaps the model (a bf16 GPTModel built from the HF config and loaded
 with the HF weights through the raw converter), the forward (`mcore_response_log_probs`),
 and the optimizer (megatron-core's, fp32 main params, optionally the distributed optimizer),
-and exports HF-named weights for the sync and the checksums.
+and exports HF-named weights for the sync and the checksums. Dynamic batching, chunked
+log-probs and parameter freezing come with the inherited step; freezing matches megatron-core
+parameter names (``embedding``, ``output_layer``, ``decoder.layers.N...``) and runs before the
+DDP wrap, so frozen parameters get no grad buffer and no optimizer state.
 
 Precision: bf16 weights and activations, fp32 gradients (Megatron DDP buffers), fp32 Adam
 state and main params. The initial weights are the HF model that ``--hf-checkpoint`` names
@@ -30,6 +33,7 @@ from relax.backends.megatron.logprobs import mcore_response_log_probs
 from relax.backends.megatron.model import BuiltModel, build_gpt_model, init_parallel_state
 from relax.backends.megatron.weights import export_hf_state, load_hf_state
 from relax.backends.torch.backend import TorchTrainBackend, needs_reference_model
+from relax.backends.torch.freezing import apply_param_freezing
 from relax.models import build_model
 from relax.weights.checksum import state_checksums
 
@@ -64,6 +68,7 @@ class MegatronTrainBackend(TorchTrainBackend):
             load_hf_state(teacher, teacher_hf.state_dict(), mode=args.megatron_to_hf_mode)
             self.teacher = _frozen(teacher).module
         del hf_state
+        self.frozen_params = apply_param_freezing(self.built.gpt, args)
         self.model, self.optimizer = self._wrap_for_training(self.built)
         self.algo = AlgorithmConfig.from_args(args)
         self.pad_id = int(getattr(self.hf_config, "pad_token_id", None) or 0)
@@ -98,7 +103,7 @@ class MegatronTrainBackend(TorchTrainBackend):
     # ------------------------------------------------------------------ hooks of the shared RL step
     def _forward_log_probs(self, model: torch.nn.Module, inputs, *, with_entropy: bool):
         return mcore_response_log_probs(model, inputs, temperature=self.args.rollout_temperature,
-                                        with_entropy=with_entropy)
+                                        with_entropy=with_entropy, chunk_size=self.args.log_probs_chunk_size)
 
     def _zero_grad(self) -> None:
         self.model.zero_grad_buffer()
@@ -166,4 +171,5 @@ class MegatronTrainBackend(TorchTrainBackend):
 
     def describe(self) -> dict[str, Any]:
         return {"num_params": sum(p.numel() for p in self.built.gpt.parameters()), "device": str(self.device),
-                "backend": "megatron", "layer_spec": "transformer_engine" if self.built.layout.fused_norms else "local"}
+                "backend": "megatron", "frozen_params": len(self.frozen_params),
+                "layer_spec": "transformer_engine" if self.built.layout.fused_norms else "local"}

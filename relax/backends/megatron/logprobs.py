@@ -22,7 +22,8 @@ def gpt_logits(model: torch.nn.Module, inputs: ModelInputs) -> torch.Tensor:
 
 
 def mcore_response_log_probs(
-    model: torch.nn.Module, inputs: ModelInputs, *, temperature: float, with_entropy: bool
+    model: torch.nn.Module, inputs: ModelInputs, *, temperature: float, with_entropy: bool, chunk_size: int = -1
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     logits = gpt_logits(model, inputs)
-    return log_probs_from_logits(logits, inputs, temperature=temperature, with_entropy=with_entropy)
+    return log_probs_from_logits(logits, inputs, temperature=temperature, with_entropy=with_entropy,
+                                 chunk_size=chunk_size)

@@ -4,7 +4,11 @@ One `train_rollout` call does a whole RL step on the trainer side:
 old (and reference) log-probs -> advantages -> ``num_steps`` optimizer steps, each with
 gradient accumulation over micro-batches. Old log-probs are computed with exactly the
 micro-batch slicing the loss uses, so at the first optimizer step the PPO ratio is
-exactly 1 (``train/ppo_kl`` == 0), which the harness checks.
+exactly 1 (``train/ppo_kl`` == 0), which the harness checks. Micro-batches are fixed-size or
+packed by token count (`relax.backends.torch.micro_batches`); the loss is normalised over the
+whole optimizer step either way. Parameter freezing (`relax.backends.torch.freezing`) and
+chunked log-probs (``--log-probs-chunk-size``) live here too, so every backend that inherits
+this RL step gets them.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from relax.algorithms import AlgorithmConfig, compute_advantages, policy_loss
 from relax.algorithms.critic import should_update_actor
 from relax.algorithms.reducers import merge_metrics
 from relax.backends.torch.batch import RolloutTensors, TrainSample, build_model_inputs, build_rollout_tensors
+from relax.backends.torch.freezing import apply_param_freezing
 from relax.backends.torch.logprobs import response_log_probs
+from relax.backends.torch.micro_batches import fixed_micro_batches, micro_batches
 from relax.backends.torch.rollout_postprocess import postprocess_rollout_data
 from relax.models import build_model
 from relax.utils.fault_hooks import fault_at
@@ -46,6 +52,7 @@ class TorchTrainBackend:
         self.ref_model = None
         if needs_reference_model(args):
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.frozen_params = apply_param_freezing(self.model, args)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=args.lr,
@@ -71,18 +78,39 @@ class TorchTrainBackend:
             self.critic = Critic(args, self.device, self.pad_id, self.algo)
 
     # ------------------------------------------------------------------ forward passes
-    def _slices(self, n: int, size: int) -> list[slice]:
-        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+    def _global_batches(self, n: int) -> list[slice]:
+        """One slice per optimizer step."""
+        return fixed_micro_batches(0, n, self.args.global_batch_size)
+
+    def _micro_batches(self, samples: list[TrainSample], gsl: slice, *, log_probs: bool = False) -> list[slice]:
+        """Micro-batches (absolute row slices) of one optimizer step's rows ``gsl``.
+
+        With ``--use-dynamic-batch-size`` they are packed by token count: ``--max-tokens-per-gpu``
+        for the train forward, ``--log-probs-max-tokens-per-gpu`` for the no-grad log-prob passes
+        (equal by default, and then the same split, which keeps step-0 ``ppo_kl`` exactly 0).
+        """
+        args = self.args
+        max_tokens = None
+        if args.use_dynamic_batch_size:
+            max_tokens = args.log_probs_max_tokens_per_gpu if log_probs else args.max_tokens_per_gpu
+        lengths = [len(s.tokens) for s in samples]
+        return micro_batches(lengths, gsl.start, gsl.stop, micro_batch_size=args.micro_batch_size,
+                             max_tokens=max_tokens)
+
+    def _all_micro_batches(self, samples: list[TrainSample], *, log_probs: bool = False) -> list[slice]:
+        return [sl for gsl in self._global_batches(len(samples))
+                for sl in self._micro_batches(samples, gsl, log_probs=log_probs)]
 
     def _forward_log_probs(self, model: torch.nn.Module, inputs, *, with_entropy: bool):
         """Response log-probs (and entropy) of one micro-batch; backends override the forward."""
-        return response_log_probs(model, inputs, temperature=self.args.rollout_temperature, with_entropy=with_entropy)
+        return response_log_probs(model, inputs, temperature=self.args.rollout_temperature, with_entropy=with_entropy,
+                                  chunk_size=self.args.log_probs_chunk_size)
 
     @torch.no_grad()
     def _log_probs_no_grad(self, model: torch.nn.Module, batch: RolloutTensors) -> torch.Tensor:
         width = batch.loss_mask.shape[1]
         out = torch.zeros_like(batch.loss_mask)
-        for sl in self._slices(len(batch.samples), self.args.micro_batch_size):
+        for sl in self._all_micro_batches(batch.samples, log_probs=True):
             inputs = build_model_inputs(batch.samples[sl], width, self.pad_id, self.device)
             lp, _ = self._forward_log_probs(model, inputs, with_entropy=False)
             out[sl] = lp.cpu()
@@ -101,8 +129,7 @@ class TorchTrainBackend:
         teacher_lp = batch.teacher_log_probs
         if self.teacher is not None:
             teacher_lp = self._log_probs_no_grad(self.teacher, batch)
-        micro = self._slices(n, args.micro_batch_size)
-        old_values = self.critic.values(batch, micro) if self.critic is not None else None
+        old_values = self.critic.values(batch, self._all_micro_batches(samples)) if self.critic is not None else None
         adv = compute_advantages(
             self.algo,
             rewards=batch.rewards,
@@ -123,11 +150,11 @@ class TorchTrainBackend:
             metrics["train/train_rollout_logprob_abs_diff"] = float(diff.sum() / batch.loss_mask.sum().clamp(min=1))
         per_step: dict[str, list[float]] = defaultdict(list)
         update_actor = should_update_actor(self.algo, step)
-        for gsl in self._slices(n, args.global_batch_size):
+        for gsl in self._global_batches(n):
             step_metrics = self._optimizer_step(batch, gsl, old_lp, ref_lp, adv.advantages) if update_actor else {}
             if self.critic is not None:
-                local = [slice(gsl.start + s.start, gsl.start + s.stop) for s in self._slices(gsl.stop - gsl.start, args.micro_batch_size)]
-                step_metrics.update(self.critic.train_step(batch, gsl, local, old_values, adv.returns, step))
+                micro = self._micro_batches(samples, gsl)
+                step_metrics.update(self.critic.train_step(batch, gsl, micro, old_values, adv.returns, step))
             for key, value in step_metrics.items():
                 per_step[key].append(value)
         metrics.update({f"train/{k}": float(np.mean(v)) for k, v in per_step.items()})
@@ -142,14 +169,12 @@ class TorchTrainBackend:
         ref_lp: torch.Tensor | None,
         advantages: torch.Tensor,
     ) -> dict[str, float]:
-        args = self.args
         width = batch.loss_mask.shape[1]
         num_samples = gsl.stop - gsl.start
         num_tokens = int(batch.loss_mask[gsl].sum().item())
         self._zero_grad()
         sums: dict[str, torch.Tensor] = {}
-        for local in self._slices(num_samples, args.micro_batch_size):
-            sl = slice(gsl.start + local.start, gsl.start + local.stop)
+        for sl in self._micro_batches(batch.samples, gsl):  # the loss divides by the step's totals, not sl's
             inputs = build_model_inputs(batch.samples[sl], width, self.pad_id, self.device)
             lp, entropy = self._forward_log_probs(self.model, inputs, with_entropy=True)
             dev = self.device
@@ -248,4 +273,5 @@ class TorchTrainBackend:
         save_hf(self.model, load_tokenizer(self.args.hf_checkpoint), directory)
 
     def describe(self) -> dict[str, Any]:
-        return {"num_params": sum(p.numel() for p in self.model.parameters()), "device": str(self.device)}
+        return {"num_params": sum(p.numel() for p in self.model.parameters()), "device": str(self.device),
+                "frozen_params": len(self.frozen_params)}
