@@ -63,6 +63,13 @@ PRESETS: dict[str, ModelPreset] = {
              tie_word_embeddings=True),
         "wordlevel-32k", "sdpa", "0.47B-param Qwen3 (Qwen3-0.6B shape, vocab 32000; GPU scenarios)",
     ),
+    "bench-1b": ModelPreset(
+        "qwen3",
+        dict(vocab_size=32000, hidden_size=2048, intermediate_size=6144, num_hidden_layers=18,
+             num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
+             tie_word_embeddings=False),
+        "wordlevel-32k", "sdpa", "1.04B-param Qwen3 for the Megatron train-MFU benchmark (ci/bench_megatron.py, GPU)",
+    ),
 }
 
 # Special-token ids shared by every preset tokenizer (relax.models.tokenizer.SPECIAL_TOKENS).
