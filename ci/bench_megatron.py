@@ -55,7 +55,7 @@ sent (1 GB = 1e9 bytes). Timed end to end, ``--sync-repeats`` times after one wa
   ``relax train``'s colocate sync does today) then one `update_weights_from_tensors` per bucket;
   Ray's object-store transport between the trainer and engine actors is not included.
 
-Before each path the engine holds different weights (its own seed, then zeros); after it the
+Before each path the engine's weights are zeroed, so every tensor differs; after it the
 engine's checksums (`relax.weights.checksum`) must equal the trainer's, tensor for tensor. The
 time of one side's checksums is reported too (``relax train`` computes both on every sync).
 
@@ -486,9 +486,8 @@ def run_sync_rows(backend: Any, engine: Any, ns: argparse.Namespace) -> SyncResu
 
     paths = [("via CPU buckets", via_cpu, f"weight_buckets({ns.bucket_mb} MiB): relax train's path, Ray excluded"),
              ("direct GPU tensors", direct, "hf_state() -> update_weights_from_tensors, in-process")]
-    for i, (name, fn, note) in enumerate(paths):
-        if i:
-            clobber_engine()
+    for name, fn, note in paths:
+        clobber_engine()  # every tensor differs before the sync (the engine's own init shares e.g. the norms)
         before = _mismatches(trainer_sums, engine.weight_checksums())
         try:
             times = [timed(fn, ns.device) for _ in range(ns.sync_repeats + 1)][1:]
