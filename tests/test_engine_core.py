@@ -150,7 +150,8 @@ def test_context_limits(model, runner) -> None:
 @pytest.mark.parametrize("bad,match", [
     ({"input_ids": []}, "non-empty"),
     ({"input_ids": [1, 500]}, r"\[0, 100\)"),
-    ({"input_ids": [1], "sampling_params": {"max_new_tokens": 0}}, "max_new_tokens"),
+    ({"input_ids": [1], "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
+    ({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": 2}, "logprob_start_len"),
     ({"input_ids": [1], "sampling_params": {"temprature": 1.0}}, "unknown sampling_params"),
     ({"input_ids": [1], "sampling_params": {"top_p": 0}}, "top_p"),
     ({"input_ids": [1], "sampling_params": {"temperature": "hot"}}, "temperature"),

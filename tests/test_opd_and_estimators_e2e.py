@@ -1,5 +1,6 @@
 """Every advantage estimator runs through the CLI, PPO with its critic; OPD pulls the student
-towards a teacher loaded by the training backend (``--opd-type megatron``; torch on CPU)."""
+towards a teacher loaded by the training backend (``--opd-type megatron``; torch on CPU) or
+served by an engine server (``--opd-type sglang``)."""
 
 from __future__ import annotations
 
@@ -33,14 +34,40 @@ def test_estimator_smoke(tmp_path: Path, estimator: str) -> None:
         assert "train/value_loss" in metrics[-1] and "train/critic_grad_norm" in metrics[-1]
 
 
-def test_on_policy_distillation_student_approaches_teacher(tmp_path: Path, teacher_dir: Path) -> None:
-    proc = run_relax([*FAST_FLAGS, "--num-rollout", "30", "--use-opd", "--opd-type", "megatron",
-                      "--opd-teacher-load", str(teacher_dir), "--advantage-estimator", "on_policy_distillation",
-                      "--entropy-coef", "0", "--output-dir", str(tmp_path / "run")], tmp_path)
+OPD_RUNS: dict[str, list[float]] = {}  # teacher type -> train/opd_reverse_kl per step (shared by the tests below)
+
+
+def _opd_kl(tmp_path: Path, teacher_dir: Path, teacher_flags: list[str], steps: int) -> list[float]:
+    proc = run_relax([*FAST_FLAGS, "--num-rollout", str(steps), "--use-opd", *teacher_flags,
+                      "--advantage-estimator", "on_policy_distillation", "--entropy-coef", "0",
+                      "--output-dir", str(tmp_path / "run")], tmp_path)
     assert_ok(proc)
-    kl = [m["train/opd_reverse_kl"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")]
+    return [m["train/opd_reverse_kl"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")]
+
+
+@pytest.mark.parametrize("opd_type", ["megatron", "sglang"])
+def test_on_policy_distillation_student_approaches_teacher(tmp_path: Path, teacher_dir: Path, opd_type: str) -> None:
+    """megatron: the teacher is loaded by the training backend; sglang: an embedded teacher server over
+    --opd-teacher-load scores the responses over HTTP."""
+    kl = _opd_kl(tmp_path, teacher_dir, ["--opd-type", opd_type, "--opd-teacher-load", str(teacher_dir)], 30)
+    OPD_RUNS[opd_type] = kl
     first, last = sum(kl[:5]) / 5, sum(kl[-5:]) / 5
     assert last < 0.8 * first, f"KL(student||teacher) did not fall: first {first:.3f}, last {last:.3f}"
+
+
+def test_opd_sglang_external_teacher_matches_training_backend_teacher(tmp_path: Path, teacher_dir: Path) -> None:
+    """--rm-url names a teacher server started outside the run; same seeds and weights give the
+    same per-step KL as the training backend's teacher."""
+    from relax.backends.embedded.launch import EngineProcess
+
+    server = EngineProcess.start(["--hf-checkpoint", str(teacher_dir), "--dtype", "float32"])
+    try:
+        kl = _opd_kl(tmp_path, teacher_dir, ["--opd-type", "sglang", "--rm-url", f"{server.url}/generate"], 3)
+    finally:
+        server.stop()
+    reference = OPD_RUNS.get("megatron") or _opd_kl(tmp_path / "ref", teacher_dir, [
+        "--opd-type", "megatron", "--opd-teacher-load", str(teacher_dir)], 3)
+    assert kl == pytest.approx(reference[:3], abs=1e-4)
 
 
 def test_opd_shaping_on_grpo_runs(tmp_path: Path, teacher_dir: Path) -> None:
@@ -50,7 +77,14 @@ def test_opd_shaping_on_grpo_runs(tmp_path: Path, teacher_dir: Path) -> None:
     assert "train/opd_reverse_kl" in read_jsonl(tmp_path / "run" / "metrics.jsonl")[-1]
 
 
-def test_opd_sglang_teacher_is_not_supported_yet(tmp_path: Path, teacher_dir: Path) -> None:
-    proc = run_relax([*FAST_FLAGS, "--num-rollout", "2", "--use-opd", "--opd-type", "sglang",
-                      "--output-dir", str(tmp_path / "run")], tmp_path)
-    assert proc.returncode == 2 and "not supported yet: --opd-type sglang" in proc.stderr
+def test_opd_sglang_dead_teacher_is_one_line_naming_the_url(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    proc = run_relax([*FAST_FLAGS, "--num-rollout", "2", "--use-opd", "--opd-type", "sglang", "--rm-url", url,
+                      "--output-dir", str(tmp_path / "run")], tmp_path, timeout=120)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and last.startswith(f"relax: OPD teacher server {url} is not reachable"), proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -40,6 +40,7 @@ class Runtime:
     version: int = 0  # weight version the engines hold
     step: int = 0  # the step in progress (for sync records)
     supervisor: object = None  # EngineSupervisor with --use-fault-tolerance
+    teacher: object = None  # opd_teacher.TeacherServer with --opd-type sglang
 
     @property
     def last_step(self) -> int:
@@ -87,6 +88,10 @@ class Runtime:
     def shutdown(self) -> None:
         if self.supervisor is not None:
             self.supervisor.stop()
+        if self.teacher is not None:
+            from relax.engine.rollout.opd_teacher import stop_teacher
+
+            stop_teacher()
         for actor in [self.trainer, *self.engines]:
             try:
                 ray.kill(actor, no_restart=True)
@@ -148,6 +153,25 @@ def rollout_metrics(groups: list[list[Sample]], raw_rewards: list[float], second
 
 
 def start_runtime(args: Namespace, run: RunInputs, artifacts: RunArtifacts) -> Runtime:
+    """Start the OPD teacher server (--opd-type sglang) first, so a dead teacher fails fast, then the rest."""
+    teacher = None
+    if args.use_opd and args.opd_type == "sglang":
+        from relax.engine.rollout.opd_teacher import start_teacher, stop_teacher
+
+        teacher = start_teacher(args, run.device, log_dir=str(artifacts.dir))
+        artifacts.event("process_started", role="opd_teacher", url=teacher.url,
+                        pid=teacher.process.pid if teacher.process is not None else None)
+    try:
+        rt = _start_services(args, run, artifacts)
+    except BaseException:
+        if teacher is not None:
+            stop_teacher()
+        raise
+    rt.teacher = teacher
+    return rt
+
+
+def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) -> Runtime:
     """Start Ray and the actors, resume from --load, and push the initial weights (version = start step)."""
     use_gpu = run.device == "cuda"
     placement = parse_resource(args, use_gpu)

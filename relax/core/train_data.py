@@ -7,6 +7,10 @@ group normalization (the trainer then uses them as they are), ``raw_rewards`` fe
 ``--custom-convert-samples-to-train-data-path`` replaces the whole conversion, as in Relax: it
 gets the flat sample list and returns Relax's train-data dict (one entry per sample in each
 column); its ``rewards`` are final like a post-process hook's.
+
+With ``--use-opd --opd-type sglang`` the teacher server scores every sample first
+(`relax.engine.rollout.opd_teacher`), so both paths see ``sample.teacher_log_probs``; a
+convert hook that returns no ``teacher_log_probs`` column keeps the samples' own.
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ _OPTIONAL = ("raw_reward", "rollout_log_probs", "teacher_log_probs")
 
 def to_train_samples(args: Namespace, groups: list[list[Sample]]) -> tuple[list[TrainSample], list[float]]:
     samples = [s for g in groups for s in g]
+    if args.use_opd and args.opd_type == "sglang":  # the teacher scores the responses over HTTP
+        from relax.engine.rollout.opd_teacher import attach_teacher_log_probs
+
+        attach_teacher_log_probs(args, samples)
     if args.custom_convert_samples_to_train_data_path:
         return _custom_convert(args, samples)
     raw = [extract_reward(s.reward, args.reward_key) for s in samples]
@@ -65,7 +73,8 @@ def _custom_convert(args: Namespace, samples: list[Sample]) -> tuple[list[TrainS
         TrainSample(tokens=list(columns["tokens"][i]), response_length=int(columns["response_lengths"][i]),
                     loss_mask=list(columns["loss_masks"][i]), reward=float(columns["rewards"][i]),
                     rollout_log_probs=columns["rollout_log_probs"][i] if "rollout_log_probs" in columns else None,
-                    teacher_log_probs=columns["teacher_log_probs"][i] if "teacher_log_probs" in columns else None)
+                    teacher_log_probs=(columns["teacher_log_probs"][i] if "teacher_log_probs" in columns
+                                       else samples[i].teacher_log_probs))
         for i in range(len(samples))
     ]
     raw = columns.get("raw_reward", columns["rewards"])

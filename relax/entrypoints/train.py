@@ -25,9 +25,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from relax.checkpoint import CheckpointError
     from relax.core.restarts import GlobalRestartError
     from relax.data.dataset import DataError
+    from relax.engine.rollout.opd_teacher import TeacherError
     from relax.utils.plugins import PluginError
 
-    return (ConfigError, DataError, PluginError, CheckpointError, GlobalRestartError)
+    return (ConfigError, DataError, PluginError, CheckpointError, GlobalRestartError, TeacherError)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -429,7 +429,8 @@ SUPPORTED: frozenset[str] = frozenset({
 })
 SUPPORTED_VALUES: dict[str, frozenset[Any]] = {
     "optimizer": frozenset({"adam"}),
-    "opd-type": frozenset({"megatron"}),  # the training backend's teacher (torch on CPU); sglang: issue "Modes"
+    "opd-type": frozenset({"megatron", "sglang"}),  # megatron: the training backend's teacher (torch on CPU);
+    # sglang: a teacher engine server at --rm-url, or an embedded one over --opd-teacher-load (opd_teacher.py)
     "advantage-estimator": frozenset({"grpo", "gspo", "sapo", "cispo", "rloo", "reinforce_plus_plus",
                                       "reinforce_plus_plus_baseline", "ppo", "on_policy_distillation"}),
     "train-backend": frozenset({"torch", "megatron"}),  # megatron: one CUDA GPU (TP = PP = CP = 1)

@@ -93,11 +93,26 @@ def _requirements(args: Namespace) -> None:
         raise ConfigError("--use-opd requires --opd-type (sglang or megatron)")
     if args.opd_type == "megatron" and not args.opd_teacher_load:
         raise ConfigError("--opd-type megatron requires --opd-teacher-load")
+    if args.use_opd and args.opd_type == "sglang":
+        _opd_sglang(args)
     if args.rm_type == "remote_rm" and not args.rm_url:
         raise ConfigError("--rm-type remote_rm requires --rm-url")
     if args.use_dynamic_batch_size and not args.max_tokens_per_gpu:
         raise ConfigError("--use-dynamic-batch-size requires --max-tokens-per-gpu")
     check_train_backend_args(args)
+
+
+def _opd_sglang(args: Namespace) -> None:
+    """The teacher server: --rm-url (a running server) or --opd-teacher-load (the run launches one)."""
+    if bool(args.rm_url) == bool(args.opd_teacher_load):
+        raise ConfigError("--opd-type sglang needs exactly one of --rm-url (a running teacher server, e.g. "
+                          "http://HOST:PORT/generate) or --opd-teacher-load (relax starts an embedded teacher server)")
+    if args.rm_url and args.rm_type == "remote_rm":
+        raise ConfigError("--opd-type sglang and --rm-type remote_rm both use --rm-url: use --opd-teacher-load "
+                          "for the teacher, or a --custom-rm-path reward")
+    if args.train_backend == "megatron":
+        raise ConfigError("not supported yet: --opd-type sglang with --train-backend megatron "
+                          "(use --opd-type megatron, or --train-backend torch)")
 
 
 def _partial_rollout(args: Namespace) -> None:

@@ -34,8 +34,8 @@ from relax.backends.embedded.sampling import SamplingParams
 from relax.weights.checksum import state_checksums
 
 # Top-level /generate fields we accept; the second set is SGLang's and ignored (defaults apply).
-_REQUEST_FIELDS = frozenset({"input_ids", "text", "sampling_params", "return_logprob", "rid"})
-_IGNORED_REQUEST_FIELDS = frozenset({"logprob_start_len", "top_logprobs_num", "return_text_in_logprobs",
+_REQUEST_FIELDS = frozenset({"input_ids", "text", "sampling_params", "return_logprob", "logprob_start_len", "rid"})
+_IGNORED_REQUEST_FIELDS = frozenset({"top_logprobs_num", "return_text_in_logprobs",
                                      "stream", "lora_path", "custom_logit_processor", "token_ids_logprob"})
 
 
@@ -49,6 +49,8 @@ class Request:
     seed: int
     max_new: int
     return_logprob: bool
+    logprob_start_len: int = -1  # >= 0: also return prompt log-probs from this position (SGLang's field)
+    input_logprobs: list[float | None] | None = None
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish: dict[str, Any] | None = None
@@ -138,7 +140,9 @@ class EmbeddedEngine:
         max_new = min(params.max_new_tokens, self.max_context_len - len(input_ids))
         rid = req.get("rid")
         rid = str(rid) if rid is not None else f"req-{next(self._rid_counter)}"
-        return Request(rid, input_ids, params, int(seed) & ((1 << 63) - 1), max_new, bool(req.get("return_logprob", False)))
+        return_logprob = bool(req.get("return_logprob", False))
+        start = _logprob_start_len(req.get("logprob_start_len"), len(input_ids)) if return_logprob else -1
+        return Request(rid, input_ids, params, int(seed) & ((1 << 63) - 1), max_new, return_logprob, start)
 
     def _input_ids(self, req: dict[str, Any]) -> list[int]:
         ids = req.get("input_ids")
@@ -188,6 +192,9 @@ class EmbeddedEngine:
         if r.return_logprob:
             meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(r.logprobs, r.output_ids,
                                                                                  strict=True)]
+        if r.input_logprobs is not None:
+            tail = r.input_ids[r.logprob_start_len:]
+            meta["input_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(r.input_logprobs, tail, strict=True)]
         return {"text": r.text, "output_ids": list(r.output_ids), "meta_info": meta}
 
     def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
@@ -213,7 +220,7 @@ class EmbeddedEngine:
         In overlap mode the tokens of a decode step are applied during the next ``step`` call
         (after launching the following decode), so requests finish one call later.
         """
-        finished: list[Request] = []
+        finished: list[Request] = self._score_prompts() if self.waiting else []
         room = self.max_running_requests - len(self.reqs)
         if self.waiting and room > 0:
             admit, self.waiting = self.waiting[:room], self.waiting[room:]
@@ -227,6 +234,43 @@ class EmbeddedEngine:
             reqs, fetch = self._inflight.pop(0)
             finished += self._apply(reqs, fetch)
         return finished
+
+    def _score_prompts(self) -> list[Request]:
+        """Prompt log-probs of waiting requests that asked for them; prefill-only ones
+        (``max_new_tokens`` 0) finish here without entering the decode batch."""
+        for r in self.waiting:
+            if r.logprob_start_len >= 0 and r.input_logprobs is None:
+                r.input_logprobs = self.prompt_logprobs(r.input_ids, r.logprob_start_len, r.params.temperature)
+            if r.max_new <= 0:
+                r.finish = {"type": "length", "length": 0}
+        done = [r for r in self.waiting if r.done]
+        if done:
+            self.waiting = [r for r in self.waiting if not r.done]
+        return done
+
+    @torch.no_grad()
+    def prompt_logprobs(self, input_ids: list[int], start: int, temperature: float) -> list[float | None]:
+        """SGLang's ``input_token_logprobs`` values: ``log p(input_ids[i] | input_ids[:i])`` for
+        ``i`` in ``[start, len)``, ``None`` for ``i == 0`` (nothing predicts the first token).
+
+        One full forward of the model over the prompt (no KV cache, whatever the runner), in the
+        trainer's convention (`relax.backends.torch.logprobs.log_probs_from_logits`): fp32
+        ``log_softmax(logits / temperature)``, raw logits at temperature 0.
+        """
+        from relax.backends.torch.batch import ModelInputs
+        from relax.backends.torch.logprobs import log_probs_from_logits
+
+        first = max(start, 1)
+        n = len(input_ids) - first  # tokens first .. L-1, predicted by positions first-1 .. L-2
+        head: list[float | None] = [None] if start == 0 else []
+        if n <= 0:
+            return head
+        ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
+        logits = self.model(input_ids=ids, logits_to_keep=n + 1).logits  # positions first-1 .. L-1
+        inputs = ModelInputs(ids, torch.ones_like(ids), torch.arange(n, device=self.device).unsqueeze(0),
+                             ids[:, first:], torch.ones(1, n, dtype=torch.bool, device=self.device))
+        lp, _ = log_probs_from_logits(logits, inputs, temperature=temperature, with_entropy=False)
+        return head + lp[0].tolist()
 
     def _prefill(self, reqs: list[Request]) -> list[Request]:
         logits = self.runner.prefill([r.input_ids for r in reqs])
@@ -332,3 +376,13 @@ class EmbeddedEngine:
                 t.data = t.data.to(self.device, non_blocking=True)
             torch.cuda.synchronize(self.device)
         self.released = False
+
+
+def _logprob_start_len(value: Any, prompt_len: int) -> int:
+    """SGLang's ``logprob_start_len``: -1 (default) returns no prompt log-probs, else 0 <= value < prompt_len."""
+    if value is None:
+        return -1
+    if isinstance(value, bool) or not isinstance(value, int) or not -1 <= value < prompt_len:
+        raise ValueError(f"logprob_start_len must be -1 or an integer in [0, {prompt_len}) for this prompt, "
+                         f"got {value!r}")
+    return value

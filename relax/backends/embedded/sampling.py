@@ -77,8 +77,8 @@ class SamplingParams:
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in clean.get("stop_token_ids", ())):
             raise ValueError("sampling_params.stop_token_ids must be integers")
         params = cls(**clean)
-        if params.max_new_tokens <= 0:
-            raise ValueError(f"sampling_params.max_new_tokens must be > 0, got {params.max_new_tokens}")
+        if params.max_new_tokens < 0:  # 0: prefill only (prompt log-probs), as in SGLang
+            raise ValueError(f"sampling_params.max_new_tokens must be >= 0, got {params.max_new_tokens}")
         if not math.isfinite(params.temperature) or params.temperature < 0:
             raise ValueError(f"sampling_params.temperature must be >= 0, got {params.temperature}")
         if not 0 < params.top_p <= 1:

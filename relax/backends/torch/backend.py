@@ -63,9 +63,10 @@ class TorchTrainBackend:
         self.algo = AlgorithmConfig.from_args(args)
         self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
         self._step = 0  # the rollout step being trained (for fault hooks)
-        # OPD with the teacher in the training backend (--opd-type megatron; the torch backend plays that role)
+        # OPD with the teacher in the training backend (--opd-type megatron; the torch backend plays that role).
+        # With --opd-type sglang the teacher's log-probs arrive with the samples (relax.engine.rollout.opd_teacher).
         self.teacher = None
-        if args.use_opd:
+        if args.use_opd and args.opd_type == "megatron":
             self.teacher = build_model(args.opd_teacher_load, dtype=torch.float32, seed=args.seed)
             self.teacher = self.teacher.to(self.device).eval().requires_grad_(False)
             if self.teacher.config.vocab_size != self.model.config.vocab_size:
