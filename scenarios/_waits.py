@@ -9,4 +9,3 @@ def waits(reason: str):
 
 
 dp2 = waits("waits for a data-parallel torch trainer (not filed yet): --resource actor replicas > 1 is not supported")
-megatron = waits("waits for issue 7 (Megatron backend): --train-backend megatron not built yet")

@@ -1,7 +1,7 @@
 """Parity family: DP1 vs DP2 (gloo), micro-batch 1 vs N, straight vs resume, torch vs megatron."""
 
 import pytest
-from _waits import dp2, megatron
+from _waits import dp2
 
 
 def test_microbatch_1_vs_n_cpu(scenario):
@@ -23,6 +23,5 @@ def test_microbatch_1_vs_n_gpu(scenario):
 
 
 @pytest.mark.gpu
-@megatron
 def test_torch_vs_megatron_gpu(scenario):
     scenario("parity-torch-vs-megatron-gpu").assert_ok()
