@@ -94,7 +94,21 @@ def docker_scenarios(session: nox.Session) -> None:
         session.run("bash", "containers/dockerd.sh", "stop", state, external=True)
 
 
+BENCHES = {"engine": "ci/bench_engine.py", "megatron": "ci/bench_megatron.py"}
+
+
+def bench_commands(posargs: list[str]) -> list[list[str]]:
+    """``[]``: every bench with its defaults; ``[NAME, ARGS...]``: that bench with ARGS; other
+    arguments go to the engine bench (as before the Megatron bench existed), then the Megatron bench."""
+    if posargs and posargs[0] in BENCHES:
+        return [["python3", BENCHES[posargs[0]], *posargs[1:]]]
+    return [["python3", BENCHES["engine"], *posargs], ["python3", BENCHES["megatron"]]]
+
+
 @nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
-    """GPU benchmarks (run on the GPU machine): embedded engine vs HF generate, bf16 log-prob mismatch."""
-    session.run("python3", "ci/bench_engine.py", *session.posargs)
+    """GPU benchmarks (run on the GPU machine), one table each: ci/bench_engine.py (embedded engine vs HF
+    generate, bf16 log-prob mismatch) and ci/bench_megatron.py (Megatron train MFU, colocate weight-sync
+    s/GB). ``nox -s bench -- megatron --quick`` runs one bench with its arguments."""
+    for command in bench_commands(list(session.posargs)):
+        session.run(*command)

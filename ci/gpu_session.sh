@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One GPU session on the air-gapped GPU machine (see ci/wheelhouse/): install the carried
 # wheels, then run the GPU measurements and write everything under $OUT.
-#   ci/gpu_session.sh PART1_DIR [what ...]      what: bench | colocate | scenarios (default: all)
+#   ci/gpu_session.sh PART1_DIR [what ...]      what: bench | colocate | scenarios | megatron (default: all)
 set -uo pipefail
 PART1="$1"; shift
-WHAT="${*:-bench colocate scenarios}"
+WHAT="${*:-bench colocate scenarios megatron}"
 SITE=/tmp/site
 [ -d "$SITE/ray" ] || bash ci/wheelhouse/install.sh "$SITE" "$PART1" .whl2 || exit 1
 export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -17,6 +17,9 @@ for w in $WHAT; do
                 --output-dir "$OUT/gpu_colocate" 2>&1 | tail -8 | tee "$OUT/gpu_colocate.txt"
               python3 -m relax.metrics.summary "$OUT/gpu_colocate" | tee -a "$OUT/gpu_colocate.txt" ;;
     scenarios) [ -f noxfile.py ] && timeout 300 python3 -m pytest scenarios -p harness.pytest_plugin \
-                --harness-profile gpu -k colocate -q 2>&1 | tail -20 | tee "$OUT/gpu_scenarios.txt" ;;
+                --harness-profile gpu -k "colocate and not megatron" -q 2>&1 | tail -20 | tee "$OUT/gpu_scenarios.txt" ;;
+    megatron) timeout 330 python3 ci/bench_megatron.py --json "$OUT/bench_megatron.json" 2>&1 | tee "$OUT/bench_megatron.txt"
+              timeout 540 python3 -m pytest scenarios -p harness.pytest_plugin --harness-profile gpu -k megatron \
+                --harness-results "$OUT/megatron_scenarios" -q 2>&1 | tail -30 | tee "$OUT/megatron_scenarios.txt" ;;
   esac
 done

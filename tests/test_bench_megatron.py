@@ -234,3 +234,24 @@ def test_cpu_smoke_run_prints_one_table_and_writes_json(tmp_path, capsys) -> Non
 def test_script_refuses_a_machine_it_cannot_run_on(capsys) -> None:
     assert bm.main(["--device", "cpu"]) == 2
     assert "megatron-core does not run on CPU" in capsys.readouterr().err
+
+
+def test_nox_bench_session_runs_both_benches_and_keeps_engine_arguments(monkeypatch) -> None:
+    import importlib
+    import sys
+    from pathlib import Path
+
+    try:
+        import nox  # noqa: F401
+    except ImportError:  # nox lives outside the test venv: a stub is enough to import the noxfile
+        stub = SimpleNamespace(options=SimpleNamespace(), session=lambda *a, **k: (lambda fn: fn))
+        monkeypatch.setitem(sys.modules, "nox", stub)
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
+    monkeypatch.delitem(sys.modules, "noxfile", raising=False)
+    noxfile = importlib.import_module("noxfile")
+
+    engine, megatron = ["python3", "ci/bench_engine.py"], ["python3", "ci/bench_megatron.py"]
+    assert noxfile.bench_commands([]) == [engine, megatron]
+    assert noxfile.bench_commands(["--batch", "32"]) == [[*engine, "--batch", "32"], megatron]
+    assert noxfile.bench_commands(["megatron", "--quick"]) == [[*megatron, "--quick"]]
+    assert noxfile.bench_commands(["engine", "--new", "64"]) == [[*engine, "--new", "64"]]
