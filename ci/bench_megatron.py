@@ -373,20 +373,22 @@ def run_train_rows(backend: Any, ns: argparse.Namespace, flops: FlopModel) -> Tr
 
     def with_oom_retry(name: str, fn: Callable[[], list[float]]) -> list[float] | None:
         while True:
+            retry = False
             try:
                 return fn()
             except Exception as exc:  # noqa: BLE001 - OOM retries, anything else is reported in the table
-                if is_oom(exc) and backend.args.micro_batch_size > 1:
-                    backend.args.micro_batch_size //= 2
-                    res.micro_batch = backend.args.micro_batch_size
-                    log(f"{name}: CUDA out of memory; retrying with micro-batch {res.micro_batch}")
-                    _free_memory(ns.device)
-                    continue
-                msg = f"{name}: {type(exc).__name__}: {str(exc)[:300]}"
-                log("FAILED " + msg)
-                res.failures.append(msg)
-                _free_memory(ns.device)
+                retry = is_oom(exc) and backend.args.micro_batch_size > 1
+                if not retry:
+                    msg = f"{name}: {type(exc).__name__}: {str(exc)[:300]}"
+                    log("FAILED " + msg)
+                    res.failures.append(msg)
+            # outside the except clause: the traceback (and the activations its frames hold) is gone
+            _free_memory(ns.device)
+            if not retry:
                 return None
+            backend.args.micro_batch_size //= 2
+            res.micro_batch = backend.args.micro_batch_size
+            log(f"{name}: CUDA out of memory; retrying with micro-batch {res.micro_batch}")
 
     def add(name: str, times: list[float] | None, flops_per_token: float, note: str) -> None:
         if times is None:
