@@ -260,6 +260,7 @@ def test_release_and_resume_memory(client) -> None:
     ("{not json", "malformed JSON"),
     ('[1, 2]', "must be an object"),
     ('{"input_ids": [1], "sampling_params": {"max_new_tokens": -1}}', "max_new_tokens"),
+    ('{"input_ids": [1], "sampling_params": {"max_new_tokens": 0}}', "max_new_tokens"),
     ('{"input_ids": [1, 2], "return_logprob": true, "logprob_start_len": "x"}', "logprob_start_len"),
     ('{"input_ids": [1], "bogus": true}', "unknown request field"),
     ('{"input_ids": [1], "sampling_params": {"nope": 1}}', "unknown sampling_params"),

@@ -142,6 +142,9 @@ class EmbeddedEngine:
         rid = str(rid) if rid is not None else f"req-{next(self._rid_counter)}"
         return_logprob = bool(req.get("return_logprob", False))
         start = _logprob_start_len(req.get("logprob_start_len"), len(input_ids)) if return_logprob else -1
+        if params.max_new_tokens == 0 and start < 0:
+            raise ValueError("sampling_params.max_new_tokens must be > 0 (0 only scores the prompt: "
+                             "return_logprob with logprob_start_len >= 0)")
         return Request(rid, input_ids, params, int(seed) & ((1 << 63) - 1), max_new, return_logprob, start)
 
     def _input_ids(self, req: dict[str, Any]) -> list[int]:
