@@ -18,8 +18,15 @@ ESTIMATORS = ["grpo", "gspo", "sapo", "cispo", "rloo", "reinforce_plus_plus", "r
 def teacher_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from relax.models import build_model, load_tokenizer, save_hf
 
+    import torch
+
+    # Another seed, and logits scaled x8 through the final norm: a peaked teacher, so the student's
+    # sampled KL to it starts near 1 nat (two near-uniform random models would sit at ~0 +- noise).
+    model = build_model("tiny-qwen3", seed=999)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(8.0)
     out = tmp_path_factory.mktemp("teacher") / "hf"
-    save_hf(build_model("tiny-qwen3", seed=999), load_tokenizer("tiny-qwen3"), out)
+    save_hf(model, load_tokenizer("tiny-qwen3"), out)
     return out
 
 
@@ -52,7 +59,7 @@ def test_on_policy_distillation_student_approaches_teacher(tmp_path: Path, teach
     kl = _opd_kl(tmp_path, teacher_dir, ["--opd-type", opd_type, "--opd-teacher-load", str(teacher_dir)], 30)
     OPD_RUNS[opd_type] = kl
     first, last = sum(kl[:5]) / 5, sum(kl[-5:]) / 5
-    assert last < 0.8 * first, f"KL(student||teacher) did not fall: first {first:.3f}, last {last:.3f}"
+    assert first > 0.5 and last < 0.8 * first, f"KL(student||teacher) did not fall: first {first:.3f}, last {last:.3f}"
 
 
 def test_opd_sglang_external_teacher_matches_training_backend_teacher(tmp_path: Path, teacher_dir: Path) -> None:
