@@ -132,6 +132,15 @@ def test_dynamic_batching_gives_the_same_trajectory(extra: list[str]) -> None:
             assert abs(x[key] - y[key]) < 1e-6, key
 
 
+def test_dynamic_batching_covers_the_ppo_critic() -> None:
+    """The critic's values and value loss use the same token-budget split and the step's totals."""
+    flags = ("--advantage-estimator", "ppo", "--lr", "0")
+    fixed = _train(_args(*flags))
+    dynamic = _train(_args(*flags, "--use-dynamic-batch-size", "--max-tokens-per-gpu", "24"))
+    assert any(k.startswith("train/value") or "critic" in k for k in fixed[1][0])
+    _assert_close_runs(fixed, dynamic)
+
+
 def test_separate_log_probs_budget_still_matches() -> None:
     fixed = _train(_args("--lr", "0"))
     dynamic = _train(_args("--lr", "0", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "24",
