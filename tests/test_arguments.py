@@ -207,7 +207,7 @@ def test_quickstart_preset() -> None:
     import relax
 
     q = get_preset("quickstart")
-    assert q["prompt_data"] == str(Path(relax.__file__).resolve().parent / "models/tasks/addmod.jsonl")
+    assert q["prompt_data"] == str(Path(relax.__file__).resolve().parent / "models/tasks/maxdigit.jsonl")
     assert q["train_backend"] == "torch" and q["device"] == "cpu" and q["hf_checkpoint"] == "tiny-qwen3"
     q["lr"] = 99.0
     assert get_preset("quickstart")["lr"] != 99.0, "get_preset must hand out a copy"

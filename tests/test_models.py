@@ -197,6 +197,16 @@ def test_shipped_task_data_is_what_the_generator_makes(task: str, tmp_path: Path
     assert out.read_bytes() == dataset_path(task).read_bytes() == render(task).encode()
 
 
+def test_maxdigit_task_shape() -> None:
+    import json
+
+    rows = [json.loads(line) for line in dataset_path("maxdigit").read_text().splitlines()]
+    assert len(rows) == 100 and len({r["prompt"] for r in rows}) == 100
+    assert rows[37] == {"prompt": "3,7=", "label": "7"} and rows[73] == {"prompt": "7,3=", "label": "7"}
+    tok = load_tokenizer("tiny-qwen3")
+    assert all(len(tok.encode(r["label"])) == 1 for r in rows)  # one-token answers
+
+
 def test_addmod_task_shape() -> None:
     import json
 

@@ -16,9 +16,9 @@ ESTIMATORS = ["grpo", "gspo", "sapo", "cispo", "rloo", "reinforce_plus_plus", "r
 
 @pytest.fixture(scope="module")
 def teacher_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from relax.models import build_model, load_tokenizer, save_hf
-
     import torch
+
+    from relax.models import build_model, load_tokenizer, save_hf
 
     # Another seed, and logits scaled x8 through the final norm: a peaked teacher, so the student's
     # sampled KL to it starts near 1 nat (two near-uniform random models would sit at ~0 +- noise).

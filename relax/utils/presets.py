@@ -15,13 +15,14 @@ from relax.utils.flag_types import ConfigError
 
 _TASKS = Path(relax.__file__).resolve().parent / "models" / "tasks"
 
-# CPU GRPO on the `addmod` task with the 80k-param tiny-qwen3: learns in a few minutes on 2 cores.
+# CPU GRPO on the `maxdigit` task (``a,b=`` -> max(a, b)) with the 80k-param tiny-qwen3: reward goes
+# from ~0.02 to ~0.9 within ~100 steps (measured on several rollout seeds), in ~1-2 minutes on 2 cores.
 QUICKSTART: dict[str, Any] = {
     "train_backend": "torch",
     "device": "cpu",
     "colocate": True,
     "hf_checkpoint": "tiny-qwen3",
-    "prompt_data": str(_TASKS / "addmod.jsonl"),
+    "prompt_data": str(_TASKS / "maxdigit.jsonl"),
     "input_key": "prompt",
     "label_key": "label",
     "rm_type": "exact",
@@ -31,7 +32,7 @@ QUICKSTART: dict[str, Any] = {
     "rollout_max_response_len": 1,
     "rollout_temperature": 1.0,
     "micro_batch_size": 64,  # --global-batch-size defaults to the whole rollout (one optimizer step)
-    "num_rollout": 600,
+    "num_rollout": 300,
     "lr": 3e-3,
     "entropy_coef": 0.01,  # keeps groups diverse; without it GRPO collapses per prompt near 0.35 reward
     "weight_decay": 0.0,

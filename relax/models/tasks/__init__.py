@@ -16,10 +16,20 @@ TASK_DIR = Path(__file__).parent
 
 
 def addmod() -> Iterator[dict[str, str]]:
-    """``a+b=`` -> ``(a+b) mod 10``: a one-token answer a random-init model learns by RL."""
+    """``a+b=`` -> ``(a+b) mod 10``: a one-token answer; learnable by RL from random init, but
+    whether a run gets past ~0.5 reward in 600 steps depends on the rollout seed."""
     for a in range(10):
         for b in range(10):
             yield {"prompt": f"{a}+{b}=", "label": str((a + b) % 10)}
+
+
+def maxdigit() -> Iterator[dict[str, str]]:
+    """``a,b=`` -> ``max(a, b)``: the quickstart's task. A one-token answer that depends on both
+    operands; a random-init tiny model learns it by RL within ~100 steps on every rollout seed
+    tried, whereas ``addmod`` (modular addition) stalls at 0.1-0.5 reward on most seeds."""
+    for a in range(10):
+        for b in range(10):
+            yield {"prompt": f"{a},{b}=", "label": str(max(a, b))}
 
 
 def add() -> Iterator[dict[str, str]]:
@@ -29,7 +39,7 @@ def add() -> Iterator[dict[str, str]]:
             yield {"prompt": f"{a}+{b}=", "label": str(a + b)}
 
 
-TASKS: dict[str, Callable[[], Iterator[dict[str, str]]]] = {"addmod": addmod, "add": add}
+TASKS: dict[str, Callable[[], Iterator[dict[str, str]]]] = {"addmod": addmod, "maxdigit": maxdigit, "add": add}
 
 
 def render(name: str) -> str:
