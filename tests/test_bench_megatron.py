@@ -67,7 +67,9 @@ def test_preflight_explains_what_is_missing(monkeypatch) -> None:
 def test_backend_flags_parse_as_relax_train_flags(monkeypatch, tmp_path) -> None:
     from relax.utils.arguments import parse_args
 
+    # flag translation only: pretend the GPU machine's CUDA and megatron-core are here
     monkeypatch.setattr("relax.backends.megatron.checks._cuda_available", lambda: True)
+    monkeypatch.setattr("relax.backends.megatron.checks.module_available", lambda name: True)
     ns = bm.parse(["--global-batch", "32", "--micro-batch", "2", "--seq-len", "4096"])
     args = parse_args(bm.backend_argv(ns, str(tmp_path)))
     assert args.train_backend == "megatron" and args.use_distributed_optimizer

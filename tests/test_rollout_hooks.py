@@ -119,7 +119,8 @@ def _samples(n: int = 4) -> list[list[Sample]]:
 
 
 def _train_args(**kw):
-    base = dict(custom_convert_samples_to_train_data_path=None, custom_reward_post_process_path=None, reward_key=None)
+    base = dict(custom_convert_samples_to_train_data_path=None, custom_reward_post_process_path=None, reward_key=None,
+                use_opd=False, opd_type=None)
     return SimpleNamespace(**{**base, **kw})
 
 
