@@ -36,6 +36,12 @@ class TrainerActor:
     def train_rollout(self, samples: list, step: int) -> dict:
         return self.backend.train_rollout(samples, step)
 
+    def offload(self) -> dict[str, float]:
+        return self.backend.offload()
+
+    def onload(self) -> dict[str, float]:
+        return self.backend.onload()
+
     def prepare_sync(self, bucket_bytes: int) -> int:
         self._buckets = self.backend.weight_buckets(bucket_bytes)
         return len(self._buckets)
@@ -149,8 +155,28 @@ class EngineActor:
     def checksums(self) -> dict[str, str]:
         return self._exclusive(lambda engine: engine.weight_checksums())
 
+    def release_memory_occupation(self) -> dict[str, float]:
+        """SGLang's /release_memory_occupation on an idle engine: seconds taken and device bytes freed."""
+        return self._exclusive(lambda engine: _timed_memory(engine, engine.release_memory_occupation, freed=True))
+
+    def resume_memory_occupation(self) -> dict[str, float]:
+        return self._exclusive(lambda engine: _timed_memory(engine, engine.resume_memory_occupation, freed=False))
+
     def weights_checker(self, action: str, **kwargs) -> dict:
         """SGLang's /weights_checker actions (snapshot, reset_tensors, checksum, compare) on this engine."""
         from relax.backends.embedded.weights_checker import WeightsChecker
 
         return self._exclusive(lambda engine: WeightsChecker(engine.model).run(action, **kwargs))
+
+
+def _timed_memory(engine, fn, *, freed: bool) -> dict[str, float]:
+    """Run a release/resume; ``device_bytes``: CUDA memory freed (release) or taken back (resume), 0 on CPU."""
+    import time
+
+    import torch
+
+    cuda = engine.device.type == "cuda"
+    start, before = time.perf_counter(), torch.cuda.memory_allocated(engine.device) if cuda else 0
+    fn()
+    after = torch.cuda.memory_allocated(engine.device) if cuda else 0
+    return {"seconds": time.perf_counter() - start, "device_bytes": max(before - after if freed else after - before, 0)}

@@ -51,9 +51,9 @@ SEED_FLAGS: list[FlagSpec] = [
     F('num-gpus-per-node', 'int', 8, 'Ray Launch Parameters', 'GPUs per node. Set this if using fewer than 8 GPUs per node in colocate mode'),
     F('resource', 'json', None, 'Ray Launch Parameters', 'Ray resource configuration in JSON format. Example: \'{"actor":[replicas, gpus], "rollout":[replicas, gpus]}\'', seed_default='-'),
     F('colocate', 'flag', False, 'Ray Launch Parameters', 'Whether to colocate inference engines and training Actors on the same GPUs. Automatically sets --offload to True'),
-    F('offload', 'flag', False, 'Ray Launch Parameters', 'Equivalent to setting both --offload-train and --offload-rollout'),
-    F('offload-train', 'flag', None, 'Ray Launch Parameters', 'Whether to offload training Actor to CPU during training. Always True when --colocate is enabled; otherwise None resolves to --offload'),
-    F('offload-rollout', 'flag', None, 'Ray Launch Parameters', 'Whether to offload Rollout generator to CPU during training. Always True when --colocate is enabled; otherwise None resolves to --offload'),
+    F('offload', 'flag', False, 'Ray Launch Parameters', 'Equivalent to setting both --offload-train and --offload-rollout. Refused with --fully-async (rollout and training overlap: nothing is idle to offload)'),
+    F('offload-train', 'flag', None, 'Ray Launch Parameters', 'Whether to offload training Actor to CPU during training. Always True when --colocate is enabled; otherwise None resolves to --offload. Moves parameters, gradients and optimizer state to CPU during rollout and back before training. With --fully-async, or --train-backend megatron (not supported yet), --colocate leaves it False and an explicit request is refused'),
+    F('offload-rollout', 'flag', None, 'Ray Launch Parameters', 'Whether to offload Rollout generator to CPU during training. Always True when --colocate is enabled; otherwise None resolves to --offload. Engines release KV cache and weights (/release_memory_occupation) after each rollout and resume before the next weight sync. With --fully-async --colocate leaves it False and an explicit request is refused'),
     F('distributed-backend', 'str', 'nccl', 'Ray Launch Parameters', 'Distributed backend'),
     F('distributed-timeout-minutes', 'int', 10, 'Ray Launch Parameters', 'Distributed timeout in minutes'),
     # --- TransferQueue Data Queue
@@ -383,6 +383,7 @@ ADDED_FLAGS: list[FlagSpec] = [
 SUPPORTED: frozenset[str] = frozenset({
     # cluster and checkpoints
     "resource", "colocate", "hf-checkpoint", "load", "save", "save-interval", "save-hf", "no-save-optim",
+    "offload", "offload-train", "offload-rollout",  # colocate offload: relax/core/offload.py
     # data
     "prompt-data", "input-key", "label-key", "metadata-key", "tool-key", "apply-chat-template",
     "apply-chat-template-kwargs", "system-prompt", "rollout-shuffle", "rollout-seed", "rollout-max-prompt-len",

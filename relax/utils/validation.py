@@ -131,15 +131,36 @@ def _partial_rollout(args: Namespace) -> None:
             raise ConfigError(f"not supported yet: --partial-rollout with {_flag(dest)}")
 
 
-def _implied(args: Namespace) -> None:
-    """Flags that switch other flags on (seed: 'Automatically enables / sets ...')."""
+def _offload(args: Namespace) -> None:
+    """Seed 000: ``--colocate`` sets both offloads; otherwise an unset one equals ``--offload``.
+
+    Two cases have nothing that can be offloaded, and refuse an explicit request (``--colocate``'s
+    implied offload resolves to False there): ``--fully-async`` (rollout and training run at the same
+    time, so neither side is ever idle) and, for ``--offload-train``, ``--train-backend megatron``
+    (its DDP grad buffers and distributed-optimizer shards are not moved yet).
+    """
+    requested = {dest: getattr(args, dest) is True for dest in ("offload", "offload_train", "offload_rollout")}
+    if args.fully_async:
+        for dest, on in requested.items():
+            if on:
+                raise ConfigError(f"{_flag(dest)} has no effect with --fully-async (rollout and training overlap)")
+        args.offload_train = args.offload_rollout = False
+        return
+    megatron = args.train_backend == "megatron"
+    if megatron and (requested["offload"] or requested["offload_train"]):
+        raise ConfigError("not supported yet: --offload-train with --train-backend megatron")
     if args.colocate:
-        args.offload_train = True
+        args.offload_train = not megatron
         args.offload_rollout = True
     if args.offload_train is None:
         args.offload_train = args.offload
     if args.offload_rollout is None:
         args.offload_rollout = args.offload
+
+
+def _implied(args: Namespace) -> None:
+    """Flags that switch other flags on (seed: 'Automatically enables / sets ...')."""
+    _offload(args)
     if args.load_debug_rollout_data:
         args.debug_train_only = True
     if args.use_rollout_routing_replay:

@@ -122,6 +122,14 @@ class MegatronTrainBackend(TorchTrainBackend):
             raise FloatingPointError(f"Megatron optimizer skipped the step; loss was {loss}")
         return grad_norm
 
+    # ------------------------------------------------------------------ --offload-train
+    def offload(self) -> dict[str, float]:
+        # The DDP param/grad buffers and the (distributed) optimizer's fp32 shards are views into
+        # flat buffers; moving them needs the buffers themselves moved. Refused at parse time too.
+        raise NotImplementedError("not supported yet: --offload-train with --train-backend megatron")
+
+    onload = offload
+
     # ------------------------------------------------------------------ weights (HF names)
     def hf_state(self) -> dict[str, torch.Tensor]:
         return export_hf_state(self.built, mode=self.args.megatron_to_hf_mode)

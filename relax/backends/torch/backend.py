@@ -77,6 +77,7 @@ class TorchTrainBackend:
             from relax.backends.torch.critic import Critic
 
             self.critic = Critic(args, self.device, self.pad_id, self.algo)
+        self._train_offloader = None  # built on the first --offload-train call
 
     # ------------------------------------------------------------------ forward passes
     def _global_batches(self, n: int) -> list[slice]:
@@ -209,6 +210,25 @@ class TorchTrainBackend:
             raise FloatingPointError(f"non-finite gradient norm ({float(grad_norm)}); loss was {loss}")
         self.optimizer.step()
         return float(grad_norm)
+
+    # ------------------------------------------------------------------ --offload-train
+    def _offloader(self):
+        from relax.backends.torch.offload import TrainOffloader
+
+        if self._train_offloader is None:
+            critic = self.critic
+            self._train_offloader = TrainOffloader(
+                self.device, [self.model, self.ref_model, self.teacher, critic and critic.model],
+                [self.optimizer, critic and critic.optimizer])
+        return self._train_offloader
+
+    def offload(self) -> dict[str, float]:
+        """Parameters, gradients, buffers and optimizer state to pinned CPU memory (a no-op on CPU)."""
+        return self._offloader().offload().as_dict()
+
+    def onload(self) -> dict[str, float]:
+        """Everything `offload` moved goes back to the device, bitwise unchanged."""
+        return self._offloader().onload().as_dict()
 
     # ------------------------------------------------------------------ weights
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
