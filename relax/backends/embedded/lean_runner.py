@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from relax.backends.embedded.rows import RowState
+from relax.backends.embedded.runners import compact_slots
 
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn", None}
 _MIN_BUCKET = 128
@@ -302,23 +303,9 @@ class LeanRunner:
         return graph
 
     def keep(self, indices: list[int]) -> list[int]:
-        """Keep ``indices``; holes are filled by moving rows from the end (few slot copies)."""
-        keep = set(indices)
-        order = list(range(self.rows))
-        n = self.rows
-        for hole in sorted(set(range(n)) - keep):
-            while n > 0 and order[n - 1] not in keep:
-                n -= 1
-            if hole >= n:
-                break
-            src = n - 1
-            for k, v in zip(self.k, self.v, strict=True):
-                k[hole].copy_(k[src])
-                v[hole].copy_(v[src])
-            order[hole] = order[src]
-            n -= 1
-        self.rows_in_cache = len(keep)
-        return order[:len(keep)]
+        order = compact_slots(self.k, self.v, self.rows, indices)
+        self.rows_in_cache = len(order)
+        return order
 
 
 def _same_storage(param: torch.Tensor, fused: torch.Tensor) -> bool:

@@ -48,6 +48,27 @@ def _left_padded(prompts: list[list[int]], pad_id: int, device: torch.device) ->
     return ids.to(device), mask.to(device)
 
 
+def compact_slots(k_cache: list[torch.Tensor], v_cache: list[torch.Tensor], rows: int,
+                  indices: list[int]) -> list[int]:
+    """Keep slot rows ``indices`` of a slot KV cache; holes are filled by moving rows from the end
+    (few slot copies). Returns the old row of each new row (row ``j`` <- old row ``order[j]``)."""
+    keep = set(indices)
+    order = list(range(rows))
+    n = rows
+    for hole in sorted(set(range(rows)) - keep):
+        while n > 0 and order[n - 1] not in keep:
+            n -= 1
+        if hole >= n:
+            break
+        src = n - 1
+        for k, v in zip(k_cache, v_cache, strict=True):
+            k[hole].copy_(k[src])
+            v[hole].copy_(v[src])
+        order[hole] = order[src]
+        n -= 1
+    return order[:len(keep)]
+
+
 class _EagerSampling:
     """``decode_sample`` for runners whose decode returns logits."""
 
@@ -252,21 +273,6 @@ class StaticRunner(_EagerSampling):
         return graph, tok_buf, pos_buf, out
 
     def keep(self, indices: list[int]) -> list[int]:
-        """Keep ``indices``; holes are filled by moving rows from the end (few slot copies)."""
-        keep = set(indices)
-        order = list(range(self.rows))
-        lengths = list(self.lengths)
-        n = self.rows
-        for hole in sorted(set(range(n)) - keep):
-            while n > 0 and order[n - 1] not in keep:
-                n -= 1
-            if hole >= n:
-                break
-            src = n - 1
-            for k, v in zip(self.k, self.v, strict=True):
-                k[hole].copy_(k[src])
-                v[hole].copy_(v[src])
-            order[hole], lengths[hole] = order[src], lengths[src]
-            n -= 1
-        self.lengths = lengths[:len(keep)]
-        return order[:len(keep)]
+        order = compact_slots(self.k, self.v, self.rows, indices)
+        self.lengths = [self.lengths[i] for i in order]
+        return order
