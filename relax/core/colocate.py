@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import time
 
-import ray
-
 from relax.core.offload import ColocateOffload
 from relax.core.runtime import Runtime, rollout_metrics
 from relax.core.train_data import to_train_samples
@@ -28,7 +26,7 @@ def train_colocate(rt: Runtime) -> None:
         t1 = time.perf_counter()
         offload.before_train(step)
         artifacts.event("phase", step=step, phase="train")
-        train_metrics = ray.get(rt.trainer.train_rollout.remote(samples, step))
+        train_metrics = rt.train_rollout(samples, step)
         t2 = time.perf_counter()
         offload.before_sync(step)
         artifacts.event("phase", step=step, phase="sync")

@@ -18,8 +18,6 @@ import threading
 import time
 from dataclasses import dataclass
 
-import ray
-
 from relax.core.runtime import Runtime, rollout_metrics
 from relax.core.train_data import to_train_samples
 
@@ -106,7 +104,7 @@ def train_fully_async(rt: Runtime) -> None:
             eval_metrics = rt.evaluate(step)  # engines hold version `step` here: syncs happen only in this thread
             t1 = time.perf_counter()
             artifacts.event("phase", step=step, phase="train")
-            train_metrics = ray.get(rt.trainer.train_rollout.remote(batch.samples, step))
+            train_metrics = rt.train_rollout(batch.samples, step)
             t2 = time.perf_counter()
             artifacts.event("phase", step=step, phase="sync")
             sync_s = rt.sync(version=step + 1, step=step)

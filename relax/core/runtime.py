@@ -62,6 +62,10 @@ class Runtime:
                     raise
                 self.supervisor.check_all()  # replaces (and re-syncs) the dead engines, then retry
 
+    def train_rollout(self, samples: list, step: int) -> dict[str, float]:
+        """Train one rollout batch on the trainer actor; the one place both loops hand data to training."""
+        return ray.get(self.trainer.train_rollout.remote(samples, step))
+
     def evaluate(self, step: int) -> dict[str, float]:
         """Eval metrics for this step when ``--eval-interval`` says so (the engines hold version ``step``)."""
         from relax.engine.rollout.evaluation import eval_due, run_eval
