@@ -94,21 +94,23 @@ def docker_scenarios(session: nox.Session) -> None:
         session.run("bash", "containers/dockerd.sh", "stop", state, external=True)
 
 
-BENCHES = {"engine": "ci/bench_engine.py", "megatron": "ci/bench_megatron.py"}
+BENCHES = {"engine": "ci/bench_engine.py", "megatron": "ci/bench_megatron.py", "grpo": "ci/bench_grpo_e2e.py"}
 
 
 def bench_commands(posargs: list[str]) -> list[list[str]]:
     """``[]``: every bench with its defaults; ``[NAME, ARGS...]``: that bench with ARGS; other
-    arguments go to the engine bench (as before the Megatron bench existed), then the Megatron bench."""
+    arguments go to the engine bench (as before the other benches existed), then the other benches."""
     if posargs and posargs[0] in BENCHES:
         return [["python3", BENCHES[posargs[0]], *posargs[1:]]]
-    return [["python3", BENCHES["engine"], *posargs], ["python3", BENCHES["megatron"]]]
+    rest = [["python3", path] for name, path in BENCHES.items() if name != "engine"]
+    return [["python3", BENCHES["engine"], *posargs], *rest]
 
 
 @nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
     """GPU benchmarks (run on the GPU machine), one table each: ci/bench_engine.py (embedded engine vs HF
-    generate, bf16 log-prob mismatch) and ci/bench_megatron.py (Megatron train MFU, colocate weight-sync
-    s/GB). ``nox -s bench -- megatron --quick`` runs one bench with its arguments."""
+    generate, bf16 log-prob mismatch), ci/bench_megatron.py (Megatron train MFU, colocate weight-sync
+    s/GB) and ci/bench_grpo_e2e.py (GRPO step time of relax train vs TRL's GRPOTrainer, side by side).
+    ``nox -s bench -- megatron --quick`` runs one bench with its arguments."""
     for command in bench_commands(list(session.posargs)):
         session.run(*command)

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # One GPU session on the air-gapped GPU machine (see ci/wheelhouse/): install the carried
 # wheels, then run the GPU measurements and write everything under $OUT.
-#   ci/gpu_session.sh PART1_DIR [what ...]      what: bench | colocate | scenarios | megatron (default: all)
+#   ci/gpu_session.sh PART1_DIR [what ...]      what: bench | colocate | scenarios | megatron | grpo (default: all)
+# grpo also needs .whl4/ (TRL's wheels, ci/wheelhouse/build.sh); without it the TRL row is skipped.
 set -uo pipefail
 PART1="$1"; shift
-WHAT="${*:-bench colocate scenarios megatron}"
+WHAT="${*:-bench colocate scenarios megatron grpo}"
 SITE=/tmp/site
+TRL_SITE=/tmp/site_trl  # its own dir, last on PYTHONPATH: TRL's wheels shadow nothing the other items use
 [ -d "$SITE/ray" ] || bash ci/wheelhouse/install.sh "$SITE" "$PART1" .whl2 || exit 1
-export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export PYTHONPATH="$SITE:$PWD:$TRL_SITE" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 python3 -c "import ray, torch, transformers; print('ray', ray.__version__, 'torch', torch.__version__, transformers.__version__, torch.cuda.get_device_name())"
 for w in $WHAT; do
@@ -21,5 +23,9 @@ for w in $WHAT; do
     megatron) timeout 330 python3 ci/bench_megatron.py --json "$OUT/bench_megatron.json" 2>&1 | tee "$OUT/bench_megatron.txt"
               timeout 540 python3 -m pytest scenarios -p harness.pytest_plugin --harness-profile gpu -k megatron \
                 --harness-results "$OUT/megatron_scenarios" -q 2>&1 | tail -30 | tee "$OUT/megatron_scenarios.txt" ;;
+    grpo) [ -d "$TRL_SITE/trl" ] || [ ! -d .whl4 ] || python3 -m pip install -q --no-index --no-deps --no-compile \
+            --target "$TRL_SITE" .whl4/*.whl
+          timeout 580 python3 ci/bench_grpo_e2e.py --json "$OUT/bench_grpo_e2e.json" --workdir /tmp/grpo_runs 2>&1 \
+            | tee "$OUT/bench_grpo_e2e.txt" ;;
   esac
 done

@@ -1,4 +1,5 @@
-"""On-policy distillation family: the student's KL to a trained teacher falls."""
+"""On-policy distillation family: the student's KL to a trained teacher falls, with the teacher in the
+training backend (--opd-type megatron) or served by an engine server (--opd-type sglang)."""
 
 import pytest
 
@@ -7,6 +8,15 @@ def test_opd_cpu(scenario):
     scenario("opd-cpu").assert_ok()
 
 
+def test_opd_sglang_cpu(scenario):
+    scenario("opd-sglang-cpu").assert_ok()
+
+
 @pytest.mark.gpu
 def test_opd_gpu(scenario):
     scenario("opd-gpu").assert_ok()
+
+
+@pytest.mark.gpu
+def test_opd_sglang_gpu(scenario):
+    scenario("opd-sglang-gpu").assert_ok()

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness.faults import EventTail, Trigger, parse_fault
+from harness.faults import EventTail, FaultWatcher, Trigger, parse_fault
 from harness.faults.proxy import FaultProxy
 
 
@@ -34,6 +34,17 @@ def test_event_tail_reads_only_complete_lines(tmp_path: Path) -> None:
     with open(path, "a") as fh:
         fh.write("}\n")
     assert [e["event"] for e in tail.read_new()] == ["b"]
+
+
+def test_watcher_ignores_services_without_a_local_pid(tmp_path: Path) -> None:
+    """An OPD teacher given by --rm-url is logged with pid null; the watcher must not crash on it."""
+    path = tmp_path / "events.jsonl"
+    path.write_text(json.dumps({"event": "process_started", "role": "opd_teacher", "url": "http://x", "pid": None})
+                    + "\n" + json.dumps({"event": "process_started", "role": "engine:0", "pid": 4242}) + "\n")
+    watcher = FaultWatcher(path, [], target=None, recorder=None)
+    watcher.poll()
+    assert watcher.pids == {"engine:0": 4242}
+    assert watcher.resolve("opd_teacher") is None
 
 
 def test_fault_specs_validate() -> None:

@@ -6,6 +6,9 @@
 #
 # Produces OUT_ROOT/.whl (small wheels + first chunk) and OUT_ROOT/.whl2 (remaining chunks);
 # both are git-ignored. On the GPU machine, ci/wheelhouse/install.sh reassembles and installs.
+# Also OUT_ROOT/.whl4 (git-ignored, ~2 MB, no chunks): TRL and the datasets wheels it lacks there, for the
+# TRL row of ci/bench_grpo_e2e.py (MACHINES.md: these suffice there, pyarrow, fsspec and accelerate are installed);
+# ci/gpu_session.sh installs them into their own --target dir for its `grpo` item.
 set -euo pipefail
 OUT_ROOT="${1:-.}"
 STAGE="$(mktemp -d)"
@@ -13,6 +16,7 @@ trap 'rm -rf "$STAGE"' EXIT
 PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
            --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 WHEELS=(ray==2.60.0 megatron-core==0.19.2 jsonschema jsonschema-specifications referencing rpds-py)
+TRL_WHEELS=(trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19)  # datasets 5.2: dill<0.4.2, multiprocess<0.70.20
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   "${PLATFORMS[@]}" -d "$STAGE" "${WHEELS[@]}" ${EXTRA_WHEELS:-}
 rm -rf "$OUT_ROOT/.whl" "$OUT_ROOT/.whl2"
@@ -30,4 +34,7 @@ for w in "$STAGE"/*.whl; do
     mv "$w" "$OUT_ROOT/.whl/"
   fi
 done
-du -sh "$OUT_ROOT/.whl" "$OUT_ROOT/.whl2"
+rm -rf "$OUT_ROOT/.whl4"
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  "${PLATFORMS[@]}" -d "$OUT_ROOT/.whl4" "${TRL_WHEELS[@]}"
+du -sh "$OUT_ROOT/.whl" "$OUT_ROOT/.whl2" "$OUT_ROOT/.whl4"

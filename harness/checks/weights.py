@@ -11,6 +11,10 @@ from typing import Any, Literal
 
 from harness.checks.base import CheckContext, CheckParams, CheckResult, register
 
+# Other holders of the policy that a sync updates (the fully-async actor_fwd service): judged like an
+# engine against the trainer, not counted as engines.
+POLICY_COPY_SIDES = ("actor_fwd:",)
+
 
 def _short(digest: Any) -> str:
     s = str(digest)
@@ -57,9 +61,10 @@ class WeightEquality(CheckParams):
                 tensors = max(tensors, len(checksums))
                 if not checksums:
                     problems.append(f"version {version}: trainer record has no checksums")
-            elif side.startswith("engine:"):
-                all_sides.add(side)
-                engine_sides[version].add(side)
+            elif side.startswith(("engine:", *POLICY_COPY_SIDES)):
+                if side.startswith("engine:"):
+                    all_sides.add(side)
+                    engine_sides[version].add(side)
                 if version in last_trainer:
                     problems += compare_records(version, side, last_trainer[version], checksums)
                 else:

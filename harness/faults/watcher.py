@@ -77,8 +77,9 @@ class FaultWatcher:
 
     def poll(self) -> None:
         for ev in self.tail.read_new():
-            if ev.get("event") == "process_started" and "role" in ev and "pid" in ev:
-                self.pids[str(ev["role"])] = int(ev["pid"])
+            # a service reached by URL (e.g. an OPD teacher given by --rm-url) has no local pid
+            if ev.get("event") == "process_started" and "role" in ev and isinstance(ev.get("pid"), int):
+                self.pids[str(ev["role"])] = ev["pid"]
             for fault in list(self.pending):
                 trig = fault.trigger_spec
                 if trig is not None and trig.matches(ev) and (ev.get("event") != "process_started"

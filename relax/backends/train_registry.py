@@ -29,9 +29,11 @@ TRAIN_BACKENDS: dict[str, TrainBackendEntry] = {
 }
 
 
-def build_train_backend(args: Namespace, device: str) -> Any:
+def build_train_backend(args: Namespace, device: str, *, inference_only: bool = False) -> Any:
+    """``inference_only``: a forward-only copy (no optimizer, no grads) for the fully-async services."""
     entry = TRAIN_BACKENDS[args.train_backend]
-    return getattr(importlib.import_module(entry.module), entry.cls)(args, device)
+    cls = getattr(importlib.import_module(entry.module), entry.cls)
+    return cls(args, device, inference_only=True) if inference_only else cls(args, device)
 
 
 def weight_dtype(train_backend: str) -> torch.dtype:

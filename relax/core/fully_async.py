@@ -1,10 +1,13 @@
 """The fully-async loop: rollout runs ahead of training by at most ``--max-staleness`` versions.
 
 A producer thread generates the batch for step k as soon as the engines hold weights of
-version >= k - max_staleness, and hands it to the trainer through a bounded queue; the
-trainer trains, pushes version k+1 to the engines (Ray runs each engine's calls in order,
-so a sync lands between two generate calls, never inside one) and moves on. With
-``--max-staleness 0`` the schedule, and therefore every number, equals the colocate loop.
+version >= k - max_staleness, and puts its train samples into the storage units of the data
+queue (transfer_queue.py); the trainer loop waits for the step's metadata, has the trainer
+actor fetch the samples from the units and train, drops the step, pushes version k+1 to the
+engines (Ray runs each engine's calls in order, so a sync lands between two generate calls,
+never inside one) and moves on. The driver keeps only the rollout groups (metrics, sample
+accounting). With ``--max-staleness 0`` the schedule, and therefore every number, equals the
+colocate loop.
 
 The data position saved in a checkpoint is the one right after the trained step's prompts
 were drawn, so batches generated ahead but not trained are regenerated after a resume,
@@ -13,29 +16,31 @@ never lost.
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from dataclasses import dataclass
 
 from relax.core.runtime import Runtime, rollout_metrics
 from relax.core.train_data import to_train_samples
+from relax.core.transfer_queue import DataQueue
 
 
 @dataclass
-class _Batch:
-    step: int
+class _Rollout:
+    """What the driver keeps of a step's rollout; its train samples live in the data queue."""
+
     groups: list
-    samples: list
     raw_rewards: list
     seconds: float
+    num_tokens: int
 
 
 class _Producer(threading.Thread):
-    def __init__(self, rt: Runtime):
+    def __init__(self, rt: Runtime, data: DataQueue):
         super().__init__(name="relax-rollout", daemon=True)
         self.rt = rt
-        self.queue: queue.Queue = queue.Queue(maxsize=rt.args.max_staleness + 1)
+        self.data = data
+        self.rollouts: dict[int, _Rollout] = {}  # under data_lock; written before the step is published
         self.version = rt.start_step
         self.cond = threading.Condition()
         self.data_lock = threading.Lock()
@@ -59,6 +64,10 @@ class _Producer(threading.Thread):
         with self.data_lock:
             return self.data_states.get(step + 1) or self.rt.run.data_source.state_dict()
 
+    def take(self, step: int) -> _Rollout:
+        with self.data_lock:
+            return self.rollouts.pop(step)
+
     def run(self) -> None:
         rt, args = self.rt, self.rt.args
         try:
@@ -73,49 +82,44 @@ class _Producer(threading.Thread):
                 t0 = time.perf_counter()
                 groups = rt.run.rollout_fn(args, step, rt.run.data_source)
                 samples, raw = to_train_samples(args, groups)
-                self.queue.put(_Batch(step, groups, samples, raw, time.perf_counter() - t0))
+                seconds = time.perf_counter() - t0
+                with self.data_lock:
+                    self.rollouts[step] = _Rollout(groups, raw, seconds, sum(len(s.tokens) for s in samples))
+                self.data.put(step, samples, [len(g) for g in groups])
         except BaseException as exc:  # noqa: BLE001 - handed to the trainer loop, which re-raises
-            self.queue.put(exc)
-
-
-def _next_batch(producer: _Producer) -> _Batch:
-    while True:
-        try:
-            item = producer.queue.get(timeout=1.0)
-        except queue.Empty:
-            if not producer.is_alive():
-                raise RuntimeError("rollout producer stopped without producing a batch") from None
-            continue
-        if isinstance(item, BaseException):
-            raise item
-        return item
+            self.data.fail(exc)
 
 
 def train_fully_async(rt: Runtime) -> None:
-    run, artifacts = rt.run, rt.artifacts
-    producer = _Producer(rt)
+    run, artifacts, args = rt.run, rt.artifacts, rt.args
+    data = DataQueue(args.num_data_storage_units, polling=args.polling_mode, capacity=args.max_staleness + 1)
+    producer = _Producer(rt, data)
     producer.start()
     try:
         for step in range(rt.start_step, run.num_rollout):
             t0 = time.perf_counter()
-            batch = _next_batch(producer)
-            assert batch.step == step, (batch.step, step)
+            stored = data.wait_meta(step, alive=producer.is_alive)
+            rollout = producer.take(step)
+            wait_s = time.perf_counter() - t0
             artifacts.event("step_start", step=step)
             eval_metrics = rt.evaluate(step)  # engines hold version `step` here: syncs happen only in this thread
             t1 = time.perf_counter()
             artifacts.event("phase", step=step, phase="train")
-            train_metrics = rt.train_rollout(batch.samples, step)
+            train_metrics = rt.train_rollout(stored, step)  # the trainer actor fetches the samples from the units
+            data.drop(step)
             t2 = time.perf_counter()
             artifacts.event("phase", step=step, phase="sync")
             sync_s = rt.sync(version=step + 1, step=step)
             producer.advance(step + 1)
             step_s = time.perf_counter() - t0
-            perf = {"perf/rollout_time_s": batch.seconds, "perf/rollout_wait_s": t1 - t0, "perf/train_time_s": t2 - t1,
-                    "perf/sync_time_s": sync_s, "perf/step_time_s": step_s,
-                    "perf/tokens_per_s": sum(len(s.tokens) for s in batch.samples) / max(step_s, 1e-9)}
-            versions = [s.weight_version for g in batch.groups for s in g]
-            rt.finish_step(step, batch.groups, rollout_metrics(batch.groups, batch.raw_rewards, batch.seconds, step),
+            perf = {"perf/rollout_time_s": rollout.seconds, "perf/rollout_wait_s": wait_s,
+                    "perf/train_time_s": t2 - t1, "perf/sync_time_s": sync_s, "perf/step_time_s": step_s,
+                    "perf/tokens_per_s": rollout.num_tokens / max(step_s, 1e-9)}
+            versions = [s.weight_version for g in rollout.groups for s in g]
+            rt.finish_step(step, rollout.groups, rollout_metrics(rollout.groups, rollout.raw_rewards, rollout.seconds,
+                                                                 step),
                            {**train_metrics, **eval_metrics}, perf, weight_version=min(versions),
                            data_state=lambda s=step: producer.data_state_after(s))
     finally:
         producer.stop()
+        data.close()

@@ -16,6 +16,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from relax import checkpoint as ckpt
+from relax.core.services import ServiceGroup
 from relax.core.setup import RunInputs
 from relax.distributed.actors import EngineActor, TrainerActor
 from relax.distributed.placement import parse_resource, start_ray
@@ -41,16 +42,18 @@ class Runtime:
     step: int = 0  # the step in progress (for sync records)
     supervisor: object = None  # EngineSupervisor with --use-fault-tolerance
     teacher: object = None  # opd_teacher.TeacherServer with --opd-type sglang
+    services: ServiceGroup | None = None  # fully-async reference / actor_fwd / advantages roles
 
     @property
     def last_step(self) -> int:
         return self.run.num_rollout - 1
 
     def sync(self, version: int, step: int) -> float:
-        """Push the trainer's weights to every engine as ``version``; restart engines that died meanwhile."""
+        """Push the trainer's weights to every engine (and the actor_fwd service) as ``version``;
+        restart engines that died meanwhile."""
         self.version, self.step = version, step
         while True:
-            targets = list(enumerate(self.engines))
+            targets = list(enumerate(self.engines)) + (self.services.sync_targets() if self.services else [])
             try:
                 if self.args.check_weight_update_equal:  # a tensor the sync misses keeps its noise: checksums differ
                     ray.get([e.weights_checker.remote("reset_tensors", seed=version) for _, e in targets])
@@ -58,13 +61,27 @@ class Runtime:
                 return sync_weights(self.trainer, targets, version=version, step=step,
                                     bucket_bytes=self.args.update_weight_buffer_size, artifacts=self.artifacts)
             except RayActorError:
-                if self.supervisor is None or not self.trainer_alive():
+                if self.supervisor is None or not self.trainer_alive() or not self.services_alive():
                     raise
                 self.supervisor.check_all()  # replaces (and re-syncs) the dead engines, then retry
 
-    def train_rollout(self, samples: list, step: int) -> dict[str, float]:
-        """Train one rollout batch on the trainer actor; the one place both loops hand data to training."""
-        return ray.get(self.trainer.train_rollout.remote(samples, step))
+    def train_rollout(self, samples, step: int) -> dict[str, float]:
+        """Train one rollout batch on the trainer actor; the one place both loops hand data to training.
+
+        ``samples``: a list of train samples, or a handle whose ``fetch()`` returns them (the data
+        queue's `StoredBatch`; every consumer fetches for itself). With the fully-async services the
+        old/ref log-probs and advantages are computed there first (relax/core/services.py).
+        """
+        if self.services is None:
+            return ray.get(self.trainer.train_rollout.remote(samples, step))
+        start = time.perf_counter()
+        payload = samples if hasattr(samples, "fetch") else ray.put(samples)  # one copy for every consumer
+        precomputed = self.services.precompute(payload)
+        if isinstance(precomputed, ray.ObjectRef):
+            ray.wait([precomputed], fetch_local=False)  # only to time the services; errors surface below
+        services_s = time.perf_counter() - start
+        metrics = ray.get(self.trainer.train_rollout.remote(payload, step, precomputed))
+        return {**metrics, "perf/services_time_s": services_s}
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Eval metrics for this step when ``--eval-interval`` says so (the engines hold version ``step``)."""
@@ -83,8 +100,14 @@ class Runtime:
                             bucket_bytes=self.args.update_weight_buffer_size, artifacts=self.artifacts)
 
     def trainer_alive(self) -> bool:
+        return self._alive(self.trainer)
+
+    def services_alive(self) -> bool:
+        return all(self._alive(actor) for actor in (self.services.actors().values() if self.services else ()))
+
+    def _alive(self, actor) -> bool:
         try:
-            ray.get(self.trainer.pid.remote(), timeout=self.args.rollout_health_check_timeout)
+            ray.get(actor.pid.remote(), timeout=self.args.rollout_health_check_timeout)
             return True
         except Exception:  # noqa: BLE001 - any failure means not alive
             return False
@@ -96,7 +119,8 @@ class Runtime:
             from relax.engine.rollout.opd_teacher import stop_teacher
 
             stop_teacher()
-        for actor in [self.trainer, *self.engines]:
+        services = list(self.services.actors().values()) if self.services else []
+        for actor in [self.trainer, *self.engines, *services]:
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already dead
@@ -184,11 +208,15 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
     trainer = TrainerActor.options(max_concurrency=2, **placement.actor_options("actor")).remote(args, run.device)
     engines = [EngineActor.options(**placement.actor_options("rollout")).remote(args, run.device, i)
                for i in range(placement.rollout.replicas)]
+    services = ServiceGroup.start(args, run.device, placement) if placement.services else None
     artifacts.event("process_started", role="trainer:0", pid=ray.get(trainer.pid.remote()))
     for i, engine in enumerate(engines):
         artifacts.event("process_started", role=f"engine:{i}", pid=ray.get(engine.pid.remote()))
-    console.info(f"trainer up: {ray.get(trainer.describe.remote())}; {len(engines)} engine(s)")
-    rt = Runtime(args, run, artifacts, trainer, engines)
+    for role, actor in (services.actors() if services else {}).items():
+        artifacts.event("process_started", role=role, pid=ray.get(actor.pid.remote()))
+    console.info(f"trainer up: {ray.get(trainer.describe.remote())}; {len(engines)} engine(s)"
+                 + (f"; services {', '.join(services.actors())}" if services else ""))
+    rt = Runtime(args, run, artifacts, trainer, engines, services=services)
     if args.custom_generate_function_path and len(engines) > 1:
         raise ConfigError("not supported yet: --custom-generate-function-path with more than one engine "
                           "(needs the router in the training loop)")

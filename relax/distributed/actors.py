@@ -1,7 +1,7 @@
-"""The Ray actors of a run: the trainer and the rollout engines.
+"""The Ray actors of a run: the trainer, the rollout engines and the fully-async services.
 
-Both are thin: all logic lives in the backend and engine classes, so the same code runs in
-a unit test without Ray. Each actor pins torch to one thread (see placement.worker_env).
+All are thin: all logic lives in the backend, engine and service classes, so the same code runs
+in a unit test without Ray. Each actor pins torch to one thread (see placement.worker_env).
 """
 
 from __future__ import annotations
@@ -33,7 +33,13 @@ class TrainerActor:
     def describe(self) -> dict:
         return self.backend.describe()
 
-    def train_rollout(self, samples: list, step: int) -> dict:
+    def train_rollout(self, samples, step: int, precomputed=None) -> dict:
+        """``samples``: the train samples, or an object whose ``fetch()`` returns them (the fully-async
+        loop's `StoredBatch`: the data comes from the storage units straight to this actor)."""
+        if hasattr(samples, "fetch"):
+            samples = samples.fetch()
+        if precomputed is not None:  # columns from the fully-async services (relax/core/services.py)
+            return self.backend.train_rollout(samples, step, precomputed)
         return self.backend.train_rollout(samples, step)
 
     def offload(self) -> dict[str, float]:
@@ -70,23 +76,8 @@ class EngineActor:
     def __init__(self, args: Namespace, device: str, engine_id: int):
         _init_process()
 
-        from relax.backends.embedded.engine import EmbeddedEngine
-        from relax.backends.train_registry import weight_dtype
-        from relax.models import build_model, load_tokenizer
-
         self.engine_id = engine_id
-        tokenizer = load_tokenizer(args.hf_checkpoint)
-        # the engine holds weights in the trainer's export dtype, so both sides' checksums agree bitwise
-        dtype = weight_dtype(args.train_backend)
-        model = build_model(args.hf_checkpoint, dtype=dtype, seed=args.seed).to(device).eval()
-        eos = [t for t in [tokenizer.eos_token_id, getattr(model.config, "eos_token_id", None)] if isinstance(t, int)]
-        self.engine = EmbeddedEngine(
-            model,
-            eos_token_ids=sorted(set(eos)),
-            device=device,
-            max_context_len=args.rollout_max_context_len,
-            tokenizer=tokenizer,
-        )
+        self.engine = build_engine(args, device)
 
         self.scheduler = None
         self.url: str | None = None
@@ -169,6 +160,25 @@ class EngineActor:
         return self._exclusive(lambda engine: WeightsChecker(engine.model).run(action, **kwargs))
 
 
+def build_engine(args: Namespace, device: str):
+    """The embedded engine an `EngineActor` hosts: ``--hf-checkpoint`` in the trainer's export dtype, with
+    the runner ``--embedded-runner`` / ``--embedded-cuda-graph`` / ``--embedded-compile`` resolve to on
+    ``device`` (relax/backends/embedded/runner_choice.py)."""
+    from relax.backends.embedded.engine import EmbeddedEngine
+    from relax.backends.embedded.runner_choice import engine_runner_kwargs
+    from relax.backends.train_registry import weight_dtype
+    from relax.models import build_model, load_tokenizer
+
+    tokenizer = load_tokenizer(args.hf_checkpoint)
+    # the engine holds weights in the trainer's export dtype, so both sides' checksums agree bitwise
+    dtype = weight_dtype(args.train_backend)
+    model = build_model(args.hf_checkpoint, dtype=dtype, seed=args.seed).to(device).eval()
+    eos = [t for t in [tokenizer.eos_token_id, getattr(model.config, "eos_token_id", None)] if isinstance(t, int)]
+    return EmbeddedEngine(model, eos_token_ids=sorted(set(eos)), device=device,
+                          max_context_len=args.rollout_max_context_len, tokenizer=tokenizer,
+                          **engine_runner_kwargs(args, device, model))
+
+
 def _timed_memory(engine, fn, *, freed: bool) -> dict[str, float]:
     """Run a release/resume; ``device_bytes``: CUDA memory freed (release) or taken back (resume), 0 on CPU."""
     import time
@@ -180,3 +190,46 @@ def _timed_memory(engine, fn, *, freed: bool) -> dict[str, float]:
     fn()
     after = torch.cuda.memory_allocated(engine.device) if cuda else 0
     return {"seconds": time.perf_counter() - start, "device_bytes": max(before - after if freed else after - before, 0)}
+
+
+@ray.remote
+class ForwardServiceActor:
+    """The ``reference`` or ``actor_fwd`` service (`relax.core.services.ForwardService`)."""
+
+    def __init__(self, args: Namespace, device: str, role: str):
+        _init_process()
+        from relax.core.services import ForwardService
+
+        self.service = ForwardService(args, device, role)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def log_probs(self, samples):
+        return self.service.log_probs(samples)
+
+    def update_weights(self, bucket: list, version: int | None) -> int | None:
+        return self.service.update_weights(bucket, version)
+
+    def checksums(self) -> dict[str, str]:
+        return self.service.checksums()
+
+    def weights_checker(self, action: str, **kwargs) -> dict:
+        return self.service.weights_checker(action, **kwargs)
+
+
+@ray.remote
+class AdvantagesActor:
+    """The ``advantages`` service (`relax.core.services.AdvantageService`), CPU only."""
+
+    def __init__(self, args: Namespace):
+        _init_process()
+        from relax.core.services import AdvantageService
+
+        self.service = AdvantageService(args)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def compute(self, samples, old_log_probs, ref_log_probs):
+        return self.service.compute(samples, old_log_probs, ref_log_probs)

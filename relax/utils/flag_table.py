@@ -57,10 +57,10 @@ SEED_FLAGS: list[FlagSpec] = [
     F('distributed-backend', 'str', 'nccl', 'Ray Launch Parameters', 'Distributed backend'),
     F('distributed-timeout-minutes', 'int', 10, 'Ray Launch Parameters', 'Distributed timeout in minutes'),
     # --- TransferQueue Data Queue
-    F('num-data-storage-units', 'int', 1, 'TransferQueue Data Queue', 'Number of TransferQueue SimpleStorageUnit actors'),
+    F('num-data-storage-units', 'int', 1, 'TransferQueue Data Queue', "Number of TransferQueue SimpleStorageUnit actors. Here: Ray actors (0 CPUs) that hold each step's train samples, whole groups dealt round-robin, from rollout until the step is trained; the trainer actor fetches them directly (relax/core/transfer_queue.py). --fully-async only; must be >= 1"),
     F('max-staleness', 'int', 0, 'TransferQueue Data Queue', 'Maximum staleness for TransferQueue data system (0=on-policy)'),
-    F('polling-mode', 'bool', True, 'TransferQueue Data Queue', 'Whether to use polling mode when fetching metadata'),
-    F('num-iters-per-train-update', 'int', 1, 'TransferQueue Data Queue', 'Number of iterations per global batch in fully async pipeline'),
+    F('polling-mode', 'bool', True, 'TransferQueue Data Queue', "Whether to use polling mode when fetching metadata. Here: true, the trainer loop checks every 20 ms whether the next step's data is stored; false, it blocks until the rollout producer publishes it. --fully-async only"),
+    F('num-iters-per-train-update', 'int', 1, 'TransferQueue Data Queue', 'Number of iterations per global batch in fully async pipeline. Here: the trainer runs its optimizer steps over each rollout batch this many times (PPO epochs; old/ref log-probs and advantages stay the ones computed before the first iteration); Relax uses it with --fully-async (seed 004: 4-8), the colocate loop honours it too. train/num_optimizer_steps logs the count; must be >= 1'),
     # --- Training Backend and Mode
     F('train-backend', 'str', 'megatron', 'Training Backend and Mode', 'Training backend selection (torch: plain PyTorch on CPU or GPU, a Relax harness addition)', choices=('megatron', 'torch')),
     F('qkv-format', 'str', 'thd', 'Training Backend and Mode', 'QKV layout for Megatron backend. Dynamic batching not supported in bshd mode; must specify --micro-batch-size', choices=('thd', 'bshd',)),
@@ -376,6 +376,24 @@ ADDED_FLAGS: list[FlagSpec] = [
     F("lambd", "float", 1.0, ADDITIONS_GROUP, "GAE lambda for the ppo estimator (slime flag; not in the seed's tables)"),
     F("rollout-backend", "str", "embedded", ADDITIONS_GROUP,
       "Rollout engine: embedded (our engine server) or sglang (a real SGLang server)", choices=("embedded", "sglang")),
+    F("ref-actor-config", "json", None, ADDITIONS_GROUP,
+      "JSON config overrides for Reference/ActorFwd services (seed 004), the separate lightweight services of the "
+      "reference / actor_fwd roles in --resource (--fully-async; relax/core/services.py). Keys: "
+      "tensor_model_parallel_size (1), sequence_parallel (false), max_tokens_per_gpu (the services' dynamic-batching "
+      "token budget; default: the trainer's micro-batching), only_load_weight (true: forward-only, no optimizer)"),
+    F("embedded-runner", "str", "auto", ADDITIONS_GROUP,
+      "Model runner of the embedded rollout engines: hf (HF modules, DynamicCache), static (HF modules over "
+      "preallocated KV slots) or lean (our fused decoder forward, the fast GPU path). auto: lean with CUDA graphs "
+      "on CUDA, hf on CPU; on CUDA auto falls back to hf (and says so) when lean's preallocated KV cache "
+      "(one slot per sample of a rollout step, at most 256, x --rollout-max-context-len, else the model's "
+      "max_position_embeddings) would exceed 25% of GPU memory. Rule: relax/backends/embedded/runner_choice.py; "
+      "relax serve-engine has its own --runner", choices=("auto", "hf", "static", "lean")),
+    F("embedded-cuda-graph", "bool", None, ADDITIONS_GROUP,
+      "Capture the engines' decode steps as CUDA graphs (static and lean runners; lean captures sampling too). "
+      "Unset: on for static and lean on CUDA, off otherwise; true on CPU or with the hf runner is an error"),
+    F("embedded-compile", "flag", False, ADDITIONS_GROUP,
+      "torch.compile the lean runner's decode forward before graph capture (faster decode, slower first "
+      "steps). Needs a CUDA device and --embedded-runner lean (or auto)"),
 ]
 
 # What is implemented so far. A flag not listed here may only keep its documented default;
@@ -411,7 +429,8 @@ SUPPORTED: frozenset[str] = frozenset({
     # rewards
     "rm-type", "custom-rm-path", "reward-key", "custom-reward-post-process-path",
     # modes
-    "fully-async", "max-staleness", "use-opd", "opd-type", "opd-kl-coef", "opd-teacher-load",
+    "num-iters-per-train-update", "ref-actor-config",  # PPO epochs; fully-async services (relax/core/services.py)
+    "fully-async", "max-staleness", "num-data-storage-units", "polling-mode", "use-opd", "opd-type", "opd-kl-coef", "opd-teacher-load",
     "check-weight-update-equal", "custom-generate-function-path", "group-rm", "rm-url",
     "over-sampling-batch-size", "dynamic-sampling-filter-path",
     "partial-rollout", "partial-rollout-max-aborted-count", "mask-offpolicy-in-partial-rollout", "buffer-filter-path",
@@ -427,6 +446,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "use-tensorboard", "tb-project-name", "tb-experiment-name", "custom-config-path",
     # additions
     "preset", "output-dir", "config", "device", "rollout-backend",
+    "embedded-runner", "embedded-cuda-graph", "embedded-compile",
 })
 SUPPORTED_VALUES: dict[str, frozenset[Any]] = {
     "optimizer": frozenset({"adam"}),

@@ -11,12 +11,19 @@ import re
 from argparse import Namespace
 from collections.abc import Set
 
+from relax.backends.embedded.runner_choice import check_runner_flags
 from relax.backends.megatron.checks import check_train_backend_args
+from relax.utils.flag_table import FLAGS_BY_NAME
 from relax.utils.flag_types import ConfigError
 
 
 def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
+
+
+def needs_reference_model(args: Namespace) -> bool:
+    """KL loss or KL reward shaping need the frozen reference model (in the trainer, or the `reference` service)."""
+    return bool(args.use_kl_loss or args.kl_loss_coef or args.kl_coef)
 
 
 def _positive(args: Namespace, *dests: str) -> None:
@@ -63,7 +70,7 @@ def _batch_sizes(args: Namespace, explicit: Set[str]) -> None:
 
 def _train_loop(args: Namespace) -> None:
     """Dynamic batching, chunked log-probs and the parameter-freezing regexes."""
-    _positive(args, "max_tokens_per_gpu", "log_probs_max_tokens_per_gpu")
+    _positive(args, "max_tokens_per_gpu", "log_probs_max_tokens_per_gpu", "num_iters_per_train_update")
     if not args.use_dynamic_batch_size:
         for dest in ("max_tokens_per_gpu", "log_probs_max_tokens_per_gpu"):
             if getattr(args, dest) is not None:
@@ -100,6 +107,7 @@ def _requirements(args: Namespace) -> None:
     if args.use_dynamic_batch_size and not args.max_tokens_per_gpu:
         raise ConfigError("--use-dynamic-batch-size requires --max-tokens-per-gpu")
     check_train_backend_args(args)
+    check_runner_flags(args)
 
 
 def _opd_sglang(args: Namespace) -> None:
@@ -129,6 +137,54 @@ def _partial_rollout(args: Namespace) -> None:
     for dest in ("fully_async", "use_fault_tolerance", "custom_generate_function_path"):
         if getattr(args, dest):
             raise ConfigError(f"not supported yet: --partial-rollout with {_flag(dest)}")
+
+
+def _transfer_queue(args: Namespace) -> None:
+    """The TransferQueue knobs configure the fully-async loop's storage units (relax/core/transfer_queue.py)."""
+    _positive(args, "num_data_storage_units")
+    if not args.fully_async:
+        for dest in ("num_data_storage_units", "polling_mode"):
+            if getattr(args, dest) != FLAGS_BY_NAME[dest.replace("_", "-")].default:
+                raise ConfigError(f"{_flag(dest)} has no effect without --fully-async "
+                                  "(the colocate loop hands samples to the trainer directly)")
+
+
+def _services(args: Namespace) -> None:
+    """Seed 004's fully-async service roles in --resource and their --ref-actor-config (relax/core/services.py).
+
+    A ``reference`` role without a reference model is refused, not ignored: it would hold a model
+    nobody asks. ``advantages`` takes its inputs from the other services, so it needs them.
+    """
+    from relax.distributed.placement import parse_ref_actor_config, service_roles
+
+    roles = service_roles(args)
+    if args.ref_actor_config is not None and not roles & {"reference", "actor_fwd"}:
+        raise ConfigError("--ref-actor-config needs a reference or actor_fwd role in --resource")
+    if not roles:
+        return
+    args.ref_actor_config = parse_ref_actor_config(args.ref_actor_config)
+    named = ", ".join(sorted(roles))
+    if not args.fully_async:
+        raise ConfigError(f"--resource roles {named} need --fully-async (the services feed the fully-async trainer)")
+    if args.train_backend != "torch":
+        raise ConfigError(f"not supported yet: --resource roles {named} with --train-backend {args.train_backend}")
+    needs_ref = needs_reference_model(args)
+    if "reference" in roles and not needs_ref:
+        raise ConfigError("--resource role 'reference' needs a reference model (--use-kl-loss, --kl-loss-coef or "
+                          "--kl-coef); without one nothing uses it")
+    if "advantages" not in roles:
+        return
+    if args.advantage_estimator == "ppo":
+        raise ConfigError("not supported yet: --resource role 'advantages' with --advantage-estimator ppo "
+                          "(the critic's values live in the trainer)")
+    if args.use_opd and args.opd_type == "megatron":
+        raise ConfigError("not supported yet: --resource role 'advantages' with --opd-type megatron "
+                          "(the teacher's log-probs live in the trainer)")
+    if "actor_fwd" not in roles:
+        raise ConfigError("--resource role 'advantages' needs 'actor_fwd' (it takes the old log-probs from it)")
+    if needs_ref and "reference" not in roles:
+        raise ConfigError("--resource role 'advantages' needs 'reference' with a KL term (it takes the reference "
+                          "log-probs from it)")
 
 
 def _offload(args: Namespace) -> None:
@@ -198,4 +254,6 @@ def resolve_and_validate(args: Namespace, explicit: Set[str] = frozenset()) -> N
     _requirements(args)
     _train_loop(args)
     _partial_rollout(args)
+    _transfer_queue(args)
+    _services(args)
     _when_none(args)

@@ -2,7 +2,12 @@
 
 One `train_rollout` call does a whole RL step on the trainer side:
 old (and reference) log-probs -> advantages -> ``num_steps`` optimizer steps, each with
-gradient accumulation over micro-batches. Old log-probs are computed with exactly the
+gradient accumulation over micro-batches, repeated ``--num-iters-per-train-update`` times over
+the same batch (PPO epochs: old/ref log-probs and advantages stay the ones computed first).
+With the fully-async services (`relax.core.services`) the log-probs and advantages arrive
+precomputed (`Precomputed`) and the trainer only runs the optimizer steps; a service builds
+this same class with ``inference_only=True`` (no optimizer, no grads) so its log-probs come
+from exactly this code. Old log-probs are computed with exactly the
 micro-batch slicing the loss uses, so at the first optimizer step the PPO ratio is
 exactly 1 (``train/ppo_kl`` == 0), which the harness checks. Micro-batches are fixed-size or
 packed by token count (`relax.backends.torch.micro_batches`); the loss is normalised over the
@@ -23,34 +28,48 @@ from typing import Any
 import numpy as np
 import torch
 
-from relax.algorithms import AlgorithmConfig, compute_advantages, policy_loss
+from relax.algorithms import AdvantageOutput, AlgorithmConfig, compute_advantages, policy_loss
 from relax.algorithms.critic import should_update_actor
 from relax.algorithms.reducers import merge_metrics
-from relax.backends.torch.batch import RolloutTensors, TrainSample, build_model_inputs, build_rollout_tensors
+from relax.backends.torch.batch import (
+    Precomputed,
+    RolloutTensors,
+    TrainSample,
+    build_model_inputs,
+    build_rollout_tensors,
+)
 from relax.backends.torch.freezing import apply_param_freezing
 from relax.backends.torch.logprobs import response_log_probs
 from relax.backends.torch.micro_batches import fixed_micro_batches, micro_batches
 from relax.backends.torch.rollout_postprocess import postprocess_rollout_data
+from relax.distributed.placement import service_roles
 from relax.models import build_model
 from relax.utils.fault_hooks import fault_at
+from relax.utils.validation import needs_reference_model
 from relax.weights.checksum import state_checksums
 
-
-def needs_reference_model(args: Namespace) -> bool:
-    return bool(args.use_kl_loss or args.kl_loss_coef or args.kl_coef)
+__all__ = ["TorchTrainBackend", "needs_reference_model"]
 
 
 class TorchTrainBackend:
-    """Owns the policy (and frozen reference) model and its optimizer."""
+    """Owns the policy (and frozen reference) model and its optimizer.
 
-    def __init__(self, args: Namespace, device: str):
+    ``inference_only``: a forward-only copy for the fully-async services (``--ref-actor-config``
+    ``only_load_weight``): the policy model without grads, optimizer, reference, teacher or critic.
+    """
+
+    def __init__(self, args: Namespace, device: str, *, inference_only: bool = False):
         self.args = args
         self.device = torch.device(device)
         torch.manual_seed(args.seed)
         self.model = build_model(args.hf_checkpoint, dtype=torch.float32, seed=args.seed).to(self.device)
         self.model.train()
         self.ref_model = None
-        if needs_reference_model(args):
+        if inference_only:
+            self._init_inference_only()
+            return
+        # with a `reference` service the frozen copy lives there, not here
+        if needs_reference_model(args) and "reference" not in service_roles(args):
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.frozen_params = apply_param_freezing(self.model, args)
         self.optimizer = torch.optim.AdamW(
@@ -78,6 +97,14 @@ class TorchTrainBackend:
 
             self.critic = Critic(args, self.device, self.pad_id, self.algo)
         self._train_offloader = None  # built on the first --offload-train call
+
+    def _init_inference_only(self) -> None:
+        self.model.requires_grad_(False)
+        self.frozen_params, self.optimizer, self.teacher, self.critic = [], None, None, None
+        self.algo = AlgorithmConfig.from_args(self.args)
+        self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
+        self._step = 0
+        self._train_offloader = None
 
     # ------------------------------------------------------------------ forward passes
     def _global_batches(self, n: int) -> list[slice]:
@@ -118,30 +145,32 @@ class TorchTrainBackend:
             out[sl] = lp.cpu()
         return out
 
+    # ------------------------------------------------------------------ services (fully-async)
+    def forward_log_probs(self, samples: list[TrainSample]) -> torch.Tensor:
+        """``[N, T]`` response log-probs of ``samples`` under this backend's model (what a service returns)."""
+        return self._log_probs_no_grad(self.model, build_rollout_tensors(samples))
+
+    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors (one bucket of a weight sync) into the model: a service's copy of the policy."""
+        state = self.model.state_dict()
+        unknown = [name for name, _ in named_tensors if name not in state]
+        if unknown:
+            raise ValueError(f"unknown weights {unknown[:3]} (not in the model's state dict)")
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                state[name].copy_(tensor.to(state[name].device, state[name].dtype))
+
     # ------------------------------------------------------------------ one RL step
-    def train_rollout(self, samples: list[TrainSample], step: int) -> dict[str, float]:
+    def train_rollout(self, samples: list[TrainSample], step: int,
+                      precomputed: Precomputed | None = None) -> dict[str, float]:
+        """One RL step. ``precomputed``: columns the fully-async services computed (`relax.core.services`)."""
         args = self.args
         self._step = step
         batch = build_rollout_tensors(samples)
         n = len(samples)
         if n % args.global_batch_size:
             raise ValueError(f"rollout produced {n} samples, not a multiple of --global-batch-size {args.global_batch_size}")
-        old_lp = self._log_probs_no_grad(self.model, batch)
-        ref_lp = self._log_probs_no_grad(self.ref_model, batch) if self.ref_model is not None else None
-        teacher_lp = batch.teacher_log_probs
-        if self.teacher is not None:
-            teacher_lp = self._log_probs_no_grad(self.teacher, batch)
-        old_values = self.critic.values(batch, self._all_micro_batches(samples)) if self.critic is not None else None
-        adv = compute_advantages(
-            self.algo,
-            rewards=batch.rewards,
-            loss_mask=batch.loss_mask,
-            group_size=args.n_samples_per_prompt,
-            old_log_probs=old_lp,
-            ref_log_probs=ref_lp,
-            values=old_values,
-            teacher_log_probs=teacher_lp,
-        )
+        old_lp, ref_lp, teacher_lp, old_values, adv = self._rollout_columns(batch, precomputed or Precomputed())
         postprocess_rollout_data(args, step, batch, old_lp, ref_lp, adv)
         metrics: dict[str, float] = {f"train/{k}": float(v) for k, v in adv.metrics.items()}
         if teacher_lp is not None:  # sampled-token estimate of KL(student || teacher)
@@ -152,16 +181,51 @@ class TorchTrainBackend:
             metrics["train/train_rollout_logprob_abs_diff"] = float(diff.sum() / batch.loss_mask.sum().clamp(min=1))
         per_step: dict[str, list[float]] = defaultdict(list)
         update_actor = should_update_actor(self.algo, step)
-        for gsl in self._global_batches(n):
-            step_metrics = self._optimizer_step(batch, gsl, old_lp, ref_lp, adv.advantages) if update_actor else {}
-            if self.critic is not None:
-                micro = self._micro_batches(samples, gsl)
-                step_metrics.update(self.critic.train_step(batch, gsl, micro, old_values, adv.returns, step))
-            for key, value in step_metrics.items():
-                per_step[key].append(value)
+        num_steps = 0
+        # PPO epochs: every iteration reuses the old/ref log-probs and advantages computed above
+        for _ in range(args.num_iters_per_train_update):
+            for gsl in self._global_batches(n):
+                step_metrics = self._optimizer_step(batch, gsl, old_lp, ref_lp, adv.advantages) if update_actor else {}
+                if self.critic is not None:
+                    micro = self._micro_batches(samples, gsl)
+                    step_metrics.update(self.critic.train_step(batch, gsl, micro, old_values, adv.returns, step))
+                num_steps += int(update_actor or self.critic is not None)
+                for key, value in step_metrics.items():
+                    per_step[key].append(value)
         metrics.update({f"train/{k}": float(np.mean(v)) for k, v in per_step.items()})
         metrics["train/lr"] = float(self.optimizer.param_groups[0]["lr"])
+        metrics["train/num_optimizer_steps"] = float(num_steps)
         return metrics
+
+    def _rollout_columns(self, batch: RolloutTensors, pre: Precomputed):
+        """Old, reference and teacher log-probs, critic values and advantages: the precomputed ones, else computed here."""
+        pre.check_rows(len(batch.samples), batch.loss_mask.shape[1])
+        old_lp = pre.old_log_probs if pre.old_log_probs is not None else self._log_probs_no_grad(self.model, batch)
+        ref_lp = pre.ref_log_probs
+        if ref_lp is None and self.ref_model is not None:
+            ref_lp = self._log_probs_no_grad(self.ref_model, batch)
+        if ref_lp is None and needs_reference_model(self.args):
+            raise RuntimeError("the reference model lives in the `reference` service, but no reference log-probs "
+                               "were passed to train_rollout")
+        teacher_lp = batch.teacher_log_probs
+        if self.teacher is not None:
+            teacher_lp = self._log_probs_no_grad(self.teacher, batch)
+        old_values = self.critic.values(batch, self._all_micro_batches(batch.samples)) if self.critic is not None else None
+        if pre.advantages is not None:  # cloned: the rollout-data hook edits them in place
+            returns = None if pre.returns is None else pre.returns.clone()
+            return old_lp, ref_lp, teacher_lp, old_values, AdvantageOutput(pre.advantages.clone(), returns,
+                                                                           dict(pre.metrics))
+        adv = compute_advantages(
+            self.algo,
+            rewards=batch.rewards,
+            loss_mask=batch.loss_mask,
+            group_size=self.args.n_samples_per_prompt,
+            old_log_probs=old_lp,
+            ref_log_probs=ref_lp,
+            values=old_values,
+            teacher_log_probs=teacher_lp,
+        )
+        return old_lp, ref_lp, teacher_lp, old_values, adv
 
     def _optimizer_step(
         self,

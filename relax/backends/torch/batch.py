@@ -8,7 +8,7 @@ same rows; no re-packing happens between phases.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -43,6 +43,27 @@ class RolloutTensors:
     @property
     def num_tokens(self) -> int:
         return int(self.loss_mask.sum().item())
+
+
+@dataclass
+class Precomputed:
+    """Per-sample columns computed outside the trainer (the fully-async services, `relax.core.services`).
+
+    Row i belongs to sample i; per-token columns are ``[N, T]`` like `RolloutTensors`. A column
+    left None is computed by the trainer as usual; ``metrics`` come with ``advantages``.
+    """
+
+    old_log_probs: torch.Tensor | None = None
+    ref_log_probs: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def check_rows(self, n: int, width: int) -> None:
+        for name in ("old_log_probs", "ref_log_probs", "advantages", "returns"):
+            value = getattr(self, name)
+            if value is not None and tuple(value.shape) != (n, width):
+                raise ValueError(f"precomputed {name} has shape {tuple(value.shape)}, the batch needs {(n, width)}")
 
 
 def _pad_rows(rows: list[list[float]], width: int, dtype: torch.dtype) -> torch.Tensor:

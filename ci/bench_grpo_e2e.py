@@ -1,0 +1,514 @@
+"""End-to-end GRPO step time: ``relax train`` vs TRL's ``GRPOTrainer`` on one workload, side by side in one run.
+
+    python3 ci/bench_grpo_e2e.py                          # GPU: TRL, relax (torch backend), relax (megatron) if importable
+    python3 ci/bench_grpo_e2e.py --quick                  # 5 steps per system instead of 8
+    python3 ci/bench_grpo_e2e.py --json /tmp/out/grpo.json --workdir /tmp/out/grpo_runs
+    python3 ci/bench_grpo_e2e.py --device cpu --model tiny-qwen3 --prompt-len 8 --max-new 8 \\
+        --prompts 2 --generations 4 --steps 3 --warmup 1 --systems relax-torch   # CPU smoke (numbers mean nothing)
+
+Prints progress to stderr and one table to stdout; exit status 0 when every requested system ran
+(a system that cannot run here, TRL not installed or megatron-core not importable, is a skipped row;
+targets missed are reported, not failures), 1 when a system failed, 2 when this machine cannot run it.
+
+The workload (MACHINES.md's TRL baseline line), identical on both sides:
+
+* model ``--model`` (bench-270m: random-init Qwen3, 267M params) built by `relax.models.build_model`
+  with the same ``--seed`` on both sides, and its own tokenizer (wordlevel-32k, an HF
+  ``PreTrainedTokenizerFast``; pad ``<|endoftext|>``, EOS ``<|im_end|>``);
+* ``--prompts`` 8 prompts x ``--generations`` 8 completions per optimizer step (64 completions), each
+  prompt exactly ``--prompt-len`` 128 tokens of random words from a fixed seed (plain text, no chat
+  template), new prompts every step (``--steps`` x 8 prompts, in file order on both sides);
+* at most ``--max-new`` 256 completion tokens, temperature 1.0, no top-k/top-p; the random-init
+  model rarely samples EOS, so almost every completion is full length on both sides (each row
+  reports its mean completion length, and tokens/s counts the tokens generated);
+* reward: the fraction of completion tokens with an even id (dense, identical on both sides;
+  `even_fraction`); GRPO, beta = 0 (no KL, no reference model), one optimizer step per rollout,
+  AdamW lr ``--lr`` 1e-6, weight decay 0, grad clip 1.0, no gradient checkpointing, all 64
+  sequences in one micro-batch (``--micro-batch``).
+
+TRL side (TRL 1.16.0, in a subprocess so its CUDA memory is gone before relax starts):
+``GRPOTrainer(model, reward_funcs=trl_reward, args=GRPOConfig(per_device_train_batch_size=64,
+num_generations=8, max_completion_length=256, bf16=True, gradient_checkpointing=False, beta=0.0,
+report_to="none", logging_steps=1, ...), train_dataset, processing_class=tokenizer)`` with the
+transformers ``generate`` path (no vLLM) and the model's weights in bf16. A ``TrainerCallback``
+times each step from ``on_step_begin`` to ``on_step_end`` (generation, reward, loss, backward,
+optimizer; CUDA synchronized at both ends).
+
+Relax side: ``python3 -m relax.cli train --colocate --device cuda --train-backend torch`` (fp32:
+the torch backend trains and exports fp32, so its engine runs fp32 too) and, when megatron-core is
+importable, ``--train-backend megatron --use-distributed-optimizer`` (bf16), each with
+``--embedded-runner lean`` (CUDA graphs on CUDA; ``--engine-compile`` adds ``--embedded-compile``).
+Per-step ``perf/step_time_s`` (rollout + reward + train + weight sync), ``perf/rollout_time_s``,
+``perf/train_time_s``, ``perf/sync_time_s``, the colocate offload moves (``perf/<what>_time_s`` of
+the engines' release/resume and the trainer's offload/onload, part of the step time, the release
+and onload inside ``train s``: the ``offload s`` column) and ``rollout/response_len_mean`` come from the run's metrics.jsonl
+(docs/artifacts.md).
+
+Every system: median over the steps after the first ``--warmup`` (2); completion tokens/s =
+completions per step x mean completion length / median step time. Targets: relax <= 1.0 s per
+step, and >= 5x faster than TRL (TRL's median step / relax's, measured in this run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+STEP_TARGET_S = 1.0
+SPEEDUP_TARGET = 5.0
+TRL_VERSION = "1.16.0"
+SYSTEMS = ("trl", "relax-torch", "relax-megatron")
+QUICK = dict(steps=5)
+RESULT_PREFIX = "BENCH_GRPO_RESULT "
+OFFLOAD_MOVES = ("release_rollout", "resume_rollout", "offload_train", "onload_train")  # docs/artifacts.md
+
+
+# ---------------------------------------------------------------------------------------------- arguments
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="bench-270m", help="model preset (relax.models.PRESETS)")
+    ap.add_argument("--prompts", type=int, default=8, help="prompts per step")
+    ap.add_argument("--generations", type=int, default=8, help="completions per prompt (GRPO group size)")
+    ap.add_argument("--prompt-len", type=int, default=128, help="tokens per prompt (exact)")
+    ap.add_argument("--max-new", type=int, default=256, help="max completion tokens")
+    ap.add_argument("--steps", type=int, default=None, help="optimizer steps per system (default 8; --quick 5)")
+    ap.add_argument("--warmup", type=int, default=2, help="first steps left out of the medians")
+    ap.add_argument("--quick", action="store_true", help="fewer steps: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
+    ap.add_argument("--micro-batch", type=int, default=64, help="relax micro-batch (capped at the step's completions)")
+    ap.add_argument("--lr", type=float, default=1e-6)
+    ap.add_argument("--seed", type=int, default=1234, help="model init seed (both sides) and data seed")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS, help="rows to run")
+    ap.add_argument("--engine-compile", action="store_true", help="relax: also --embedded-compile")
+    ap.add_argument("--timeout", type=float, default=1200, help="seconds per system (subprocess)")
+    ap.add_argument("--workdir", default=None, help="keep prompts, run dirs and logs here (default: a temp dir)")
+    ap.add_argument("--json", default=None, help="also write the rows and the setup as JSON to this path")
+    ap.add_argument("--trl-worker", default=None, help=argparse.SUPPRESS)  # internal: run the TRL side
+    return ap
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = build_parser()
+    ns = ap.parse_args(argv)
+    if ns.steps is None:
+        ns.steps = QUICK["steps"] if ns.quick else 8
+    if min(ns.prompts, ns.generations, ns.prompt_len, ns.max_new, ns.steps, ns.micro_batch) < 1:
+        ap.error("--prompts, --generations, --prompt-len, --max-new, --steps and --micro-batch must be >= 1")
+    if ns.generations < 2:
+        ap.error("--generations must be >= 2 (GRPO needs a group)")
+    if not 0 <= ns.warmup < ns.steps:
+        ap.error(f"need 0 <= --warmup ({ns.warmup}) < --steps ({ns.steps})")
+    ns.systems = list(dict.fromkeys(ns.systems))
+    return ns
+
+
+def log(msg: str) -> None:
+    print(f"[bench_grpo_e2e {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- workload
+def even_fraction(token_ids: list[int]) -> float:
+    """The reward on both sides: the fraction of completion tokens whose id is even (0 for none)."""
+    ids = list(token_ids)
+    return sum(1 for t in ids if t % 2 == 0) / len(ids) if ids else 0.0
+
+
+def relax_reward(args: Any, sample: Any, **kwargs: Any) -> float:
+    """``--custom-rm-path ci.bench_grpo_e2e.relax_reward``: `even_fraction` of the response tokens."""
+    return even_fraction(sample.tokens[len(sample.tokens) - sample.response_length:])
+
+
+def trl_reward(prompts: list, completions: list, completion_ids: list[list[int]], **kwargs: Any) -> list[float]:
+    """TRL's reward-function contract: `even_fraction` of each completion's token ids."""
+    return [even_fraction(ids) for ids in completion_ids]
+
+
+def prompt_texts(tokenizer: Any, n: int, length: int, seed: int) -> list[str]:
+    """``n`` plain-text prompts of exactly ``length`` tokens: random word-like (alphanumeric) tokens."""
+    specials = set(tokenizer.all_special_ids)
+    words = [(i, tok) for i, tok in enumerate(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))
+             if i not in specials and tok.isalnum()]
+    rng = random.Random(seed)
+    sep = " " if len(tokenizer.encode("a b", add_special_tokens=False)) == 2 else ""  # word-level vs char-level
+    texts = []
+    for _ in range(n):
+        picked = [words[rng.randrange(len(words))] for _ in range(length)]
+        text = sep.join(tok for _, tok in picked)
+        if tokenizer.encode(text, add_special_tokens=False) != [i for i, _ in picked]:
+            raise RuntimeError(f"prompt text does not tokenize back to its {length} tokens: {text[:60]!r}")
+        texts.append(text)
+    return texts
+
+
+def write_prompts(ns: argparse.Namespace, workdir: Path) -> Path:
+    from relax.models import load_tokenizer
+
+    path = workdir / "prompts.jsonl"
+    texts = prompt_texts(load_tokenizer(ns.model), ns.prompts * ns.steps, ns.prompt_len, ns.seed)
+    path.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- results
+@dataclass
+class SystemResult:
+    system: str
+    precision: str
+    completions: int
+    warmup: int
+    step_s: list[float] = field(default_factory=list)  # every step, warm-up included
+    rollout_s: list[float] = field(default_factory=list)
+    train_s: list[float] = field(default_factory=list)
+    sync_s: list[float] = field(default_factory=list)
+    offload_s: list[float] = field(default_factory=list)  # relax --colocate: engine release/resume, trainer off/onload
+    completion_len: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+    status: str = "ok"  # ok | skipped | failed
+    note: str = ""
+
+    def _median(self, values: list[float]) -> float | None:
+        timed = values[self.warmup:]
+        return statistics.median(timed) if timed else None
+
+    @property
+    def median_step_s(self) -> float | None:
+        return self._median(self.step_s) if self.status == "ok" else None
+
+    @property
+    def mean_completion_len(self) -> float | None:
+        timed = self.completion_len[self.warmup:]
+        return statistics.fmean(timed) if timed else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        step, length = self.median_step_s, self.mean_completion_len
+        return self.completions * length / step if step and length is not None else None
+
+    def summary(self, trl_step_s: float | None) -> dict[str, Any]:
+        step = self.median_step_s
+        relax = self.system.startswith("relax")
+        ratio = trl_step_s / step if relax and step and trl_step_s else None
+        return {
+            "system": self.system, "precision": self.precision, "status": self.status,
+            "median_step_s": step, "rollout_s": self._median(self.rollout_s), "train_s": self._median(self.train_s),
+            "sync_s": self._median(self.sync_s), "offload_s": self._median(self.offload_s),
+            "completion_tokens_per_s": self.tokens_per_s,
+            "mean_completion_len": self.mean_completion_len, "trl_over_this": ratio,
+            "steps": len(self.step_s), "steps_timed": max(len(self.step_s) - self.warmup, 0), "wall_s": self.wall_s,
+            "step_target_met": (step <= STEP_TARGET_S) if relax and step else None,
+            "speedup_target_met": (ratio >= SPEEDUP_TARGET) if ratio else None,
+            "note": self.note, "per_step_s": self.step_s,
+        }
+
+
+# ---------------------------------------------------------------------------------------------- subprocesses
+def subprocess_env(ns: argparse.Namespace, ray_dir: str | None = None) -> dict[str, str]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    if ns.device == "cpu":
+        env.setdefault("OMP_NUM_THREADS", "1")
+    if ray_dir:
+        env["RELAX_RAY_TEMP_DIR"] = ray_dir
+    return env
+
+
+def run_logged(cmd: list[str], log_path: Path, env: dict[str, str], timeout: float, cwd: Path) -> tuple[int, float]:
+    """Run ``cmd`` with stdout+stderr to ``log_path``; (exit code, seconds). 124 on timeout."""
+    t0 = time.perf_counter()
+    with open(log_path, "w") as fh:
+        try:
+            code = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=timeout, cwd=cwd).returncode
+        except subprocess.TimeoutExpired:
+            code = 124
+    return code, time.perf_counter() - t0
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+# ---------------------------------------------------------------------------------------------- relax side
+def relax_argv(ns: argparse.Namespace, backend: str, prompts: Path, out_dir: Path,
+               mode: tuple[str, ...] = ("--colocate",)) -> list[str]:
+    """The ``relax train`` flags of this workload for ``--train-backend backend``; ``mode``: the loop and placement."""
+    completions = ns.prompts * ns.generations
+    argv = ["--train-backend", backend, *mode, "--device", ns.device, "--hf-checkpoint", ns.model,
+            "--prompt-data", str(prompts), "--input-key", "prompt", "--custom-rm-path", "ci.bench_grpo_e2e.relax_reward",
+            "--rollout-batch-size", str(ns.prompts), "--n-samples-per-prompt", str(ns.generations),
+            "--global-batch-size", str(completions), "--micro-batch-size", str(_divisor_at_most(completions, ns.micro_batch)),
+            "--rollout-max-response-len", str(ns.max_new), "--rollout-max-context-len", str(ns.prompt_len + ns.max_new),
+            "--rollout-temperature", "1.0", "--advantage-estimator", "grpo", "--lr", str(ns.lr), "--weight-decay", "0",
+            "--clip-grad", "1.0", "--num-rollout", str(ns.steps), "--seed", str(ns.seed), "--rollout-seed", str(ns.seed),
+            "--embedded-runner", "lean", "--output-dir", str(out_dir)]
+    if backend == "megatron":
+        argv.append("--use-distributed-optimizer")
+    if ns.engine_compile:
+        argv.append("--embedded-compile")
+    return argv
+
+
+def _divisor_at_most(total: int, cap: int) -> int:
+    return max(d for d in range(1, min(total, cap) + 1) if total % d == 0)
+
+
+def read_relax_metrics(result: SystemResult, metrics_path: Path) -> None:
+    if not metrics_path.exists():
+        return
+    for line in metrics_path.read_text().splitlines():
+        if not line.strip():
+            continue
+        m = json.loads(line)
+        result.step_s.append(float(m["perf/step_time_s"]))
+        result.offload_s.append(sum(float(m.get(f"perf/{what}_time_s", 0.0)) for what in OFFLOAD_MOVES))
+        for key, values in (("perf/rollout_time_s", result.rollout_s), ("perf/train_time_s", result.train_s),
+                            ("perf/sync_time_s", result.sync_s), ("rollout/response_len_mean", result.completion_len)):
+            if key in m:
+                values.append(float(m[key]))
+
+
+def run_relax(ns: argparse.Namespace, backend: str, prompts: Path, workdir: Path, name: str | None = None,
+              mode: tuple[str, ...] = ("--colocate",)) -> SystemResult:
+    name = name or f"relax-{backend}"
+    result = SystemResult(name, "bf16" if backend == "megatron" else "fp32", ns.prompts * ns.generations, ns.warmup)
+    out_dir, log_path = workdir / name, workdir / f"{name}.log"
+    cmd = [sys.executable, "-m", "relax.cli", "train", *relax_argv(ns, backend, prompts, out_dir, mode)]
+    log(f"{name}: relax train, {ns.steps} steps (log: {log_path})")
+    ray_dir = tempfile.mkdtemp(prefix="rg", dir="/tmp")  # Ray's socket paths must stay short
+    try:
+        code, result.wall_s = run_logged(cmd, log_path, subprocess_env(ns, ray_dir), ns.timeout, workdir)
+    finally:
+        shutil.rmtree(ray_dir, ignore_errors=True)
+    read_relax_metrics(result, out_dir / "metrics.jsonl")
+    if code != 0 or len(result.step_s) < ns.steps:
+        result.status = "failed"
+        result.note = f"exit {code}{' (timeout)' if code == 124 else ''}, {len(result.step_s)}/{ns.steps} steps; see {log_path}"
+        log(f"{name} FAILED: {result.note}\n{log_tail(log_path)}")
+    else:
+        result.note = f"embedded-runner lean{' + compile' if ns.engine_compile else ''}; wall {result.wall_s:.0f} s"
+        log(f"{name}: done in {result.wall_s:.0f} s")
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- TRL side
+def run_trl(ns: argparse.Namespace, prompts: Path, workdir: Path) -> SystemResult:
+    result = SystemResult(f"trl-{TRL_VERSION}", "bf16" if ns.device == "cuda" else "fp32",
+                          ns.prompts * ns.generations, ns.warmup)
+    config = workdir / "trl_config.json"
+    config.write_text(json.dumps({**vars(ns), "prompts_path": str(prompts), "workdir": str(workdir)}))
+    log_path = workdir / "trl.log"
+    log(f"TRL {TRL_VERSION} GRPOTrainer: {ns.steps} steps (log: {log_path})")
+    code, result.wall_s = run_logged([sys.executable, str(Path(__file__).resolve()), "--trl-worker", str(config)],
+                                     log_path, subprocess_env(ns), ns.timeout, workdir)
+    lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.startswith(RESULT_PREFIX)]
+    data = json.loads(lines[-1][len(RESULT_PREFIX):]) if lines else {}
+    if data.get("skipped"):
+        result.status, result.note = "skipped", data["skipped"]
+        print(data["skipped"], file=sys.stderr)
+        return result
+    result.step_s, result.completion_len = data.get("step_s", []), data.get("completion_len", [])
+    version = data.get("version", TRL_VERSION)
+    result.system = f"trl-{version}"
+    if code != 0 or len(result.step_s) < ns.steps:
+        result.status = "failed"
+        result.note = f"exit {code}{' (timeout)' if code == 124 else ''}, {len(result.step_s)}/{ns.steps} steps; see {log_path}"
+        log(f"TRL FAILED: {result.note}\n{log_tail(log_path)}")
+    else:
+        result.note = (f"transformers generate, {'bf16=True' if ns.device == 'cuda' else 'fp32 (CPU)'}; "
+                       f"wall {result.wall_s:.0f} s" + ("" if version == TRL_VERSION else f"; NOT TRL {TRL_VERSION}"))
+        log(f"TRL: done in {result.wall_s:.0f} s")
+    return result
+
+
+def trl_worker(config_path: str) -> int:
+    """The TRL side, in its own process: prints ``RESULT_PREFIX {json}`` (per-step seconds and lengths)."""
+    cfg = argparse.Namespace(**json.loads(Path(config_path).read_text()))
+    try:
+        import datasets
+        import trl
+        from trl import GRPOConfig, GRPOTrainer
+    except ImportError as exc:
+        print(RESULT_PREFIX + json.dumps({"skipped": f"trl not installed: TRL row skipped ({exc})"}), flush=True)
+        return 0
+    import torch
+    from transformers import TrainerCallback
+
+    from relax.models import build_model, load_tokenizer
+
+    cuda = cfg.device == "cuda"
+    if not cuda:
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    model = build_model(cfg.model, dtype=torch.bfloat16 if cuda else torch.float32, seed=cfg.seed)
+    tokenizer = load_tokenizer(cfg.model)
+    records = [json.loads(line) for line in Path(cfg.prompts_path).read_text().splitlines() if line.strip()]
+    dataset = datasets.Dataset.from_list([{"prompt": r["prompt"]} for r in records])
+
+    class StepTimer(TrainerCallback):
+        def __init__(self) -> None:
+            self.seconds: list[float] = []
+            self._t0 = 0.0
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if cuda:
+                torch.cuda.synchronize()
+            self._t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if cuda:
+                torch.cuda.synchronize()
+            self.seconds.append(time.perf_counter() - self._t0)
+            print(f"[trl] step {len(self.seconds)}: {self.seconds[-1]:.2f} s", file=sys.stderr, flush=True)
+
+    args = GRPOConfig(
+        output_dir=str(Path(cfg.workdir) / "trl"), per_device_train_batch_size=cfg.prompts * cfg.generations,
+        num_generations=cfg.generations, max_completion_length=cfg.max_new, temperature=1.0, beta=0.0,
+        bf16=cuda, gradient_checkpointing=False, learning_rate=cfg.lr, weight_decay=0.0, max_grad_norm=1.0,
+        optim="adamw_torch", lr_scheduler_type="constant", max_steps=cfg.steps, logging_steps=1, report_to="none",
+        save_strategy="no", seed=cfg.seed, shuffle_dataset=False, use_cpu=not cuda, disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    timer = StepTimer()
+    trainer = GRPOTrainer(model=model, reward_funcs=trl_reward, args=args, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[timer])
+    trainer.train()
+    lengths = [float(e["completions/mean_length"]) for e in trainer.state.log_history if "completions/mean_length" in e]
+    print(RESULT_PREFIX + json.dumps({"step_s": timer.seconds, "completion_len": lengths, "version": trl.__version__}),
+          flush=True)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- table
+def _num(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _met(flag: bool | None) -> str:
+    return {True: "met", False: "MISSED", None: "-"}[flag]
+
+
+COLUMNS = [("system", "system", "s"), ("precision", "precision", "s"), ("step s (median)", "median_step_s", ".3f"),
+           ("rollout s", "rollout_s", ".3f"), ("train s", "train_s", ".3f"), ("sync s", "sync_s", ".3f"),
+           ("offload s", "offload_s", ".3f"),
+           ("completion tok/s", "completion_tokens_per_s", ",.0f"), ("mean completion len", "mean_completion_len", ".1f"),
+           ("TRL / this", "trl_over_this", ".2f"), (f"step <= {STEP_TARGET_S:g} s", "step_target_met", "met"),
+           (f">= {SPEEDUP_TARGET:g}x TRL", "speedup_target_met", "met"), ("note", "note", "s")]
+RIGHT = {2, 3, 4, 5, 6, 7, 8, 9}
+
+
+def _cell(row: dict[str, Any], key: str, spec: str) -> str:
+    value = row[key]
+    if spec == "met":
+        return _met(value)
+    if spec == "s":
+        return str(value)
+    if key == "trl_over_this" and value is not None:
+        return f"{value:.2f}x"
+    if row["status"] != "ok" and key == "median_step_s":
+        return row["status"].upper() if row["status"] == "failed" else "skipped"
+    return _num(value, spec)
+
+
+def format_table(header: list[str], rows: list[dict[str, Any]]) -> str:
+    cells = [[_cell(r, key, spec) for _, key, spec in COLUMNS] for r in rows]
+    widths = [max(len(title), *(len(c[i]) for c in cells)) if cells else len(title)
+              for i, (title, _, _) in enumerate(COLUMNS)]
+
+    def line(values: list[str]) -> str:
+        return "| " + " | ".join(v.rjust(w) if i in RIGHT else v.ljust(w)
+                                 for i, (v, w) in enumerate(zip(values, widths, strict=True))) + " |"
+
+    rule = "|" + "|".join(("-" * (w + 1) + ":") if i in RIGHT else "-" * (w + 2) for i, w in enumerate(widths)) + "|"
+    return "\n".join([*header, "", line([t for t, _, _ in COLUMNS]), rule, *(line(c) for c in cells)])
+
+
+def header_lines(ns: argparse.Namespace) -> list[str]:
+    import torch
+
+    dev = torch.cuda.get_device_name() if ns.device == "cuda" and torch.cuda.is_available() else ns.device
+    return [
+        f"bench_grpo_e2e: {ns.model}, {ns.prompts} prompts x {ns.generations} completions per step, prompt "
+        f"{ns.prompt_len} tokens, <= {ns.max_new} new tokens, temperature 1, GRPO beta=0, AdamW lr {ns.lr:g}, "
+        f"one optimizer step per rollout",
+        f"{ns.steps} steps per system, medians over the last {ns.steps - ns.warmup}; {dev}; torch {torch.__version__}",
+    ]
+
+
+# ---------------------------------------------------------------------------------------------- main
+def preflight(ns: argparse.Namespace) -> str | None:
+    """Why this machine cannot run the benchmark (None: it can)."""
+    import torch
+
+    from relax.models import PRESETS
+
+    if ns.model not in PRESETS:
+        return f"--model {ns.model!r}: choose one of {', '.join(PRESETS)}"
+    if ns.device == "cuda" and not torch.cuda.is_available():
+        return "needs a CUDA GPU (torch.cuda.is_available() is False); --device cpu runs the smoke path"
+    return None
+
+
+def run_systems(ns: argparse.Namespace, workdir: Path) -> list[SystemResult]:
+    from relax.backends.megatron.checks import module_available
+
+    prompts = write_prompts(ns, workdir)
+    results = []
+    for system in ns.systems:
+        if system == "trl":
+            results.append(run_trl(ns, prompts, workdir))
+        elif system == "relax-megatron" and (ns.device != "cuda" or not module_available("megatron.core")):
+            why = "needs --device cuda" if ns.device != "cuda" else "megatron-core not importable"
+            results.append(SystemResult(system, "bf16", ns.prompts * ns.generations, ns.warmup, status="skipped",
+                                        note=f"{why}: row skipped"))
+            log(f"{system}: {why}: row skipped")
+        else:
+            results.append(run_relax(ns, system.removeprefix("relax-"), prompts, workdir))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parse(argv)
+    if ns.trl_worker:
+        return trl_worker(ns.trl_worker)
+    reason = preflight(ns)
+    if reason:
+        print(f"bench_grpo_e2e: {reason}", file=sys.stderr)
+        return 2
+    t_start = time.perf_counter()
+    if ns.workdir:
+        Path(ns.workdir).mkdir(parents=True, exist_ok=True)
+        results = run_systems(ns, Path(ns.workdir).resolve())
+    else:
+        with tempfile.TemporaryDirectory(prefix="bench_grpo_e2e_") as tmp:
+            results = run_systems(ns, Path(tmp))
+    trl = next((r for r in results if r.system.startswith("trl")), None)
+    rows = [r.summary(trl.median_step_s if trl else None) for r in results]
+    print(format_table(header_lines(ns), rows))
+    failures = [f"{r['system']}: {r['note']}" for r in rows if r["status"] == "failed"]
+    for f in failures:
+        print(f"FAILED: {f}")
+    if ns.json:
+        Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
+        setup = {k: v for k, v in vars(ns).items() if k != "trl_worker"}
+        Path(ns.json).write_text(json.dumps({"setup": setup, "rows": rows, "failures": failures,
+                                             "targets": {"step_s": STEP_TARGET_S, "speedup_vs_trl": SPEEDUP_TARGET},
+                                             "wall_s": time.perf_counter() - t_start}, indent=1))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""The fully-async services: ``reference``, ``actor_fwd`` and ``advantages`` roles of ``--resource``.
+
+Why they exist: in fully-async mode the trainer is the pipeline's bottleneck (rollout runs
+ahead of it), yet each step it spends two no-grad forward passes over the whole batch (old
+log-probs with the policy, reference log-probs with a frozen copy) and holds that frozen copy
+in memory. Seed 004 moves this work to separate lightweight services so the trainer's GPUs only
+run optimizer steps; its 8-GPU split is actor 4, rollout 2, reference 1, actor_fwd 1 and
+advantages 0 (CPU only), with ``--ref-actor-config`` giving the services their own parallelism
+and token budget.
+
+- ``reference``: the frozen reference model (the weights the trainer's reference copy would
+  have: the initial ``--hf-checkpoint``); per-token reference log-probs.
+- ``actor_fwd``: a copy of the policy that receives every weight sync like an engine (side
+  ``actor_fwd:0`` in weights.jsonl), so when a step is handed to training it holds exactly the
+  weights the trainer starts that step with; per-token old log-probs.
+- ``advantages`` (CPU): `compute_advantages` from rewards, loss masks and the two columns.
+
+Exactness: a forward service builds the trainer's own backend class through
+`build_train_backend(..., inference_only=True)` (``only_load_weight``: no optimizer, no grads)
+and runs the trainer's log-prob code (`forward_log_probs`), so its columns equal the trainer's
+own bit for bit unless ``max_tokens_per_gpu`` changes the micro-batch split (then to float
+summation order). `ServiceGroup.precompute` chains the calls as Ray futures: the two forwards
+run concurrently, advantages waits for both, and the trainer receives one `Precomputed`.
+
+Samples arrive as a list of `TrainSample` or as an object whose ``fetch()`` returns that list
+(the data queue's `StoredBatch`): each service fetches them itself, storage -> consumer.
+"""
+
+from __future__ import annotations
+
+import copy
+from argparse import Namespace
+from dataclasses import dataclass
+
+import ray
+import torch
+
+from relax.algorithms import AlgorithmConfig, compute_advantages
+from relax.backends.torch.batch import Precomputed, build_rollout_tensors
+from relax.distributed.placement import SERVICE_ROLES, Placement
+
+
+def fetch_samples(samples) -> list:
+    """The train samples of a batch handle (``fetch()``) or of a plain list."""
+    return samples.fetch() if hasattr(samples, "fetch") else samples
+
+
+def service_args(args: Namespace) -> Namespace:
+    """The services' copy of the flags: ``--ref-actor-config`` max_tokens_per_gpu becomes their token budget."""
+    budget = args.ref_actor_config["max_tokens_per_gpu"]
+    if budget is None:
+        return args
+    out = copy.copy(args)
+    out.use_dynamic_batch_size = True
+    out.max_tokens_per_gpu = out.log_probs_max_tokens_per_gpu = budget
+    return out
+
+
+class ForwardService:
+    """``reference`` or ``actor_fwd``: a forward-only copy of the trainer's backend."""
+
+    def __init__(self, args: Namespace, device: str, role: str):
+        from relax.backends.train_registry import build_train_backend
+
+        self.role = role
+        self.backend = build_train_backend(service_args(args), device, inference_only=True)
+        if role == "reference":
+            self.backend.model.eval()  # as the trainer's frozen reference copy
+        self.version: int | None = None
+
+    def log_probs(self, samples) -> torch.Tensor:
+        return self.backend.forward_log_probs(fetch_samples(samples))
+
+    def update_weights(self, bucket: list, version: int | None) -> int | None:
+        if self.role != "actor_fwd":
+            raise RuntimeError("the reference service holds frozen weights; only actor_fwd is synced")
+        self.backend.load_weights(bucket)
+        self.version = version
+        return version
+
+    def checksums(self) -> dict[str, str]:
+        return self.backend.checksums()
+
+    def weights_checker(self, action: str, **kwargs) -> dict:
+        from relax.backends.embedded.weights_checker import WeightsChecker
+
+        return WeightsChecker(self.backend.model).run(action, **kwargs)
+
+
+class AdvantageService:
+    """``advantages``: the trainer's advantage computation, on CPU, from the other services' columns."""
+
+    def __init__(self, args: Namespace):
+        self.args = args
+        self.algo = AlgorithmConfig.from_args(args)
+
+    def compute(self, samples, old_log_probs: torch.Tensor, ref_log_probs: torch.Tensor | None) -> Precomputed:
+        batch = build_rollout_tensors(fetch_samples(samples))
+        adv = compute_advantages(
+            self.algo,
+            rewards=batch.rewards,
+            loss_mask=batch.loss_mask,
+            group_size=self.args.n_samples_per_prompt,
+            old_log_probs=old_log_probs,
+            ref_log_probs=ref_log_probs,
+            values=None,
+            teacher_log_probs=batch.teacher_log_probs,
+        )
+        return Precomputed(old_log_probs, ref_log_probs, adv.advantages, adv.returns, adv.metrics)
+
+
+@dataclass
+class ServiceGroup:
+    """The driver's handles on the service actors (None where the role is not configured)."""
+
+    reference: object = None
+    actor_fwd: object = None
+    advantages: object = None
+
+    @classmethod
+    def start(cls, args: Namespace, device: str, placement: Placement) -> ServiceGroup:
+        """Create the actors (they load their models concurrently with the trainer and engines)."""
+        from relax.distributed.actors import AdvantagesActor, ForwardServiceActor
+
+        handles = {}
+        for role in placement.services:
+            options = placement.actor_options(role)
+            if role == "advantages":
+                handles[role] = AdvantagesActor.options(**options).remote(args)
+            else:  # a role given no GPU computes on CPU, even on a GPU run
+                on_device = device if options.get("num_gpus", 1) else "cpu"
+                handles[role] = ForwardServiceActor.options(**options).remote(args, on_device, role)
+        return cls(**handles)
+
+    def actors(self) -> dict[str, object]:
+        """``"<role>:0"`` -> handle, for events and shutdown."""
+        return {f"{role}:0": getattr(self, role) for role in SERVICE_ROLES if getattr(self, role) is not None}
+
+    def sync_targets(self) -> list[tuple[str, object]]:
+        """The weight-sync targets besides the engines: actor_fwd, under its own side name."""
+        return [("actor_fwd:0", self.actor_fwd)] if self.actor_fwd is not None else []
+
+    def precompute(self, payload) -> object:
+        """Chain the services for one batch; returns what the trainer's ``precomputed`` argument gets
+        (an ObjectRef of a `Precomputed` when the advantages service runs, which Ray resolves in the trainer)."""
+        old = self.actor_fwd.log_probs.remote(payload) if self.actor_fwd is not None else None
+        ref = self.reference.log_probs.remote(payload) if self.reference is not None else None
+        if self.advantages is not None:  # validation: advantages comes with actor_fwd (and reference when needed)
+            return self.advantages.compute.remote(payload, old, ref)
+        return Precomputed(old_log_probs=None if old is None else ray.get(old),
+                           ref_log_probs=None if ref is None else ray.get(ref))

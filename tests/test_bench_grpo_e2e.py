@@ -1,0 +1,144 @@
+"""CPU checks of ci/bench_grpo_e2e.py: arguments, the workload both sides get (prompts, reward, the
+relax train flags), the table, the TRL-missing path, and a smoke run of the relax side (tiny-qwen3,
+its own Ray cluster) that writes the table and JSON. The GPU run is the same code with bench-270m."""
+
+from __future__ import annotations
+
+import json
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from ci import bench_grpo_e2e as bg
+
+CPU_SMOKE = ["--device", "cpu", "--model", "tiny-qwen3", "--prompt-len", "8", "--max-new", "6", "--prompts", "2",
+             "--generations", "4", "--steps", "2", "--warmup", "1", "--systems", "relax-torch"]
+
+
+# ------------------------------------------------------------------ arguments
+def test_defaults_are_machines_md_trl_workload() -> None:
+    ns = bg.parse([])
+    assert (ns.model, ns.prompts, ns.generations, ns.prompt_len, ns.max_new) == ("bench-270m", 8, 8, 128, 256)
+    assert (ns.steps, ns.warmup, ns.lr, ns.device, ns.micro_batch) == (8, 2, 1e-6, "cuda", 64)
+    assert ns.systems == ["trl", "relax-torch", "relax-megatron"] and not ns.engine_compile
+    assert bg.parse(["--quick"]).steps == 5 and bg.parse(["--quick", "--steps", "4"]).steps == 4
+
+
+@pytest.mark.parametrize("argv", [["--steps", "2", "--warmup", "2"], ["--generations", "1"], ["--prompt-len", "0"],
+                                  ["--device", "tpu"], ["--systems", "vllm"]])
+def test_bad_arguments_exit_with_a_message(argv: list[str], capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bg.parse(argv)
+    assert exc.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ workload
+def test_reward_is_the_same_function_on_both_sides() -> None:
+    assert bg.even_fraction([2, 3, 4, 5]) == 0.5 and bg.even_fraction([]) == 0.0
+    sample = SimpleNamespace(tokens=[1, 1, 1, 2, 4, 5], response_length=3)  # prompt [1, 1, 1] is not scored
+    assert bg.relax_reward(None, sample) == pytest.approx(2 / 3)
+    assert bg.trl_reward(["p", "q"], ["a", "b"], [[2, 4, 5], [1]]) == pytest.approx([2 / 3, 0.0])
+
+
+@pytest.mark.parametrize("model", ["bench-270m", "tiny-qwen3"])  # word-level and char-level tokenizers
+def test_prompts_are_exactly_prompt_len_tokens_and_seeded(model: str) -> None:
+    from relax.models import load_tokenizer
+
+    tok = load_tokenizer(model)
+    texts = bg.prompt_texts(tok, 3, 128, seed=5)
+    assert texts == bg.prompt_texts(tok, 3, 128, seed=5) and texts != bg.prompt_texts(tok, 3, 128, seed=6)
+    for text in texts:
+        ids = tok.encode(text, add_special_tokens=False)
+        assert len(ids) == 128 and not set(ids) & set(tok.all_special_ids)
+
+
+def test_relax_flags_are_the_workload(monkeypatch, tmp_path) -> None:
+    from relax.utils.arguments import parse_args
+    from relax.utils.plugins import load_function
+
+    monkeypatch.setattr("relax.backends.megatron.checks._cuda_available", lambda: True)
+    monkeypatch.setattr("relax.backends.megatron.checks.module_available", lambda name: True)
+    ns = bg.parse([])
+    args = parse_args(bg.relax_argv(ns, "torch", tmp_path / "p.jsonl", tmp_path / "run"))
+    assert (args.rollout_batch_size, args.n_samples_per_prompt, args.global_batch_size) == (8, 8, 64)
+    assert (args.micro_batch_size, args.rollout_max_response_len, args.rollout_max_context_len) == (64, 256, 384)
+    assert (args.lr, args.weight_decay, args.clip_grad, args.rollout_temperature) == (1e-6, 0.0, 1.0, 1.0)
+    assert args.colocate and args.device == "cuda" and args.embedded_runner == "lean" and not args.embedded_compile
+    assert not (args.use_kl_loss or args.kl_loss_coef or args.kl_coef) and args.advantage_estimator == "grpo"
+    assert args.num_rollout == 8 and args.input_key == "prompt" and not args.apply_chat_template
+    assert load_function(args.custom_rm_path, flag="--custom-rm-path", signature="") is bg.relax_reward
+    mega = parse_args(bg.relax_argv(bg.parse(["--engine-compile"]), "megatron", tmp_path / "p.jsonl", tmp_path / "r"))
+    assert mega.train_backend == "megatron" and mega.use_distributed_optimizer and mega.embedded_compile
+    smoke = parse_args(bg.relax_argv(bg.parse(CPU_SMOKE), "torch", tmp_path / "p.jsonl", tmp_path / "r"))
+    assert (smoke.global_batch_size, smoke.micro_batch_size) == (8, 8)
+
+
+# ------------------------------------------------------------------ results and table
+def _result(system: str, steps: list[float], length: float = 255.0, **kw) -> bg.SystemResult:
+    return bg.SystemResult(system, "bf16", 64, 2, step_s=steps, completion_len=[length] * len(steps), **kw)
+
+
+def test_summary_medians_skip_warmup_and_ratio_is_trl_over_relax() -> None:
+    trl = _result("trl-1.16.0", [19.9, 7.3, 6.2, 5.0, 4.9, 5.0])
+    relax = _result("relax-torch", [9.0, 3.0, 0.9, 1.0, 1.1], rollout_s=[5, 1, 0.4, 0.5, 0.6])
+    assert trl.median_step_s == pytest.approx(5.0) and relax.median_step_s == pytest.approx(1.0)
+    assert trl.tokens_per_s == pytest.approx(64 * 255 / 5.0)  # MACHINES.md: ~3,259 completion tokens/s
+    row = relax.summary(trl.median_step_s)
+    assert row["trl_over_this"] == pytest.approx(5.0) and row["rollout_s"] == pytest.approx(0.5)
+    assert row["step_target_met"] and row["speedup_target_met"] and row["steps_timed"] == 3
+    assert trl.summary(trl.median_step_s)["trl_over_this"] is None
+    slow = _result("relax-torch", [9.0, 3.0, 2.0]).summary(5.0)
+    assert slow["step_target_met"] is False and slow["speedup_target_met"] is False
+    assert _result("relax-torch", [1.0, 1.0, 0.5]).summary(None)["speedup_target_met"] is None  # no TRL row
+
+
+def test_table_is_one_aligned_markdown_table() -> None:
+    rows = [_result("trl-1.16.0", [20.0, 7.0, 5.0, 5.0]).summary(None),
+            _result("relax-torch", [3.0, 2.0, 0.8, 0.9]).summary(5.0),
+            bg.SystemResult("relax-megatron", "bf16", 64, 2, status="skipped", note="megatron-core not importable").summary(5.0),
+            bg.SystemResult("relax-torch", "fp32", 64, 2, status="failed", note="exit 1").summary(5.0)]
+    lines = bg.format_table(["title"], rows).splitlines()
+    assert lines[:2] == ["title", ""] and len(lines) == 4 + len(rows)
+    assert len({len(line) for line in lines[2:]}) == 1 and lines[3].startswith("|---")
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines[4:]]
+    assert cells[0][:3] == ["trl-1.16.0", "bf16", "5.000"] and cells[0][9] == "-"
+    assert cells[1][2] == "0.850" and cells[1][9] == "5.88x" and cells[1][10:12] == ["met", "met"]
+    assert cells[2][2] == "skipped" and cells[2][-1] == "megatron-core not importable"
+    assert cells[3][2] == "FAILED"
+
+
+def test_trl_worker_without_trl_says_the_row_is_skipped(monkeypatch, tmp_path, capsys) -> None:
+    monkeypatch.setitem(sys.modules, "trl", None)  # import trl -> ImportError
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps(vars(bg.parse(CPU_SMOKE))))
+    assert bg.trl_worker(str(config)) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith(bg.RESULT_PREFIX)
+    assert json.loads(line[len(bg.RESULT_PREFIX):])["skipped"].startswith("trl not installed: TRL row skipped")
+
+
+def test_script_refuses_a_machine_it_cannot_run_on(monkeypatch, capsys) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bg.main([]) == 2 and "needs a CUDA GPU" in capsys.readouterr().err
+    assert bg.main(["--device", "cpu", "--model", "gpt-9"]) == 2
+
+
+# ------------------------------------------------------------------ the relax side, end to end on CPU
+@pytest.mark.ray
+def test_cpu_smoke_run_prints_one_table_and_writes_json(tmp_path, capsys) -> None:
+    out = tmp_path / "bench.json"
+    assert bg.main([*CPU_SMOKE, "--json", str(out), "--workdir", str(tmp_path / "w")]) == 0
+    stdout = capsys.readouterr().out
+    table = [line for line in stdout.splitlines() if line.startswith("|")]
+    assert len(table) == 3 and "relax-torch" in table[2]
+    data = json.loads(out.read_text())
+    (row,) = data["rows"]
+    assert row["status"] == "ok" and row["steps"] == 2 and row["steps_timed"] == 1
+    for key in ("median_step_s", "rollout_s", "train_s", "sync_s", "offload_s", "completion_tokens_per_s",
+                "mean_completion_len"):
+        assert row[key] > 0, key
+    assert row["mean_completion_len"] <= 6 and row["trl_over_this"] is None and data["failures"] == []
+    assert (tmp_path / "w" / "relax-torch" / "metrics.jsonl").exists()
