@@ -23,7 +23,7 @@ class EngineSupervisor:
     def __init__(self, rt, engine_options: dict):
         self.rt = rt
         self.engine_options = engine_options
-        self.lock = threading.RLock()
+        self.lock = rt.weights_lock  # one lock with the syncs: a restart never interleaves with a sync
         self.restarts = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -44,8 +44,8 @@ class EngineSupervisor:
                 pass
             engine = EngineActor.options(**self.engine_options).remote(args, rt.run.device, index)
             rt.artifacts.event("process_started", role=f"engine:{index}", pid=ray.get(engine.pid.remote()))
+            rt.resync(index, engine)  # before it joins the pool: nothing reaches it without current weights
             rt.engines[index] = engine
-            rt.sync_one(index)
             self.restarts += 1
             rt.artifacts.event("restart", role=f"engine:{index}", count=self.restarts, version=rt.version)
             return engine

@@ -7,13 +7,14 @@ accounting, checkpoints, HF exports) is written here, the same way for both.
 
 from __future__ import annotations
 
+import threading
 import time
 from argparse import Namespace
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from relax import checkpoint as ckpt
 from relax.core.services import ServiceGroup
@@ -27,7 +28,7 @@ from relax.metrics.artifacts import RunArtifacts
 from relax.utils.arguments import ConfigError
 from relax.utils.fault_hooks import fault_at
 from relax.utils.types import Sample
-from relax.weights.sync import sync_weights
+from relax.weights.sync import WeightSnapshot, resync_from_snapshot, sync_weights
 
 
 @dataclass
@@ -43,6 +44,9 @@ class Runtime:
     supervisor: object = None  # EngineSupervisor with --use-fault-tolerance
     teacher: object = None  # opd_teacher.TeacherServer with --opd-type sglang
     services: ServiceGroup | None = None  # fully-async reference / actor_fwd / advantages roles
+    snapshot: WeightSnapshot | None = None  # the last sync's bytes, for restarted engines (fault tolerance)
+    # held by every sync and restart: a restart never interleaves with a sync (EngineSupervisor shares it)
+    weights_lock: threading.RLock = field(default_factory=threading.RLock)
 
     @property
     def last_step(self) -> int:
@@ -50,20 +54,32 @@ class Runtime:
 
     def sync(self, version: int, step: int) -> float:
         """Push the trainer's weights to every engine (and the actor_fwd service) as ``version``;
-        restart engines that died meanwhile."""
-        self.version, self.step = version, step
-        while True:
-            targets = list(enumerate(self.engines)) + (self.services.sync_targets() if self.services else [])
-            try:
-                if self.args.check_weight_update_equal:  # a tensor the sync misses keeps its noise: checksums differ
-                    ray.get([e.weights_checker.remote("reset_tensors", seed=version) for _, e in targets])
-                    self.artifacts.event("weights_reset", version=version)
-                return sync_weights(self.trainer, targets, version=version, step=step,
-                                    bucket_bytes=self.args.update_weight_buffer_size, artifacts=self.artifacts)
-            except RayActorError:
-                if self.supervisor is None or not self.trainer_alive() or not self.services_alive():
-                    raise
-                self.supervisor.check_all()  # replaces (and re-syncs) the dead engines, then retry
+        restart engines that died (or hang) meanwhile, then retry."""
+        with self.weights_lock:
+            self.version, self.step = version, step
+            while True:
+                targets = list(enumerate(self.engines)) + (self.services.sync_targets() if self.services else [])
+                try:
+                    if self.args.check_weight_update_equal:  # a tensor the sync misses keeps its noise
+                        ray.get([e.weights_checker.remote("reset_tensors", seed=version) for _, e in targets])
+                        self.artifacts.event("weights_reset", version=version)
+                    elapsed, snapshot = sync_weights(
+                        self.trainer, targets, version=version, step=step,
+                        bucket_bytes=self.args.update_weight_buffer_size, artifacts=self.artifacts,
+                        timeout=self._sync_timeout(), keep_snapshot=bool(self.args.use_fault_tolerance))
+                    self.snapshot = snapshot
+                    return elapsed
+                except (RayActorError, GetTimeoutError):
+                    if self.supervisor is None or not self.trainer_alive() or not self.services_alive():
+                        raise
+                    self.supervisor.check_all()  # replaces (and re-syncs) the dead or hung engines, then retry
+
+    def _sync_timeout(self) -> float | None:
+        """With fault tolerance a hung engine must not block a sync forever (the health thread waits
+        for the lock this sync holds): a wait longer than this counts as a failed engine."""
+        if not self.args.use_fault_tolerance:
+            return None
+        return max(30.0, 4 * float(self.args.rollout_health_check_timeout))
 
     def train_rollout(self, samples, step: int) -> dict[str, float]:
         """Train one rollout batch on the trainer actor; the one place both loops hand data to training.
@@ -94,10 +110,13 @@ class Runtime:
         metrics = run_eval(self.args, step, self.run.eval_sets)
         return {**metrics, "perf/eval_time_s": time.perf_counter() - start}
 
-    def sync_one(self, index: int) -> float:
-        """Bring one (restarted) engine to the current version."""
-        return sync_weights(self.trainer, [(index, self.engines[index])], version=self.version, step=self.step,
-                            bucket_bytes=self.args.update_weight_buffer_size, artifacts=self.artifacts)
+    def resync(self, index: int, engine) -> float:
+        """Bring restarted engine ``index`` (not yet in ``engines``) to the last synced version."""
+        with self.weights_lock:
+            if self.snapshot is None:
+                raise RuntimeError(f"engine:{index} restarted before the first weight sync")
+            return resync_from_snapshot(self.snapshot, [(index, engine)], step=self.step, artifacts=self.artifacts,
+                                        timeout=self._sync_timeout())
 
     def trainer_alive(self) -> bool:
         return self._alive(self.trainer)

@@ -1,0 +1,57 @@
+"""The weight checksum: equal bytes give equal digests, any one-word change is always detected, and
+the torch (wrapping int64) computation equals an exact big-integer reference, so CPU and GPU agree."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from relax.weights import checksum as cs
+
+MASK = (1 << 64) - 1
+
+
+def reference_digest(t: torch.Tensor) -> tuple[int, int]:
+    """The documented formula with Python integers (no wrapping anywhere, reduced at the end)."""
+    a = b = 0
+    for i, word in enumerate(cs._words(t).tolist()):
+        w = word & MASK
+        m = w ^ (w >> 31)
+        a += m * ((((i * 0x9E3779B97F4A7C15) + 0x632BE59BD9B4E019) & MASK) | 1)
+        b += m * ((((i * 0xC2B2AE3D27D4EB4F) + 0x165667B19E3779F9) & MASK) | 1)
+    return a & MASK, b & MASK
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 300), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.int8, torch.float16]),
+       seed=st.integers(0, 2**16))
+def test_digest_equals_the_big_integer_reference(n: int, dtype: torch.dtype, seed: int) -> None:
+    t = (torch.randn(n, generator=torch.Generator().manual_seed(seed)) * 50).to(dtype)
+    assert cs._digest(cs._words(t)) == reference_digest(t)
+
+
+def test_chunking_does_not_change_the_digest(monkeypatch) -> None:
+    t = torch.randn(1000)
+    whole = cs.tensor_checksum(t)
+    monkeypatch.setattr(cs, "_CHUNK", 7)
+    assert cs.tensor_checksum(t) == whole
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 64), index=st.integers(0, 10_000), bit=st.integers(0, 7), seed=st.integers(0, 2**16))
+def test_any_single_bit_flip_changes_both_halves(n: int, index: int, bit: int, seed: int) -> None:
+    t = torch.randn(n, generator=torch.Generator().manual_seed(seed))
+    raw = t.clone().view(torch.uint8)
+    raw[index % raw.numel()] ^= 1 << bit
+    before, after = cs.tensor_checksum(t).split(":")[1], cs.tensor_checksum(raw.view(torch.float32)).split(":")[1]
+    assert before[:16] != after[:16] and before[16:] != after[16:]
+
+
+def test_format_names_dtype_and_shape() -> None:
+    t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    s = cs.tensor_checksum(t)
+    assert s.startswith("float32[2,3]:") and len(s.split(":")[1]) == 32 and s == cs.tensor_checksum(t.clone())
+    assert cs.tensor_checksum(t.bfloat16()).startswith("bfloat16[2,3]:")
+    assert cs.tensor_checksum(t.t()) != s  # same values, other shape and byte order
+    assert cs.tensor_checksum(torch.empty(0)) == "float32[0]:" + "0" * 32
