@@ -56,6 +56,7 @@ def test_not_supported_yet(tmp_path: Path, flag: list[str]) -> None:
     (["--num-data-storage-units", "2"], "--num-data-storage-units has no effect without --fully-async"),
     (["--polling-mode", "false"], "--polling-mode has no effect without --fully-async"),
     (["--fully-async", "--num-data-storage-units", "0"], "--num-data-storage-units must be >= 1, got 0"),
+    (["--fully-async", "--max-staleness", "-1"], "--max-staleness must be >= 0, got -1"),
 ])
 def test_data_queue_flags_need_fully_async(tmp_path: Path, flag: list[str], expected: str) -> None:
     proc = run_relax(["--preset", "quickstart", *flag, "--output-dir", str(tmp_path / "o")], tmp_path)

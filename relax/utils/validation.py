@@ -142,6 +142,8 @@ def _partial_rollout(args: Namespace) -> None:
 def _transfer_queue(args: Namespace) -> None:
     """The TransferQueue knobs configure the fully-async loop's storage units (relax/core/transfer_queue.py)."""
     _positive(args, "num_data_storage_units")
+    if args.max_staleness < 0:
+        raise ConfigError(f"--max-staleness must be >= 0, got {args.max_staleness}")
     if not args.fully_async:
         for dest in ("num_data_storage_units", "polling_mode"):
             if getattr(args, dest) != FLAGS_BY_NAME[dest.replace("_", "-")].default:
