@@ -1,11 +1,13 @@
-"""Helpers for tests that run ``relax train`` as a real subprocess (its own Ray cluster)."""
+"""Helpers for tests that run ``relax train`` as a real subprocess (its own Ray cluster), or Ray in-process."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 # A small, fast variant of the quickstart: 8 prompts x 4 samples, two micro-batches per step.
@@ -31,6 +33,18 @@ def _ray_dir(tmp_path: Path) -> Path:
     d = Path("/tmp") / f"rt{abs(hash(str(tmp_path))) % 10**8}"
     d.mkdir(exist_ok=True)
     return d
+
+
+def in_process_ray(tmp_dir: Path) -> Iterator[None]:
+    """A one-CPU local Ray cluster in this test process, shut down afterwards (a module fixture's body)."""
+    import ray
+
+    from relax.distributed.placement import worker_env
+
+    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level=logging.WARNING,
+             _temp_dir=str(_ray_dir(tmp_dir)), runtime_env={"env_vars": worker_env()})
+    yield
+    ray.shutdown()
 
 
 def read_jsonl(path: Path) -> list[dict]:

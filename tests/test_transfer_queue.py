@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import Counter
 
@@ -11,8 +10,7 @@ import ray
 
 import relax.core.transfer_queue as tq
 from relax.core.transfer_queue import DataQueue
-from relax.distributed.placement import worker_env
-from tests.e2e_helpers import _ray_dir
+from tests.e2e_helpers import in_process_ray
 
 pytestmark = [pytest.mark.ray]
 TIMEOUT_S = 60  # far above any honest wait here: reaching it means a hang
@@ -20,10 +18,7 @@ TIMEOUT_S = 60  # far above any honest wait here: reaching it means a hang
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray(tmp_path_factory: pytest.TempPathFactory):
-    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level=logging.WARNING,
-             _temp_dir=str(_ray_dir(tmp_path_factory.mktemp("tq"))), runtime_env={"env_vars": worker_env()})
-    yield
-    ray.shutdown()
+    yield from in_process_ray(tmp_path_factory.mktemp("tq"))
 
 
 @pytest.fixture

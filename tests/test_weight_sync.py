@@ -6,27 +6,21 @@ restarted engine must get the last synced version's bytes, not the trainer's liv
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import ray
 import torch
 
-from relax.distributed.placement import worker_env
 from relax.metrics.artifacts import RunArtifacts
 from relax.weights.checksum import state_checksums
 from relax.weights.sync import resync_from_snapshot, sync_weights
-from tests.e2e_helpers import _ray_dir, read_jsonl
+from tests.e2e_helpers import in_process_ray, read_jsonl
 
 pytestmark = [pytest.mark.ray]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray(tmp_path_factory: pytest.TempPathFactory):
-    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level=logging.WARNING,
-             _temp_dir=str(_ray_dir(tmp_path_factory.mktemp("ws"))), runtime_env={"env_vars": worker_env()})
-    yield
-    ray.shutdown()
+    yield from in_process_ray(tmp_path_factory.mktemp("ws"))
 
 
 @ray.remote(num_cpus=0)

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 import ray
 import torch
 
-from relax.algorithms import AlgorithmConfig, compute_advantages
-from relax.backends.torch.batch import Precomputed, build_rollout_tensors
+from relax.algorithms import AlgorithmConfig
+from relax.backends.torch.batch import Precomputed, build_rollout_tensors, rollout_advantages
 from relax.distributed.placement import SERVICE_ROLES, Placement
 
 
@@ -96,16 +96,8 @@ class AdvantageService:
 
     def compute(self, samples, old_log_probs: torch.Tensor, ref_log_probs: torch.Tensor | None) -> Precomputed:
         batch = build_rollout_tensors(fetch_samples(samples))
-        adv = compute_advantages(
-            self.algo,
-            rewards=batch.rewards,
-            loss_mask=batch.loss_mask,
-            group_size=self.args.n_samples_per_prompt,
-            old_log_probs=old_log_probs,
-            ref_log_probs=ref_log_probs,
-            values=None,
-            teacher_log_probs=batch.teacher_log_probs,
-        )
+        adv = rollout_advantages(self.algo, batch, self.args.n_samples_per_prompt, old_log_probs, ref_log_probs,
+                                 teacher_log_probs=batch.teacher_log_probs)
         return Precomputed(old_log_probs, ref_log_probs, adv.advantages, adv.returns, adv.metrics)
 
 

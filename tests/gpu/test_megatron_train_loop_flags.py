@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from relax.backends.megatron.checks import module_available
+from tests.gpu.samples import varied_samples
 
 pytestmark = [
     pytest.mark.gpu,
@@ -35,18 +36,6 @@ def _args(*extra: str):
                        "--num-rollout", "1", "--micro-batch-size", "2", "--lr", "3e-3", *extra])
 
 
-def _samples(seed: int):
-    from relax.backends.torch.batch import TrainSample
-
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(8):
-        prompt, resp = 8 + 4 * (i % 4), 6 + 5 * (i % 3)
-        tokens = torch.randint(3, 100, (prompt + resp,), generator=g).tolist()
-        out.append(TrainSample(tokens=tokens, response_length=resp, loss_mask=[1] * resp, reward=float(i % 2)))
-    return out
-
-
 def test_freezing_megatron_names_keeps_exported_weights_bitwise(mcore) -> None:
     from relax.backends.megatron.backend import MegatronTrainBackend
 
@@ -54,7 +43,7 @@ def test_freezing_megatron_names_keeps_exported_weights_bitwise(mcore) -> None:
     assert backend.frozen_params and all("embedding" in n or "layers.0." in n for n in backend.frozen_params)
     before = {k: v.clone() for k, v in backend.hf_state().items()}
     for step in range(2):
-        backend.train_rollout(_samples(seed=step), step)
+        backend.train_rollout(varied_samples(seed=step), step)
     after = backend.hf_state()
     frozen = [k for k in before if "embed_tokens" in k or "lm_head" in k or ".layers.0." in k]
     assert frozen
@@ -76,11 +65,11 @@ def test_chunked_log_probs_equal_unchunked_and_dynamic_batching_trains(mcore) ->
     from relax.backends.torch.batch import build_rollout_tensors
 
     backend = MegatronTrainBackend(_args("--use-dynamic-batch-size", "--max-tokens-per-gpu", "48"), "cuda")
-    batch = build_rollout_tensors(_samples(seed=5))
+    batch = build_rollout_tensors(varied_samples(seed=5))
     plain = backend._log_probs_no_grad(backend.model, batch)
     backend.args.log_probs_chunk_size = 7
     chunked = backend._log_probs_no_grad(backend.model, batch)
     assert torch.equal(plain, chunked)
     assert len(backend._all_micro_batches(batch.samples)) > 4  # not the fixed 2-sample split
-    metrics = backend.train_rollout(_samples(seed=5), 0)
+    metrics = backend.train_rollout(varied_samples(seed=5), 0)
     assert abs(metrics["train/ppo_kl"]) < 1e-6 and torch.isfinite(torch.tensor(metrics["train/grad_norm"]))

@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.gpu.samples import varied_samples
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
@@ -19,18 +21,6 @@ def _backend():
                        "--prompt-data", "x.jsonl", "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
                        "--num-rollout", "2", "--micro-batch-size", "2", "--lr", "3e-3"])
     return TorchTrainBackend(args, "cuda")
-
-
-def _samples(seed: int):
-    from relax.backends.torch.batch import TrainSample
-
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(8):
-        prompt, resp = 8 + 4 * (i % 4), 6 + 5 * (i % 3)
-        tokens = torch.randint(3, 100, (prompt + resp,), generator=g).tolist()
-        out.append(TrainSample(tokens=tokens, response_length=resp, loss_mask=[1] * resp, reward=float(i % 2)))
-    return out
 
 
 def _state_bytes(backend) -> tuple[int, int, int]:
@@ -54,7 +44,7 @@ def _tensors(backend):
 
 def test_offload_frees_model_grads_and_optimizer_state() -> None:
     backend = _backend()
-    backend.train_rollout(_samples(0), 0)  # creates grads and Adam state
+    backend.train_rollout(varied_samples(0), 0)  # creates grads and Adam state
     model, grads, optim = _state_bytes(backend)
     assert grads > 0 and optim >= 2 * grads  # exp_avg + exp_avg_sq per trained parameter
     torch.cuda.synchronize()
@@ -78,9 +68,9 @@ def test_training_with_offload_round_trips_is_bitwise_equal() -> None:
                                                   offloaded.model.state_dict().values(), strict=True))
     offloaded.offload()  # parked before the first rollout, as the colocate loop does
     for step in range(2):
-        m_plain = plain.train_rollout(_samples(step), step)
+        m_plain = plain.train_rollout(varied_samples(step), step)
         offloaded.onload()
-        m_off = offloaded.train_rollout(_samples(step), step)
+        m_off = offloaded.train_rollout(varied_samples(step), step)
         offloaded.offload()
         for key in ("train/loss", "train/pg_loss", "train/grad_norm", "train/ppo_kl"):
             assert m_plain[key] == m_off[key], f"step {step} {key}: {m_plain[key]} vs {m_off[key]}"

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from relax.algorithms import AdvantageOutput, AlgorithmConfig, compute_advantages, policy_loss
+from relax.algorithms import AdvantageOutput, AlgorithmConfig, policy_loss
 from relax.algorithms.critic import should_update_actor
 from relax.algorithms.reducers import merge_metrics
 from relax.backends.torch.batch import (
@@ -37,6 +37,7 @@ from relax.backends.torch.batch import (
     TrainSample,
     build_model_inputs,
     build_rollout_tensors,
+    rollout_advantages,
 )
 from relax.backends.torch.freezing import apply_param_freezing
 from relax.backends.torch.logprobs import response_log_probs
@@ -215,16 +216,7 @@ class TorchTrainBackend:
             returns = None if pre.returns is None else pre.returns.clone()
             return old_lp, ref_lp, teacher_lp, old_values, AdvantageOutput(pre.advantages.clone(), returns,
                                                                            dict(pre.metrics))
-        adv = compute_advantages(
-            self.algo,
-            rewards=batch.rewards,
-            loss_mask=batch.loss_mask,
-            group_size=self.args.n_samples_per_prompt,
-            old_log_probs=old_lp,
-            ref_log_probs=ref_lp,
-            values=old_values,
-            teacher_log_probs=teacher_lp,
-        )
+        adv = rollout_advantages(self.algo, batch, self.args.n_samples_per_prompt, old_lp, ref_lp, old_values, teacher_lp)
         return old_lp, ref_lp, teacher_lp, old_values, adv
 
     def _optimizer_step(

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from relax.algorithms import AdvantageOutput, AlgorithmConfig, compute_advantages
+
 
 @dataclass
 class TrainSample:
@@ -125,3 +127,12 @@ def build_model_inputs(samples: list[TrainSample], width: int, pad_id: int, devi
     return ModelInputs(
         input_ids.to(device), attention_mask.to(device), positions.to(device), targets.to(device), valid.to(device)
     )
+
+
+def rollout_advantages(algo: AlgorithmConfig, batch: RolloutTensors, group_size: int, old_log_probs: torch.Tensor,
+                       ref_log_probs: torch.Tensor | None, values: torch.Tensor | None = None,
+                       teacher_log_probs: torch.Tensor | None = None) -> AdvantageOutput:
+    """`compute_advantages` over a rollout batch: the trainer's and the advantages service's one call."""
+    return compute_advantages(algo, rewards=batch.rewards, loss_mask=batch.loss_mask, group_size=group_size,
+                              old_log_probs=old_log_probs, ref_log_probs=ref_log_probs, values=values,
+                              teacher_log_probs=teacher_log_probs)
