@@ -44,6 +44,10 @@ the engines' release/resume and the trainer's offload/onload, part of the step t
 and onload inside ``train s``: the ``offload s`` column) and ``rollout/response_len_mean`` come from the run's metrics.jsonl
 (docs/artifacts.md).
 
+``sync s/GB`` is the median sync time over the bytes one sync sends (the ``weights_synced`` events'
+``bytes``), as ``relax train`` does it: CUDA IPC on one GPU by default (``--weight-sync-transport``),
+checksums of both sides included (target <= 0.05 s/GB).
+
 Every system: median over the steps after the first ``--warmup`` (2); completion tokens/s =
 completions per step x mean completion length / median step time. Targets: relax <= 1.0 s per
 step, and >= 5x faster than TRL (TRL's median step / relax's, measured in this run).
@@ -175,6 +179,8 @@ class SystemResult:
     sync_s: list[float] = field(default_factory=list)
     offload_s: list[float] = field(default_factory=list)  # relax --colocate: engine release/resume, trainer off/onload
     completion_len: list[float] = field(default_factory=list)
+    sync_gb: float | None = None  # weights sent per sync (events.jsonl ``weights_synced`` bytes / 1e9)
+    transports: str = ""  # the weight-sync transports the run used
     wall_s: float = 0.0
     status: str = "ok"  # ok | skipped | failed
     note: str = ""
@@ -205,6 +211,8 @@ class SystemResult:
             "system": self.system, "precision": self.precision, "status": self.status,
             "median_step_s": step, "rollout_s": self._median(self.rollout_s), "train_s": self._median(self.train_s),
             "sync_s": self._median(self.sync_s), "offload_s": self._median(self.offload_s),
+            "sync_s_per_gb": self._median(self.sync_s) / self.sync_gb if self.sync_gb and self.sync_s[self.warmup:]
+            else None,
             "completion_tokens_per_s": self.tokens_per_s,
             "mean_completion_len": self.mean_completion_len, "trl_over_this": ratio,
             "steps": len(self.step_s), "steps_timed": max(len(self.step_s) - self.warmup, 0), "wall_s": self.wall_s,
@@ -267,6 +275,17 @@ def _divisor_at_most(total: int, cap: int) -> int:
     return max(d for d in range(1, min(total, cap) + 1) if total % d == 0)
 
 
+def read_sync_events(result: SystemResult, events_path: Path) -> None:
+    """Bytes per weight sync and the transports used, from the run's ``weights_synced`` events."""
+    if not events_path.exists():
+        return
+    events = [json.loads(line) for line in events_path.read_text().splitlines() if line.strip()]
+    synced = [e for e in events if e.get("event") == "weights_synced" and e.get("bytes")]
+    if synced:
+        result.sync_gb = synced[-1]["bytes"] / 1e9
+        result.transports = "+".join(sorted({t for e in synced for t in e.get("transports", [])}))
+
+
 def read_relax_metrics(result: SystemResult, metrics_path: Path) -> None:
     if not metrics_path.exists():
         return
@@ -295,12 +314,14 @@ def run_relax(ns: argparse.Namespace, backend: str, prompts: Path, workdir: Path
     finally:
         shutil.rmtree(ray_dir, ignore_errors=True)
     read_relax_metrics(result, out_dir / "metrics.jsonl")
+    read_sync_events(result, out_dir / "events.jsonl")
     if code != 0 or len(result.step_s) < ns.steps:
         result.status = "failed"
         result.note = f"exit {code}{' (timeout)' if code == 124 else ''}, {len(result.step_s)}/{ns.steps} steps; see {log_path}"
         log(f"{name} FAILED: {result.note}\n{log_tail(log_path)}")
     else:
-        result.note = f"embedded-runner lean{' + compile' if ns.engine_compile else ''}; wall {result.wall_s:.0f} s"
+        result.note = (f"embedded-runner lean{' + compile' if ns.engine_compile else ''}; sync {result.transports or '?'}"
+                       f"{f' {result.sync_gb:.2f} GB' if result.sync_gb else ''}; wall {result.wall_s:.0f} s")
         log(f"{name}: done in {result.wall_s:.0f} s")
     return result
 
@@ -403,11 +424,11 @@ def _met(flag: bool | None) -> str:
 
 COLUMNS = [("system", "system", "s"), ("precision", "precision", "s"), ("step s (median)", "median_step_s", ".3f"),
            ("rollout s", "rollout_s", ".3f"), ("train s", "train_s", ".3f"), ("sync s", "sync_s", ".3f"),
-           ("offload s", "offload_s", ".3f"),
+           ("sync s/GB", "sync_s_per_gb", ".3f"), ("offload s", "offload_s", ".3f"),
            ("completion tok/s", "completion_tokens_per_s", ",.0f"), ("mean completion len", "mean_completion_len", ".1f"),
            ("TRL / this", "trl_over_this", ".2f"), (f"step <= {STEP_TARGET_S:g} s", "step_target_met", "met"),
            (f">= {SPEEDUP_TARGET:g}x TRL", "speedup_target_met", "met"), ("note", "note", "s")]
-RIGHT = {2, 3, 4, 5, 6, 7, 8, 9}
+RIGHT = {2, 3, 4, 5, 6, 7, 8, 9, 10}
 
 
 def _cell(row: dict[str, Any], key: str, spec: str) -> str:

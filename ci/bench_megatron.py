@@ -41,8 +41,10 @@ table when embeddings are untied; a tied table counts once, as the LM head), L l
 h = num_attention_heads * head_dim (the attention width), s the sequence length (full s x s
 attention scores counted although the mask is causal, as PaLM and Megatron's MFU do), and peak
 ``--peak-tflops`` (989 = H100 SXM dense bf16). With ``--train-backend megatron`` and no
-Transformer Engine installed, Megatron's local layer spec computes attention unfused
-(materialized ``s x s`` scores), which the MFU shows.
+Transformer Engine installed, Megatron's local layer spec runs its core attention through torch
+SDPA (flash kernels; relax/backends/megatron/attention.py), what ``relax train`` builds;
+``--attention unfused`` swaps in megatron's own `DotProductAttention` (materialized ``s x s``
+scores) for comparison: run the script once per value (``--skip sync`` for the MFU rows only).
 
 Weight sync (colocate, one GPU): an `EmbeddedEngine` over an HF model of the same preset (other
 seed, the backend's export dtype) on the same GPU; the GB are the bytes of the HF-named tensors
@@ -111,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--peak-tflops", type=float, default=H100_SXM_BF16_TFLOPS,
                     help="device peak for MFU (989 = H100 SXM dense bf16)")
     ap.add_argument("--no-distributed-optimizer", action="store_true", help="plain Megatron optimizer instead")
+    ap.add_argument("--attention", default="sdpa", choices=["sdpa", "unfused"],
+                    help="Megatron local spec's core attention: torch SDPA (relax's default) or megatron's unfused "
+                         "DotProductAttention (no effect with Transformer Engine or --train-backend torch)")
     ap.add_argument("--skip", nargs="*", default=[], choices=["rl", "policy", "lm", "sync"], help="rows to skip")
     ap.add_argument("--json", default=None, help="also write the rows and the setup as JSON to this path")
     ap.add_argument("--seed", type=int, default=1234)
@@ -479,7 +484,7 @@ def run_sync_rows(backend: Any, engine: Any, ns: argparse.Namespace) -> SyncResu
     def via_cpu() -> None:
         v = next(version)
         for bucket in backend.weight_buckets(ns.bucket_mb * 2**20):
-            engine.update_weights_from_tensors(bucket, version=v)
+            engine.update_weights_from_tensors([(name, t.cpu()) for name, t in bucket], version=v)
 
     def clobber_engine() -> None:
         with torch.no_grad():
@@ -521,6 +526,10 @@ def build_backend(ns: argparse.Namespace, output_dir: str) -> Any:
     from relax.utils.arguments import parse_args
 
     args = parse_args(backend_argv(ns, output_dir))
+    if ns.train_backend == "megatron":
+        from relax.backends.megatron import model as mcore_model
+
+        mcore_model.DEFAULT_ATTENTION = ns.attention  # what build_gpt_model uses for the local spec
     return build_train_backend(args, ns.device)
 
 
@@ -543,7 +552,8 @@ def header_lines(ns: argparse.Namespace, flops: FlopModel, backend: Any, micro_b
     return [
         f"bench_megatron: {ns.model} ({_count(flops.total_params)} params, N = {_count(flops.matmul_params)} in "
         f"matmuls, {flops.layers} layers, attention width {flops.attn_width}), {ns.train_backend} backend "
-        f"({desc.get('layer_spec', '-')} layer spec), {precision}, {opt}",
+        f"({desc.get('layer_spec', '-')} layer spec"
+        + (f", {ns.attention} attention" if desc.get("layer_spec") == "local" else "") + f"), {precision}, {opt}",
         f"{ns.global_batch} x {ns.seq_len} = {ns.global_batch * ns.seq_len:,} tokens per step (prompt {ns.prompt_len}), "
         f"micro-batch {micro_batch}, {ns.warmup} warm-up + {ns.steps} timed steps; {dev}, peak {ns.peak_tflops:g} "
         f"TFLOP/s; torch {torch.__version__}" + (f", megatron-core {_mcore_version()}" if ns.train_backend == "megatron"

@@ -25,7 +25,7 @@ MEGATRON_DEFAULTS = {"optimizer": "adam", "lr-decay-style": "constant", "weight-
                      "adam-beta2": 0.999}
 SPECIAL_DEFAULTS = {"512MB": 512 * MiB, "1GB (1024³)": 1024**3, '["CPU", "GPU"]': ["CPU", "GPU"]}
 ADDITIONS = {"preset", "output-dir", "config", "device", "rollout-backend", "gamma", "lambd",
-             "embedded-runner", "embedded-cuda-graph", "embedded-compile",
+             "embedded-runner", "embedded-cuda-graph", "embedded-compile", "weight-sync-transport",
              "ref-actor-config"}  # seed 004's fully-async services (not in seed 000's tables)
 BASE = ["--preset", "quickstart"]
 

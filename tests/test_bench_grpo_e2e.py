@@ -102,8 +102,8 @@ def test_table_is_one_aligned_markdown_table() -> None:
     assert lines[:2] == ["title", ""] and len(lines) == 4 + len(rows)
     assert len({len(line) for line in lines[2:]}) == 1 and lines[3].startswith("|---")
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines[4:]]
-    assert cells[0][:3] == ["trl-1.16.0", "bf16", "5.000"] and cells[0][9] == "-"
-    assert cells[1][2] == "0.850" and cells[1][9] == "5.88x" and cells[1][10:12] == ["met", "met"]
+    assert cells[0][:3] == ["trl-1.16.0", "bf16", "5.000"] and cells[0][10] == "-"
+    assert cells[1][2] == "0.850" and cells[1][10] == "5.88x" and cells[1][11:13] == ["met", "met"]
     assert cells[2][2] == "skipped" and cells[2][-1] == "megatron-core not importable"
     assert cells[3][2] == "FAILED"
 
@@ -154,3 +154,17 @@ def test_async_gpus_bench_refuses_without_two_gpus(capsys) -> None:
         pytest.skip("this machine has 2 GPUs: the benchmark would run for real")
     assert bench_async_gpus.main(["--steps", "2", "--warmup", "1"]) == 2
     assert "needs 2 CUDA GPUs" in capsys.readouterr().err
+
+
+def test_sync_seconds_per_gb_come_from_the_runs_sync_events(tmp_path) -> None:
+    events = tmp_path / "events.jsonl"
+    events.write_text("\n".join(json.dumps(e) for e in [
+        {"event": "step_start", "step": 0},
+        {"event": "weights_synced", "version": 0, "bytes": 500_000_000, "transports": ["cuda-ipc"]},
+        {"event": "weights_synced", "version": 1, "bytes": 500_000_000, "transports": ["cuda-ipc"]}]) + "\n")
+    result = _result("relax-megatron", [3.0, 2.0, 1.0, 1.0])
+    result.sync_s = [0.5, 0.1, 0.02, 0.03]
+    bg.read_sync_events(result, events)
+    assert result.sync_gb == pytest.approx(0.5) and result.transports == "cuda-ipc"
+    assert result.summary(5.0)["sync_s_per_gb"] == pytest.approx(0.025 / 0.5)
+    assert _result("trl-1.16.0", [5.0, 5.0, 5.0]).summary(None)["sync_s_per_gb"] is None

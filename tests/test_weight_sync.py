@@ -36,12 +36,13 @@ class FakeTrainer:
         for t in self.state.values():
             t.add_(0.5)
 
-    def prepare_sync(self, bucket_bytes: int) -> int:
+    def prepare_sync(self, bucket_bytes: int) -> tuple[int, str, int]:
         items = [(k, v.clone()) for k, v in self.state.items()]
         self._buckets = [items[i:i + 2] for i in range(0, len(items), 2)]
-        return len(self._buckets)
+        return len(self._buckets), "cpu", sum(v.numel() * v.element_size() for _, v in items)
 
-    def get_bucket(self, index: int) -> list:
+    def get_bucket(self, index: int, transport: str) -> list:
+        assert transport == "object-store"  # a CPU trainer: nothing shares a GPU with it
         return self._buckets[index]
 
     def finish_sync(self) -> dict[str, str]:
@@ -62,6 +63,9 @@ class FakeEngine:
 
     def checksums(self) -> dict[str, str]:
         return state_checksums(self.state.items())
+
+    def device_identity(self) -> str:
+        return "cpu"
 
 
 def test_sync_records_equal_checksums_and_restart_gets_the_snapshot_not_live_weights(tmp_path) -> None:
@@ -99,3 +103,20 @@ def test_a_hung_engine_times_out_instead_of_blocking(tmp_path) -> None:
     with pytest.raises(ray.exceptions.GetTimeoutError):
         sync_weights(FakeTrainer.remote(), [(0, HungEngine.remote())], version=1, step=0, bucket_bytes=1,
                      artifacts=RunArtifacts(tmp_path), timeout=1.0)
+
+
+def test_auto_transport_on_cpu_goes_through_the_object_store(tmp_path) -> None:
+    artifacts = RunArtifacts(tmp_path)
+    engine = FakeEngine.remote()
+    sync_weights(FakeTrainer.remote(), [(0, engine)], version=1, step=0, bucket_bytes=1, artifacts=artifacts,
+                 transport="auto")
+    synced = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["event"] == "weights_synced"]
+    assert synced[-1]["transports"] == ["object-store"] and synced[-1]["bytes"] == 5 * 64 * 4
+    records = read_jsonl(tmp_path / "weights.jsonl")
+    assert records[0]["checksums"] == records[1]["checksums"]
+
+
+def test_forced_cuda_ipc_with_the_weights_on_the_host_fails_clearly(tmp_path) -> None:
+    with pytest.raises(RuntimeError, match="cuda-ipc: a sync target is on cpu, but the trainer's weights are on cpu"):
+        sync_weights(FakeTrainer.remote(), [(0, FakeEngine.remote())], version=1, step=0, bucket_bytes=1,
+                     artifacts=RunArtifacts(tmp_path), transport="cuda-ipc")

@@ -66,7 +66,8 @@ class Runtime:
                     elapsed, snapshot = sync_weights(
                         self.trainer, targets, version=version, step=step,
                         bucket_bytes=self.args.update_weight_buffer_size, artifacts=self.artifacts,
-                        timeout=self._sync_timeout(), keep_snapshot=bool(self.args.use_fault_tolerance))
+                        timeout=self._sync_timeout(), keep_snapshot=bool(self.args.use_fault_tolerance),
+                        transport=self.args.weight_sync_transport)
                     self.snapshot = snapshot
                     return elapsed
                 except (RayActorError, GetTimeoutError):

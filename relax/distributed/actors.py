@@ -26,6 +26,7 @@ class TrainerActor:
 
         self.backend = build_train_backend(args, device)
         self._buckets: list = []
+        self._shared = None  # the packed bucket whose CUDA IPC handles are out
 
     def pid(self) -> int:
         return os.getpid()
@@ -48,15 +49,28 @@ class TrainerActor:
     def onload(self) -> dict[str, float]:
         return self.backend.onload()
 
-    def prepare_sync(self, bucket_bytes: int) -> int:
-        self._buckets = self.backend.weight_buckets(bucket_bytes)
-        return len(self._buckets)
+    def prepare_sync(self, bucket_bytes: int) -> tuple[int, str, int]:
+        """Split the weights into buckets: (how many, `device_identity` of where they are now (an offloaded
+        trainer's weights are on the host even on a GPU run), bytes in all)."""
+        from relax.weights.cuda_ipc import device_identity
 
-    def get_bucket(self, index: int) -> list:
-        return self._buckets[index]
+        self._buckets = self.backend.weight_buckets(bucket_bytes)
+        tensors = [t for bucket in self._buckets for _, t in bucket]
+        where = device_identity(tensors[0].device) if tensors else "cpu"
+        return len(self._buckets), where, sum(t.numel() * t.element_size() for t in tensors)
+
+    def get_bucket(self, index: int, transport: str = "object-store"):
+        """Bucket ``index`` for ``transport`` (relax/weights/sync.py): host tensors, or CUDA IPC handles to a packed
+        copy that lives until the next bucket is asked for (every target has copied this one by then)."""
+        from relax.weights.cuda_ipc import CudaIpcBucket, FlatBucket
+
+        if transport == "cuda-ipc":
+            self._shared = FlatBucket.pack(self._buckets[index])
+            return CudaIpcBucket.share(self._shared)
+        return [(name, t.cpu()) for name, t in self._buckets[index]]
 
     def finish_sync(self) -> dict[str, str]:
-        self._buckets = []
+        self._buckets, self._shared = [], None
         return self.backend.checksums()
 
     def save(self, directory: str, save_optimizer: bool) -> None:
@@ -136,9 +150,17 @@ class EngineActor:
     def generate(self, requests: list[dict]) -> list[dict]:
         return self._exclusive(lambda engine: engine.generate(requests))
 
-    def update_weights(self, bucket: list, version: int | None) -> int:
+    def device_identity(self) -> str:
+        from relax.weights.cuda_ipc import device_identity
+
+        return device_identity(self.engine.device)
+
+    def update_weights(self, bucket, version: int | None) -> int:
+        """One sync bucket (host tensors or `CudaIpcBucket` handles, relax/weights/sync.py) into the engine."""
+        from relax.weights.cuda_ipc import bucket_tensors
+
         def apply(engine) -> int:
-            engine.update_weights_from_tensors(bucket, version=version)
+            engine.update_weights_from_tensors(bucket_tensors(bucket), version=version)
             return engine.weight_version
 
         return self._exclusive(apply)
@@ -208,8 +230,15 @@ class ForwardServiceActor:
     def log_probs(self, samples):
         return self.service.log_probs(samples)
 
-    def update_weights(self, bucket: list, version: int | None) -> int | None:
-        return self.service.update_weights(bucket, version)
+    def device_identity(self) -> str:
+        from relax.weights.cuda_ipc import device_identity
+
+        return device_identity(self.service.backend.device)
+
+    def update_weights(self, bucket, version: int | None) -> int | None:
+        from relax.weights.cuda_ipc import bucket_tensors
+
+        return self.service.update_weights(bucket_tensors(bucket), version)
 
     def checksums(self) -> dict[str, str]:
         return self.service.checksums()

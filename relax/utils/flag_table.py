@@ -178,9 +178,9 @@ SEED_FLAGS: list[FlagSpec] = [
     F('expert-model-parallel-size', 'int', 1, 'Parallelism Configuration', 'Expert parallelism size (for MoE models)'),
     F('expert-tensor-parallel-size', 'int', 1, 'Parallelism Configuration', 'Expert tensor parallelism size'),
     # --- Recomputation
-    F('recompute-granularity', 'str', None, 'Recomputation', 'Recomputation granularity: full, selective (native Megatron parameter' + MEGATRON_DEFAULT + ': off)', choices=('full', 'selective'), seed_default='-'),
-    F('recompute-method', 'str', None, 'Recomputation', 'Recomputation method: uniform, block (native Megatron parameter' + MEGATRON_DEFAULT + ': unset)', choices=('uniform', 'block'), seed_default='-'),
-    F('recompute-num-layers', 'int', None, 'Recomputation', 'Number of layers to recompute (native Megatron parameter' + MEGATRON_DEFAULT + ': unset)', seed_default='-'),
+    F('recompute-granularity', 'str', None, 'Recomputation', 'Recomputation granularity: full, selective (native Megatron parameter' + MEGATRON_DEFAULT + ': off). Here: --train-backend megatron only (refused with torch), the trainer\'s model only. full checkpoints whole transformer layers (megatron\'s tensor_parallel.checkpoint) and needs --recompute-method and --recompute-num-layers; selective checkpoints core attention in every layer (megatron\'s default recompute_modules core_attn) and takes neither. Same loss and gradients, less activation memory, one more forward of the checkpointed part in backward. Neither needs Transformer Engine. Selective saves little with the default sdpa (flash) core attention, which keeps no s x s scores; it matters for the unfused attention', choices=('full', 'selective'), seed_default='-'),
+    F('recompute-method', 'str', None, 'Recomputation', 'Recomputation method: uniform, block (native Megatron parameter' + MEGATRON_DEFAULT + ': unset). Here: with --recompute-granularity full only (required there, refused otherwise). uniform: checkpoint the layers in chunks of --recompute-num-layers; block: checkpoint the first --recompute-num-layers layers, keep the rest\'s activations', choices=('uniform', 'block'), seed_default='-'),
+    F('recompute-num-layers', 'int', None, 'Recomputation', 'Number of layers to recompute (native Megatron parameter' + MEGATRON_DEFAULT + ': unset). Here: with --recompute-granularity full only (required there, refused otherwise); between 1 and the model\'s layer count (checked when the backend builds the model)', seed_default='-'),
     # --- Optimizer Configuration
     F('lr', 'float', 1e-06, 'Optimizer Configuration', 'Learning rate'),
     F('optimizer', 'str', 'adam', 'Optimizer Configuration', 'Optimizer type (native Megatron parameter' + MEGATRON_DEFAULT + ')', choices=('adam', 'sgd'), seed_default='-'),
@@ -190,9 +190,9 @@ SEED_FLAGS: list[FlagSpec] = [
     F('adam-beta2', 'float', 0.999, 'Optimizer Configuration', 'Adam beta2 (native Megatron parameter' + MEGATRON_DEFAULT + ')', seed_default='-'),
     F('clip-grad', 'float', 1.0, 'Optimizer Configuration', 'Gradient clipping'),
     F('seed', 'int', 1234, 'Optimizer Configuration', 'Random seed'),
-    F('optimizer-cpu-offload', 'flag', False, 'Optimizer Configuration', 'Enable CPU offload for optimizer state (native Megatron parameter' + MEGATRON_DEFAULT + ')', seed_default='-'),
-    F('overlap-cpu-optimizer-d2h-h2d', 'flag', False, 'Optimizer Configuration', 'Overlap CPU optimizer D2H/H2D communication (native Megatron parameter' + MEGATRON_DEFAULT + ')', seed_default='-'),
-    F('use-precision-aware-optimizer', 'flag', False, 'Optimizer Configuration', 'Use precision-aware optimizer (native Megatron parameter' + MEGATRON_DEFAULT + ')', seed_default='-'),
+    F('optimizer-cpu-offload', 'flag', False, 'Optimizer Configuration', 'Enable CPU offload for optimizer state (native Megatron parameter' + MEGATRON_DEFAULT + '). Here: --train-backend megatron only; megatron\'s HybridDeviceOptimizer with optimizer_offload_fraction 1.0: fp32 master weights, Adam moments and the Adam update (torch AdamW, fused CPU kernel) all on the CPU; grads go to pinned host memory and updated bf16 weights back each step. Needs --use-precision-aware-optimizer and so --use-distributed-optimizer (Megatron-LM\'s rules); saving its optimizer state is not supported yet (--save needs --no-save-optim)', seed_default='-'),
+    F('overlap-cpu-optimizer-d2h-h2d', 'flag', False, 'Optimizer Configuration', 'Overlap CPU optimizer D2H/H2D communication (native Megatron parameter' + MEGATRON_DEFAULT + '). Here: with --optimizer-cpu-offload only (refused without it): the grad and weight copies run on side CUDA streams, one CPU optimizer per parameter, so copies overlap the CPU update; same results', seed_default='-'),
+    F('use-precision-aware-optimizer', 'flag', False, 'Optimizer Configuration', 'Use precision-aware optimizer (native Megatron parameter' + MEGATRON_DEFAULT + '). Here: --train-backend megatron only, needs --use-distributed-optimizer; the optimizer, not megatron, holds the fp32 master weights (fp32 moments: no precision change). With --optimizer-cpu-offload they live on the CPU; without it megatron-core needs Transformer Engine\'s FusedAdam, refused when transformer_engine is not installed', seed_default='-'),
     F('use-distributed-optimizer', 'flag', False, 'Optimizer Configuration', 'Shard optimizer state, ZeRO-1 style (native Megatron parameter' + MEGATRON_DEFAULT + ')', seed_default='-'),
     F('overlap-grad-reduce', 'flag', False, 'Optimizer Configuration', 'Overlap backward compute with grad reduce-scatter (native Megatron parameter' + MEGATRON_DEFAULT + ')', seed_default='-'),
     F('overlap-param-gather', 'flag', False, 'Optimizer Configuration', 'Overlap reduce-scatter with next-step param all-gather; requires --overlap-grad-reduce (native Megatron parameter' + MEGATRON_DEFAULT + ')', seed_default='-'),
@@ -394,6 +394,14 @@ ADDED_FLAGS: list[FlagSpec] = [
     F("embedded-compile", "flag", False, ADDITIONS_GROUP,
       "torch.compile the lean runner's decode forward before graph capture (faster decode, slower first "
       "steps). Needs a CUDA device and --embedded-runner lean (or auto)"),
+    F("weight-sync-transport", "str", "auto", ADDITIONS_GROUP,
+      "How each weight sync reaches its targets (relax/weights/sync.py). cuda-ipc: CUDA IPC handles to a packed GPU "
+      "copy of each --update-weight-buffer-size bucket, copied device to device (same GPU only; the colocate fast "
+      "path). object-store: host tensors through Ray's object store (any placement). auto: cuda-ipc for every "
+      "target on the GPU that holds the trainer's weights at sync time, object-store for the rest. With "
+      "--use-fault-tolerance every target uses object-store (restarted engines get the kept host bytes); cuda-ipc "
+      "needs --colocate and is refused with --use-fault-tolerance",
+      choices=("auto", "object-store", "cuda-ipc")),
 ]
 
 # What is implemented so far. A flag not listed here may only keep its documented default;
@@ -417,6 +425,8 @@ SUPPORTED: frozenset[str] = frozenset({
     "only-train-params-name-list", "freeze-params-name-list",
     # megatron backend
     "megatron-to-hf-mode", "use-distributed-optimizer",
+    "recompute-granularity", "recompute-method", "recompute-num-layers",  # relax/backends/megatron/memory_flags.py
+    "optimizer-cpu-offload", "overlap-cpu-optimizer-d2h-h2d", "use-precision-aware-optimizer",
     # algorithm
     "advantage-estimator", "normalize-advantages", "disable-grpo-std-normalization", "disable-rewards-normalization",
     "eps-clip", "eps-clip-high", "eps-clip-c", "entropy-coef", "use-kl-loss", "kl-loss-coef", "kl-loss-type",
@@ -446,7 +456,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "use-tensorboard", "tb-project-name", "tb-experiment-name", "custom-config-path",
     # additions
     "preset", "output-dir", "config", "device", "rollout-backend",
-    "embedded-runner", "embedded-cuda-graph", "embedded-compile",
+    "embedded-runner", "embedded-cuda-graph", "embedded-compile", "weight-sync-transport",
 })
 SUPPORTED_VALUES: dict[str, frozenset[Any]] = {
     "optimizer": frozenset({"adam"}),

@@ -12,6 +12,7 @@ from argparse import Namespace
 from collections.abc import Set
 
 from relax.backends.embedded.runner_choice import check_runner_flags
+from relax.backends.megatron import memory_flags
 from relax.backends.megatron.checks import check_train_backend_args
 from relax.utils.flag_table import FLAGS_BY_NAME
 from relax.utils.flag_types import ConfigError
@@ -123,6 +124,48 @@ def _opd_sglang(args: Namespace) -> None:
                           "(use --opd-type megatron, or --train-backend torch)")
 
 
+def _megatron_memory(args: Namespace) -> None:
+    """Activation recompute and optimizer CPU offload (relax/backends/megatron/memory_flags.py).
+
+    Megatron flags: refused with the torch backend. Combinations megatron-core's `TransformerConfig`
+    / `OptimizerConfig` reject, or would silently ignore, are refused here, naming the flags.
+    """
+    given = memory_flags.memory_flags_given(args)
+    if given and args.train_backend != "megatron":
+        raise ConfigError(f"not supported yet: {_flag(given[0])} with --train-backend {args.train_backend} "
+                          "(a Megatron flag: use --train-backend megatron)")
+    _positive(args, "recompute_num_layers")
+    granularity = args.recompute_granularity
+    knobs = [dest for dest in ("recompute_method", "recompute_num_layers") if getattr(args, dest) is not None]
+    if granularity is None and knobs:
+        raise ConfigError(f"{_flag(knobs[0])} has no effect without --recompute-granularity full")
+    if granularity == "selective" and knobs:
+        raise ConfigError(f"{_flag(knobs[0])} has no effect with --recompute-granularity selective (it recomputes "
+                          "core attention in every layer; megatron-core requires recompute_num_layers None)")
+    if granularity == "full":
+        if args.recompute_method is None:
+            raise ConfigError("--recompute-granularity full needs --recompute-method (uniform or block)")
+        if args.recompute_num_layers is None:
+            raise ConfigError("--recompute-granularity full needs --recompute-num-layers N (uniform: layers per "
+                              "checkpointed chunk; block: how many layers are checkpointed)")
+    if args.overlap_cpu_optimizer_d2h_h2d and not args.optimizer_cpu_offload:
+        raise ConfigError("--overlap-cpu-optimizer-d2h-h2d has no effect without --optimizer-cpu-offload")
+    if args.optimizer_cpu_offload and not args.use_precision_aware_optimizer:
+        raise ConfigError("--optimizer-cpu-offload needs --use-precision-aware-optimizer (Megatron-LM's rule: the "
+                          "hybrid device optimizer runs on that code path)")
+    if args.use_precision_aware_optimizer:
+        if not args.use_distributed_optimizer:
+            raise ConfigError("--use-precision-aware-optimizer needs --use-distributed-optimizer "
+                              "(megatron-core's OptimizerConfig)")
+        if not args.optimizer_cpu_offload and not memory_flags.te_available():
+            raise ConfigError("not supported yet: --use-precision-aware-optimizer without --optimizer-cpu-offload "
+                              "(megatron-core runs it on Transformer Engine's FusedAdam; transformer_engine is "
+                              "not installed)")
+    if args.optimizer_cpu_offload and args.save and not args.no_save_optim:
+        raise ConfigError("not supported yet: saving the --optimizer-cpu-offload optimizer state (distributed "
+                          "optimizer shards): pass --no-save-optim with --save")
+
+
 def _partial_rollout(args: Namespace) -> None:
     """--partial-rollout's companions, and the modes it does not combine with yet."""
     if not args.partial_rollout:
@@ -149,6 +192,20 @@ def _transfer_queue(args: Namespace) -> None:
             if getattr(args, dest) != FLAGS_BY_NAME[dest.replace("_", "-")].default:
                 raise ConfigError(f"{_flag(dest)} has no effect without --fully-async "
                                   "(the colocate loop hands samples to the trainer directly)")
+
+
+def _weight_sync(args: Namespace) -> None:
+    """``--weight-sync-transport cuda-ipc`` hands GPU memory to processes on the same GPU (relax/weights/sync.py)."""
+    if args.weight_sync_transport != "cuda-ipc":
+        return
+    if not args.colocate:
+        raise ConfigError("--weight-sync-transport cuda-ipc needs --colocate (the engines must share the trainer's GPU)")
+    if args.use_fault_tolerance:
+        raise ConfigError("--weight-sync-transport cuda-ipc with --use-fault-tolerance: restarted engines are "
+                          "resynced from host copies, so fault tolerance syncs through the object store (use auto)")
+    if args.offload_train:
+        raise ConfigError("--weight-sync-transport cuda-ipc with --offload-train: the trainer's weights are on the "
+                          "host at sync time (use auto: it picks object-store then)")
 
 
 def _services(args: Namespace) -> None:
@@ -255,7 +312,9 @@ def resolve_and_validate(args: Namespace, explicit: Set[str] = frozenset()) -> N
     _batch_sizes(args, explicit)
     _requirements(args)
     _train_loop(args)
+    _megatron_memory(args)
     _partial_rollout(args)
     _transfer_queue(args)
+    _weight_sync(args)
     _services(args)
     _when_none(args)

@@ -1,9 +1,15 @@
 """Trainer -> engine weight sync with a version number and checksums on both sides.
 
-Weights travel in buckets of at most ``--update-weight-buffer-size`` bytes through Ray's
-object store (shared memory on one node). After the last bucket each side reports a
-per-tensor checksum keyed by HF name; both go to weights.jsonl, so weight-update equality
-is decidable from the artifacts alone. ``targets`` are ``(engine_id, handle)`` pairs: all
+Weights travel in buckets of at most ``--update-weight-buffer-size`` bytes, each target by one
+of two transports (``--weight-sync-transport``, chosen per target by `choose_transports`):
+
+* ``cuda-ipc``: a target on the same GPU as the trainer's weights (colocate) gets CUDA IPC
+  handles to a packed GPU copy of the bucket and copies device to device (relax/weights/cuda_ipc.py);
+* ``object-store``: host tensors through Ray's object store (shared memory on one node); every
+  other target, and every target when the last sync's bytes are kept for restarts.
+
+After the last bucket each side reports a per-tensor checksum keyed by HF name; both go to
+weights.jsonl, so weight-update equality is decidable from the artifacts alone. ``targets`` are ``(engine_id, handle)`` pairs: all
 engines after a training step, one engine after it was restarted. A target keyed by a string
 instead is another holder of the policy (the fully-async ``actor_fwd`` service) and is recorded
 under that side name, e.g. ``actor_fwd:0``; it offers the engine's update_weights / checksums.
@@ -12,6 +18,7 @@ under that side name, e.g. ``actor_fwd:0``; it offers the engine's update_weight
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import ray
@@ -33,22 +40,54 @@ class WeightSnapshot:
     trainer_checksums: dict
 
 
+TRANSPORTS = ("auto", "object-store", "cuda-ipc")
+
+
+def choose_transports(requested: str, weights_at: str, target_devices: Sequence[str], *,
+                      keep_snapshot: bool) -> list[str]:
+    """The transport of each target: ``cuda-ipc`` where it shares the GPU that holds the trainer's weights.
+
+    ``weights_at`` / ``target_devices`` are `relax.weights.cuda_ipc.device_identity` strings.
+    ``keep_snapshot`` (fault tolerance) needs the bytes on the host, so everything goes through the
+    object store then. Forcing ``cuda-ipc`` where a target does not share the GPU is an error.
+    """
+    if requested not in TRANSPORTS:
+        raise ValueError(f"unknown weight-sync transport {requested!r}; known: {', '.join(TRANSPORTS)}")
+    if requested == "object-store" or keep_snapshot:
+        return ["object-store"] * len(target_devices)
+    shared = [weights_at.startswith("cuda:") and device == weights_at for device in target_devices]
+    if requested == "cuda-ipc" and not all(shared):
+        other = next(device for device, same in zip(target_devices, shared, strict=True) if not same)
+        raise RuntimeError(f"--weight-sync-transport cuda-ipc: a sync target is on {other}, but the trainer's "
+                           f"weights are on {weights_at}; CUDA IPC needs both on one GPU (use auto or object-store)")
+    return ["cuda-ipc" if same else "object-store" for same in shared]
+
+
 def sync_weights(trainer, targets: list[tuple[int | str, object]], *, version: int, step: int, bucket_bytes: int,
-                 artifacts: RunArtifacts, timeout: float | None = None,
-                 keep_snapshot: bool = False) -> tuple[float, WeightSnapshot | None]:
+                 artifacts: RunArtifacts, timeout: float | None = None, keep_snapshot: bool = False,
+                 transport: str = "object-store") -> tuple[float, WeightSnapshot | None]:
     """Push the trainer's weights to ``targets`` as ``version``; (seconds, snapshot if ``keep_snapshot``).
 
     ``timeout`` bounds every wait on a target (a hung engine raises GetTimeoutError instead of
-    blocking the loop forever); both sides' checksums are taken concurrently.
+    blocking the loop forever); both sides' checksums are taken concurrently. ``transport`` is the
+    ``--weight-sync-transport`` request; targets must offer ``device_identity()`` unless it is
+    ``object-store``.
     """
     start = time.perf_counter()
-    num_buckets = ray.get(trainer.prepare_sync.remote(bucket_bytes))
+    num_buckets, weights_at, nbytes = ray.get(trainer.prepare_sync.remote(bucket_bytes))
+    if transport == "object-store" or keep_snapshot:
+        devices = ["?"] * len(targets)
+    else:
+        devices = ray.get([target.device_identity.remote() for _, target in targets], timeout=timeout)
+    kinds = choose_transports(transport, weights_at, devices, keep_snapshot=keep_snapshot)
+    needed = set(kinds) | ({"object-store"} if keep_snapshot else set())
     buckets = []
     for i in range(num_buckets):
-        bucket_ref = trainer.get_bucket.remote(i)
-        ray.get([engine.update_weights.remote(bucket_ref, version) for _, engine in targets], timeout=timeout)
+        refs = {kind: trainer.get_bucket.remote(i, kind) for kind in needed}
+        ray.get([target.update_weights.remote(refs[kind], version)
+                 for (_, target), kind in zip(targets, kinds, strict=True)], timeout=timeout)
         if keep_snapshot:
-            buckets.append(bucket_ref)
+            buckets.append(refs["object-store"])
     trainer_ref = trainer.finish_sync.remote()
     engine_sums = ray.get([engine.checksums.remote() for _, engine in targets], timeout=timeout)
     trainer_sums = ray.get(trainer_ref)
@@ -56,8 +95,9 @@ def sync_weights(trainer, targets: list[tuple[int | str, object]], *, version: i
     _record(artifacts, targets, engine_sums, trainer_sums, version=version, step=step)
     services = {"services": [key for key, _ in targets if isinstance(key, str)]} if any(
         isinstance(key, str) for key, _ in targets) else {}
-    artifacts.event("weights_synced", version=version, step=step, buckets=num_buckets, seconds=elapsed,
-                    engines=[key for key, _ in targets if not isinstance(key, str)], **services)
+    artifacts.event("weights_synced", version=version, step=step, buckets=num_buckets, bytes=nbytes, seconds=elapsed,
+                    engines=[key for key, _ in targets if not isinstance(key, str)],
+                    transports=sorted(set(kinds)), **services)
     return elapsed, (WeightSnapshot(version, tuple(buckets), trainer_sums) if keep_snapshot else None)
 
 

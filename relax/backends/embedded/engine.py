@@ -99,6 +99,7 @@ class EmbeddedEngine:
         else:
             raise ValueError(f"unknown runner {runner!r} (hf, static or lean)")
         self.released = False
+        self._parking: list[torch.Tensor] = []  # pinned host copies of the weights, reused by every release
 
     # ------------------------------------------------------------------ properties
     @property
@@ -368,10 +369,21 @@ class EmbeddedEngine:
         if isinstance(self.runner, StaticRunner | LeanRunner):
             self.runner.free()
         if self.device.type == "cuda" and not self.released:
-            for t in itertools.chain(self.model.parameters(), self.model.buffers()):
-                t.data = t.data.to("cpu", non_blocking=False).pin_memory()
+            self._park_weights()
             torch.cuda.empty_cache()
         self.released = True
+
+    def _park_weights(self) -> None:
+        """Move every weight into pinned host buffers allocated once and reused by each release (a colocate
+        run releases every step; pinning fresh host memory each time costs more than the copy itself)."""
+        tensors = list(itertools.chain(self.model.parameters(), self.model.buffers()))
+        if [(h.shape, h.dtype) for h in self._parking] != [(t.shape, t.dtype) for t in tensors]:
+            self._parking = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+        for t, host in zip(tensors, self._parking, strict=True):
+            host.copy_(t.data, non_blocking=True)
+        torch.cuda.synchronize(self.device)
+        for t, host in zip(tensors, self._parking, strict=True):
+            t.data = host
 
     def resume_memory_occupation(self) -> None:
         if self.device.type == "cuda" and self.released:

@@ -30,6 +30,11 @@ import torch
 from relax.algorithms import AlgorithmConfig
 from relax.backends.megatron.config import McoreModelSpec
 from relax.backends.megatron.logprobs import mcore_response_log_probs
+from relax.backends.megatron.memory_flags import (
+    make_embedding_output_differentiable,
+    optimizer_offload_kwargs,
+    recompute_kwargs,
+)
 from relax.backends.megatron.model import BuiltModel, build_gpt_model, init_parallel_state
 from relax.backends.megatron.weights import export_hf_state, load_hf_state
 from relax.backends.torch.backend import TorchTrainBackend, needs_reference_model
@@ -56,7 +61,7 @@ class MegatronTrainBackend(TorchTrainBackend):
         self.spec = McoreModelSpec.from_hf(hf_model.config)
         hf_state = hf_model.state_dict()
         del hf_model
-        self.built = self._load(hf_state)
+        self.built = self._load(hf_state, recompute_kwargs(args, self.spec.num_layers))  # only the trainer recomputes
         self.ref_model = _frozen(self._load(hf_state)).module if needs_reference_model(args) else None
         self.teacher = None
         if args.use_opd:
@@ -69,14 +74,16 @@ class MegatronTrainBackend(TorchTrainBackend):
             self.teacher = _frozen(teacher).module
         del hf_state
         self.frozen_params = apply_param_freezing(self.built.gpt, args)
+        if args.recompute_granularity == "full":  # a frozen embedding must not cut the checkpointed layers' grads
+            make_embedding_output_differentiable(self.built.gpt)
         self.model, self.optimizer = self._wrap_for_training(self.built)
         self.algo = AlgorithmConfig.from_args(args)
         self.pad_id = int(getattr(self.hf_config, "pad_token_id", None) or 0)
         self._step = 0
         self.critic = None  # --advantage-estimator ppo is refused for this backend at parse time
 
-    def _load(self, hf_state: dict[str, torch.Tensor]) -> BuiltModel:
-        built = build_gpt_model(self.spec)
+    def _load(self, hf_state: dict[str, torch.Tensor], extra_config: dict[str, Any] | None = None) -> BuiltModel:
+        built = build_gpt_model(self.spec, extra_config=extra_config)
         load_hf_state(built, hf_state, mode=self.args.megatron_to_hf_mode)
         return built
 
@@ -97,6 +104,7 @@ class MegatronTrainBackend(TorchTrainBackend):
             adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=1e-8,
             clip_grad=args.clip_grad, bf16=True, params_dtype=torch.bfloat16,
             use_distributed_optimizer=distributed,
+            **optimizer_offload_kwargs(args),  # --optimizer-cpu-offload: megatron's HybridDeviceOptimizer
         )
         return ddp, get_megatron_optimizer(opt_config, [ddp])
 
@@ -134,8 +142,8 @@ class MegatronTrainBackend(TorchTrainBackend):
     def hf_state(self) -> dict[str, torch.Tensor]:
         return export_hf_state(self.built, mode=self.args.megatron_to_hf_mode)
 
-    def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
-        return [(name, t.cpu()) for name, t in self.hf_state().items()]
+    def device_named_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        return list(self.hf_state().items())
 
     def checksums(self) -> dict[str, str]:
         return state_checksums(self.hf_state().items())

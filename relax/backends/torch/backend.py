@@ -287,14 +287,19 @@ class TorchTrainBackend:
         return self._offloader().onload().as_dict()
 
     # ------------------------------------------------------------------ weights
+    def device_named_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """The weights under HF names where they live (views, no copy): what the weight sync sends."""
+        return [(name, t.detach()) for name, t in self.model.state_dict().items()]
+
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
-        return [(name, t.detach().cpu()) for name, t in self.model.state_dict().items()]
+        return [(name, t.cpu()) for name, t in self.device_named_tensors()]
 
     def weight_buckets(self, bucket_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
-        """Split the state dict into buckets of at most ``bucket_bytes`` (one oversized tensor = its own bucket)."""
+        """Split the weights (on their device) into buckets of at most ``bucket_bytes`` (one oversized tensor =
+        its own bucket)."""
         buckets: list[list[tuple[str, torch.Tensor]]] = [[]]
         size = 0
-        for name, tensor in self.named_tensors():
+        for name, tensor in self.device_named_tensors():
             nbytes = tensor.numel() * tensor.element_size()
             if buckets[-1] and size + nbytes > bucket_bytes:
                 buckets.append([])
