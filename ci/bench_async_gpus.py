@@ -9,9 +9,11 @@ after 128-token prompts, GRPO, one optimizer step per rollout; see that docstrin
 
 * ``colocate``: ``--colocate --resource {"actor": [1, 1], "rollout": [2, 1]}``: the trainer shares
   GPU 0 with engine 0, engine 1 has GPU 1; rollout, train and sync take turns (the trainer is one
-  GPU: data-parallel training is not built, so GPU 1 idles while the trainer trains);
+  GPU: data-parallel training is not built, so GPU 1 idles while the trainer trains); engine 0 gets
+  the weights by CUDA IPC, engine 1 by NCCL broadcast (``--weight-sync-transport auto``);
 * ``fully-async k``: ``--fully-async --max-staleness k --resource {"actor": [1, 1], "rollout": [1, 1]}``:
-  the trainer has GPU 0, the engine GPU 1, and rollout for step s+1..s+k runs while step s trains.
+  the trainer has GPU 0, the engine GPU 1 (weights by NCCL broadcast), and rollout for step
+  s+1..s+k runs while step s trains.
 
 samples/s = completions per step / median step time (steps after ``--warmup``); each row's ratio
 is to the colocate row of the same run. Target (issue 7): fully-async >= 1.5x colocate.

@@ -43,6 +43,15 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def cuda_device_count() -> int:
+    """CUDA GPUs this process sees (0 without torch or CUDA)."""
+    if not cuda_available():
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
+
+
 _KNOWN_GPUS = ("H200", "H100", "A100", "A10G", "L40S", "L4", "B200", "GB200", "V100", "T4", "RTX")
 
 

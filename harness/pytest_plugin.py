@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from harness.executors import EXECUTORS, Executor, make_executor
-from harness.profiles import Profile, cuda_available
+from harness.profiles import Profile, cuda_available, cuda_device_count
 from harness.results import ScenarioResult, load_results, write_results
 from harness.runner import HarnessConfig, run_scenario
 from harness.spec import ScenarioSpec, default_specs_dir, load_catalog
@@ -28,6 +28,7 @@ SESSION_KEY: pytest.StashKey[HarnessSession] = pytest.StashKey()
 MARKERS = (
     "scenario(name): the harness scenario (spec name) this test runs",
     "gpu: needs a CUDA GPU (skipped with a reason otherwise)",
+    "multi_gpu: needs two or more CUDA GPUs (skipped with a reason otherwise)",
     "docker: needs a Docker engine",
     "slow: long-running test",
 )
@@ -141,6 +142,8 @@ class HarnessSession:
                 item.add_marker(pytest.mark.skip(reason="gpu scenario: run with --harness-profile gpu"))
             elif not cuda_available():
                 item.add_marker(pytest.mark.skip(reason="gpu scenario: no CUDA device on this machine"))
+            elif item.get_closest_marker("multi_gpu") is not None and cuda_device_count() < 2:
+                item.add_marker(pytest.mark.skip(reason=f"multi-GPU scenario: {cuda_device_count()} CUDA device here"))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):

@@ -28,6 +28,7 @@ from relax.metrics.artifacts import RunArtifacts
 from relax.utils.arguments import ConfigError
 from relax.utils.fault_hooks import fault_at
 from relax.utils.types import Sample
+from relax.weights.broadcast import BroadcastGroup
 from relax.weights.sync import WeightSnapshot, resync_from_snapshot, sync_weights
 
 
@@ -47,6 +48,7 @@ class Runtime:
     snapshot: WeightSnapshot | None = None  # the last sync's bytes, for restarted engines (fault tolerance)
     # held by every sync and restart: a restart never interleaves with a sync (EngineSupervisor shares it)
     weights_lock: threading.RLock = field(default_factory=threading.RLock)
+    weight_group: BroadcastGroup = field(default_factory=BroadcastGroup)  # engines on other GPUs (broadcast sync)
 
     @property
     def last_step(self) -> int:
@@ -67,7 +69,7 @@ class Runtime:
                         self.trainer, targets, version=version, step=step,
                         bucket_bytes=self.args.update_weight_buffer_size, artifacts=self.artifacts,
                         timeout=self._sync_timeout(), keep_snapshot=bool(self.args.use_fault_tolerance),
-                        transport=self.args.weight_sync_transport)
+                        transport=self.args.weight_sync_transport, group=self.weight_group)
                     self.snapshot = snapshot
                     return elapsed
                 except (RayActorError, GetTimeoutError):

@@ -7,9 +7,13 @@ in a unit test without Ray. Each actor pins torch to one thread (see placement.w
 from __future__ import annotations
 
 import os
+import threading
 from argparse import Namespace
 
 import ray
+
+from relax.weights.broadcast import BroadcastBucket, WeightReceiver, WeightSender
+from relax.weights.cuda_ipc import CudaIpcBucket, FlatBucket, device_identity
 
 
 def _init_process() -> None:
@@ -26,7 +30,10 @@ class TrainerActor:
 
         self.backend = build_train_backend(args, device)
         self._buckets: list = []
-        self._shared = None  # the packed bucket whose CUDA IPC handles are out
+        self._pool: dict = {}  # dtype -> the persistent buffer buckets are packed into (cuda-ipc, broadcast)
+        self._packed: tuple[int, object] | None = None  # (bucket index, FlatBucket) in the pool
+        self._pack_lock = threading.Lock()  # get_bucket and broadcast_bucket may run on two threads
+        self._sender = WeightSender()
 
     def pid(self) -> int:
         return os.getpid()
@@ -52,25 +59,38 @@ class TrainerActor:
     def prepare_sync(self, bucket_bytes: int) -> tuple[int, str, int]:
         """Split the weights into buckets: (how many, `device_identity` of where they are now (an offloaded
         trainer's weights are on the host even on a GPU run), bytes in all)."""
-        from relax.weights.cuda_ipc import device_identity
-
-        self._buckets = self.backend.weight_buckets(bucket_bytes)
+        self._buckets, self._packed = self.backend.weight_buckets(bucket_bytes), None
         tensors = [t for bucket in self._buckets for _, t in bucket]
         where = device_identity(tensors[0].device) if tensors else "cpu"
         return len(self._buckets), where, sum(t.numel() * t.element_size() for t in tensors)
 
     def get_bucket(self, index: int, transport: str = "object-store"):
-        """Bucket ``index`` for ``transport`` (relax/weights/sync.py): host tensors, or CUDA IPC handles to a packed
-        copy that lives until the next bucket is asked for (every target has copied this one by then)."""
-        from relax.weights.cuda_ipc import CudaIpcBucket, FlatBucket
+        """Bucket ``index`` for ``transport`` (relax/weights/sync.py): host tensors; CUDA IPC handles to the bucket
+        packed in the persistent pool; or, for ``broadcast``, its layout (`broadcast_bucket` sends the bytes).
+        The pool is refilled only when the next bucket is asked for (every target has copied this one by then)."""
+        if transport == "object-store":
+            return [(name, t.cpu()) for name, t in self._buckets[index]]
+        flat = self._pack(index)
+        return CudaIpcBucket.share(flat) if transport == "cuda-ipc" else BroadcastBucket.of(flat)
 
-        if transport == "cuda-ipc":
-            self._shared = FlatBucket.pack(self._buckets[index])
-            return CudaIpcBucket.share(self._shared)
-        return [(name, t.cpu()) for name, t in self._buckets[index]]
+    def broadcast_bucket(self, index: int) -> None:
+        self._sender.send(self._pack(index))
+
+    def _pack(self, index: int):
+        with self._pack_lock:
+            if self._packed is None or self._packed[0] != index:
+                self._packed = (index, FlatBucket.pack(self._buckets[index], pool=self._pool))
+            return self._packed[1]
+
+    def weight_group_address(self) -> tuple[str, int]:
+        return self._sender.address()
+
+    def join_weight_group(self, address: str, port: int, rank: int, world_size: int, backend: str, name: str,
+                          timeout_s: float) -> None:
+        self._sender.join(address, port, rank, world_size, backend, name, timeout_s)
 
     def finish_sync(self) -> dict[str, str]:
-        self._buckets, self._shared = [], None
+        self._buckets, self._packed = [], None
         return self.backend.checksums()
 
     def save(self, directory: str, save_optimizer: bool) -> None:
@@ -95,6 +115,7 @@ class EngineActor:
 
         self.scheduler = None
         self.url: str | None = None
+        self._receiver = WeightReceiver(self.engine.device)
         if args.custom_generate_function_path or args.partial_rollout:  # both talk HTTP to the engine
             self._serve_http()
 
@@ -106,7 +127,6 @@ class EngineActor:
         """
         import asyncio
         import socket
-        import threading
 
         from aiohttp import web
 
@@ -151,19 +171,20 @@ class EngineActor:
         return self._exclusive(lambda engine: engine.generate(requests))
 
     def device_identity(self) -> str:
-        from relax.weights.cuda_ipc import device_identity
-
         return device_identity(self.engine.device)
 
     def update_weights(self, bucket, version: int | None) -> int:
-        """One sync bucket (host tensors or `CudaIpcBucket` handles, relax/weights/sync.py) into the engine."""
-        from relax.weights.cuda_ipc import bucket_tensors
+        """One sync bucket (host tensors, `CudaIpcBucket` handles or a `BroadcastBucket`, relax/weights/sync.py)."""
 
         def apply(engine) -> int:
-            engine.update_weights_from_tensors(bucket_tensors(bucket), version=version)
+            self._receiver.receive(bucket, lambda named: engine.update_weights_from_tensors(named, version=version))
             return engine.weight_version
 
         return self._exclusive(apply)
+
+    def join_weight_group(self, address: str, port: int, rank: int, world_size: int, backend: str, name: str,
+                          timeout_s: float) -> None:
+        self._receiver.join(address, port, rank, world_size, backend, name, timeout_s)
 
     def checksums(self) -> dict[str, str]:
         return self._exclusive(lambda engine: engine.weight_checksums())
@@ -223,6 +244,7 @@ class ForwardServiceActor:
         from relax.core.services import ForwardService
 
         self.service = ForwardService(args, device, role)
+        self._receiver = WeightReceiver(self.service.backend.device)
 
     def pid(self) -> int:
         return os.getpid()
@@ -231,14 +253,14 @@ class ForwardServiceActor:
         return self.service.log_probs(samples)
 
     def device_identity(self) -> str:
-        from relax.weights.cuda_ipc import device_identity
-
         return device_identity(self.service.backend.device)
 
     def update_weights(self, bucket, version: int | None) -> int | None:
-        from relax.weights.cuda_ipc import bucket_tensors
+        return self._receiver.receive(bucket, lambda named: self.service.update_weights(named, version))
 
-        return self.service.update_weights(bucket_tensors(bucket), version)
+    def join_weight_group(self, address: str, port: int, rank: int, world_size: int, backend: str, name: str,
+                          timeout_s: float) -> None:
+        self._receiver.join(address, port, rank, world_size, backend, name, timeout_s)
 
     def checksums(self) -> dict[str, str]:
         return self.service.checksums()

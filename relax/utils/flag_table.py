@@ -397,11 +397,13 @@ ADDED_FLAGS: list[FlagSpec] = [
     F("weight-sync-transport", "str", "auto", ADDITIONS_GROUP,
       "How each weight sync reaches its targets (relax/weights/sync.py). cuda-ipc: CUDA IPC handles to a packed GPU "
       "copy of each --update-weight-buffer-size bucket, copied device to device (same GPU only; the colocate fast "
-      "path). object-store: host tensors through Ray's object store (any placement). auto: cuda-ipc for every "
-      "target on the GPU that holds the trainer's weights at sync time, object-store for the rest. With "
-      "--use-fault-tolerance every target uses object-store (restarted engines get the kept host bytes); cuda-ipc "
-      "needs --colocate and is refused with --use-fault-tolerance",
-      choices=("auto", "object-store", "cuda-ipc")),
+      "path). broadcast: targets on other GPUs join a process group with the trainer and receive each packed bucket "
+      "by NCCL broadcast (gloo when the weights are on the host). object-store: host tensors through Ray's object "
+      "store (any placement). auto: cuda-ipc for targets on the GPU that holds the trainer's weights at sync time, "
+      "broadcast for targets on other GPUs, object-store otherwise. With --use-fault-tolerance every target uses "
+      "object-store (restarted engines get the kept host bytes); cuda-ipc needs --colocate, and cuda-ipc and "
+      "broadcast are refused with --use-fault-tolerance",
+      choices=("auto", "object-store", "cuda-ipc", "broadcast")),
 ]
 
 # What is implemented so far. A flag not listed here may only keep its documented default;

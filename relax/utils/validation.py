@@ -195,14 +195,15 @@ def _transfer_queue(args: Namespace) -> None:
 
 
 def _weight_sync(args: Namespace) -> None:
-    """``--weight-sync-transport cuda-ipc`` hands GPU memory to processes on the same GPU (relax/weights/sync.py)."""
-    if args.weight_sync_transport != "cuda-ipc":
+    """``--weight-sync-transport`` rules the per-sync choice cannot fix later (relax/weights/sync.py)."""
+    transport = args.weight_sync_transport
+    if transport in ("cuda-ipc", "broadcast") and args.use_fault_tolerance:
+        raise ConfigError(f"--weight-sync-transport {transport} with --use-fault-tolerance: restarted engines are "
+                          "resynced from host copies, so fault tolerance syncs through the object store (use auto)")
+    if transport != "cuda-ipc":
         return
     if not args.colocate:
         raise ConfigError("--weight-sync-transport cuda-ipc needs --colocate (the engines must share the trainer's GPU)")
-    if args.use_fault_tolerance:
-        raise ConfigError("--weight-sync-transport cuda-ipc with --use-fault-tolerance: restarted engines are "
-                          "resynced from host copies, so fault tolerance syncs through the object store (use auto)")
     if args.offload_train:
         raise ConfigError("--weight-sync-transport cuda-ipc with --offload-train: the trainer's weights are on the "
                           "host at sync time (use auto: it picks object-store then)")

@@ -6,9 +6,12 @@ byte; here the trainer instead packs a bucket into one flat GPU buffer per dtype
 CUDA IPC handles (a few hundred bytes). The engine maps the trainer's buffer into its own address
 space and copies device to device.
 
-The buffer must outlive the engine's copy: the trainer keeps each packed bucket until the driver
-has asked for the next one (by then every target has acknowledged the previous bucket) or until
-the sync finishes. The handle names the GPU by UUID, not by index, because Ray gives each actor its
+The buffer must outlive the engine's copy: the trainer packs every bucket into one persistent
+buffer per dtype (as large as the largest bucket) and refills it only when the driver asks for the
+next bucket, by which time every target has acknowledged the previous one. Because the buffer
+never moves, its IPC handle never changes and each engine maps it once per run (mapping a handle
+costs far more than the device-to-device copy). The price is one bucket of extra GPU memory in the
+trainer (at most ``--update-weight-buffer-size``). The handle names the GPU by UUID, not by index, because Ray gives each actor its
 own ``CUDA_VISIBLE_DEVICES`` and the same GPU can have different indices in the two processes.
 """
 
@@ -36,7 +39,10 @@ class FlatBucket:
     entries: tuple[tuple[str, int, tuple[int, ...], int], ...]
 
     @classmethod
-    def pack(cls, named: Iterable[tuple[str, torch.Tensor]]) -> FlatBucket:
+    def pack(cls, named: Iterable[tuple[str, torch.Tensor]], pool: dict[torch.dtype, torch.Tensor] | None = None
+             ) -> FlatBucket:
+        """Copy ``named`` into one buffer per dtype. With ``pool`` the buffers are prefixes of its tensors (grown
+        when too small), so consecutive buckets and syncs reuse one allocation and hence one IPC handle."""
         named = [(name, t.detach()) for name, t in named]
         index_of: dict[torch.dtype, int] = {}
         sizes: list[int] = []
@@ -49,7 +55,7 @@ class FlatBucket:
             sizes[i] += t.numel()
         dtypes = sorted(index_of, key=index_of.get)
         device = named[0][1].device if named else torch.device("cpu")
-        buffers = tuple(torch.empty(n, dtype=d, device=device) for d, n in zip(dtypes, sizes, strict=True))
+        buffers = tuple(_buffer(pool, d, n, device) for d, n in zip(dtypes, sizes, strict=True))
         for (_, t), (_, i, _, offset) in zip(named, entries, strict=True):
             buffers[i][offset:offset + t.numel()].view(t.shape).copy_(t)
         return cls(buffers, tuple(entries))
@@ -67,6 +73,16 @@ class FlatBucket:
     @property
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.buffers)
+
+
+def _buffer(pool: dict[torch.dtype, torch.Tensor] | None, dtype: torch.dtype, numel: int,
+            device: torch.device) -> torch.Tensor:
+    if pool is None:
+        return torch.empty(numel, dtype=dtype, device=device)
+    held = pool.get(dtype)
+    if held is None or held.numel() < numel or held.device != device:
+        held = pool[dtype] = torch.empty(numel, dtype=dtype, device=device)
+    return held[:numel]
 
 
 def device_identity(device: torch.device | str) -> str:
@@ -106,8 +122,13 @@ class CudaIpcBucket:
         identity = device_identity(flat.buffers[0].device) if flat.buffers else "cuda:none"
         return cls(identity, tuple(reduce_tensor(b) for b in flat.buffers), flat.entries)
 
-    def open(self) -> NamedTensors:
-        """Map the trainer's buffers into this process; views by name (valid until the sync finishes)."""
+    def open(self, keep: list | None = None) -> NamedTensors:
+        """Map the trainer's buffers into this process; views by name (valid until the sync finishes).
+
+        ``keep``: a list the caller holds; the mapped buffers replace its contents. While a buffer is held,
+        torch's IPC cache returns the same mapping for the same handle, so a trainer that reuses its
+        buffers (`FlatBucket.pack` with a pool) is mapped once, not on every bucket of every sync.
+        """
         if not self.handles:
             return []
         index = _local_index(self.identity)
@@ -116,9 +137,6 @@ class CudaIpcBucket:
             args = list(args)
             args[_STORAGE_DEVICE_ARG] = index
             buffers.append(rebuild(*args))
+        if keep is not None:
+            keep[:] = buffers
         return FlatBucket(tuple(buffers), self.entries).unpack()
-
-
-def bucket_tensors(bucket: list | CudaIpcBucket) -> NamedTensors:
-    """The ``(name, tensor)`` pairs of a sync bucket, whichever transport carried it."""
-    return bucket.open() if isinstance(bucket, CudaIpcBucket) else list(bucket)

@@ -5,6 +5,8 @@ of two transports (``--weight-sync-transport``, chosen per target by `choose_tra
 
 * ``cuda-ipc``: a target on the same GPU as the trainer's weights (colocate) gets CUDA IPC
   handles to a packed GPU copy of the bucket and copies device to device (relax/weights/cuda_ipc.py);
+* ``broadcast``: a target on another GPU joins a process group with the trainer and receives each
+  packed bucket by NCCL broadcast (relax/weights/broadcast.py; gloo when forced on the host);
 * ``object-store``: host tensors through Ray's object store (shared memory on one node); every
   other target, and every target when the last sync's bytes are kept for restarts.
 
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 import ray
 
 from relax.metrics.artifacts import RunArtifacts
+from relax.weights.broadcast import BroadcastGroup
 
 
 @dataclass(frozen=True)
@@ -40,38 +43,50 @@ class WeightSnapshot:
     trainer_checksums: dict
 
 
-TRANSPORTS = ("auto", "object-store", "cuda-ipc")
+TRANSPORTS = ("auto", "object-store", "cuda-ipc", "broadcast")
 
 
 def choose_transports(requested: str, weights_at: str, target_devices: Sequence[str], *,
                       keep_snapshot: bool) -> list[str]:
-    """The transport of each target: ``cuda-ipc`` where it shares the GPU that holds the trainer's weights.
+    """The transport of each target (``weights_at`` / ``target_devices``: `relax.weights.cuda_ipc.device_identity`).
 
-    ``weights_at`` / ``target_devices`` are `relax.weights.cuda_ipc.device_identity` strings.
-    ``keep_snapshot`` (fault tolerance) needs the bytes on the host, so everything goes through the
-    object store then. Forcing ``cuda-ipc`` where a target does not share the GPU is an error.
+    auto: ``cuda-ipc`` for a target on the GPU that holds the trainer's weights, ``broadcast`` (NCCL)
+    for one on another GPU, ``object-store`` otherwise. ``keep_snapshot`` (fault tolerance) needs the
+    bytes on the host, so everything goes through the object store then. A forced transport that
+    cannot reach some target is an error naming it.
     """
     if requested not in TRANSPORTS:
         raise ValueError(f"unknown weight-sync transport {requested!r}; known: {', '.join(TRANSPORTS)}")
     if requested == "object-store" or keep_snapshot:
         return ["object-store"] * len(target_devices)
-    shared = [weights_at.startswith("cuda:") and device == weights_at for device in target_devices]
+    on_gpu = weights_at.startswith("cuda:")
+    shared = [on_gpu and device == weights_at for device in target_devices]
     if requested == "cuda-ipc" and not all(shared):
         other = next(device for device, same in zip(target_devices, shared, strict=True) if not same)
         raise RuntimeError(f"--weight-sync-transport cuda-ipc: a sync target is on {other}, but the trainer's "
                            f"weights are on {weights_at}; CUDA IPC needs both on one GPU (use auto or object-store)")
-    return ["cuda-ipc" if same else "object-store" for same in shared]
+    if requested == "broadcast":
+        for device, same in zip(target_devices, shared, strict=True):
+            if same or device.startswith("cuda:") != on_gpu:
+                raise RuntimeError(f"--weight-sync-transport broadcast: a sync target is on {device} and the "
+                                   f"trainer's weights on {weights_at}; NCCL needs them on different GPUs, gloo both "
+                                   "on the host (use auto)")
+        return ["broadcast"] * len(target_devices)
+    return ["cuda-ipc" if same else "broadcast" if on_gpu and device.startswith("cuda:") else "object-store"
+            for device, same in zip(target_devices, shared, strict=True)]
 
 
 def sync_weights(trainer, targets: list[tuple[int | str, object]], *, version: int, step: int, bucket_bytes: int,
                  artifacts: RunArtifacts, timeout: float | None = None, keep_snapshot: bool = False,
-                 transport: str = "object-store") -> tuple[float, WeightSnapshot | None]:
+                 transport: str = "object-store", group: BroadcastGroup | None = None
+                 ) -> tuple[float, WeightSnapshot | None]:
     """Push the trainer's weights to ``targets`` as ``version``; (seconds, snapshot if ``keep_snapshot``).
 
     ``timeout`` bounds every wait on a target (a hung engine raises GetTimeoutError instead of
     blocking the loop forever); both sides' checksums are taken concurrently. ``transport`` is the
     ``--weight-sync-transport`` request; targets must offer ``device_identity()`` unless it is
-    ``object-store``.
+    ``object-store``. ``group``: the run's `BroadcastGroup` (rebuilt when its targets change; a new one
+    per call when None).
     """
     start = time.perf_counter()
     num_buckets, weights_at, nbytes = ray.get(trainer.prepare_sync.remote(bucket_bytes))
@@ -81,23 +96,31 @@ def sync_weights(trainer, targets: list[tuple[int | str, object]], *, version: i
         devices = ray.get([target.device_identity.remote() for _, target in targets], timeout=timeout)
     kinds = choose_transports(transport, weights_at, devices, keep_snapshot=keep_snapshot)
     needed = set(kinds) | ({"object-store"} if keep_snapshot else set())
+    if "broadcast" in needed:
+        receivers = [t for t, kind in zip(targets, kinds, strict=True) if kind == "broadcast"]
+        (group or BroadcastGroup()).ensure(trainer, receivers, "nccl" if weights_at.startswith("cuda:") else "gloo")
+    prepared = time.perf_counter()
     buckets = []
     for i in range(num_buckets):
         refs = {kind: trainer.get_bucket.remote(i, kind) for kind in needed}
-        ray.get([target.update_weights.remote(refs[kind], version)
-                 for (_, target), kind in zip(targets, kinds, strict=True)], timeout=timeout)
+        sends = [trainer.broadcast_bucket.remote(i)] if "broadcast" in needed else []
+        ray.get([*(target.update_weights.remote(refs[kind], version)
+                   for (_, target), kind in zip(targets, kinds, strict=True)), *sends], timeout=timeout)
         if keep_snapshot:
             buckets.append(refs["object-store"])
+    transferred = time.perf_counter()
     trainer_ref = trainer.finish_sync.remote()
     engine_sums = ray.get([engine.checksums.remote() for _, engine in targets], timeout=timeout)
     trainer_sums = ray.get(trainer_ref)
     elapsed = time.perf_counter() - start
+    phases = {"prepare_s": prepared - start, "transfer_s": transferred - prepared,
+              "checksums_s": start + elapsed - transferred}
     _record(artifacts, targets, engine_sums, trainer_sums, version=version, step=step)
     services = {"services": [key for key, _ in targets if isinstance(key, str)]} if any(
         isinstance(key, str) for key, _ in targets) else {}
     artifacts.event("weights_synced", version=version, step=step, buckets=num_buckets, bytes=nbytes, seconds=elapsed,
                     engines=[key for key, _ in targets if not isinstance(key, str)],
-                    transports=sorted(set(kinds)), **services)
+                    transports=sorted(set(kinds)), **phases, **services)
     return elapsed, (WeightSnapshot(version, tuple(buckets), trainer_sums) if keep_snapshot else None)
 
 
