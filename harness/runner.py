@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import relax
 from harness import baselines
 from harness.artifacts import RunArtifacts
 from harness.checks import CheckContext
@@ -17,6 +18,8 @@ from harness.faults import FaultParams, FaultRecorder, FaultWatcher
 from harness.profiles import Profile, detect_device_class
 from harness.results import SERIES_KEYS, RunResult, ScenarioResult
 from harness.spec import RunSpec, ScenarioSpec, substitute
+
+RELAX_TASKS = Path(relax.__file__).resolve().parent / "models" / "tasks"  # {relax_tasks} in scenario flags
 
 UNSUPPORTED = re.compile(r"relax: (not supported yet: .+)")
 EXIT_CONFIG = 2
@@ -66,7 +69,7 @@ def _run_one(spec: ScenarioSpec, run: RunSpec, cfg: HarnessConfig, scenario_dir:
     out.mkdir(parents=True, exist_ok=True)
     recorder = FaultRecorder(out / "events.jsonl")
     faults = spec.faults_for(run.name)
-    values = {"output_dir": str(out), "scenario_dir": str(scenario_dir)}
+    values = {"output_dir": str(out), "scenario_dir": str(scenario_dir), "relax_tasks": str(RELAX_TASKS)}
     values |= {f"run:{r.name}": str(scenario_dir / r.name) for r in spec.runs}
     env = {**spec.env, **run.env}
     result = RunResult(name=run.name, expect_exit=run.expect_exit, output_dir=str(out),

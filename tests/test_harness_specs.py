@@ -100,3 +100,10 @@ def test_workflows_parse_with_expected_jobs(name: str, jobs: set[str]) -> None:
         assert "gpu" in data["jobs"]["gpu-scenarios"]["runs-on"]
     else:
         assert any("ci.gate" in s.get("run", "") for s in data["jobs"]["scenarios"]["steps"])
+
+
+def test_relax_tasks_placeholder_names_the_bundled_prompt_files() -> None:
+    from harness.runner import RELAX_TASKS
+
+    (flag,) = substitute(["{relax_tasks}/maxdigit.jsonl"], {"relax_tasks": str(RELAX_TASKS)})
+    assert Path(flag).is_file()

@@ -94,7 +94,7 @@ class WeightReceiver:
         if backend == "nccl" and self.device.type != "cuda":
             raise RuntimeError(f"weight broadcast over NCCL needs a CUDA target, this one is on {self.device}")
         if backend == "nccl":
-            torch.cuda.set_device(self.device)
+            torch.cuda.set_device(self.device.index if self.device.index is not None else torch.cuda.current_device())
         self.group = WeightGroup(address, port, rank, world_size, group_name=group_name, backend=backend,
                                  timeout_s=timeout_s)
 
