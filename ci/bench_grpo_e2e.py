@@ -223,6 +223,16 @@ class SystemResult:
 
 
 # ---------------------------------------------------------------------------------------------- subprocesses
+def trl_env(ns: argparse.Namespace) -> dict[str, str]:
+    """TRL's worker sees one GPU: with several, HF's Trainer wraps the model in nn.DataParallel, which
+    GRPOTrainer refuses (and the comparison is one GPU against one GPU anyway)."""
+    env = subprocess_env(ns)
+    if ns.device == "cuda":
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+        env["CUDA_VISIBLE_DEVICES"] = visible.split(",")[0] if visible else "0"
+    return env
+
+
 def subprocess_env(ns: argparse.Namespace, ray_dir: str | None = None) -> dict[str, str]:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
@@ -335,7 +345,7 @@ def run_trl(ns: argparse.Namespace, prompts: Path, workdir: Path) -> SystemResul
     log_path = workdir / "trl.log"
     log(f"TRL {TRL_VERSION} GRPOTrainer: {ns.steps} steps (log: {log_path})")
     code, result.wall_s = run_logged([sys.executable, str(Path(__file__).resolve()), "--trl-worker", str(config)],
-                                     log_path, subprocess_env(ns), ns.timeout, workdir)
+                                     log_path, trl_env(ns), ns.timeout, workdir)
     lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.startswith(RESULT_PREFIX)]
     data = json.loads(lines[-1][len(RESULT_PREFIX):]) if lines else {}
     if data.get("skipped"):

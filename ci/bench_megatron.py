@@ -516,7 +516,8 @@ def run_sync_rows(backend: Any, engine: Any, ns: argparse.Namespace) -> SyncResu
         if after:
             res.failures.append(f"sync {name}: {len(after)} tensors differ after the sync, e.g. {after[:3]}")
     res.rows.append(Row("checksums of one side (per sync)", t_checksum, "s",
-                        note=f"{len(trainer_sums)} tensors, sha256 on CPU; relax train does both sides each sync"))
+                        note=f"{len(trainer_sums)} tensors, digest where they live (relax/weights/checksum.py); "
+                             "relax train does both sides each sync"))
     return res
 
 

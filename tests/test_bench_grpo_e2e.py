@@ -168,3 +168,12 @@ def test_sync_seconds_per_gb_come_from_the_runs_sync_events(tmp_path) -> None:
     assert result.sync_gb == pytest.approx(0.5) and result.transports == "cuda-ipc"
     assert result.summary(5.0)["sync_s_per_gb"] == pytest.approx(0.025 / 0.5)
     assert _result("trl-1.16.0", [5.0, 5.0, 5.0]).summary(None)["sync_s_per_gb"] is None
+
+
+def test_trl_worker_sees_one_gpu(monkeypatch) -> None:
+    ns = bg.parse(["--device", "cuda"])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert bg.trl_env(ns)["CUDA_VISIBLE_DEVICES"] == "3"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert bg.trl_env(ns)["CUDA_VISIBLE_DEVICES"] == "0"
+    assert "CUDA_VISIBLE_DEVICES" not in bg.trl_env(bg.parse(["--device", "cpu"]))

@@ -28,7 +28,16 @@ def reference_digest(t: torch.Tensor) -> tuple[int, int]:
        seed=st.integers(0, 2**16))
 def test_digest_equals_the_big_integer_reference(n: int, dtype: torch.dtype, seed: int) -> None:
     t = (torch.randn(n, generator=torch.Generator().manual_seed(seed)) * 50).to(dtype)
-    assert cs._digest(cs._words(t)) == reference_digest(t)
+    a, b = reference_digest(t)
+    assert cs.tensor_checksum(t).split(":")[1] == f"{a:016x}{b:016x}"
+
+
+def test_batched_state_checksums_equal_one_tensor_at_a_time() -> None:
+    g = torch.Generator().manual_seed(1)
+    named = [("w", torch.randn(7, 3, generator=g)), ("empty", torch.zeros(0)), ("h", torch.randn(5, generator=g).half()),
+             ("i", torch.arange(9, dtype=torch.int8))]
+    assert cs.state_checksums(named) == {name: cs.tensor_checksum(t) for name, t in named}
+    assert cs.state_checksums(named)["empty"] == "float32[0]:" + "0" * 32
 
 
 def test_chunking_does_not_change_the_digest(monkeypatch) -> None:

@@ -41,22 +41,38 @@ def _words(t: torch.Tensor) -> torch.Tensor:
     return raw.view(torch.int64)
 
 
-def _digest(words: torch.Tensor) -> tuple[int, int]:
-    a = b = 0
+def _digest(words: torch.Tensor) -> torch.Tensor:
+    """``[a, b]`` as an int64 tensor on the words' device (each wraps modulo 2**64; read it as unsigned)."""
+    sums = words.new_zeros(2)
     for start in range(0, words.numel(), _CHUNK):
         w = words[start:start + _CHUNK]
         w = w ^ ((w >> 31) & 0x1FFFFFFFF)  # logical xor-shift (a bijection on 64-bit words)
         pos = torch.arange(start, start + w.numel(), device=w.device, dtype=torch.int64)
-        a += int((w * ((pos * _A_MUL + _A_ADD) | 1)).sum())  # int64 products and sums wrap modulo 2**64
-        b += int((w * ((pos * _B_MUL + _B_ADD) | 1)).sum())
-    return a & _MASK, b & _MASK
+        sums[0] += (w * ((pos * _A_MUL + _A_ADD) | 1)).sum()  # int64 products and sums wrap modulo 2**64
+        sums[1] += (w * ((pos * _B_MUL + _B_ADD) | 1)).sum()
+    return sums
+
+
+def _format(t: torch.Tensor, a: int, b: int) -> str:
+    dtype = str(t.dtype).removeprefix("torch.")
+    return f"{dtype}[{','.join(map(str, t.shape))}]:{a & _MASK:016x}{b & _MASK:016x}"
 
 
 def tensor_checksum(t: torch.Tensor) -> str:
-    a, b = _digest(_words(t)) if t.numel() else (0, 0)
-    dtype = str(t.dtype).removeprefix("torch.")
-    return f"{dtype}[{','.join(map(str, t.shape))}]:{a:016x}{b:016x}"
+    return state_checksums([("", t)])[""]
 
 
 def state_checksums(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, str]:
-    return {name: tensor_checksum(t) for name, t in named_tensors}
+    """Every tensor's checksum; the digests stay on their device until one read per device at the end
+    (a sync's ~300 tensors on a GPU then cost one host round trip, not one per tensor)."""
+    named = list(named_tensors)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, (_, t) in enumerate(named):
+        if t.numel():
+            by_device.setdefault(t.device, []).append(i)
+    digests = [(0, 0)] * len(named)
+    for indices in by_device.values():
+        values = torch.stack([_digest(_words(named[i][1])) for i in indices]).tolist()
+        for i, (a, b) in zip(indices, values, strict=True):
+            digests[i] = (a, b)
+    return {name: _format(t, *digests[i]) for i, (name, t) in enumerate(named)}
