@@ -53,3 +53,13 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def assert_ok(proc: subprocess.CompletedProcess[str]) -> None:
     assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
+
+
+def pretend_gpu_machine(monkeypatch) -> None:
+    """Flag parsing as on the GPU machine: ``--train-backend megatron`` checks for CUDA and megatron-core, which
+    the CPU CI machine lacks (the dev venv may have megatron-core; CI does not)."""
+    from relax.backends.megatron import checks
+
+    real = checks.module_available
+    monkeypatch.setattr(checks, "_cuda_available", lambda: True)
+    monkeypatch.setattr(checks, "module_available", lambda name: name == "megatron.core" or real(name))

@@ -26,6 +26,7 @@ from relax.backends.megatron.memory_flags import (
 from relax.utils.arguments import parse_args
 from relax.utils.flag_table import FLAGS_BY_NAME
 from relax.utils.flag_types import ConfigError
+from tests.e2e_helpers import pretend_gpu_machine
 
 BASE = ["--prompt-data", "x.jsonl", "--rollout-batch-size", "2", "--num-rollout", "1"]
 OFFLOAD = ["--use-distributed-optimizer", "--use-precision-aware-optimizer", "--optimizer-cpu-offload"]
@@ -43,8 +44,8 @@ def _ns(**kw) -> Namespace:
 
 @pytest.fixture
 def gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Parse as on a GPU machine (check_train_backend_args refuses --train-backend megatron without CUDA)."""
-    monkeypatch.setattr("relax.backends.megatron.checks._cuda_available", lambda: True)
+    """Parse as on the GPU machine: CUDA and megatron-core there (CPU CI has neither)."""
+    pretend_gpu_machine(monkeypatch)
 
 
 def _megatron(*flags: str) -> Namespace:

@@ -15,6 +15,7 @@ from relax.utils.flag_types import ConfigError
 from relax.weights.broadcast import WeightReceiver
 from relax.weights.cuda_ipc import CudaIpcBucket, FlatBucket, device_identity
 from relax.weights.sync import choose_transports
+from tests.e2e_helpers import pretend_gpu_machine
 
 MINIMAL = ["--train-backend", "megatron", "--prompt-data", "x.jsonl", "--rollout-batch-size", "2", "--num-rollout", "1"]
 GPU0, GPU1 = "cuda:GPU-0000", "cuda:GPU-1111"
@@ -95,8 +96,8 @@ def test_forcing_cuda_ipc_across_gpus_names_both_devices() -> None:
 
 @pytest.fixture
 def gpu_machine(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Flag parsing as on the GPU machine (megatron-core is installed in the dev venv)."""
-    monkeypatch.setattr("relax.backends.megatron.checks._cuda_available", lambda: True)
+    """Flag parsing as on the GPU machine: CUDA and megatron-core there (CPU CI has neither)."""
+    pretend_gpu_machine(monkeypatch)
 
 
 def test_flag_default_is_auto_and_cuda_ipc_is_accepted_for_megatron_colocate(gpu_machine) -> None:

@@ -64,6 +64,15 @@ def mcore_runs_precision_aware_without_te() -> bool:
         return False
 
 
+def _mcore_version() -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("megatron-core")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
 def memory_flags_given(args: Namespace) -> list[str]:
     """Dests of the recompute / optimizer-offload flags set to something other than their default (off)."""
     return [dest for dest in MEMORY_FLAGS if getattr(args, dest, None) not in (None, False)]
@@ -104,11 +113,9 @@ def optimizer_offload_kwargs(args: Namespace) -> dict[str, Any]:
                               "(megatron-core runs it on Transformer Engine's FusedAdam; transformer_engine is "
                               "not installed)")
         if not te_available() and not mcore_runs_precision_aware_without_te():
-            import importlib.metadata
-
             raise ConfigError(f"not supported yet: --use-precision-aware-optimizer with megatron-core "
-                              f"{importlib.metadata.version('megatron-core')} and no Transformer Engine (its "
-                              "OptimizerConfig compares a missing TE version; megatron-core 0.19 handles it)")
+                              f"{_mcore_version()} and no Transformer Engine (its OptimizerConfig compares a "
+                              "missing TE version; megatron-core 0.19 handles it)")
         out["use_precision_aware_optimizer"] = True
     if args.optimizer_cpu_offload:
         if not args.use_precision_aware_optimizer:
