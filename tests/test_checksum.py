@@ -64,3 +64,20 @@ def test_format_names_dtype_and_shape() -> None:
     assert cs.tensor_checksum(t.bfloat16()).startswith("bfloat16[2,3]:")
     assert cs.tensor_checksum(t.t()) != s  # same values, other shape and byte order
     assert cs.tensor_checksum(torch.empty(0)) == "float32[0]:" + "0" * 32
+
+
+@settings(max_examples=30, deadline=None)
+@given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=8), chunk=st.integers(1, 50), seed=st.integers(0, 2**16))
+def test_batches_across_tensor_boundaries_equal_the_reference(sizes: list[int], chunk: int, seed: int) -> None:
+    """Several tensors digested together, cut into batches at any word (a piece may start mid-tensor)."""
+    g = torch.Generator().manual_seed(seed)
+    named = [(f"t{i}", torch.randn(n, generator=g)) for i, n in enumerate(sizes)]
+    old = cs._CHUNK
+    cs._CHUNK = chunk
+    try:
+        got = cs.state_checksums(named)
+    finally:
+        cs._CHUNK = old
+    for name, t in named:
+        a, b = reference_digest(t) if t.numel() else (0, 0)
+        assert got[name].split(":")[1] == f"{a:016x}{b:016x}", name

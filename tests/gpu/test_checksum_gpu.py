@@ -15,3 +15,14 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def test_gpu_digest_equals_cpu_digest(dtype: torch.dtype, n: int) -> None:
     t = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype)
     assert tensor_checksum(t.cuda()) == tensor_checksum(t)
+
+
+def test_batched_gpu_digests_equal_cpu_digests() -> None:
+    """A sync-sized mix (many small tensors and some larger than one batch) digested together on the GPU."""
+    from relax.weights.checksum import state_checksums
+
+    g = torch.Generator().manual_seed(0)
+    sizes = [3, 1024, 7, 4_194_305, 96, 9_000_001] + [2048] * 300
+    named = [(f"t{i}", torch.randn(n, generator=g).to(torch.bfloat16 if i % 2 else torch.float32))
+             for i, n in enumerate(sizes)]
+    assert state_checksums([(k, v.cuda()) for k, v in named]) == state_checksums(named)
