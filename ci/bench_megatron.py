@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "DotProductAttention (no effect with Transformer Engine or --train-backend torch)")
     ap.add_argument("--skip", nargs="*", default=[], choices=["rl", "policy", "lm", "sync"], help="rows to skip")
     ap.add_argument("--json", default=None, help="also write the rows and the setup as JSON to this path")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after the rows, profile one RL step (torch.profiler) and print its N costliest GPU kernels "
+                         "to stderr: where the step's time goes")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--train-backend", default="megatron", choices=["megatron", "torch"],
                     help="torch: the same code path with the torch backend (CPU smoke test)")
@@ -152,6 +155,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--global-batch {ns.global_batch} must be a positive multiple of {GROUP} (the GRPO group size)")
     if not 1 <= ns.micro_batch <= ns.global_batch:
         ap.error(f"--micro-batch {ns.micro_batch} must be in [1, --global-batch {ns.global_batch}]")
+    if ns.profile < 0:
+        ap.error("--profile N needs N >= 0")
     if ns.steps < 1 or ns.warmup < 0 or ns.sync_repeats < 1:
         ap.error("--steps and --sync-repeats must be >= 1, --warmup >= 0")
     if ns.bucket_mb < 1 or ns.peak_tflops <= 0:
@@ -363,6 +368,10 @@ def lm_loss_step(backend: Any, ids: Any, micro_batch: int, megatron: bool) -> fl
     return total
 
 
+def _vocab(backend: Any) -> int:
+    return backend.hf_config.vocab_size if hasattr(backend, "hf_config") else backend.model.config.vocab_size
+
+
 def run_train_rows(backend: Any, ns: argparse.Namespace, flops: FlopModel) -> TrainResult:
     """The three training rows; on CUDA OOM a row retries with half the micro-batch."""
     import torch
@@ -370,8 +379,7 @@ def run_train_rows(backend: Any, ns: argparse.Namespace, flops: FlopModel) -> Tr
     from relax.backends.torch.batch import build_rollout_tensors
 
     res = TrainResult(micro_batch=ns.micro_batch)
-    vocab = backend.hf_config.vocab_size if hasattr(backend, "hf_config") else backend.model.config.vocab_size
-    samples = make_samples(ns.global_batch, ns.seq_len, ns.prompt_len, vocab, ns.seed)
+    samples = make_samples(ns.global_batch, ns.seq_len, ns.prompt_len, _vocab(backend), ns.seed)
     tokens = ns.global_batch * ns.seq_len
     peak = ns.peak_tflops
     megatron = ns.train_backend == "megatron"
@@ -435,6 +443,22 @@ def run_train_rows(backend: Any, ns: argparse.Namespace, flops: FlopModel) -> Tr
         res.rows.append(Row("peak GPU memory", torch.cuda.max_memory_allocated() / 2**30, "GiB",
                             note=f"micro-batch {res.micro_batch} x {ns.seq_len} tokens"))
     return res
+
+
+def profile_rl_step(backend: Any, ns: argparse.Namespace) -> None:
+    """One `train_rollout` under torch.profiler: the ``--profile`` costliest kernels, grouped by name, to stderr."""
+    from torch.profiler import ProfilerActivity, profile
+
+    samples = make_samples(ns.global_batch, ns.seq_len, ns.prompt_len, _vocab(backend), ns.seed)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ns.device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        _checked(backend.train_rollout(samples, 0))
+        device_sync(ns.device)
+    sort = "self_cuda_time_total" if ns.device == "cuda" else "self_cpu_time_total"
+    log(f"profile of one RL step, top {ns.profile} by {sort}:\n"
+        + prof.key_averages().table(sort_by=sort, row_limit=ns.profile, max_name_column_width=90))
+    del prof
+    _free_memory(ns.device)
 
 
 def _checked(metrics: dict[str, float]) -> dict[str, float]:
@@ -603,6 +627,8 @@ def main(argv: list[str] | None = None) -> int:
             rows += train.rows
             failures += train.failures
             micro_batch = train.micro_batch
+            if ns.profile:
+                profile_rl_step(backend, ns)
             if "sync" not in ns.skip:
                 try:
                     log("building the embedded engine")

@@ -259,3 +259,9 @@ def test_nox_bench_session_runs_both_benches_and_keeps_engine_arguments(monkeypa
     assert noxfile.bench_commands(["grpo", "--quick"]) == [[*grpo, "--quick"]]
     assert noxfile.bench_commands(["megatron", "--quick"]) == [[*megatron, "--quick"]]
     assert noxfile.bench_commands(["engine", "--new", "64"]) == [[*engine, "--new", "64"]]
+
+
+def test_profile_prints_the_costliest_ops_of_one_rl_step(capsys) -> None:
+    assert bm.main([*CPU_SMOKE, "--skip", "policy", "lm", "sync", "--profile", "5"]) == 0
+    err = capsys.readouterr().err
+    assert "profile of one RL step, top 5 by self_cpu_time_total" in err and "Self CPU" in err

@@ -404,6 +404,14 @@ ADDED_FLAGS: list[FlagSpec] = [
       "object-store (restarted engines get the kept host bytes); cuda-ipc needs --colocate, and cuda-ipc and "
       "broadcast are refused with --use-fault-tolerance",
       choices=("auto", "object-store", "cuda-ipc", "broadcast")),
+    F("no-bias-swiglu-fusion", "flag", False, ADDITIONS_GROUP,
+      "Megatron-LM's flag: run the MLP's SwiGLU as separate torch ops instead of megatron-core's fused "
+      "bias_swiglu_impl (its torch.compile'd forward and backward kernels; on by default, needs triton). "
+      "--train-backend megatron only (relax/backends/megatron/fusions.py)"),
+    F("no-bias-dropout-fusion", "flag", False, ADDITIONS_GROUP,
+      "Megatron-LM's flag: run the residual bias-dropout-add as separate torch ops instead of megatron-core's "
+      "torch.compile'd fused one (on by default, needs triton). --train-backend megatron only "
+      "(relax/backends/megatron/fusions.py)"),
 ]
 
 # What is implemented so far. A flag not listed here may only keep its documented default;
@@ -429,6 +437,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "megatron-to-hf-mode", "use-distributed-optimizer",
     "recompute-granularity", "recompute-method", "recompute-num-layers",  # relax/backends/megatron/memory_flags.py
     "optimizer-cpu-offload", "overlap-cpu-optimizer-d2h-h2d", "use-precision-aware-optimizer",
+    "no-bias-swiglu-fusion", "no-bias-dropout-fusion",  # relax/backends/megatron/fusions.py
     # algorithm
     "advantage-estimator", "normalize-advantages", "disable-grpo-std-normalization", "disable-rewards-normalization",
     "eps-clip", "eps-clip-high", "eps-clip-c", "entropy-coef", "use-kl-loss", "kl-loss-coef", "kl-loss-type",

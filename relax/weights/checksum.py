@@ -69,8 +69,9 @@ def _digests(words: list[torch.Tensor]) -> torch.Tensor:
     device = words[0].device
     sums = [torch.zeros(len(words), dtype=torch.int64, device=device) for _ in range(2)]
     for batch in _pieces(words, _CHUNK):
-        owner, first, lengths = (torch.tensor(col, dtype=torch.int64) for col in zip(*batch))
-        lengths = lengths - first  # the third column holds end words
+        owner, first, lengths = (torch.tensor(col, dtype=torch.int64)
+                                 for col in ([i for i, _, _ in batch], [a for _, a, _ in batch],
+                                             [b - a for _, a, b in batch]))
         ends = lengths.cumsum(0)
         begins = ends - lengths
         piece = torch.repeat_interleave(torch.arange(len(batch)), lengths)

@@ -29,6 +29,7 @@ import torch
 
 from relax.algorithms import AlgorithmConfig
 from relax.backends.megatron.config import McoreModelSpec
+from relax.backends.megatron.fusions import fusion_kwargs, use_fused_torch_adam
 from relax.backends.megatron.logprobs import mcore_response_log_probs
 from relax.backends.megatron.memory_flags import (
     make_embedding_output_differentiable,
@@ -37,6 +38,7 @@ from relax.backends.megatron.memory_flags import (
 )
 from relax.backends.megatron.model import BuiltModel, build_gpt_model, init_parallel_state
 from relax.backends.megatron.weights import export_hf_state, load_hf_state
+from relax.backends.nonfinite import nonfinite_gradient_error
 from relax.backends.torch.backend import TorchTrainBackend, needs_reference_model
 from relax.backends.torch.freezing import apply_param_freezing
 from relax.models import build_model
@@ -61,6 +63,7 @@ class MegatronTrainBackend(TorchTrainBackend):
         self.spec = McoreModelSpec.from_hf(hf_model.config)
         hf_state = hf_model.state_dict()
         del hf_model
+        self.fusions = fusion_kwargs(args)
         self.built = self._load(hf_state, recompute_kwargs(args, self.spec.num_layers))  # only the trainer recomputes
         self.ref_model = _frozen(self._load(hf_state)).module if needs_reference_model(args) else None
         self.teacher = None
@@ -69,7 +72,7 @@ class MegatronTrainBackend(TorchTrainBackend):
             if teacher_hf.config.vocab_size != self.spec.vocab_size:
                 raise ValueError(f"--opd-teacher-load {args.opd_teacher_load}: vocab {teacher_hf.config.vocab_size} "
                                  f"differs from the student's {self.spec.vocab_size}")
-            teacher = build_gpt_model(McoreModelSpec.from_hf(teacher_hf.config))
+            teacher = build_gpt_model(McoreModelSpec.from_hf(teacher_hf.config), extra_config=self.fusions)
             load_hf_state(teacher, teacher_hf.state_dict(), mode=args.megatron_to_hf_mode)
             self.teacher = _frozen(teacher).module
         del hf_state
@@ -83,7 +86,7 @@ class MegatronTrainBackend(TorchTrainBackend):
         self.critic = None  # --advantage-estimator ppo is refused for this backend at parse time
 
     def _load(self, hf_state: dict[str, torch.Tensor], extra_config: dict[str, Any] | None = None) -> BuiltModel:
-        built = build_gpt_model(self.spec, extra_config=extra_config)
+        built = build_gpt_model(self.spec, extra_config={**self.fusions, **(extra_config or {})})
         load_hf_state(built, hf_state, mode=self.args.megatron_to_hf_mode)
         return built
 
@@ -106,7 +109,9 @@ class MegatronTrainBackend(TorchTrainBackend):
             use_distributed_optimizer=distributed,
             **optimizer_offload_kwargs(args),  # --optimizer-cpu-offload: megatron's HybridDeviceOptimizer
         )
-        return ddp, get_megatron_optimizer(opt_config, [ddp])
+        optimizer = get_megatron_optimizer(opt_config, [ddp])
+        self.fused_adam = use_fused_torch_adam(optimizer) > 0
+        return ddp, optimizer
 
     # ------------------------------------------------------------------ hooks of the shared RL step
     def _forward_log_probs(self, model: torch.nn.Module, inputs, *, with_entropy: bool):
@@ -121,10 +126,11 @@ class MegatronTrainBackend(TorchTrainBackend):
         """Reduce grads (a world of one), refuse non-finite ones before any update, then Megatron's step
         (clipping to ``--clip-grad`` and copying fp32 main params back to the bf16 model)."""
         self.model.finish_grad_sync()
-        grads = [p.main_grad for p in self.model.parameters() if p.requires_grad and p.main_grad is not None]
-        grad_norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
+        named = [(n, p.main_grad) for n, p in self.model.named_parameters()
+                 if p.requires_grad and p.main_grad is not None]
+        grad_norm = float(torch.nn.utils.get_total_norm([g for _, g in named]))  # fp32 grads, foreach kernels
         if not np.isfinite(grad_norm):
-            raise FloatingPointError(f"non-finite gradient norm ({grad_norm}); loss was {loss}")
+            raise nonfinite_gradient_error(named, grad_norm, loss)
         ok, _, _ = self.optimizer.step()
         if not ok:
             raise FloatingPointError(f"Megatron optimizer skipped the step; loss was {loss}")
@@ -188,4 +194,5 @@ class MegatronTrainBackend(TorchTrainBackend):
     def describe(self) -> dict[str, Any]:
         return {"num_params": sum(p.numel() for p in self.built.gpt.parameters()), "device": str(self.device),
                 "backend": "megatron", "frozen_params": len(self.frozen_params),
-                "layer_spec": "transformer_engine" if self.built.layout.fused_norms else "local"}
+                "layer_spec": "transformer_engine" if self.built.layout.fused_norms else "local",
+                "fusions": sorted(k for k, on in self.fusions.items() if on), "fused_adam": self.fused_adam}

@@ -6,7 +6,7 @@ from argparse import Namespace
 
 from relax.utils.flag_types import ConfigError
 
-MEGATRON_ONLY_FLAGS = ("use_distributed_optimizer",)
+MEGATRON_ONLY_FLAGS = ("use_distributed_optimizer", "no_bias_swiglu_fusion", "no_bias_dropout_fusion")
 
 
 def check_train_backend_args(args: Namespace) -> None:

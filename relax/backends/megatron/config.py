@@ -86,9 +86,8 @@ class McoreModelSpec:
             attention_dropout=0.0,
             attention_softmax_in_fp32=True,
             init_method_std=self.init_method_std,
-            # fusions that need Apex/TE kernels stay off; the TE layer spec brings its own
-            bias_activation_fusion=False,
-            bias_dropout_fusion=False,
+            # fusions that need Apex/TE kernels stay off; the TE layer spec brings its own. The SwiGLU and
+            # bias-dropout-add fusions (torch.compile'd) are the backend's choice: fusions.py
             masked_softmax_fusion=False,
             apply_rope_fusion=False,
             gradient_accumulation_fusion=False,

@@ -31,6 +31,7 @@ import torch
 from relax.algorithms import AdvantageOutput, AlgorithmConfig, policy_loss
 from relax.algorithms.critic import should_update_actor
 from relax.algorithms.reducers import merge_metrics
+from relax.backends.nonfinite import nonfinite_gradient_error
 from relax.backends.torch.batch import (
     Precomputed,
     RolloutTensors,
@@ -263,7 +264,8 @@ class TorchTrainBackend:
         """Clip, refuse a non-finite gradient (before touching the weights), step; returns the grad norm."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad)
         if not torch.isfinite(grad_norm):
-            raise FloatingPointError(f"non-finite gradient norm ({float(grad_norm)}); loss was {loss}")
+            raise nonfinite_gradient_error(((n, p.grad) for n, p in self.model.named_parameters()), float(grad_norm),
+                                           loss)
         self.optimizer.step()
         return float(grad_norm)
 

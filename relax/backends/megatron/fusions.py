@@ -1,0 +1,65 @@
+"""Kernel fusions megatron-core runs without Transformer Engine or Apex: on unless a flag turns them off.
+
+Why: a profile of one RL step on bench-1b (H100, `ci/bench_megatron.py --profile 30`) spends ~40% of
+GPU time in matmuls and most of the rest in small element-wise kernels (SwiGLU's chunk / silu / mul,
+residual adds, RoPE, the optimizer's per-tensor-list kernels). Three fusions need nothing but torch:
+
+- ``bias_activation_fusion`` (off with ``--no-bias-swiglu-fusion``, Megatron-LM's flag): the MLP's
+  SwiGLU runs megatron's `bias_swiglu_impl`, whose forward and backward are compiled by its
+  ``jit_fuser`` (``torch.compile`` since torch 2.2): one kernel each instead of chunk + silu + mul.
+- ``bias_dropout_fusion`` (off with ``--no-bias-dropout-fusion``): the residual bias-dropout-add,
+  compiled the same way.
+- Adam: without Transformer Engine or Apex megatron-core builds ``torch.optim.Adam``/``AdamW``
+  without ``fused``, i.e. torch's foreach kernels; `use_fused_torch_adam` switches its parameter
+  groups to torch's fused CUDA kernel (the same update, one kernel per step and dtype group).
+
+``torch.compile`` on CUDA generates Triton kernels, so the two megatron fusions need triton
+importable (checked when the model is built, with the flags that turn them off in the message).
+The first steps pay the compile (seconds); a new sequence length may recompile once, after which
+torch marks the shapes dynamic.
+"""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from typing import Any
+
+import torch
+
+from relax.backends.megatron.checks import module_available
+from relax.utils.flag_types import ConfigError
+
+
+def fusion_kwargs(args: Namespace) -> dict[str, Any]:
+    """`TransformerConfig` fields for every model the backend builds (trainer, reference, teacher)."""
+    kwargs = {"bias_activation_fusion": not args.no_bias_swiglu_fusion,
+              "bias_dropout_fusion": not args.no_bias_dropout_fusion}
+    if any(kwargs.values()) and not module_available("triton"):
+        raise ConfigError("the Megatron SwiGLU / bias-dropout-add fusions are compiled by torch.compile, which needs "
+                          "triton (not importable): pass --no-bias-swiglu-fusion --no-bias-dropout-fusion")
+    return kwargs
+
+
+def use_fused_torch_adam(optimizer: Any) -> int:
+    """Switch megatron's torch Adam/AdamW (its fallback without TE/Apex) to torch's fused CUDA kernel.
+
+    ``optimizer``: what `get_megatron_optimizer` returned (a `ChainedOptimizer` or one megatron
+    optimizer, each holding a torch optimizer as ``.optimizer``). Only plain torch Adam/AdamW whose
+    parameters are all floating-point CUDA tensors is switched (not the CPU-offload optimizer, not
+    TE's or Apex's FusedAdam, which are fused already). Returns how many torch optimizers it switched.
+    """
+    switched = 0
+    for megatron_opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(megatron_opt, "optimizer", None)
+        if type(inner) not in (torch.optim.Adam, torch.optim.AdamW):
+            continue
+        params = [p for group in inner.param_groups for p in group["params"]]
+        if not params or not all(p.is_cuda and p.is_floating_point() for p in params):
+            continue
+        for group in inner.param_groups:
+            if group.get("differentiable"):
+                break
+            group["fused"], group["foreach"] = True, False
+        else:
+            switched += 1
+    return switched

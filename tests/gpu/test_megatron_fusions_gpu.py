@@ -1,0 +1,96 @@
+"""On the GPU: megatron-core's torch.compile'd SwiGLU and bias-dropout-add fusions (relax's default,
+relax/backends/megatron/fusions.py) compute what the unfused ops compute, measured against an fp32
+reference on the same bf16 weights, and torch's fused Adam makes the same update as its foreach Adam."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import transformers as tf
+
+from relax.backends.megatron.checks import module_available
+from tests.gpu.test_megatron_attention_gpu import (
+    SEQ,
+    SMALL,
+    _grad_errors,
+    _hf,
+    _hf_named_grads,
+    _next_token_loss,
+    mcore,
+)
+from tests.gpu.test_megatron_gpu import _report
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.megatron,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(not module_available("megatron.core"), reason="needs megatron-core"),
+]
+__all__ = ["mcore"]  # the module-scoped fixture, imported so pytest finds it here
+
+
+def test_fused_and_unfused_layers_agree_in_bf16(mcore) -> None:
+    from relax.backends.megatron.config import McoreModelSpec
+    from relax.backends.megatron.fusions import fusion_kwargs
+    from relax.backends.megatron.model import build_gpt_model
+    from relax.backends.megatron.weights import load_hf_state
+
+    hf = _hf(SMALL)
+    state = {k: v.to(torch.bfloat16) for k, v in hf.state_dict().items()}
+    ids = torch.randint(3, SMALL["vocab_size"], (2, SEQ), generator=torch.Generator().manual_seed(5)).cuda()
+    pos = torch.arange(SEQ, device="cuda").unsqueeze(0).expand_as(ids)
+    ref32 = hf.to(torch.bfloat16).float().cuda()
+    logits32 = ref32(input_ids=ids).logits
+    loss32 = _next_token_loss(logits32, ids)
+    loss32.backward()
+    grads32 = {k: p.grad.detach() for k, p in ref32.named_parameters()}
+    logits32 = logits32.detach()
+    del ref32, hf
+
+    out = {}
+    for name, off in (("unfused", True), ("fused", False)):
+        extra = fusion_kwargs(SimpleNamespace(no_bias_swiglu_fusion=off, no_bias_dropout_fusion=off))
+        built = build_gpt_model(McoreModelSpec.from_hf(tf.Qwen3Config(**SMALL)), use_te=False, extra_config=extra)
+        assert built.config.bias_activation_fusion is not off and built.config.bias_dropout_fusion is not off
+        load_hf_state(built, state)
+        built.module.train()
+        logits = built.module(input_ids=ids, position_ids=pos, attention_mask=None)
+        loss = _next_token_loss(logits, ids)
+        loss.backward()
+        out[name] = {"err": (logits.detach().float() - logits32).abs(), "loss": float(loss),
+                     "grads": _grad_errors(_hf_named_grads(built), grads32)}
+        del built, logits, loss
+        torch.cuda.empty_cache()
+    f, u = out["fused"], out["unfused"]
+    results = {"logits_vs_fp32": {k: {"max": float(v["err"].max()), "mean": float(v["err"].mean())}
+                                  for k, v in out.items()},
+               "loss": {"fp32": float(loss32), "fused": f["loss"], "unfused": u["loss"]},
+               "grads_vs_fp32": {"fused": f["grads"], "unfused": u["grads"]}}
+    _report("megatron_fusions_parity", results)
+    assert f["err"].mean() <= 1.25 * u["err"].mean() + 1e-4, results
+    assert abs(f["loss"] - float(loss32)) <= 1.25 * abs(u["loss"] - float(loss32)) + 2e-3, results
+    assert f["grads"]["relative"] <= 1.25 * u["grads"]["relative"] + 1e-3, results
+
+
+def test_fused_adam_makes_the_foreach_update() -> None:
+    from relax.backends.megatron.fusions import use_fused_torch_adam
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    shapes = [(1024, 512), (512,), (3, 7)]
+    params = {kind: [torch.nn.Parameter(torch.randn(s, device="cuda", generator=g)) for s in shapes]
+              for kind in ("foreach", "fused")}
+    for a, b in zip(params["foreach"], params["fused"], strict=True):
+        b.data.copy_(a.data)
+    opts = {kind: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.1, foreach=True) for kind, ps in params.items()}
+    assert use_fused_torch_adam(SimpleNamespace(chained_optimizers=[SimpleNamespace(optimizer=opts["fused"])])) == 1
+    assert opts["fused"].param_groups[0]["fused"] is True
+    for _ in range(5):
+        grads = [torch.randn(s, device="cuda", generator=g) for s in shapes]
+        for kind in opts:
+            for p, gr in zip(params[kind], grads, strict=True):
+                p.grad = gr.clone()
+            opts[kind].step()
+    for a, b in zip(params["foreach"], params["fused"], strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6)
