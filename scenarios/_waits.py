@@ -9,5 +9,3 @@ def waits(reason: str):
 
 
 dp2 = waits("waits for a data-parallel torch trainer (not filed yet): --resource actor replicas > 1 is not supported")
-megatron_05b = waits("waits for issue 7 (Megatron backend): on the H100 (2026-11-23) qwen3-0.5b stops at step 0 "
-                     "with a non-finite gradient norm; the tiny-qwen3 Megatron scenarios pass")

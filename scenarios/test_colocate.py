@@ -1,7 +1,6 @@
 """Colocate family: the training loop as shipped (expected to pass)."""
 
 import pytest
-from _waits import megatron_05b
 
 
 def test_colocate_cpu(scenario):
@@ -33,6 +32,5 @@ def test_colocate_megatron_gpu(scenario):
 
 @pytest.mark.gpu
 @pytest.mark.slow
-@megatron_05b
 def test_colocate_megatron_05b_gpu(scenario):
     scenario("colocate-megatron-0.5b-gpu").assert_ok()

@@ -20,7 +20,7 @@ CPU_SMOKE = ["--train-backend", "torch", "--device", "cpu", "--model", "tiny-qwe
 # ------------------------------------------------------------------ arguments
 def test_defaults_are_the_1b_config_sized_for_80gb() -> None:
     ns = bm.parse([])
-    assert (ns.model, ns.seq_len, ns.prompt_len, ns.global_batch, ns.micro_batch) == ("bench-1b", 2048, 512, 16, 4)
+    assert (ns.model, ns.seq_len, ns.prompt_len, ns.global_batch, ns.micro_batch) == ("bench-1b", 2048, 512, 16, 8)
     assert (ns.warmup, ns.steps, ns.sync_repeats, ns.peak_tflops) == (2, 3, 3, 989.0)
     assert ns.train_backend == "megatron" and ns.device == "cuda" and not ns.no_distributed_optimizer
 

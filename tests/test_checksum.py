@@ -43,7 +43,7 @@ def test_batched_state_checksums_equal_one_tensor_at_a_time() -> None:
 def test_chunking_does_not_change_the_digest(monkeypatch) -> None:
     t = torch.randn(1000)
     whole = cs.tensor_checksum(t)
-    monkeypatch.setattr(cs, "_CHUNK", 7)
+    monkeypatch.setattr(cs, "_CPU_CHUNK", 7)
     assert cs.tensor_checksum(t) == whole
 
 
@@ -72,12 +72,12 @@ def test_batches_across_tensor_boundaries_equal_the_reference(sizes: list[int], 
     """Several tensors digested together, cut into batches at any word (a piece may start mid-tensor)."""
     g = torch.Generator().manual_seed(seed)
     named = [(f"t{i}", torch.randn(n, generator=g)) for i, n in enumerate(sizes)]
-    old = cs._CHUNK
-    cs._CHUNK = chunk
+    old = cs._CPU_CHUNK
+    cs._CPU_CHUNK = chunk
     try:
         got = cs.state_checksums(named)
     finally:
-        cs._CHUNK = old
+        cs._CPU_CHUNK = old
     for name, t in named:
         a, b = reference_digest(t) if t.numel() else (0, 0)
         assert got[name].split(":")[1] == f"{a:016x}{b:016x}", name

@@ -156,6 +156,18 @@ def test_max_prompt_len_filters_and_counts() -> None:
     assert filtered == 2 and [s.prompt for s in samples] == ["1+1="]
 
 
+def test_prompts_the_tokenizer_cannot_spell_are_refused_naming_the_record() -> None:
+    """The word-level GPU tokenizer maps unknown text to its (zero-embedding) pad id: refused, not trained on."""
+    words = load_tokenizer("qwen3-0.5b")
+    samples, _ = build_samples([{"q": "w3 w5", "a": "w5"}], words, **BUILD, path="d.jsonl")
+    assert samples[0].tokens == [6, 8]
+    with pytest.raises(DataError, match=r"^d\.jsonl:2: the prompt has text this tokenizer does not know \(it encodes "
+                                        r"to the pad token, id 0, at 1 of 1 positions\)"):
+        build_samples([{"q": "w3", "a": "w3"}, {"q": "3,5=", "a": "5"}], words, **BUILD, path="d.jsonl")
+    with pytest.raises(DataError, match=r"^d\.jsonl:1: the prompt encodes to no tokens$"):
+        build_samples([{"q": "", "a": "1"}], TOK, **BUILD, path="d.jsonl")
+
+
 def test_metadata_forms() -> None:
     records = [{"q": "a", "a": "1", "metadata": '{"k": 1}'}, {"q": "b", "a": "1", "metadata": 5},
                {"q": "c", "a": "1"}]

@@ -65,6 +65,23 @@ def _metadata(value: Any) -> dict[str, Any]:
     return dict(value) if isinstance(value, dict) else {"value": value}
 
 
+def _check_tokens(tokens: list[int], tokenizer: Any, where: str) -> None:
+    """Refuse prompts that encode to nothing, or hold text the tokenizer maps to its pad id.
+
+    The preset tokenizers (relax/models/tokenizer.py) map unknown text to the pad id, whose embedding is
+    zero: a prompt starting with it keeps an all-zero hidden state at that position through every layer,
+    and each RMSNorm's backward at zero scales the gradient by 1/sqrt(eps), overflowing to inf/NaN after
+    ~12 layers. Tokenizers whose unknown token is a real token of its own are not affected.
+    """
+    if not tokens:
+        raise DataError(f"{where}: the prompt encodes to no tokens")
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is not None and unk == getattr(tokenizer, "pad_token_id", None) and unk in tokens:
+        raise DataError(f"{where}: the prompt has text this tokenizer does not know (it encodes to the pad token, "
+                        f"id {unk}, at {tokens.count(unk)} of {len(tokens)} positions); the word-level GPU presets "
+                        "know only the words w0, w1, ... (e.g. the maxword task)")
+
+
 def build_samples(records: list[dict[str, Any]], tokenizer: Any, *, input_key: str, label_key: str | None,
                   metadata_key: str, apply_chat_template: bool,
                   apply_chat_template_kwargs: dict[str, Any] | None, system_prompt: str | None,
@@ -92,6 +109,7 @@ def build_samples(records: list[dict[str, Any]], tokenizer: Any, *, input_key: s
         except ValueError as exc:
             raise DataError(f"{where}: {exc}") from None
         tokens = tokenizer.encode(text, add_special_tokens=False)
+        _check_tokens(tokens, tokenizer, where)
         if max_prompt_len is not None and len(tokens) > max_prompt_len:
             filtered += 1
             continue

@@ -39,7 +39,17 @@ def add() -> Iterator[dict[str, str]]:
             yield {"prompt": f"{a}+{b}=", "label": str(a + b)}
 
 
-TASKS: dict[str, Callable[[], Iterator[dict[str, str]]]] = {"addmod": addmod, "maxdigit": maxdigit, "add": add}
+def maxword() -> Iterator[dict[str, str]]:
+    """``w<a> w<b>`` -> ``w<max(a, b)>``: maxdigit spelled in the word-level vocabulary of the GPU presets
+    (bench-270m, qwen3-0.5b, bench-1b), whose tokenizer knows only the words ``w0``, ``w1``, ... (digits
+    and punctuation would encode to its pad id)."""
+    for a in range(10):
+        for b in range(10):
+            yield {"prompt": f"w{a} w{b}", "label": f"w{max(a, b)}"}
+
+
+TASKS: dict[str, Callable[[], Iterator[dict[str, str]]]] = {"addmod": addmod, "maxdigit": maxdigit, "add": add,
+                                                              "maxword": maxword}
 
 
 def render(name: str) -> str:
