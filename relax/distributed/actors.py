@@ -13,6 +13,7 @@ from argparse import Namespace
 import ray
 
 from relax.weights.broadcast import BroadcastBucket, WeightReceiver, WeightSender
+from relax.weights.checksum import state_checksums
 from relax.weights.cuda_ipc import CudaIpcBucket, FlatBucket, device_identity
 
 
@@ -90,8 +91,11 @@ class TrainerActor:
         self._sender.join(address, port, rank, world_size, backend, name, timeout_s)
 
     def finish_sync(self) -> dict[str, str]:
+        """Checksums of exactly the tensors this sync sent: the names and bytes `backend.checksums()` would
+        digest, without exporting the weights a second time (the Megatron export splits qkv / fc1)."""
+        sent = [named for bucket in self._buckets for named in bucket]
         self._buckets, self._packed = [], None
-        return self.backend.checksums()
+        return state_checksums(sent) if sent else self.backend.checksums()
 
     def save(self, directory: str, save_optimizer: bool) -> None:
         self.backend.save(directory, save_optimizer=save_optimizer)

@@ -16,9 +16,12 @@ Before this, a sha256 of the bytes on the host cost ~2.4 s per GB per side (docs
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 
 import torch
+
+from relax.utils.modules import module_available
 
 _MASK = (1 << 64) - 1
 
@@ -99,6 +102,15 @@ def _format(t: torch.Tensor, a: int, b: int) -> str:
     return f"{dtype}[{','.join(map(str, t.shape))}]:{a & _MASK:016x}{b & _MASK:016x}"
 
 
+def _device_digests(device: torch.device) -> Callable[[list[torch.Tensor]], torch.Tensor]:
+    """The Triton kernel (checksum_triton.py: one pass over the words) on CUDA when triton imports, else `_digests`."""
+    if device.type == "cuda" and module_available("triton"):
+        from relax.weights import checksum_triton
+
+        return partial(checksum_triton.digests, a=(_A_MUL, _A_ADD), b=(_B_MUL, _B_ADD))
+    return _digests
+
+
 def tensor_checksum(t: torch.Tensor) -> str:
     return state_checksums([("", t)])[""]
 
@@ -112,8 +124,8 @@ def state_checksums(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[s
         if t.numel():
             by_device.setdefault(t.device, []).append(i)
     digests = [(0, 0)] * len(named)
-    for indices in by_device.values():
-        values = _digests([_words(named[i][1]) for i in indices]).tolist()
+    for device, indices in by_device.items():
+        values = _device_digests(device)([_words(named[i][1]) for i in indices]).tolist()
         for i, (a, b) in zip(indices, values, strict=True):
             digests[i] = (a, b)
     return {name: _format(t, *digests[i]) for i, (name, t) in enumerate(named)}

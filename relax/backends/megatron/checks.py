@@ -5,6 +5,9 @@ from __future__ import annotations
 from argparse import Namespace
 
 from relax.utils.flag_types import ConfigError
+from relax.utils.modules import module_available
+
+__all__ = ["MEGATRON_ONLY_FLAGS", "check_train_backend_args", "module_available"]
 
 MEGATRON_ONLY_FLAGS = ("use_distributed_optimizer", "no_bias_swiglu_fusion", "no_bias_dropout_fusion")
 
@@ -30,15 +33,6 @@ def check_train_backend_args(args: Namespace) -> None:
             raise ConfigError(str(exc).removeprefix("relax: ")) from None
     if args.advantage_estimator == "ppo":
         raise ConfigError("not supported yet: --advantage-estimator ppo with --train-backend megatron (the critic)")
-
-
-def module_available(name: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:  # a parent package is missing
-        return False
 
 
 def _cuda_available() -> bool:
