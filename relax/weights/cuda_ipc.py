@@ -56,8 +56,10 @@ class FlatBucket:
         dtypes = sorted(index_of, key=index_of.get)
         device = named[0][1].device if named else torch.device("cpu")
         buffers = tuple(_buffer(pool, d, n, device) for d, n in zip(dtypes, sizes, strict=True))
-        for (_, t), (_, i, _, offset) in zip(named, entries, strict=True):
-            buffers[i][offset:offset + t.numel()].view(t.shape).copy_(t)
+        if named:  # one multi-tensor copy (a few kernel launches) instead of one launch per tensor
+            torch._foreach_copy_([buffers[i][offset:offset + t.numel()].view(t.shape)
+                                  for (_, t), (_, i, _, offset) in zip(named, entries, strict=True)],
+                                 [t for _, t in named])
         return cls(buffers, tuple(entries))
 
     def unpack(self) -> NamedTensors:

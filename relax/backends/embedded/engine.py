@@ -341,8 +341,9 @@ class EmbeddedEngine:
             if tuple(tensor.shape) != tuple(state[name].shape):
                 raise ValueError(f"weight {name!r} has shape {list(tensor.shape)}, "
                                  f"the engine expects {list(state[name].shape)}")
-        for name, tensor in items:
-            state[name].copy_(tensor.to(state[name].device, state[name].dtype))
+        if items:  # one multi-tensor copy (a few kernel launches on a GPU) instead of one launch per tensor
+            torch._foreach_copy_([state[name] for name, _ in items],
+                                 [tensor.to(state[name].device, state[name].dtype) for name, tensor in items])
         self._bump_version(version)
         return self._weight_version
 
