@@ -44,6 +44,10 @@ from relax.backends.torch.freezing import apply_param_freezing
 from relax.models import build_model
 from relax.weights.checksum import state_checksums
 
+# Megatron-LM's non-distributed checkpoint layout: optimizer.pt holds the step and the param groups,
+# this file the distributed optimizer's per-parameter state (fp32 main params, Adam moments).
+DIST_OPTIMIZER_STATE = "distrib_optim.pt"
+
 
 def _frozen(built: BuiltModel) -> BuiltModel:
     built.module.eval().requires_grad_(False)
@@ -162,10 +166,9 @@ class MegatronTrainBackend(TorchTrainBackend):
         path.mkdir(parents=True, exist_ok=True)
         save_file({k: v.cpu().contiguous().clone() for k, v in self.hf_state().items()}, str(path / "model.safetensors"))
         if save_optimizer:
-            if self.args.use_distributed_optimizer:
-                raise RuntimeError("relax: not supported yet: saving the --use-distributed-optimizer state "
-                                   "(pass --no-save-optim, or drop --use-distributed-optimizer)")
             torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
+            if self.args.use_distributed_optimizer:  # its Adam moments and fp32 main params live in the shards
+                self.optimizer.save_parameter_state(str(path / DIST_OPTIMIZER_STATE))
         rng = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(), "numpy": np.random.get_state(),
                "python": random.getstate()}
         torch.save(rng, path / "rng.pt")
@@ -177,7 +180,13 @@ class MegatronTrainBackend(TorchTrainBackend):
         load_hf_state(self.built, load_file(str(path / "model.safetensors")), mode=self.args.megatron_to_hf_mode)
         self.optimizer.reload_model_params()  # the fp32 main params follow the loaded weights
         if (path / "optimizer.pt").exists():
+            sharded = (path / DIST_OPTIMIZER_STATE).exists()
+            if sharded != bool(self.args.use_distributed_optimizer):
+                raise ValueError(f"{path}: the optimizer state was saved {'with' if sharded else 'without'} "
+                                 "--use-distributed-optimizer; resume with the same setting")
             self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+            if sharded:
+                self.optimizer.load_parameter_state(str(path / DIST_OPTIMIZER_STATE))
         rng = torch.load(path / "rng.pt", weights_only=False)
         torch.set_rng_state(rng["torch"])
         torch.cuda.set_rng_state(rng["cuda"])
