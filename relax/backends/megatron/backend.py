@@ -186,12 +186,29 @@ class MegatronTrainBackend(TorchTrainBackend):
                                  "--use-distributed-optimizer; resume with the same setting")
             self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
             if sharded:
-                self.optimizer.load_parameter_state(str(path / DIST_OPTIMIZER_STATE))
+                self._load_parameter_state(path / DIST_OPTIMIZER_STATE)
         rng = torch.load(path / "rng.pt", weights_only=False)
         torch.set_rng_state(rng["torch"])
         torch.cuda.set_rng_state(rng["cuda"])
         np.random.set_state(rng["numpy"])
         random.setstate(rng["python"])
+
+    def _load_parameter_state(self, file: Path) -> None:
+        """megatron-core's `load_parameter_state`, with torch Adam's per-parameter ``step`` set aside meanwhile.
+
+        Without TE or Apex, `DistributedOptimizer.load_state_dict` puts a ``step`` tensor into every torch
+        Adam state, and `load_parameter_state_from_dp_zero` (0.19.2, distrib_optimizer.py:1217-1224) then
+        copies every tensor of that state from the saved shards, which hold no ``step``: a KeyError. The
+        step is already restored by `load_state_dict`; only the shards' tensors come from ``file``.
+        """
+        inner = [getattr(o, "optimizer", None) for o in getattr(self.optimizer, "chained_optimizers", [self.optimizer])]
+        steps = [(state, state.pop("step")) for opt in inner if opt is not None
+                 for state in opt.state.values() if "step" in state]
+        try:
+            self.optimizer.load_parameter_state(str(file))
+        finally:
+            for state, step in steps:
+                state["step"] = step
 
     def save_hf(self, directory: str) -> None:
         from relax.models import load_tokenizer, save_hf
