@@ -81,3 +81,10 @@ def test_batches_across_tensor_boundaries_equal_the_reference(sizes: list[int], 
     for name, t in named:
         a, b = reference_digest(t) if t.numel() else (0, 0)
         assert got[name].split(":")[1] == f"{a:016x}{b:016x}", name
+
+
+def test_warm_up_digests_a_tiny_tensor_on_the_device(monkeypatch) -> None:
+    seen = []
+    monkeypatch.setattr(cs, "state_checksums", lambda named: seen.extend(named) or {})
+    cs.warm_up("cpu")
+    assert [(name, t.device.type, t.numel()) for name, t in seen] == [("warm-up", "cpu", 2)]

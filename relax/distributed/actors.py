@@ -12,8 +12,8 @@ from argparse import Namespace
 
 import ray
 
+from relax.weights import checksum
 from relax.weights.broadcast import BroadcastBucket, WeightReceiver, WeightSender
-from relax.weights.checksum import state_checksums
 from relax.weights.cuda_ipc import CudaIpcBucket, FlatBucket, device_identity
 
 
@@ -30,6 +30,7 @@ class TrainerActor:
         from relax.backends.train_registry import build_train_backend
 
         self.backend = build_train_backend(args, device)
+        checksum.warm_up(self.backend.device)
         self._buckets: list = []
         self._pool: dict = {}  # dtype -> the persistent buffer buckets are packed into (cuda-ipc, broadcast)
         self._packed: tuple[int, object] | None = None  # (bucket index, FlatBucket) in the pool
@@ -95,7 +96,7 @@ class TrainerActor:
         digest, without exporting the weights a second time (the Megatron export splits qkv / fc1)."""
         sent = [named for bucket in self._buckets for named in bucket]
         self._buckets, self._packed = [], None
-        return state_checksums(sent) if sent else self.backend.checksums()
+        return checksum.state_checksums(sent) if sent else self.backend.checksums()
 
     def save(self, directory: str, save_optimizer: bool) -> None:
         self.backend.save(directory, save_optimizer=save_optimizer)
@@ -116,6 +117,7 @@ class EngineActor:
 
         self.engine_id = engine_id
         self.engine = build_engine(args, device)
+        checksum.warm_up(self.engine.device)
 
         self.scheduler = None
         self.url: str | None = None
@@ -248,6 +250,7 @@ class ForwardServiceActor:
         from relax.core.services import ForwardService
 
         self.service = ForwardService(args, device, role)
+        checksum.warm_up(self.service.backend.device)
         self._receiver = WeightReceiver(self.service.backend.device)
 
     def pid(self) -> int:
