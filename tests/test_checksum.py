@@ -43,7 +43,7 @@ def test_batched_state_checksums_equal_one_tensor_at_a_time() -> None:
 def test_chunking_does_not_change_the_digest(monkeypatch) -> None:
     t = torch.randn(1000)
     whole = cs.tensor_checksum(t)
-    monkeypatch.setattr(cs, "_CPU_CHUNK", 7)
+    monkeypatch.setattr(cs, "_CHUNK", 7)
     assert cs.tensor_checksum(t) == whole
 
 
@@ -68,16 +68,16 @@ def test_format_names_dtype_and_shape() -> None:
 
 @settings(max_examples=30, deadline=None)
 @given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=8), chunk=st.integers(1, 50), seed=st.integers(0, 2**16))
-def test_batches_across_tensor_boundaries_equal_the_reference(sizes: list[int], chunk: int, seed: int) -> None:
-    """Several tensors digested together, cut into batches at any word (a piece may start mid-tensor)."""
+def test_several_tensors_chunked_at_any_word_equal_the_reference(sizes: list[int], chunk: int, seed: int) -> None:
+    """Several tensors digested in one call, each cut into chunks at any word."""
     g = torch.Generator().manual_seed(seed)
     named = [(f"t{i}", torch.randn(n, generator=g)) for i, n in enumerate(sizes)]
-    old = cs._CPU_CHUNK
-    cs._CPU_CHUNK = chunk
+    old = cs._CHUNK
+    cs._CHUNK = chunk
     try:
         got = cs.state_checksums(named)
     finally:
-        cs._CPU_CHUNK = old
+        cs._CHUNK = old
     for name, t in named:
         a, b = reference_digest(t) if t.numel() else (0, 0)
         assert got[name].split(":")[1] == f"{a:016x}{b:016x}", name

@@ -1,7 +1,7 @@
 """The weight digest of relax/weights/checksum.py as one Triton kernel launch per device (CUDA).
 
-Why: the torch formulation runs ~20 element-wise int64 passes per word (mix, positions, two weighted
-products, two prefix sums), so a sync's 2 GB of bf16 took ~47 ms per side on an H100, about as long
+Why: the torch formulation runs ~12 element-wise int64 kernels per tensor chunk (mix, positions, two
+weighted products and sums), so a sync's 2 GB of bf16 took 35-51 ms per side on an H100, about as long
 as the transfer it checks. This kernel reads every word once: each program takes one block of one
 tensor (through a table of data pointers, so nothing is concatenated or copied), computes both
 weighted sums of its words and writes them as a partial; one `index_add_` folds the partials per
@@ -40,9 +40,10 @@ def digests(words: list[torch.Tensor], a: tuple[int, int], b: tuple[int, int]) -
     """``[n, 2]`` int64 digests of int64 word tensors on one CUDA device; ``a``, ``b``: (multiplier, offset)."""
     device = words[0].device
     counts = [w.numel() for w in words]
-    nblocks = [-(-c // BLOCK) for c in counts]
-    block_tensor = torch.repeat_interleave(torch.arange(len(words)), torch.tensor(nblocks))
-    block_first = torch.cat([torch.arange(k, dtype=torch.int64) * BLOCK for k in nblocks])
+    nblocks = torch.tensor([-(-c // BLOCK) for c in counts])
+    block_tensor = torch.repeat_interleave(torch.arange(len(words)), nblocks)
+    first_block = (nblocks.cumsum(0) - nblocks).repeat_interleave(nblocks)  # each tensor's first block index
+    block_first = (torch.arange(block_tensor.numel()) - first_block) * BLOCK  # first word of every block
     ptrs = torch.tensor([w.data_ptr() for w in words], dtype=torch.int64)
     tables = [x.to(device, non_blocking=True) for x in (ptrs, torch.tensor(counts, dtype=torch.int64), block_tensor,
                                                         block_first)]

@@ -19,7 +19,7 @@ def test_gpu_digest_equals_cpu_digest(dtype: torch.dtype, n: int) -> None:
 
 def test_batched_gpu_digests_equal_cpu_digests() -> None:
     """A sync-sized mix (many small tensors, odd byte counts, a transposed view, some larger than one batch)
-    digested together on the GPU, by the Triton kernel and by the torch batches, equals the CPU digest."""
+    digested on the GPU, by the Triton kernel and by the per-tensor torch path, equals the CPU digest."""
     from relax.weights import checksum as cs
 
     g = torch.Generator().manual_seed(0)

@@ -83,6 +83,17 @@ def _next_token_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1))
 
 
+def _fp32_reference(hf: tf.PreTrainedModel, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Logits, next-token loss and gradients of ``hf`` in fp32 on its bf16-rounded weights: what the bf16
+    variants are measured against (``hf`` is converted in place)."""
+    hf.config._attn_implementation = "sdpa"
+    ref32 = hf.to(torch.bfloat16).float().cuda()
+    logits32 = ref32(input_ids=ids).logits
+    loss32 = _next_token_loss(logits32, ids)
+    loss32.backward()
+    return logits32.detach(), loss32.detach(), {k: p.grad.detach() for k, p in ref32.named_parameters()}
+
+
 def _hf_named_grads(built) -> dict[str, torch.Tensor]:
     """The GPTModel's gradients under HF names (the raw converter is a pure re-layout: qkv / fc1 splits)."""
     from relax.backends.megatron.convert import EXTRA_STATE_SUFFIX, converters
@@ -110,14 +121,8 @@ def test_sdpa_and_unfused_attention_agree_in_bf16(mcore) -> None:
     ids = torch.randint(3, SMALL["vocab_size"], (2, SEQ), generator=g).cuda()
     pos = torch.arange(SEQ, device="cuda").unsqueeze(0).expand_as(ids)
 
-    hf.config._attn_implementation = "sdpa"
-    ref32 = hf.to(torch.bfloat16).float().cuda()  # fp32 on the same (bf16-rounded) weights
-    logits32 = ref32(input_ids=ids).logits
-    loss32 = _next_token_loss(logits32, ids)
-    loss32.backward()
-    grads32 = {k: p.grad.detach() for k, p in ref32.named_parameters()}
-    logits32 = logits32.detach()
-    del ref32, hf
+    logits32, loss32, grads32 = _fp32_reference(hf, ids)
+    del hf
 
     out = {}
     for attention in ("unfused", "sdpa"):

@@ -14,6 +14,7 @@ from relax.backends.megatron.checks import module_available
 from tests.gpu.test_megatron_attention_gpu import (
     SEQ,
     SMALL,
+    _fp32_reference,
     _grad_errors,
     _hf,
     _hf_named_grads,
@@ -41,13 +42,8 @@ def test_fused_and_unfused_layers_agree_in_bf16(mcore) -> None:
     state = {k: v.to(torch.bfloat16) for k, v in hf.state_dict().items()}
     ids = torch.randint(3, SMALL["vocab_size"], (2, SEQ), generator=torch.Generator().manual_seed(5)).cuda()
     pos = torch.arange(SEQ, device="cuda").unsqueeze(0).expand_as(ids)
-    ref32 = hf.to(torch.bfloat16).float().cuda()
-    logits32 = ref32(input_ids=ids).logits
-    loss32 = _next_token_loss(logits32, ids)
-    loss32.backward()
-    grads32 = {k: p.grad.detach() for k, p in ref32.named_parameters()}
-    logits32 = logits32.detach()
-    del ref32, hf
+    logits32, loss32, grads32 = _fp32_reference(hf, ids)
+    del hf
 
     out = {}
     for name, off in (("unfused", True), ("fused", False)):
