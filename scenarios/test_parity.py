@@ -1,7 +1,6 @@
 """Parity family: DP1 vs DP2 (gloo), micro-batch 1 vs N, straight vs resume, torch vs megatron."""
 
 import pytest
-from _waits import dp2
 
 
 def test_microbatch_1_vs_n_cpu(scenario):
@@ -12,7 +11,6 @@ def test_straight_vs_resume_cpu(scenario):
     scenario("parity-resume-cpu").assert_ok()
 
 
-@dp2
 def test_dp1_vs_dp2_cpu(scenario):
     scenario("parity-dp2-cpu").assert_ok()
 

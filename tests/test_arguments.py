@@ -136,6 +136,12 @@ def test_bad_values_name_the_flag() -> None:
         parse_args([*BASE, "--lr", "fast"])
     with pytest.raises(ConfigError, match=r"--resource: invalid JSON"):
         parse_args([*BASE, "--resource", "{nope"])
+    dp2 = ["--resource", '{"actor": [2, 0]}']
+    assert parse_args([*BASE, *dp2]).resource == {"actor": [2, 0]}  # data-parallel torch trainer ranks
+    with pytest.raises(ConfigError, match=r"not supported yet: --resource actor replicas > 1 .* --train-backend megatron"):
+        parse_args([*BASE, *dp2, "--train-backend", "megatron", "--device", "cuda"])
+    with pytest.raises(ConfigError, match=r"--distributed-timeout-minutes must be >= 1"):
+        parse_args([*BASE, "--distributed-timeout-minutes", "0"])
     with pytest.raises(ConfigError, match=r"--kl-loss-type: invalid choice: 'k9'"):
         parse_args([*BASE, "--kl-loss-type", "k9"])
     with pytest.raises(ConfigError, match=r"--polling-mode: not a boolean"):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import re
 from pathlib import Path
 
 import pytest
@@ -48,12 +47,6 @@ def test_every_family_has_cpu_and_gpu_variants() -> None:
     for family in FAMILIES:
         profiles = {s.profile for s in CATALOG.values() if s.family == family}
         assert profiles == {Profile.CPU, Profile.GPU}, family
-
-
-def test_xfail_markers_are_strict_and_name_the_issue() -> None:
-    src = (REPO / "scenarios" / "_waits.py").read_text()
-    reasons = re.findall(r'= waits\(f?"([^"]*)"\)', src)
-    assert "strict=True" in src and reasons and all(r.startswith("waits for ") for r in reasons), reasons
 
 
 def test_invalid_specs_are_rejected_with_reasons() -> None:

@@ -45,6 +45,7 @@ OPD_RUNS: dict[str, list[float]] = {}  # teacher type -> train/opd_reverse_kl pe
 
 
 def _opd_kl(tmp_path: Path, teacher_dir: Path, teacher_flags: list[str], steps: int) -> list[float]:
+    tmp_path.mkdir(parents=True, exist_ok=True)  # a subdirectory when the other test's run is not at hand
     proc = run_relax([*FAST_FLAGS, "--num-rollout", str(steps), "--use-opd", *teacher_flags,
                       "--advantage-estimator", "on_policy_distillation", "--entropy-coef", "0",
                       "--output-dir", str(tmp_path / "run")], tmp_path)

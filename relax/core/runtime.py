@@ -21,6 +21,7 @@ from relax.core.services import ServiceGroup
 from relax.core.setup import RunInputs
 from relax.distributed.actors import EngineActor, TrainerActor
 from relax.distributed.placement import parse_resource, start_ray
+from relax.distributed.trainer_group import TrainerGroup
 from relax.engine.rollout.engine_pool import RayEnginePool
 from relax.engine.rollout.sglang_rollout import GenerateState
 from relax.metrics import console
@@ -37,8 +38,9 @@ class Runtime:
     args: Namespace
     run: RunInputs
     artifacts: RunArtifacts
-    trainer: object
+    trainer: object  # rank 0 of the trainer group, the only rank the driver calls
     engines: list
+    trainer_ranks: list = field(default_factory=list)  # every rank's actor (for shutdown)
     start_step: int = 0
     version: int = 0  # weight version the engines hold
     step: int = 0  # the step in progress (for sync records)
@@ -142,7 +144,7 @@ class Runtime:
 
             stop_teacher()
         services = list(self.services.actors().values()) if self.services else []
-        for actor in [self.trainer, *self.engines, *services]:
+        for actor in [*(self.trainer_ranks or [self.trainer]), *self.engines, *services]:
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already dead
@@ -226,19 +228,22 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
     use_gpu = run.device == "cuda"
     placement = parse_resource(args, use_gpu)
     start_ray(use_gpu)
-    # max_concurrency 2: heartbeats are answered while a training step runs
-    trainer = TrainerActor.options(max_concurrency=2, **placement.actor_options("actor")).remote(args, run.device)
     engines = [EngineActor.options(**placement.actor_options("rollout")).remote(args, run.device, i)
                for i in range(placement.rollout.replicas)]
     services = ServiceGroup.start(args, run.device, placement) if placement.services else None
-    artifacts.event("process_started", role="trainer:0", pid=ray.get(trainer.pid.remote()))
+    # max_concurrency 2: heartbeats are answered while a training step runs
+    group = TrainerGroup.start(TrainerActor, args, run.device, placement.actor.replicas,
+                               {"max_concurrency": 2, **placement.actor_options("actor")})
+    trainer = group.leader
+    for rank, pid in enumerate(group.pids):
+        artifacts.event("process_started", role=f"trainer:{rank}", pid=pid)
     for i, engine in enumerate(engines):
         artifacts.event("process_started", role=f"engine:{i}", pid=ray.get(engine.pid.remote()))
     for role, actor in (services.actors() if services else {}).items():
         artifacts.event("process_started", role=role, pid=ray.get(actor.pid.remote()))
     console.info(f"trainer up: {ray.get(trainer.describe.remote())}; {len(engines)} engine(s)"
                  + (f"; services {', '.join(services.actors())}" if services else ""))
-    rt = Runtime(args, run, artifacts, trainer, engines, services=services)
+    rt = Runtime(args, run, artifacts, trainer, engines, trainer_ranks=group.actors, services=services)
     if args.custom_generate_function_path and len(engines) > 1:
         raise ConfigError("not supported yet: --custom-generate-function-path with more than one engine "
                           "(needs the router in the training loop)")

@@ -12,6 +12,7 @@ from argparse import Namespace
 
 import ray
 
+from relax.distributed.trainer_group import GroupMember
 from relax.weights import checksum
 from relax.weights.broadcast import BroadcastBucket, WeightReceiver, WeightSender
 from relax.weights.cuda_ipc import CudaIpcBucket, FlatBucket, device_identity
@@ -25,10 +26,21 @@ def _init_process() -> None:
 
 @ray.remote
 class TrainerActor:
-    def __init__(self, args: Namespace, device: str):
+    """One rank of the trainer group (relax/distributed/trainer_group.py); ``member`` is None for a lone trainer.
+
+    The driver talks to rank 0 only. Rank 0 passes what every rank must run (a training step,
+    offload / onload, a resume) to its peers and waits for them; the weights are replicated
+    (data parallelism), so weight syncs, checksums and checkpoints are rank 0's alone.
+    """
+
+    def __init__(self, args: Namespace, device: str, member: GroupMember | None = None):
         _init_process()
         from relax.backends.train_registry import build_train_backend
 
+        if member is not None:
+            member.join()
+        self.rank = 0 if member is None else member.rank
+        self._peers: list = []  # rank 0: the other ranks' actor handles
         self.backend = build_train_backend(args, device)
         checksum.warm_up(self.backend.device)
         self._buckets: list = []
@@ -37,26 +49,46 @@ class TrainerActor:
         self._pack_lock = threading.Lock()  # get_bucket and broadcast_bucket may run on two threads
         self._sender = WeightSender()
 
+    def attach_peers(self, peers: list) -> None:
+        self._peers = list(peers)
+
+    def _on_peers(self, method: str, *args) -> list:
+        return [getattr(peer, method).remote(*args) for peer in self._peers]
+
     def pid(self) -> int:
         return os.getpid()
 
     def describe(self) -> dict:
-        return self.backend.describe()
+        return {**self.backend.describe(), "data_parallel_size": self.backend.dp.size}
 
     def train_rollout(self, samples, step: int, precomputed=None) -> dict:
         """``samples``: the train samples, or an object whose ``fetch()`` returns them (the fully-async
-        loop's `StoredBatch`: the data comes from the storage units straight to this actor)."""
+        loop's `StoredBatch`: the data comes from the storage units straight to every rank)."""
+        if self._peers:
+            shared = samples if hasattr(samples, "fetch") else ray.put(samples)
+            peers = self._on_peers("train_rollout", shared, step, precomputed)
+        else:
+            peers = []
         if hasattr(samples, "fetch"):
             samples = samples.fetch()
         if precomputed is not None:  # columns from the fully-async services (relax/core/services.py)
-            return self.backend.train_rollout(samples, step, precomputed)
-        return self.backend.train_rollout(samples, step)
+            metrics = self.backend.train_rollout(samples, step, precomputed)
+        else:
+            metrics = self.backend.train_rollout(samples, step)
+        ray.get(peers)
+        return metrics
 
     def offload(self) -> dict[str, float]:
-        return self.backend.offload()
+        peers = self._on_peers("offload")
+        stats = self.backend.offload()
+        ray.get(peers)
+        return stats
 
     def onload(self) -> dict[str, float]:
-        return self.backend.onload()
+        peers = self._on_peers("onload")
+        stats = self.backend.onload()
+        ray.get(peers)
+        return stats
 
     def prepare_sync(self, bucket_bytes: int) -> tuple[int, str, int]:
         """Split the weights into buckets: (how many, `device_identity` of where they are now (an offloaded
@@ -102,7 +134,9 @@ class TrainerActor:
         self.backend.save(directory, save_optimizer=save_optimizer)
 
     def load(self, directory: str) -> None:
+        peers = self._on_peers("load", directory)
         self.backend.load(directory)
+        ray.get(peers)
 
     def save_hf(self, directory: str) -> None:
         self.backend.save_hf(directory)

@@ -54,9 +54,13 @@ def parse_resource(args: Namespace, use_gpu: bool) -> Placement:
     services = {role: res for role, res in roles.items() if role in SERVICE_ROLES}
     placement = Placement(roles.get("actor", default), roles.get("rollout", default), bool(args.colocate), use_gpu,
                           services)
-    if placement.actor.replicas > 1:
-        raise ConfigError("not supported yet: --resource actor replicas > 1 (data-parallel training)")
     return placement
+
+
+def trainer_ranks(args: Namespace) -> int:
+    """How many data-parallel trainer ranks ``--resource`` asks for (its actor replicas; 1 by default)."""
+    role = _parse_roles(args.resource).get("actor")
+    return role.replicas if role else 1
 
 
 def service_roles(args: Namespace) -> frozenset[str]:

@@ -49,13 +49,13 @@ SEED_FLAGS: list[FlagSpec] = [
     # --- Ray Launch Parameters
     F('rollout-num-gpus-per-engine', 'int', 1, 'Ray Launch Parameters', "GPUs per SGLang inference engine, equivalent to SGLang's tp_size"),
     F('num-gpus-per-node', 'int', 8, 'Ray Launch Parameters', 'GPUs per node. Set this if using fewer than 8 GPUs per node in colocate mode'),
-    F('resource', 'json', None, 'Ray Launch Parameters', 'Ray resource configuration in JSON format. Example: \'{"actor":[replicas, gpus], "rollout":[replicas, gpus]}\'', seed_default='-'),
+    F('resource', 'json', None, 'Ray Launch Parameters', 'Ray resource configuration in JSON format. Example: \'{"actor":[replicas, gpus], "rollout":[replicas, gpus]}\'. Here: actor replicas > 1 start that many data-parallel trainer ranks (--train-backend torch; one process group, NCCL on GPU, gloo on CPU; relax/distributed/trainer_group.py), each running its share of every optimizer step\'s micro-batches; rollout replicas are the engines', seed_default='-'),
     F('colocate', 'flag', False, 'Ray Launch Parameters', 'Whether to colocate inference engines and training Actors on the same GPUs. Automatically sets --offload to True'),
     F('offload', 'flag', False, 'Ray Launch Parameters', 'Equivalent to setting both --offload-train and --offload-rollout. Refused with --fully-async (rollout and training overlap: nothing is idle to offload)'),
     F('offload-train', 'flag', None, 'Ray Launch Parameters', 'Whether to offload training Actor to CPU during training. Always True when --colocate is enabled; otherwise None resolves to --offload. Moves parameters, gradients and optimizer state to CPU during rollout and back before training. With --fully-async, or --train-backend megatron (not supported yet), --colocate leaves it False and an explicit request is refused'),
     F('offload-rollout', 'flag', None, 'Ray Launch Parameters', 'Whether to offload Rollout generator to CPU during training. Always True when --colocate is enabled; otherwise None resolves to --offload. Engines release KV cache and weights (/release_memory_occupation) after each rollout and resume before the next weight sync. With --fully-async --colocate leaves it False and an explicit request is refused'),
     F('distributed-backend', 'str', 'nccl', 'Ray Launch Parameters', 'Distributed backend'),
-    F('distributed-timeout-minutes', 'int', 10, 'Ray Launch Parameters', 'Distributed timeout in minutes'),
+    F('distributed-timeout-minutes', 'int', 10, 'Ray Launch Parameters', 'Distributed timeout in minutes. Here: how long a trainer rank waits in the trainer group\'s rendezvous or a collective (a dead or stuck peer) before it fails'),
     # --- TransferQueue Data Queue
     F('num-data-storage-units', 'int', 1, 'TransferQueue Data Queue', "Number of TransferQueue SimpleStorageUnit actors. Here: Ray actors (0 CPUs) that hold each step's train samples, whole groups dealt round-robin, from rollout until the step is trained; the trainer actor fetches them directly (relax/core/transfer_queue.py). --fully-async only; must be >= 1"),
     F('max-staleness', 'int', 0, 'TransferQueue Data Queue', 'Maximum staleness for TransferQueue data system (0=on-policy). Here: with --fully-async, rollout for step s starts only once the engines hold version >= s - k, so rollout/staleness_max <= k; the colocate loop always trains on the current version (staleness 0), which satisfies any k, so seed 004\'s colocate scripts (--max-staleness 1) run unchanged; must be >= 0'),
@@ -418,7 +418,7 @@ ADDED_FLAGS: list[FlagSpec] = [
 # a choice flag listed in SUPPORTED_VALUES may only take those values.
 SUPPORTED: frozenset[str] = frozenset({
     # cluster and checkpoints
-    "resource", "colocate", "hf-checkpoint", "load", "save", "save-interval", "save-hf", "no-save-optim",
+    "resource", "distributed-timeout-minutes", "colocate", "hf-checkpoint", "load", "save", "save-interval", "save-hf", "no-save-optim",
     "offload", "offload-train", "offload-rollout",  # colocate offload: relax/core/offload.py
     # data
     "prompt-data", "input-key", "label-key", "metadata-key", "tool-key", "apply-chat-template",

@@ -71,7 +71,8 @@ def _batch_sizes(args: Namespace, explicit: Set[str]) -> None:
 
 def _train_loop(args: Namespace) -> None:
     """Dynamic batching, chunked log-probs and the parameter-freezing regexes."""
-    _positive(args, "max_tokens_per_gpu", "log_probs_max_tokens_per_gpu", "num_iters_per_train_update")
+    _positive(args, "max_tokens_per_gpu", "log_probs_max_tokens_per_gpu", "num_iters_per_train_update",
+              "distributed_timeout_minutes")
     if not args.use_dynamic_batch_size:
         for dest in ("max_tokens_per_gpu", "log_probs_max_tokens_per_gpu"):
             if getattr(args, dest) is not None:
@@ -209,6 +210,15 @@ def _weight_sync(args: Namespace) -> None:
                           "host at sync time (use auto: it picks object-store then)")
 
 
+def _trainer_ranks(args: Namespace) -> None:
+    """Data-parallel trainer ranks (relax/distributed/trainer_group.py) are built for the torch backend only."""
+    from relax.distributed.placement import trainer_ranks
+
+    if trainer_ranks(args) > 1 and args.train_backend != "torch":
+        raise ConfigError(f"not supported yet: --resource actor replicas > 1 (data-parallel training) with "
+                          f"--train-backend {args.train_backend}")
+
+
 def _services(args: Namespace) -> None:
     """Seed 004's fully-async service roles in --resource and their --ref-actor-config (relax/core/services.py).
 
@@ -317,5 +327,6 @@ def resolve_and_validate(args: Namespace, explicit: Set[str] = frozenset()) -> N
     _partial_rollout(args)
     _transfer_queue(args)
     _weight_sync(args)
+    _trainer_ranks(args)
     _services(args)
     _when_none(args)

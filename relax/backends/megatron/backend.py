@@ -40,6 +40,7 @@ from relax.backends.megatron.model import BuiltModel, build_gpt_model, init_para
 from relax.backends.megatron.weights import export_hf_state, load_hf_state
 from relax.backends.nonfinite import nonfinite_gradient_error
 from relax.backends.torch.backend import TorchTrainBackend, needs_reference_model
+from relax.backends.torch.data_parallel import DataParallel
 from relax.backends.torch.freezing import apply_param_freezing
 from relax.models import build_model
 from relax.weights.checksum import state_checksums
@@ -60,6 +61,7 @@ class MegatronTrainBackend(TorchTrainBackend):
     def __init__(self, args: Namespace, device: str):
         self.args = args
         init_parallel_state(args.seed)
+        self.dp = DataParallel()  # one rank (trainer groups are torch-backend only: placement.py)
         self.device = torch.device("cuda", torch.cuda.current_device())
         torch.manual_seed(args.seed)
         hf_model = build_model(args.hf_checkpoint, dtype=torch.float32, seed=args.seed)

@@ -40,6 +40,7 @@ from relax.backends.torch.batch import (
     build_rollout_tensors,
     rollout_advantages,
 )
+from relax.backends.torch.data_parallel import DataParallel
 from relax.backends.torch.freezing import apply_param_freezing
 from relax.backends.torch.logprobs import response_log_probs
 from relax.backends.torch.micro_batches import fixed_micro_batches, micro_batches
@@ -63,6 +64,7 @@ class TorchTrainBackend:
     def __init__(self, args: Namespace, device: str, *, inference_only: bool = False):
         self.args = args
         self.device = torch.device(device)
+        self.dp = DataParallel.current()  # the trainer group's ranks (relax/backends/torch/data_parallel.py)
         torch.manual_seed(args.seed)
         self.model = build_model(args.hf_checkpoint, dtype=torch.float32, seed=args.seed).to(self.device)
         self.model.train()
@@ -97,7 +99,7 @@ class TorchTrainBackend:
         if args.advantage_estimator == "ppo":
             from relax.backends.torch.critic import Critic
 
-            self.critic = Critic(args, self.device, self.pad_id, self.algo)
+            self.critic = Critic(args, self.device, self.pad_id, self.algo, self.dp)
         self._train_offloader = None  # built on the first --offload-train call
 
     def _init_inference_only(self) -> None:
@@ -114,7 +116,7 @@ class TorchTrainBackend:
         return fixed_micro_batches(0, n, self.args.global_batch_size)
 
     def _micro_batches(self, samples: list[TrainSample], gsl: slice, *, log_probs: bool = False) -> list[slice]:
-        """Micro-batches (absolute row slices) of one optimizer step's rows ``gsl``.
+        """This data-parallel rank's micro-batches (absolute row slices) of one optimizer step's rows ``gsl``.
 
         With ``--use-dynamic-batch-size`` they are packed by token count: ``--max-tokens-per-gpu``
         for the train forward, ``--log-probs-max-tokens-per-gpu`` for the no-grad log-prob passes
@@ -125,8 +127,8 @@ class TorchTrainBackend:
         if args.use_dynamic_batch_size:
             max_tokens = args.log_probs_max_tokens_per_gpu if log_probs else args.max_tokens_per_gpu
         lengths = [len(s.tokens) for s in samples]
-        return micro_batches(lengths, gsl.start, gsl.stop, micro_batch_size=args.micro_batch_size,
-                             max_tokens=max_tokens)
+        return self.dp.mine(micro_batches(lengths, gsl.start, gsl.stop, micro_batch_size=args.micro_batch_size,
+                                          max_tokens=max_tokens))
 
     def _all_micro_batches(self, samples: list[TrainSample], *, log_probs: bool = False) -> list[slice]:
         return [sl for gsl in self._global_batches(len(samples))
@@ -145,7 +147,7 @@ class TorchTrainBackend:
             inputs = build_model_inputs(batch.samples[sl], width, self.pad_id, self.device)
             lp, _ = self._forward_log_probs(model, inputs, with_entropy=False)
             out[sl] = lp.cpu()
-        return out
+        return self.dp.sum_rows(out)
 
     # ------------------------------------------------------------------ services (fully-async)
     def forward_log_probs(self, samples: list[TrainSample]) -> torch.Tensor:
@@ -253,7 +255,7 @@ class TorchTrainBackend:
                 loss = loss * float("nan")
             loss.backward()
             sums = merge_metrics(sums, {k: v.detach().cpu() for k, v in m.items()})
-        out = {k: float(v) for k, v in sums.items()}
+        out = {k: float(v) for k, v in self.dp.merge_metrics(sums).items()}
         out["grad_norm"] = self._apply_gradients(out.get("loss"))
         return out
 
@@ -261,7 +263,9 @@ class TorchTrainBackend:
         self.optimizer.zero_grad(set_to_none=True)
 
     def _apply_gradients(self, loss: float | None) -> float:
-        """Clip, refuse a non-finite gradient (before touching the weights), step; returns the grad norm."""
+        """Sum the ranks' gradients, clip, refuse a non-finite gradient (before touching the weights), step;
+        returns the grad norm."""
+        self.dp.reduce_gradients(p for p in self.model.parameters() if p.requires_grad)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad)
         if not torch.isfinite(grad_norm):
             raise nonfinite_gradient_error(((n, p.grad) for n, p in self.model.named_parameters()), float(grad_norm),

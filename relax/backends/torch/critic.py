@@ -13,6 +13,7 @@ import torch
 from relax.algorithms.critic import critic_lr_at, value_loss
 from relax.algorithms.reducers import merge_metrics
 from relax.backends.torch.batch import RolloutTensors, build_model_inputs
+from relax.backends.torch.data_parallel import DataParallel
 from relax.models import build_model
 
 
@@ -30,10 +31,13 @@ class ValueModel(torch.nn.Module):
 
 
 class Critic:
-    """Owns the value model and its optimizer; trained alongside the actor in each optimizer step."""
+    """Owns the value model and its optimizer; trained alongside the actor in each optimizer step.
 
-    def __init__(self, args: Namespace, device: torch.device, pad_id: int, algo_cfg):
-        self.args, self.device, self.pad_id, self.algo = args, device, pad_id, algo_cfg
+    ``dp``: the actor's data-parallel group; the critic runs the same micro-batches as the actor on each rank.
+    """
+
+    def __init__(self, args: Namespace, device: torch.device, pad_id: int, algo_cfg, dp: DataParallel):
+        self.args, self.device, self.pad_id, self.algo, self.dp = args, device, pad_id, algo_cfg, dp
         self.model = ValueModel(build_model(args.hf_checkpoint, dtype=torch.float32, seed=args.seed)).to(device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.critic_lr,
                                            betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
@@ -48,7 +52,7 @@ class Critic:
         out = torch.zeros_like(batch.loss_mask)
         for sl in slices:
             out[sl] = self._values(batch, sl).cpu()
-        return out
+        return self.dp.sum_rows(out)
 
     def train_step(self, batch: RolloutTensors, gsl: slice, micro: list[slice], old_values, returns, step: int):
         for group in self.optimizer.param_groups:
@@ -64,7 +68,8 @@ class Critic:
                                  num_global_samples=num_samples, num_global_tokens=num_tokens)
             loss.backward()
             sums = merge_metrics(sums, {k: v.detach().cpu() for k, v in m.items()})
-        out = {k: float(v) for k, v in sums.items()}
+        out = {k: float(v) for k, v in self.dp.merge_metrics(sums).items()}
+        self.dp.reduce_gradients(self.model.parameters())
         out["critic_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad))
         self.optimizer.step()
         out["critic_lr"] = self.optimizer.param_groups[0]["lr"]

@@ -1,0 +1,87 @@
+"""Data parallelism for the torch backend: which micro-batches a rank trains, and the collectives.
+
+Every rank of the trainer group (``--resource '{"actor": [N, ...]}'``, relax/distributed/trainer_group.py)
+receives the whole rollout batch and cuts it into exactly the micro-batches a single trainer would;
+rank ``r`` of ``N`` then runs micro-batches ``r, r + N, r + 2N, ...`` of each optimizer step. The
+loss of every micro-batch is already divided by the step's global sample (or token) count
+(relax/algorithms/reducers.py), so summing the ranks' gradients gives the single-trainer gradient:
+the same terms, only added in another order. That is why the DP size leaves the loss and the
+update unchanged up to float rounding (tests/test_data_parallel.py, scenario parity-dp2-cpu).
+
+The weights stay replicated: every rank clips and steps the same reduced gradients, so rank 0
+alone serves weight syncs and writes checkpoints. Log-probs and critic values are computed for a
+rank's own rows and summed over the group (the other rows are zeros, so the sum is exact).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from relax.algorithms.reducers import merge_metrics
+
+# Gradients are all-reduced in flat buckets of at most this many bytes (one copy each, not the whole model).
+GRAD_BUCKET_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    rank: int = 0
+    size: int = 1
+
+    @classmethod
+    def current(cls) -> DataParallel:
+        """The default process group's rank and size (a world of one when there is none)."""
+        if not dist.is_available() or not dist.is_initialized():
+            return cls()
+        return cls(dist.get_rank(), dist.get_world_size())
+
+    def mine(self, micro_batches: list[slice]) -> list[slice]:
+        """This rank's share of one optimizer step's micro-batches (round robin)."""
+        return micro_batches[self.rank::self.size]
+
+    def sum_rows(self, tensor: torch.Tensor) -> torch.Tensor:
+        """All-reduce (sum) a per-row tensor that holds this rank's rows and zeros elsewhere, in place."""
+        if self.size > 1:
+            dist.all_reduce(tensor)
+        return tensor
+
+    def reduce_gradients(self, params: Iterable[torch.nn.Parameter]) -> None:
+        """Sum the gradients of ``params`` over the group; a rank that ran no micro-batch adds zeros."""
+        if self.size == 1:
+            return
+        params = list(params)
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        bucket: list[torch.Tensor] = []
+        nbytes = 0
+        for p in params:
+            bucket.append(p.grad)
+            nbytes += p.grad.numel() * p.grad.element_size()
+            if nbytes >= GRAD_BUCKET_BYTES:
+                _all_reduce_flat(bucket)
+                bucket, nbytes = [], 0
+        if bucket:
+            _all_reduce_flat(bucket)
+
+    def merge_metrics(self, sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Merge every rank's micro-batch metric sums (`merge_metrics`: sums, maxima, minima), in rank order."""
+        if self.size == 1:
+            return sums
+        gathered: list[dict[str, torch.Tensor] | None] = [None] * self.size
+        dist.all_gather_object(gathered, {k: v.cpu() for k, v in sums.items()})
+        out: dict[str, torch.Tensor] = {}
+        for part in gathered:
+            out = merge_metrics(out, part or {})
+        return out
+
+
+def _all_reduce_flat(grads: list[torch.Tensor]) -> None:
+    flat = torch._utils._flatten_dense_tensors(grads)
+    dist.all_reduce(flat)
+    for grad, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
+        grad.copy_(reduced)
