@@ -11,6 +11,7 @@ import threading
 from argparse import Namespace
 
 import ray
+import torch
 
 from relax.distributed.trainer_group import GroupMember
 from relax.weights import checksum
@@ -19,8 +20,6 @@ from relax.weights.cuda_ipc import CudaIpcBucket, FlatBucket, device_identity
 
 
 def _init_process() -> None:
-    import torch
-
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 
 
@@ -75,6 +74,8 @@ class TrainerActor:
             metrics = self.backend.train_rollout(samples, step, precomputed)
         else:
             metrics = self.backend.train_rollout(samples, step)
+        if self.backend.device.type == "cuda":  # the last optimizer step's kernels count as training, not as the
+            torch.cuda.synchronize(self.backend.device)  # wait of the weight sync that reads the updated weights
         ray.get(peers)
         return metrics
 
