@@ -164,6 +164,9 @@ class MegatronTrainBackend(TorchTrainBackend):
     def save(self, directory: str, *, save_optimizer: bool) -> None:
         from safetensors.torch import save_file
 
+        if save_optimizer and self.args.optimizer_cpu_offload:  # refused at parse time too (validation.py)
+            raise RuntimeError("relax: not supported yet: saving the --optimizer-cpu-offload optimizer state "
+                               "(save with --no-save-optim)")
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         save_file({k: v.cpu().contiguous().clone() for k, v in self.hf_state().items()}, str(path / "model.safetensors"))
