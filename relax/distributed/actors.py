@@ -38,7 +38,6 @@ class TrainerActor:
 
         if member is not None:
             member.join()
-        self.rank = 0 if member is None else member.rank
         self._peers: list = []  # rank 0: the other ranks' actor handles
         self.backend = build_train_backend(args, device)
         checksum.warm_up(self.backend.device)
@@ -51,8 +50,32 @@ class TrainerActor:
     def attach_peers(self, peers: list) -> None:
         self._peers = list(peers)
 
-    def _on_peers(self, method: str, *args) -> list:
-        return [getattr(peer, method).remote(*args) for peer in self._peers]
+    def _with_peers(self, method: str, args: tuple, local):
+        """``local()`` here while the peers run ``method(*args)``; rank 0's result.
+
+        A peer's failure raises at once, even while this rank waits for that peer inside a collective
+        (the driver then ends the run and the stuck collective with it), and so does this rank's own.
+        """
+        peers = [getattr(peer, method).remote(*args) for peer in self._peers]
+        if not peers:
+            return local()
+        outcome: dict = {}
+
+        def run() -> None:
+            try:
+                outcome["value"] = local()
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, in the actor's own thread
+                outcome["error"] = exc
+
+        worker = threading.Thread(target=run, name=f"relax-trainer-{method}", daemon=True)
+        worker.start()
+        while peers and "error" not in outcome:
+            ready, peers = ray.wait(peers, num_returns=1, timeout=0.1)
+            ray.get(ready)  # a failed or dead peer raises here
+        worker.join(None if "error" not in outcome else 0)
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
 
     def pid(self) -> int:
         return os.getpid()
@@ -63,33 +86,24 @@ class TrainerActor:
     def train_rollout(self, samples, step: int, precomputed=None) -> dict:
         """``samples``: the train samples, or an object whose ``fetch()`` returns them (the fully-async
         loop's `StoredBatch`: the data comes from the storage units straight to every rank)."""
-        if self._peers:
-            shared = samples if hasattr(samples, "fetch") else ray.put(samples)
-            peers = self._on_peers("train_rollout", shared, step, precomputed)
-        else:
-            peers = []
-        if hasattr(samples, "fetch"):
-            samples = samples.fetch()
-        if precomputed is not None:  # columns from the fully-async services (relax/core/services.py)
-            metrics = self.backend.train_rollout(samples, step, precomputed)
-        else:
-            metrics = self.backend.train_rollout(samples, step)
-        if self.backend.device.type == "cuda":  # the last optimizer step's kernels count as training, not as the
-            torch.cuda.synchronize(self.backend.device)  # wait of the weight sync that reads the updated weights
-        ray.get(peers)
-        return metrics
+        shared = samples if hasattr(samples, "fetch") or not self._peers else ray.put(samples)
+
+        def local() -> dict:
+            data = samples.fetch() if hasattr(samples, "fetch") else samples
+            # precomputed: columns from the fully-async services (relax/core/services.py)
+            metrics = (self.backend.train_rollout(data, step) if precomputed is None
+                       else self.backend.train_rollout(data, step, precomputed))
+            if self.backend.device.type == "cuda":  # the last optimizer step's kernels count as training, not
+                torch.cuda.synchronize(self.backend.device)  # as the wait of the sync that reads the weights
+            return metrics
+
+        return self._with_peers("train_rollout", (shared, step, precomputed), local)
 
     def offload(self) -> dict[str, float]:
-        peers = self._on_peers("offload")
-        stats = self.backend.offload()
-        ray.get(peers)
-        return stats
+        return self._with_peers("offload", (), self.backend.offload)
 
     def onload(self) -> dict[str, float]:
-        peers = self._on_peers("onload")
-        stats = self.backend.onload()
-        ray.get(peers)
-        return stats
+        return self._with_peers("onload", (), self.backend.onload)
 
     def prepare_sync(self, bucket_bytes: int) -> tuple[int, str, int]:
         """Split the weights into buckets: (how many, `device_identity` of where they are now (an offloaded
@@ -135,9 +149,7 @@ class TrainerActor:
         self.backend.save(directory, save_optimizer=save_optimizer)
 
     def load(self, directory: str) -> None:
-        peers = self._on_peers("load", directory)
-        self.backend.load(directory)
-        ray.get(peers)
+        self._with_peers("load", (directory,), lambda: self.backend.load(directory))
 
     def save_hf(self, directory: str) -> None:
         self.backend.save_hf(directory)
