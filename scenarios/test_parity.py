@@ -16,6 +16,12 @@ def test_dp1_vs_dp2_cpu(scenario):
 
 
 @pytest.mark.gpu
+@pytest.mark.multi_gpu
+def test_dp1_vs_dp2_gpu(scenario):
+    scenario("parity-dp2-gpu").assert_ok()
+
+
+@pytest.mark.gpu
 def test_microbatch_1_vs_n_gpu(scenario):
     scenario("parity-microbatch-gpu").assert_ok()
 

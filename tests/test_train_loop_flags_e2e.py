@@ -56,8 +56,11 @@ def test_dynamic_batching_gives_the_same_trajectory(runs: dict[str, Path]) -> No
     for a, b in zip(fixed, dynamic, strict=True):
         for key in ("train/loss", "train/pg_loss", "train/entropy", "train/grad_norm", "train/ppo_kl",
                     "rollout/reward_mean"):
-            # fp32; 1e-6 relative for values above 1 (grad_norm ~2 after a few Adam steps of float drift)
-            assert abs(a[key] - b[key]) < 1e-6 * max(1.0, abs(a[key])), f"step {a['step']} {key}: fixed {a[key]} vs dynamic {b[key]}"
+            # fp32, 1e-6 relative for values above 1; the grad norm (an fp32 sum of squares over every gradient of
+            # a differently split accumulation) gets the parity scenarios' stated 1e-5: it moved by 1.2e-6 relative
+            # at step 0 on one 2-core CPU (the same with the code before data parallelism) and by less on another
+            tol = 1e-5 if key == "train/grad_norm" else 1e-6
+            assert abs(a[key] - b[key]) < tol * max(1.0, abs(a[key])), f"step {a['step']} {key}: fixed {a[key]} vs dynamic {b[key]}"
 
 
 def _trainer_checksums(run: Path) -> dict[int, dict[str, str]]:

@@ -44,8 +44,18 @@ class DataParallel:
         return micro_batches[self.rank::self.size]
 
     def sum_rows(self, tensor: torch.Tensor) -> torch.Tensor:
-        """All-reduce (sum) a per-row tensor that holds this rank's rows and zeros elsewhere, in place."""
-        if self.size > 1:
+        """All-reduce (sum) a per-row tensor that holds this rank's rows and zeros elsewhere, in place.
+
+        The log-prob and value columns live on the host; NCCL (GPU runs) reduces device tensors only,
+        so there they make a round trip through the GPU.
+        """
+        if self.size == 1:
+            return tensor
+        if tensor.device.type == "cpu" and dist.get_backend() == "nccl":
+            on_device = tensor.to(torch.device("cuda", torch.cuda.current_device()))
+            dist.all_reduce(on_device)
+            tensor.copy_(on_device)
+        else:
             dist.all_reduce(tensor)
         return tensor
 
