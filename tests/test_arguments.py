@@ -16,6 +16,7 @@ from relax.utils.arguments import ConfigError, args_to_dict, build_parser, forma
 from relax.utils.flag_table import FLAGS, FLAGS_BY_NAME, SUPPORTED, SUPPORTED_VALUES, MiB
 from relax.utils.flag_types import format_size
 from relax.utils.presets import PRESETS, get_preset
+from tests.e2e_helpers import pretend_gpu_machine
 
 SEED_TSV = Path(__file__).parent / "data" / "seed000_flags.tsv"  # extracted once from seed 000's tables
 DOCUMENTED_TYPES = {"int": "int", "float": "float", "str": "str", "flag": "flag", "json": "json", "bool": "bool",
@@ -129,6 +130,14 @@ def test_every_flag_parses_with_its_type(spec) -> None:
     assert vars(namespace).keys() == {spec.dest}, "absent flags must stay absent at the argparse layer"
 
 
+def test_data_parallel_trainer_ranks_are_torch_backend_only(monkeypatch) -> None:
+    dp2 = ["--resource", '{"actor": [2, 0]}']
+    assert parse_args([*BASE, *dp2]).resource == {"actor": [2, 0]}  # data-parallel torch trainer ranks
+    pretend_gpu_machine(monkeypatch)
+    with pytest.raises(ConfigError, match=r"not supported yet: --resource actor replicas > 1 .* --train-backend megatron"):
+        parse_args([*BASE, *dp2, "--train-backend", "megatron", "--device", "cuda"])
+
+
 def test_bad_values_name_the_flag() -> None:
     with pytest.raises(ConfigError, match=r"--rollout-batch-size: expected an integer, got 'two'"):
         parse_args([*BASE, "--rollout-batch-size", "two"])
@@ -136,10 +145,6 @@ def test_bad_values_name_the_flag() -> None:
         parse_args([*BASE, "--lr", "fast"])
     with pytest.raises(ConfigError, match=r"--resource: invalid JSON"):
         parse_args([*BASE, "--resource", "{nope"])
-    dp2 = ["--resource", '{"actor": [2, 0]}']
-    assert parse_args([*BASE, *dp2]).resource == {"actor": [2, 0]}  # data-parallel torch trainer ranks
-    with pytest.raises(ConfigError, match=r"not supported yet: --resource actor replicas > 1 .* --train-backend megatron"):
-        parse_args([*BASE, *dp2, "--train-backend", "megatron", "--device", "cuda"])
     with pytest.raises(ConfigError, match=r"--distributed-timeout-minutes must be >= 1"):
         parse_args([*BASE, "--distributed-timeout-minutes", "0"])
     with pytest.raises(ConfigError, match=r"--kl-loss-type: invalid choice: 'k9'"):
