@@ -72,7 +72,8 @@ class TrainerActor:
         while peers and "error" not in outcome:
             ready, peers = ray.wait(peers, num_returns=1, timeout=0.1)
             ray.get(ready)  # a failed or dead peer raises here
-        worker.join(None if "error" not in outcome else 0)
+        if "error" not in outcome:
+            worker.join()
         if "error" in outcome:
             raise outcome["error"]
         return outcome["value"]

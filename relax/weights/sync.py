@@ -101,26 +101,24 @@ def sync_weights(trainer, targets: list[tuple[int | str, object]], *, version: i
         receivers = [t for t, kind in zip(targets, kinds, strict=True) if kind == "broadcast"]
         (group or BroadcastGroup()).ensure(trainer, receivers, "nccl" if weights_at.startswith("cuda:") else "gloo")
     prepared = time.perf_counter()
-    buckets, pending, sums_refs, trainer_ref = [], [], [], None
+    buckets, pending, packed = [], [], []
     for i in range(num_buckets):
         ray.get(pending, timeout=timeout)  # every target has the previous bucket: the pool may be refilled
         refs = {kind: trainer.get_bucket.remote(i, kind) for kind in needed}
         sends = [trainer.broadcast_bucket.remote(i)] if "broadcast" in needed else []
         pending = [*(target.update_weights.remote(refs[kind], version)
                      for (_, target), kind in zip(targets, kinds, strict=True)), *sends]
+        packed = [*refs.values(), *sends]
         if keep_snapshot:
             buckets.append(refs["object-store"])
-        if i == num_buckets - 1:
-            # A target runs its calls in order, so its checksums, asked now, follow its last update without
-            # another round trip through the driver. The trainer is done with its buckets once the last one is
-            # packed and sent; its checksums then overlap the targets' last copy.
-            sums_refs = [target.checksums.remote() for _, target in targets]
-            ray.get([*refs.values(), *sends], timeout=timeout)
-            trainer_ref = trainer.finish_sync.remote()
+    # A target runs its calls in order, so its checksums, asked now, follow its last update without another
+    # round trip through the driver. The trainer is done with its buckets once the last one is packed and
+    # sent; its checksums then overlap the targets' last copy.
+    sums_refs = [target.checksums.remote() for _, target in targets]
+    ray.get(packed, timeout=timeout)
+    trainer_ref = trainer.finish_sync.remote()
     ray.get(pending, timeout=timeout)
     transferred = time.perf_counter()
-    if trainer_ref is None:  # nothing to send
-        sums_refs, trainer_ref = [target.checksums.remote() for _, target in targets], trainer.finish_sync.remote()
     engine_sums = ray.get(sums_refs, timeout=timeout)
     trainer_sums = ray.get(trainer_ref)
     elapsed = time.perf_counter() - start

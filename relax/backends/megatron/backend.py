@@ -61,7 +61,7 @@ class MegatronTrainBackend(TorchTrainBackend):
     def __init__(self, args: Namespace, device: str):
         self.args = args
         init_parallel_state(args.seed)
-        self.dp = DataParallel()  # one rank (trainer groups are torch-backend only: placement.py)
+        self.dp = DataParallel()  # one rank (trainer groups are torch-backend only: validation.py)
         self.device = torch.device("cuda", torch.cuda.current_device())
         torch.manual_seed(args.seed)
         hf_model = build_model(args.hf_checkpoint, dtype=torch.float32, seed=args.seed)
