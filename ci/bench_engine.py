@@ -47,7 +47,7 @@ def hf_generate(model, prompts: torch.Tensor, new: int) -> float:
 
 def engine_requests(prompts: torch.Tensor, new: int, seed0: int) -> list[dict]:
     return [{"input_ids": p.tolist(), "return_logprob": True,
-             "sampling_params": {"temperature": 1.0, "max_new_tokens": new, "seed": seed0 + i}}
+             "sampling_params": {"temperature": 1.0, "max_new_tokens": new, "sampling_seed": seed0 + i}}
             for i, p in enumerate(prompts)]
 
 

@@ -43,7 +43,7 @@ def make_engine(model, runner="hf", **kw) -> EmbeddedEngine:
 
 
 def req(ids, *, seed=None, temperature=1.0, max_new=12, **params):
-    sp = dict(temperature=temperature, max_new_tokens=max_new, seed=seed, **params)
+    sp = dict(temperature=temperature, max_new_tokens=max_new, sampling_seed=seed, **params)
     return {"input_ids": list(ids), "sampling_params": sp, "return_logprob": True}
 
 
@@ -139,6 +139,55 @@ def test_stop_strings_trim_text(model, runner) -> None:
     assert resp["output_ids"] == first["output_ids"][: at + 2]
 
 
+def test_matched_stop_token_is_trimmed_from_text_as_sglang_does(model, runner) -> None:
+    """SGLang's detokenizer drops the matched stop token from ``text`` (``output_ids`` keep it) unless
+    ``no_stop_trim``: a chat model's ``<|im_end|>`` must not reach an exact-match grader."""
+    engine = make_engine(model, runner, tokenizer=_CharTok())
+    first = engine.generate([req(PROMPTS[0], seed=7, max_new=20)])[0]
+    stop_tok = first["output_ids"][3]
+    cut = first["output_ids"].index(stop_tok) + 1
+    eos_engine = make_engine(model, runner, eos=[stop_tok], tokenizer=_CharTok())
+    trimmed = eos_engine.generate([req(PROMPTS[0], seed=7, max_new=20)])[0]
+    assert trimmed["output_ids"] == first["output_ids"][:cut]
+    assert trimmed["text"] == first["text"][:cut - 1]
+    kept = eos_engine.generate([req(PROMPTS[0], seed=7, max_new=20, no_stop_trim=True)])[0]
+    assert kept["text"] == first["text"][:cut]
+    by_id = engine.generate([req(PROMPTS[0], seed=7, max_new=20, stop_token_ids=[stop_tok])])[0]
+    assert by_id["text"] == trimmed["text"]
+    stop = first["text"][5:7]
+    untrimmed = engine.generate([req(PROMPTS[0], seed=7, max_new=20, stop=[stop], no_stop_trim=True)])[0]
+    assert untrimmed["text"] == first["text"][:len(untrimmed["output_ids"])] and stop in untrimmed["text"]
+
+
+def test_ignore_eos_and_length_before_stop(model, runner) -> None:
+    """``ignore_eos``: neither EOS nor stop_token_ids end a request. A stop token drawn as the last allowed
+    token finishes by length, SGLang's order (``Req.check_finished``)."""
+    engine = make_engine(model, runner)
+    first = engine.generate([req(PROMPTS[0], seed=7, max_new=20)])[0]["output_ids"]
+    stop_tok = first[3]
+    cut = first.index(stop_tok) + 1
+    eos_engine = make_engine(model, runner, eos=[stop_tok])
+    free = eos_engine.generate([req(PROMPTS[0], seed=7, max_new=20, ignore_eos=True, stop_token_ids=[stop_tok])])[0]
+    assert free["output_ids"] == first and free["meta_info"]["finish_reason"] == {"type": "length", "length": 20}
+    at_limit = eos_engine.generate([req(PROMPTS[0], seed=7, max_new=cut)])[0]
+    assert at_limit["output_ids"] == first[:cut]
+    assert at_limit["meta_info"]["finish_reason"] == {"type": "length", "length": cut}
+
+
+def test_response_fields_follow_sglang(model, runner) -> None:
+    """``weight_version`` is a string (SGLang's ``server_args.weight_version``); ``return_text_in_logprobs``
+    fills the third element of each ``[logprob, token_id, text]``."""
+    engine = make_engine(model, runner, tokenizer=_CharTok())
+    engine.weight_version = 3
+    plain, texts = engine.generate([req(PROMPTS[0], seed=5, max_new=6),
+                                    {**req(PROMPTS[0], seed=5, max_new=6), "return_text_in_logprobs": True}])
+    assert plain["meta_info"]["weight_version"] == "3"
+    assert [e[2] for e in plain["meta_info"]["output_token_logprobs"]] == [None] * 6
+    assert [e[2] for e in texts["meta_info"]["output_token_logprobs"]] == list(texts["text"])
+    assert [e[:2] for e in texts["meta_info"]["output_token_logprobs"]] == \
+        [e[:2] for e in plain["meta_info"]["output_token_logprobs"]]
+
+
 def test_context_limits(model, runner) -> None:
     engine = make_engine(model, runner, max_context_len=10)
     resp = engine.generate([req([1, 2, 3, 4, 5, 6], seed=1, max_new=50)])[0]
@@ -152,10 +201,16 @@ def test_context_limits(model, runner) -> None:
     ({"input_ids": [1, 500]}, r"\[0, 100\)"),
     ({"input_ids": [1], "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
     ({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": 2}, "logprob_start_len"),
-    ({"input_ids": [1], "sampling_params": {"temprature": 1.0}}, "unknown sampling_params"),
+    ({"input_ids": [1], "sampling_params": {"temprature": 1.0}}, "sampling_params: unknown field.*temprature"),
+    ({"input_ids": [1], "sampling_params": {"seed": 1}}, "seed .SGLang names it sampling_seed"),
+    ({"input_ids": [1], "sampling_params": {"n": 2}}, "n=2 is not implemented"),
+    ({"input_ids": [1], "sampling_params": {"repetition_penalty": 1.1}}, "repetition_penalty=1.1 is not implemented"),
+    ({"input_ids": [1], "stream": True}, "stream=True is not implemented"),
+    ({"input_ids": [1], "top_logprobs_num": 2}, "top_logprobs_num=2 is not implemented"),
+    ({"input_ids": [1], "lora_path": "x"}, "lora_path='x' is not implemented"),
     ({"input_ids": [1], "sampling_params": {"top_p": 0}}, "top_p"),
     ({"input_ids": [1], "sampling_params": {"temperature": "hot"}}, "temperature"),
-    ({"input_ids": [1], "bogus": 1}, "unknown request field"),
+    ({"input_ids": [1], "bogus": 1}, "generate: unknown field.*bogus"),
     ({"input_ids": [1], "sampling_params": {"stop": ["x"]}}, "tokenizer"),
 ])
 def test_bad_requests_raise_value_error(model, bad, match) -> None:
@@ -216,7 +271,7 @@ def test_update_weights_and_checksums(runner) -> None:
     with pytest.raises(ValueError, match="shape"):
         engine.update_weights_from_tensors({"lm_head.weight": torch.zeros(3)})
     resp = engine.generate([req([1, 2], seed=0, max_new=2)])[0]
-    assert resp["meta_info"]["weight_version"] == 7
+    assert resp["meta_info"]["weight_version"] == "7"
 
 
 def test_tensor_checksum_format() -> None:
@@ -228,8 +283,8 @@ def test_tensor_checksum_format() -> None:
 
 
 def test_sampling_params_defaults() -> None:
-    p = SamplingParams.from_dict({"stop": "x", "top_k": -1, "seed": None})
-    assert p.stop == ("x",) and p.seed is None and p.top_k == -1
+    p = SamplingParams.from_dict({"stop": "x", "top_k": -1, "sampling_seed": None})
+    assert p.stop == ("x",) and p.sampling_seed is None and p.top_k == -1
 
 
 def test_sampler_distribution_and_filters() -> None:

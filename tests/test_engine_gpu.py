@@ -32,7 +32,7 @@ def _model(dtype=torch.float32):
 def _requests(n, new=24, temperature=1.0, **params):
     gen = torch.Generator().manual_seed(1)
     return [{"input_ids": torch.randint(3, 512, (5 + 7 * i % 40,), generator=gen).tolist(), "return_logprob": True,
-             "sampling_params": {"temperature": temperature, "max_new_tokens": new, "seed": 100 + i, **params}}
+             "sampling_params": {"temperature": temperature, "max_new_tokens": new, "sampling_seed": 100 + i, **params}}
             for i in range(n)]
 
 

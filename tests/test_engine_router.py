@@ -24,7 +24,7 @@ def run(coro):
 
 def gen(ids, *, seed, max_new=24):
     return {"input_ids": list(ids), "return_logprob": True,
-            "sampling_params": {"max_new_tokens": max_new, "temperature": 1.0, "seed": seed}}
+            "sampling_params": {"max_new_tokens": max_new, "temperature": 1.0, "sampling_seed": seed}}
 
 
 @pytest.fixture(scope="module")

@@ -82,4 +82,4 @@ def test_exclusive_runs_between_steps(sched) -> None:
         time.sleep(0.1)
         assert (len(engine.running[0].output_ids) if engine.running else None) == n
         engine.update_weights_from_tensors({}, version=5)
-    assert fut.result(timeout=30)["meta_info"]["weight_version"] == 5
+    assert fut.result(timeout=30)["meta_info"]["weight_version"] == "5"

@@ -25,7 +25,7 @@ async def generate(args, sample: Sample, sampling_params: dict) -> Sample:
     prompt_len = len(sample.tokens)
     tokens, loss_mask, log_probs, answers = list(sample.tokens), [], [], []
     for turn in range(TURNS):
-        params = dict(sampling_params, seed=sampling_params["seed"] + turn)
+        params = dict(sampling_params, sampling_seed=sampling_params["sampling_seed"] + turn)
         out = await post(url, {"input_ids": tokens, "sampling_params": params, "return_logprob": True})
         ids = out["output_ids"]
         tokens += ids

@@ -31,12 +31,13 @@ from relax.backends.embedded.lean_runner import LeanRunner
 from relax.backends.embedded.rows import Fetch, RowState
 from relax.backends.embedded.runners import HFRunner, StaticRunner
 from relax.backends.embedded.sampling import SamplingParams
+from relax.engine.protocol import GENERATE_REQ, check_fields, weight_version_str
 from relax.weights.checksum import state_checksums
 
-# Top-level /generate fields we accept; the second set is SGLang's and ignored (defaults apply).
-_REQUEST_FIELDS = frozenset({"input_ids", "text", "sampling_params", "return_logprob", "logprob_start_len", "rid"})
-_IGNORED_REQUEST_FIELDS = frozenset({"top_logprobs_num", "return_text_in_logprobs",
-                                     "stream", "lora_path", "custom_logit_processor", "token_ids_logprob"})
+# The top-level /generate fields this engine implements (relax.engine.protocol.GENERATE_REQ has all of SGLang's);
+# the others are accepted only at SGLang's default. log_metrics: no per-request metrics are logged either way.
+IMPLEMENTED_REQUEST_FIELDS = frozenset({"input_ids", "text", "sampling_params", "return_logprob", "logprob_start_len",
+                                        "rid", "return_text_in_logprobs", "log_metrics", "top_logprobs_num"})
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Request:
     max_new: int
     return_logprob: bool
     logprob_start_len: int = -1  # >= 0: also return prompt log-probs from this position (SGLang's field)
+    logprob_text: bool = False  # return_text_in_logprobs: each log-prob entry carries its token's text
     input_logprobs: list[float | None] | None = None
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -125,11 +127,10 @@ class EmbeddedEngine:
         """Validate one SGLang-shaped request dict; raises ``ValueError`` with a one-line message."""
         if not isinstance(req, dict):
             raise ValueError(f"a request must be an object, got {type(req).__name__}")
-        unknown = sorted(set(req) - _REQUEST_FIELDS - _IGNORED_REQUEST_FIELDS)
-        if unknown:
-            raise ValueError(f"unknown request field(s): {', '.join(unknown)}")
-        if req.get("stream"):
-            raise ValueError("stream=true is not supported by the embedded engine")
+        check_fields(req, GENERATE_REQ, IMPLEMENTED_REQUEST_FIELDS, "generate")
+        if req.get("top_logprobs_num") not in (None, 0):  # SGLang's None means 0: no top log-probs
+            raise ValueError(f"generate: top_logprobs_num={req['top_logprobs_num']!r} is not implemented by this "
+                             "engine (only 0)")
         input_ids = self._input_ids(req)
         params = SamplingParams.from_dict(req.get("sampling_params"))
         if params.stop and self.tokenizer is None:
@@ -137,7 +138,7 @@ class EmbeddedEngine:
         if len(input_ids) >= self.max_context_len:
             raise ValueError(f"prompt of {len(input_ids)} tokens does not fit the context length "
                              f"{self.max_context_len}")
-        seed = params.seed if params.seed is not None else next(self._seed_counter)
+        seed = params.sampling_seed if params.sampling_seed is not None else next(self._seed_counter)
         max_new = min(params.max_new_tokens, self.max_context_len - len(input_ids))
         rid = req.get("rid")
         rid = str(rid) if rid is not None else f"req-{next(self._rid_counter)}"
@@ -146,7 +147,8 @@ class EmbeddedEngine:
         if params.max_new_tokens == 0 and start < 0:
             raise ValueError("sampling_params.max_new_tokens must be > 0 (0 only scores the prompt: "
                              "return_logprob with logprob_start_len >= 0)")
-        return Request(rid, input_ids, params, int(seed) & ((1 << 63) - 1), max_new, return_logprob, start)
+        return Request(rid, input_ids, params, int(seed) & ((1 << 63) - 1), max_new, return_logprob, start,
+                       logprob_text=bool(req.get("return_text_in_logprobs", False)))
 
     def _input_ids(self, req: dict[str, Any]) -> list[int]:
         ids = req.get("input_ids")
@@ -190,16 +192,21 @@ class EmbeddedEngine:
             "prompt_tokens": len(r.input_ids),
             "completion_tokens": len(r.output_ids),
             "cached_tokens": 0,
-            "weight_version": self._weight_version,
+            "weight_version": weight_version_str(self._weight_version),  # a string, as SGLang's
             "e2e_latency": time.monotonic() - r.created,
         }
         if r.return_logprob:
-            meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(r.logprobs, r.output_ids,
-                                                                                 strict=True)]
+            meta["output_token_logprobs"] = self._logprob_entries(r.logprobs, r.output_ids, r.logprob_text)
         if r.input_logprobs is not None:
             tail = r.input_ids[r.logprob_start_len:]
-            meta["input_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(r.input_logprobs, tail, strict=True)]
+            meta["input_token_logprobs"] = self._logprob_entries(r.input_logprobs, tail, r.logprob_text)
         return {"text": r.text, "output_ids": list(r.output_ids), "meta_info": meta}
+
+    def _logprob_entries(self, logprobs: list, ids: list[int], with_text: bool) -> list[list]:
+        """SGLang's ``[logprob, token_id, text]`` triples; text only with ``return_text_in_logprobs``."""
+        texts = ([self._decode([t], False) for t in ids] if with_text and self.tokenizer is not None
+                 else [None] * len(ids))
+        return [[lp, tok, text] for lp, tok, text in zip(logprobs, ids, texts, strict=True)]
 
     def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
         if self.tokenizer is None:
@@ -311,8 +318,16 @@ class EmbeddedEngine:
         self.reqs = [self.reqs[i] for i in order]
 
     def _check_finish(self, r: Request, token: int) -> None:
-        if token in self.eos_token_ids or token in r.params.stop_token_ids:
+        """SGLang's order (``Req.check_finished``): the length limit first, then EOS / stop token ids (unless
+        ``ignore_eos``), then stop strings. ``text`` drops the matched stop token or string unless
+        ``no_stop_trim`` (SGLang's detokenizer ``trim_matched_stop``); ``output_ids`` keep every token."""
+        if len(r.output_ids) >= r.max_new:
+            r.finish = {"type": "length", "length": len(r.output_ids)}
+            return
+        if not r.params.ignore_eos and (token in self.eos_token_ids or token in r.params.stop_token_ids):
             r.finish = {"type": "stop", "matched": token}
+            if not r.params.no_stop_trim:
+                r.text = self._decode(r.output_ids[:-1], r.params.skip_special_tokens)
             return
         if r.params.stop:
             text = self._decode(r.output_ids, r.params.skip_special_tokens)
@@ -320,10 +335,7 @@ class EmbeddedEngine:
             if hits:
                 at, stop = min(hits)
                 r.finish = {"type": "stop", "matched": stop}
-                r.text = text[:at]
-                return
-        if len(r.output_ids) >= r.max_new:
-            r.finish = {"type": "length", "length": len(r.output_ids)}
+                r.text = text if r.params.no_stop_trim else text[:at]
 
     # ------------------------------------------------------------------ weights
     def _bump_version(self, version: int | str | None) -> None:

@@ -20,6 +20,10 @@ from typing import Any
 
 import torch
 
+from relax.engine.protocol import SAMPLING_PARAMS, check_fields
+
+# The SGLang sampling_params fields this engine implements (relax.engine.protocol.SAMPLING_PARAMS has all of
+# them); any other field is accepted only at SGLang's default, and answers 400 naming it otherwise.
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "temperature": (int, float),
     "top_p": (int, float),
@@ -27,13 +31,13 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "max_new_tokens": (int,),
     "stop": (str, list, tuple),
     "stop_token_ids": (list, tuple),
-    "seed": (int,),
+    "sampling_seed": (int,),
     "skip_special_tokens": (bool,),
+    "no_stop_trim": (bool,),
+    "ignore_eos": (bool,),
 }
-# Accepted for SGLang compatibility and ignored (their defaults are what we do anyway).
-_IGNORED_FIELDS = frozenset({"n", "min_new_tokens", "ignore_eos", "spaces_between_special_tokens",
-                             "no_stop_trim", "frequency_penalty", "presence_penalty", "repetition_penalty",
-                             "min_p", "sampling_seed"})
+IMPLEMENTED = frozenset(_FIELD_TYPES)
+_RENAMED = {"seed": "sampling_seed"}  # names other APIs use for SGLang's fields
 
 
 @dataclass(frozen=True)
@@ -44,8 +48,10 @@ class SamplingParams:
     max_new_tokens: int = 128
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
-    seed: int | None = None
+    sampling_seed: int | None = None
     skip_special_tokens: bool = True
+    no_stop_trim: bool = False  # keep the matched stop string / token in ``text`` (SGLang trims it)
+    ignore_eos: bool = False  # neither EOS nor stop_token_ids end the request (SGLang's semantics)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> SamplingParams:
@@ -54,11 +60,10 @@ class SamplingParams:
             d = {}
         if not isinstance(d, dict):
             raise ValueError(f"sampling_params must be an object, got {type(d).__name__}")
-        unknown = sorted(set(d) - set(_FIELD_TYPES) - _IGNORED_FIELDS)
-        if unknown:
-            raise ValueError(f"unknown sampling_params field(s): {', '.join(unknown)}")
-        if "sampling_seed" in d and d.get("seed") is None:  # newer SGLang name
-            d = dict(d, seed=d["sampling_seed"])
+        renamed = [f"{k} (SGLang names it {_RENAMED[k]})" for k in d if k in _RENAMED]
+        if renamed:
+            raise ValueError(f"sampling_params: unknown field(s): {', '.join(renamed)}")
+        check_fields(d, SAMPLING_PARAMS, IMPLEMENTED, "sampling_params")
         clean: dict[str, Any] = {}
         for key, types in _FIELD_TYPES.items():
             value = d.get(key)

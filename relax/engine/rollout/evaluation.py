@@ -88,7 +88,7 @@ async def _evaluate_set(args: Namespace, step: int, set_index: int, eval_set: Ev
     samples = [copy.deepcopy(p) for p in eval_set.prompts for _ in range(n)]
     params = eval_sampling_params(args)
     requests = [{"input_ids": list(s.tokens), "return_logprob": True,
-                 "sampling_params": dict(params, seed=sample_seed(args.rollout_seed + EVAL_SEED_OFFSET + set_index,
+                 "sampling_params": dict(params, sampling_seed=sample_seed(args.rollout_seed + EVAL_SEED_OFFSET + set_index,
                                                                   step, i))}
                 for i, s in enumerate(samples)]
     responses = await GenerateState(args).pool.generate_batch(requests, n)

@@ -113,7 +113,8 @@ class PartialRollout:
         if sample.status in FINISHED or (self.aborting and not protected(self.args, sample)):
             return  # finished before it was recycled, or drawn too late to start
         rid = f"relax-{self.rollout_id}-{sample.index}"
-        params = dict(self.state.sampling_params, seed=sample_seed(self.args.rollout_seed, self.rollout_id, sample.index))
+        params = dict(self.state.sampling_params,
+                      sampling_seed=sample_seed(self.args.rollout_seed, self.rollout_id, sample.index))
         self.inflight[rid] = (client, sample)
         try:
             response = await client.generate(resume_request(sample, params, rid))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from argparse import Namespace
 from typing import Any
 
+from relax.engine.protocol import parse_weight_version
 from relax.engine.rollout.sglang_rollout import FINISH_STATUS
 from relax.utils.types import Sample
 
@@ -34,7 +35,7 @@ def append_response(sample: Sample, response: dict[str, Any]) -> Sample:
     """Append one SGLang-shaped /generate answer (a segment) to ``sample``'s response."""
     meta = response["meta_info"]
     new = list(response["output_ids"])
-    version = meta.get("weight_version")
+    version = parse_weight_version(meta.get("weight_version"))
     before = sample.response_length
     sample.loss_mask = list(sample.effective_loss_mask()) + [1] * len(new)
     sample.token_weight_versions = list(sample.token_weight_versions or [sample.weight_version] * before) \

@@ -16,6 +16,7 @@ import copy
 from argparse import Namespace
 from typing import Any
 
+from relax.engine.protocol import parse_weight_version
 from relax.utils.fault_hooks import fault_at
 from relax.utils.types import Sample
 
@@ -105,7 +106,7 @@ def apply_response(sample: Sample, response: dict[str, Any]) -> Sample:
     sample.rollout_log_probs = [float(item[0]) for item in meta.get("output_token_logprobs", [])]
     sample.loss_mask = [1] * len(output_ids)
     sample.status = FINISH_STATUS[meta["finish_reason"]["type"]]
-    sample.weight_version = meta.get("weight_version")
+    sample.weight_version = parse_weight_version(meta.get("weight_version"))
     sample.token_weight_versions = [sample.weight_version] * len(output_ids)
     return sample
 
@@ -195,7 +196,7 @@ async def _custom_generate(args: Namespace, rollout_id: int, state: GenerateStat
     fn = load_function(args.custom_generate_function_path, flag="--custom-generate-function-path",
                        signature=GENERATE_SIGNATURE, min_args=3)
     results = await asyncio.gather(*(
-        fn(args, s, dict(state.sampling_params, seed=sample_seed(args.rollout_seed, rollout_id, s.index)))
+        fn(args, s, dict(state.sampling_params, sampling_seed=sample_seed(args.rollout_seed, rollout_id, s.index)))
         for s in flat
     ))
     for s, out in zip(flat, results, strict=True):
@@ -203,6 +204,8 @@ async def _custom_generate(args: Namespace, rollout_id: int, state: GenerateStat
             raise TypeError(f"--custom-generate-function-path returned {type(out).__name__}; expected {GENERATE_SIGNATURE}")
         if isinstance(out, Sample) and out is not s:
             s.__dict__.update(out.__dict__)
+        if isinstance(s.weight_version, str):  # copied from an engine's meta_info, where SGLang reports a string
+            s.weight_version = parse_weight_version(s.weight_version)
         if s.loss_mask is not None and len(s.loss_mask) != s.response_length:
             raise ValueError(f"custom generate: sample {s.index} has {len(s.loss_mask)} loss-mask entries for "
                              f"{s.response_length} response tokens")
@@ -211,7 +214,7 @@ async def _custom_generate(args: Namespace, rollout_id: int, state: GenerateStat
 async def _batch_generate(args: Namespace, rollout_id: int, state: GenerateState, flat: list[Sample]) -> None:
     requests = []
     for s in flat:
-        params = dict(state.sampling_params, seed=sample_seed(args.rollout_seed, rollout_id, s.index))
+        params = dict(state.sampling_params, sampling_seed=sample_seed(args.rollout_seed, rollout_id, s.index))
         requests.append({"input_ids": list(s.tokens), "sampling_params": params, "return_logprob": True})
     responses = await state.pool.generate_batch(requests, args.n_samples_per_prompt)
     for s, resp in zip(flat, responses, strict=True):
