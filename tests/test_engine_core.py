@@ -174,6 +174,22 @@ def test_ignore_eos_and_length_before_stop(model, runner) -> None:
     assert at_limit["meta_info"]["finish_reason"] == {"type": "length", "length": cut}
 
 
+def test_seeded_randomness_follows_the_token_position(model, runner) -> None:
+    """SGLang hashes ``sampling_seed`` with the token's position: a request resumed from its partial tokens
+    continues the straight run's tokens, and a second turn that reuses the seed draws new numbers."""
+    engine = make_engine(model, runner)
+    straight = engine.generate([req(PROMPTS[0], seed=11, max_new=16)])[0]["output_ids"]
+    head = engine.generate([req(PROMPTS[0], seed=11, max_new=6)])[0]["output_ids"]
+    tail = engine.generate([req(list(PROMPTS[0]) + head, seed=11, max_new=10)])[0]["output_ids"]
+    assert head + tail == straight
+    # a multi-turn recipe reusing one seed: each turn's first token indexes the stream at its own position
+    turn2 = list(PROMPTS[0]) + head + [1, 2]
+    engine.add_request(req(turn2, seed=11, max_new=4))
+    engine.step()
+    # one step: the prefill sampled position len(turn2), the first decode step the next one
+    assert engine.state.counter[0].item() == len(turn2) + 2
+
+
 def test_response_fields_follow_sglang(model, runner) -> None:
     """``weight_version`` is a string (SGLang's ``server_args.weight_version``); ``return_text_in_logprobs``
     fills the third element of each ``[logprob, token_id, text]``."""

@@ -286,7 +286,7 @@ class EmbeddedEngine:
     def _prefill(self, reqs: list[Request]) -> list[Request]:
         logits = self.runner.prefill([r.input_ids for r in reqs])
         rows = self.state.append([r.params for r in reqs], [r.seed for r in reqs],
-                                 [len(r.output_ids) for r in reqs], [len(r.input_ids) for r in reqs])
+                                 [len(r.input_ids) + len(r.output_ids) for r in reqs], [len(r.input_ids) for r in reqs])
         self.state.sample(logits, rows)
         self.reqs += reqs
         fetch = self.state.fetch(rows)

@@ -23,7 +23,7 @@ class RowState:
         zeros = lambda dtype: torch.zeros(slots, dtype=dtype, device=device)  # noqa: E731
         self.tokens = zeros(torch.long)      # pending token: sampled, not yet in the KV cache
         self.positions = zeros(torch.long)   # tokens already in the KV cache
-        self.counter = zeros(torch.long)     # generated tokens so far (index into the random stream)
+        self.counter = zeros(torch.long)     # the sampled token's position in the sequence (random-stream index)
         self.seed = zeros(torch.long)
         self.temperature = zeros(torch.float32)
         self.top_p = zeros(torch.float32)

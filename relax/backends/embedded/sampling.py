@@ -4,9 +4,12 @@ Log-prob convention (shared with the trainer): ``log_softmax(logits / temperatur
 chosen token in fp32, *before* top-p/top-k filtering; temperature 0 is greedy and reports the
 raw ``log_softmax(logits)``.
 
-Determinism: the random number for a request's ``i``-th generated token is a counter-based hash
-of ``(seed, i)`` computed with integer tensor ops (`counter_uniform`), so it needs no per-request
-generator object, runs inside a captured CUDA graph and gives the same numbers on CPU and GPU.
+Determinism: the random number for the token a request samples at sequence position ``i`` is a
+counter-based hash of ``(seed, i)`` computed with integer tensor ops (`counter_uniform`), so it needs
+no per-request generator object, runs inside a captured CUDA graph and gives the same numbers on CPU
+and GPU. Hashing the position, not the response index, is SGLang's ``sampling_seed`` semantics (its
+seeded sampler hashes seed and position): the turns of a multi-turn rollout that reuse one seed draw
+different numbers, and a request resumed from its partial tokens continues the same stream.
 The token is the inverse-CDF pick of that number over the request's filtered distribution in
 vocabulary order; every row is computed from its own logits and parameters only, so the same
 seed and request give the same tokens whatever else shares the batch.
