@@ -128,7 +128,7 @@ def test_engine_kwargs_size_the_kv_cache_for_one_rollout_step(monkeypatch) -> No
 
 @pytest.mark.parametrize(("runner", "cls"), [("auto", "HFRunner"), ("static", "StaticRunner"), ("lean", "LeanRunner")])
 def test_engine_actor_builds_the_chosen_runner_on_cpu(runner: str, cls: str) -> None:
-    from relax.distributed.actors import build_engine
+    from relax.distributed.engine_actor import build_engine
 
     engine = build_engine(parse_args([*BASE, "--embedded-runner", runner]), "cpu")
     assert type(engine.runner).__name__ == cls

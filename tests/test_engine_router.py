@@ -81,7 +81,7 @@ def test_broadcast_and_weight_version(cluster) -> None:
 
 
 def test_http_engine_pool_keeps_order(cluster) -> None:
-    from relax.engine.rollout.engine_client import HttpEnginePool
+    from relax.engine.rollout.engine_pool import HttpEnginePool
 
     router, (a, _) = cluster
     reqs = [gen([9, i], seed=i, max_new=6) for i in range(8)]

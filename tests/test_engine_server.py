@@ -10,14 +10,12 @@ import pytest
 import torch
 
 from relax.backends.embedded.launch import EngineProcess
-from relax.engine.rollout.engine_client import (
-    DistributedWeightSender,
-    EngineClient,
-    EngineError,
-    EngineHTTPError,
-)
+from relax.engine.rollout.engine_client import EngineClient, EngineError, EngineHTTPError
 from relax.utils.http_utils import close_session, post
 from relax.weights.checksum import state_checksums
+from relax.weights.devices import device_identity
+from relax.weights.push import WeightPusher
+from relax.weights.transports import SyncTarget
 
 torch.set_num_threads(1)
 SEED = 1234
@@ -57,11 +55,23 @@ def client(engine) -> EngineClient:
     return EngineClient(engine.url, timeout=60)
 
 
+def push(url: str, state: dict, version: int, transport: str = "tensor"):
+    """A sync as the trainer runs it (`WeightPusher`): ``tensor`` shares host memory with the engine process
+    (SGLang's serialized_named_tensors, flattened_bucket), ``distributed`` broadcasts over gloo."""
+    pusher = WeightPusher(timeout_s=60)
+    try:
+        buckets = [list(state.items())[:3], list(state.items())[3:]]  # two buckets: the version flips with the last
+        return pusher.push(buckets, [SyncTarget("engine:0", url, device_identity("cpu"))], version,
+                           requested=transport, weights_device=torch.device("cpu"))
+    finally:
+        pusher.close()
+
+
 @pytest.fixture
 def reset_weights(engine):
     """Tests that change weights put the seed-SEED weights back afterwards."""
     yield
-    run(EngineClient(engine.url).update_weights_from_tensor(tiny(SEED).state_dict()))
+    push(engine.url, tiny(SEED).state_dict(), 0)
 
 
 def gen(ids, *, seed=None, max_new=16, temperature=1.0, **kw):
@@ -109,9 +119,9 @@ def test_same_seed_same_output_under_concurrency(client) -> None:
 
 def test_concurrent_requests_share_decode_steps(client) -> None:
     async def go():
-        before = (await client.server_info())["steps"]
+        before = (await client.server_info())["relax_engine"]["steps"]
         await asyncio.gather(*(client.generate(gen([3 + i], seed=i, max_new=40)) for i in range(8)))
-        return (await client.server_info())["steps"] - before
+        return (await client.server_info())["relax_engine"]["steps"] - before
 
     steps = run(go())
     assert steps < 8 * 40 / 2  # sequential would take 320 steps
@@ -124,12 +134,12 @@ def test_abort_returns_partial_and_resume_continues(client) -> None:
         task = asyncio.create_task(client.generate(gen(prompt, temperature=0.0, max_new=total, rid="long")))
         for _ in range(200):
             await asyncio.sleep(0.02)
-            if (await client.server_info())["running"]:
+            if (await client.server_info())["relax_engine"]["running"]:
                 break
         await asyncio.sleep(0.05)
         await client.pause_generation(mode="in_place")  # hold it mid-flight, then abort it
-        assert (await client.server_info())["running"] == 1
-        assert (await client.abort_request("long"))["num_aborted"] == 1
+        assert (await client.server_info())["relax_engine"]["running"] == 1
+        assert await client.abort_request("long") is None  # SGLang answers an empty 200
         await client.continue_generation()
         partial = await task
         n = len(partial["output_ids"])
@@ -164,7 +174,7 @@ def test_pause_abort_mode_aborts_running(client) -> None:
         task = asyncio.create_task(client.generate(gen([4, 5], temperature=0.0, max_new=480)))
         for _ in range(200):
             await asyncio.sleep(0.02)
-            if (await client.server_info())["running"]:
+            if (await client.server_info())["relax_engine"]["running"]:
                 break
         await client.pause_generation()
         resp = await task
@@ -177,50 +187,60 @@ def test_pause_abort_mode_aborts_running(client) -> None:
     assert after["meta_info"]["finish_reason"]["type"] in ("length", "stop")
 
 
-@pytest.mark.parametrize("via", ["serialized", "shm"])
-def test_update_weights_from_tensor(client, reset_weights, via) -> None:
-    src = tiny(seed=99)
-
-    async def go():
-        v0 = await client.get_weight_version()
-        res = await client.update_weights_from_tensor(list(src.state_dict().items()), via=via)
-        return v0, res, await client.checksums(), await client.generate(gen([1, 2], seed=0, max_new=2))
-
-    v0, res, sums, resp = run(go())
-    assert res["success"] and res["weight_version"] == v0 + 1
-    assert sums == state_checksums(src.state_dict().items())
-    assert resp["meta_info"]["weight_version"] == str(v0 + 1)
+@pytest.mark.parametrize("transport", ["tensor", "distributed"])
+def test_weight_sync_transports_update_every_tensor_and_flip_the_version_last(engine, client, reset_weights,
+                                                                           transport) -> None:
+    """Both transports end to end against a separate engine process: ``tensor`` hands the engine named
+    shared-memory segments through SGLang's serialized_named_tensors, ``distributed`` a gloo broadcast."""
+    src = tiny(seed=99).state_dict()
+    report = push(engine.url, src, 5, transport)
+    expected = state_checksums(src.items())
+    assert report.transports == {transport: ["engine:0"]} and report.buckets == 2
+    assert report.trainer_checksums == expected == report.target_checksums["engine:0"]
+    assert run(client.checksums()) == expected and run(client.weight_version()) == 5
+    assert run(client.generate(gen([1, 2], seed=0, max_new=2)))["meta_info"]["weight_version"] == "5"
 
 
 def test_update_weights_from_disk(client, reset_weights, tmp_path) -> None:
     src = tiny(seed=98)
     src.save_pretrained(tmp_path, safe_serialization=True)
-    res = run(client.update_weights_from_disk(tmp_path, version=41))
-    assert res["weight_version"] == 41
+    res = run(client.update_weights_from_disk(tmp_path, weight_version=41))
+    assert res["success"] and run(client.weight_version()) == 41
     assert run(client.checksums()) == state_checksums(src.state_dict().items())
     with pytest.raises(EngineHTTPError, match="no \\*.safetensors"):
         run(client.update_weights_from_disk(tmp_path / "missing"))
 
 
-def test_update_weights_from_distributed(client, reset_weights) -> None:
-    src = tiny(seed=97)
+def test_update_weights_from_distributed_one_broadcast_per_tensor(client, reset_weights) -> None:
+    """SGLang's load_format None: one broadcast per named tensor, in order (what other senders do)."""
+    from relax.weights.update_group import WeightUpdateGroup
+
+    src = tiny(seed=97).state_dict()
+    port = free_port()
 
     async def go():
-        sender = await DistributedWeightSender.connect([client], "127.0.0.1", free_port(), backend="gloo")
+        own = asyncio.to_thread(WeightUpdateGroup, "127.0.0.1", port, 0, 2, group_name="g", backend="gloo",
+                                timeout_s=60)
+        group, joined = await asyncio.gather(own, client.init_weights_update_group("127.0.0.1", port, 1, 2,
+                                                                                 group_name="g", backend="gloo"))
         try:
-            res = await sender.send(src.state_dict().items(), version=7)
-            res2 = await sender.send(tiny(SEED).state_dict().items(), version=8)
+            names = list(src)
+            post_ = client.update_weights_from_distributed(names, [str(src[n].dtype).removeprefix("torch.")
+                                                                   for n in names],
+                                                           [list(src[n].shape) for n in names], group_name="g",
+                                                           weight_version=7)
+            answer, _ = await asyncio.gather(post_, asyncio.to_thread(group.broadcast, [src[n] for n in names]))
+            destroyed = await client.destroy_weights_update_group("g")
         finally:
-            sender.close()
-            await client.destroy_weights_update_group()
-        return res, res2, await client.get_weight_version(), await client.checksums()
+            group.close()
+        return joined, answer, destroyed, await client.weight_version(), await client.checksums()
 
-    res, res2, version, sums = run(go())
-    assert res[0]["weight_version"] == 7 and res2[0]["weight_version"] == 8 == version
-    assert sums == state_checksums(tiny(SEED).state_dict().items())
+    joined, answer, destroyed, version, sums = run(go())
+    assert joined["success"] and answer["success"] and destroyed["success"]
+    assert version == 7 and sums == state_checksums(src.items())
 
 
-def test_weights_checker_reset_then_sync(client, reset_weights) -> None:
+def test_weights_checker_reset_then_sync(engine, client, reset_weights) -> None:
     trainer = tiny(SEED).state_dict()
     expected = state_checksums(trainer.items())
 
@@ -228,16 +248,16 @@ def test_weights_checker_reset_then_sync(client, reset_weights) -> None:
         snap = await client.weights_checker("snapshot")
         await client.weights_checker("reset_tensors")
         after_reset = await client.checksums()
-        changed = await client.weights_checker("compare")
-        await client.update_weights_from_tensor(trainer)
-        return snap, after_reset, changed, await client.checksums(), await client.weights_checker("compare")
+        with pytest.raises(EngineHTTPError, match="tensors differ from the snapshot") as changed:
+            await client.weights_checker("compare")
+        return snap, after_reset, changed.value
 
-    snap, after_reset, changed, after_sync, same = run(go())
-    assert snap["num_tensors"] == len(expected)
+    snap, after_reset, changed = run(go())
+    assert snap["success"] and changed.status == 400
     assert all(after_reset[k] != expected[k] for k in expected)
-    assert not changed["equal"] and set(changed["mismatched"]) == set(expected)
-    assert after_sync == expected and same["equal"]
-    with pytest.raises(EngineHTTPError, match="unknown weights_checker action"):
+    push(engine.url, trainer, 0)
+    assert run(client.checksums()) == expected and run(client.weights_checker("compare"))["success"]
+    with pytest.raises(EngineHTTPError, match="unsupported action 'explode'"):
         run(client.weights_checker("explode"))
 
 
@@ -285,16 +305,32 @@ def test_bad_control_bodies(client) -> None:
         run(client._post("/abort_request", {}))
     with pytest.raises(EngineHTTPError, match="unknown field"):
         run(client._post("/pause_generation", {"mood": "x"}))
-    with pytest.raises(EngineHTTPError, match="unknown weight"):
-        run(client.update_weights_from_tensor({"model.nope": torch.zeros(2)}))
+    with pytest.raises(EngineHTTPError, match="not base64"):
+        run(client.update_weights_from_tensor(["%%%"]))
+    with pytest.raises(EngineHTTPError, match="refers to posix.system"):
+        run(client.update_weights_from_tensor([__import__("base64").b64encode(
+            __import__("pickle").dumps(__import__("os").system)).decode()]))
     with pytest.raises(EngineHTTPError, match="init_weights_update_group first"):
         run(client.update_weights_from_distributed(["lm_head.weight"], ["float32"], [[2]]))
+    with pytest.raises(EngineHTTPError, match="disable_draft_model=True is not implemented"):
+        run(client._post("/update_weights_from_tensor", {"serialized_named_tensors": ["x"],
+                                                         "disable_draft_model": True}))
+    with pytest.raises(EngineHTTPError, match="weight_version must be a string"):
+        run(client._post("/update_weights_from_disk", {"model_path": "x", "weight_version": 3}))
+    with pytest.raises(EngineHTTPError, match="unknown memory tag"):
+        run(client.release_memory_occupation(["gpu"]))
+    with pytest.raises(EngineHTTPError, match="retract' is not implemented"):
+        run(client.pause_generation("retract"))
 
 
 def test_health_generate_and_info(client) -> None:
-    assert run(client.health_generate())["status"] == "ok"
+    assert run(client.health_generate()) is None  # SGLang answers an empty 200
     info = run(client.server_info())
-    assert info["device"] == "cpu" and info["max_context_len"] == 512
+    assert info["relax_engine"]["device"] == device_identity("cpu") and info["context_length"] == 512
+    model = run(client.model_info())
+    assert model["weight_version"] == "0" and model["is_generation"] and model["model_type"] == "qwen3"
+    assert run(client._call("GET", "/get_model_info")) == model  # SGLang's older names answer too
+    assert run(client._call("GET", "/get_weight_version")) == {"weight_version": "0"}
 
 
 def test_api_key_required_when_given() -> None:
@@ -332,7 +368,7 @@ def test_killed_engine_gives_client_error_within_timeout() -> None:
         mid = time.monotonic() - start
         start = time.monotonic()
         with pytest.raises(EngineError) as exc2:
-            await client.get_weight_version()
+            await client.weight_version()
         return exc.value, mid, exc2.value, time.monotonic() - start
 
     try:
@@ -351,7 +387,7 @@ def test_client_that_gives_up_frees_its_request(client, engine) -> None:
             with pytest.raises(EngineError, match="no answer within"):
                 await EngineClient(engine.url, timeout=0.5).generate(gen([1, 2], max_new=5))
             await asyncio.sleep(0.3)
-            return await client.server_info()
+            return (await client.server_info())["relax_engine"]
         finally:
             await client.continue_generation()
 

@@ -1,4 +1,4 @@
-"""Weight sync with Ray actors standing in for the trainer and engines: versions, checksums, snapshots.
+"""The trainer's weight push against real engine server processes: versions, checksums, snapshots, hangs.
 
 The snapshot test is the regression for an engine restarted while the trainer is mid-step: the
 restarted engine must get the last synced version's bytes, not the trainer's live weights.
@@ -6,117 +6,121 @@ restarted engine must get the last synced version's bytes, not the trainer's liv
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
-import ray
 import torch
 
+from relax.backends.embedded.launch import EngineProcess
+from relax.engine.rollout.engine_client import EngineClient, EngineError
 from relax.metrics.artifacts import RunArtifacts
+from relax.models import build_model
+from relax.utils.http_utils import close_session
 from relax.weights.checksum import state_checksums
-from relax.weights.sync import resync_from_snapshot, sync_weights
-from tests.e2e_helpers import in_process_ray, read_jsonl
+from relax.weights.devices import device_identity
+from relax.weights.push import WeightPusher
+from relax.weights.sync import record_push
+from tests.e2e_helpers import read_jsonl
 
-pytestmark = [pytest.mark.ray]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray(tmp_path_factory: pytest.TempPathFactory):
-    yield from in_process_ray(tmp_path_factory.mktemp("ws"))
+CPU = torch.device("cpu")
 
 
-@ray.remote(num_cpus=0)
-class FakeTrainer:
-    """The trainer actor's sync protocol over a dict of tensors; ``step`` changes them like an optimizer."""
+def _run(coro):
+    import asyncio
 
-    def __init__(self) -> None:
-        g = torch.Generator().manual_seed(0)
-        self.state = {f"w{i}": torch.randn(64, generator=g) for i in range(5)}
-        self._buckets: list = []
+    async def main():
+        try:
+            return await coro
+        finally:
+            await close_session()
 
-    def step(self) -> None:
-        for t in self.state.values():
+    return asyncio.run(main())
+
+
+@pytest.fixture(scope="module")
+def engines():
+    procs = [EngineProcess.start(["--hf-checkpoint", "tiny-qwen3", "--seed", str(s)]) for s in (1, 2)]
+    yield procs
+    for p in procs:
+        p.stop()
+
+
+def _target(proc: EngineProcess, side: str):
+    from relax.weights.transports import SyncTarget
+
+    return SyncTarget(side, proc.url, device_identity("cpu"))
+
+
+def _buckets(state: dict, per_bucket: int = 4) -> list:
+    items = list(state.items())
+    return [items[i:i + per_bucket] for i in range(0, len(items), per_bucket)]
+
+
+def test_push_records_equal_checksums_and_a_restart_gets_the_snapshot_not_live_weights(engines, tmp_path) -> None:
+    trainer = build_model("tiny-qwen3", seed=7).state_dict()
+    pusher = WeightPusher(timeout_s=60)
+    artifacts = RunArtifacts(tmp_path)
+    try:
+        report = pusher.push(_buckets(trainer), [_target(engines[0], "engine:0")], 3, requested="auto",
+                             weights_device=CPU, keep_snapshot=True)
+        record_push(artifacts, report, step=2, seconds=0.1)
+        assert pusher.snapshot is not None and pusher.snapshot.version == 3 and len(pusher.snapshot.buckets) > 1
+        for t in trainer.values():  # the trainer is mid-step when engine 1 is (re)started
             t.add_(0.5)
-
-    def prepare_sync(self, bucket_bytes: int) -> tuple[int, str, int]:
-        items = [(k, v.clone()) for k, v in self.state.items()]
-        self._buckets = [items[i:i + 2] for i in range(0, len(items), 2)]
-        return len(self._buckets), "cpu", sum(v.numel() * v.element_size() for _, v in items)
-
-    def get_bucket(self, index: int, transport: str) -> list:
-        assert transport == "object-store"  # a CPU trainer: nothing shares a GPU with it
-        return self._buckets[index]
-
-    def finish_sync(self) -> dict[str, str]:
-        self._buckets = []
-        return state_checksums(self.state.items())
-
-
-@ray.remote(num_cpus=0)
-class FakeEngine:
-    def __init__(self) -> None:
-        self.state: dict[str, torch.Tensor] = {}
-        self.version = None
-
-    def update_weights(self, bucket: list, version: int) -> int:
-        self.state.update({k: v.clone() for k, v in bucket})
-        self.version = version
-        return version
-
-    def checksums(self) -> dict[str, str]:
-        return state_checksums(self.state.items())
-
-    def device_identity(self) -> str:
-        return "cpu"
-
-
-def test_sync_records_equal_checksums_and_restart_gets_the_snapshot_not_live_weights(tmp_path) -> None:
-    artifacts = RunArtifacts(tmp_path)
-    trainer, engines = FakeTrainer.remote(), [FakeEngine.remote(), FakeEngine.remote()]
-    _, snapshot = sync_weights(trainer, list(enumerate(engines)), version=3, step=2, bucket_bytes=1,
-                               artifacts=artifacts, keep_snapshot=True)
-    assert snapshot is not None and snapshot.version == 3 and len(snapshot.buckets) == 3
-    ray.get(trainer.step.remote())  # the trainer is mid-step when engine 1 dies and is replaced
-    replacement = FakeEngine.remote()
-    resync_from_snapshot(snapshot, [(1, replacement)], step=3, artifacts=artifacts)
+        resynced = pusher.resync([_target(engines[1], "engine:1")])
+        record_push(artifacts, resynced, step=3, seconds=0.1, resync=True)
+    finally:
+        pusher.close()
     records = read_jsonl(tmp_path / "weights.jsonl")
-    assert {r["version"] for r in records} == {3}
-    assert len({str(sorted(r["checksums"].items())) for r in records}) == 1  # trainer, engines, replacement
-    assert ray.get(replacement.checksums.remote()) == snapshot.trainer_checksums
-    live = ray.get(trainer.finish_sync.remote())
-    assert live != snapshot.trainer_checksums  # the trainer really moved on
-
-
-def test_without_keep_snapshot_no_bytes_are_kept(tmp_path) -> None:
-    elapsed, snapshot = sync_weights(FakeTrainer.remote(), [(0, FakeEngine.remote())], version=1, step=0,
-                                     bucket_bytes=1, artifacts=RunArtifacts(tmp_path))
-    assert snapshot is None and elapsed > 0
-
-
-def test_a_hung_engine_times_out_instead_of_blocking(tmp_path) -> None:
-    @ray.remote(num_cpus=0)
-    class HungEngine:
-        def update_weights(self, bucket: list, version: int) -> int:
-            import time
-
-            time.sleep(8)
-            return version
-
-    with pytest.raises(ray.exceptions.GetTimeoutError):
-        sync_weights(FakeTrainer.remote(), [(0, HungEngine.remote())], version=1, step=0, bucket_bytes=1,
-                     artifacts=RunArtifacts(tmp_path), timeout=1.0)
-
-
-def test_auto_transport_on_cpu_goes_through_the_object_store(tmp_path) -> None:
-    artifacts = RunArtifacts(tmp_path)
-    engine = FakeEngine.remote()
-    sync_weights(FakeTrainer.remote(), [(0, engine)], version=1, step=0, bucket_bytes=1, artifacts=artifacts,
-                 transport="auto")
+    assert {r["version"] for r in records} == {3} and {r["side"] for r in records} == {"trainer", "engine:0",
+                                                                                        "engine:1"}
+    assert len({str(sorted(r["checksums"].items())) for r in records}) == 1  # trainer, engine, restarted engine
+    assert _run(EngineClient(engines[1].url).weight_version()) == 3
+    assert state_checksums(trainer.items()) != pusher.snapshot.trainer_checksums  # the trainer really moved on
     synced = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["event"] == "weights_synced"]
-    assert synced[-1]["transports"] == ["object-store"] and synced[-1]["bytes"] == 5 * 64 * 4
-    records = read_jsonl(tmp_path / "weights.jsonl")
-    assert records[0]["checksums"] == records[1]["checksums"]
+    assert [e.get("resync", False) for e in synced] == [False, True]
 
 
-def test_forced_cuda_ipc_with_the_weights_on_the_host_fails_clearly(tmp_path) -> None:
-    with pytest.raises(RuntimeError, match="cuda-ipc: a sync target is on cpu, but the trainer's weights are on cpu"):
-        sync_weights(FakeTrainer.remote(), [(0, FakeEngine.remote())], version=1, step=0, bucket_bytes=1,
-                     artifacts=RunArtifacts(tmp_path), transport="cuda-ipc")
+def test_without_keep_snapshot_no_bytes_are_kept_and_resync_says_so(engines) -> None:
+    pusher = WeightPusher(timeout_s=60)
+    try:
+        pusher.push(_buckets(build_model("tiny-qwen3", seed=1).state_dict()), [_target(engines[0], "engine:0")], 1,
+                    requested="distributed", weights_device=CPU)
+        assert pusher.snapshot is None
+        with pytest.raises(RuntimeError, match="no weight snapshot"):
+            pusher.resync([_target(engines[0], "engine:0")])
+    finally:
+        pusher.close()
+
+
+def test_a_hung_engine_fails_the_push_within_its_timeout_instead_of_blocking() -> None:
+    proc = EngineProcess.start(["--hf-checkpoint", "tiny-qwen3"])
+    pusher = WeightPusher(timeout_s=3)
+    try:
+        os.kill(proc.proc.pid, signal.SIGSTOP)
+        with pytest.raises(EngineError, match=proc.url):
+            pusher.push(_buckets(build_model("tiny-qwen3", seed=1).state_dict()), [_target(proc, "engine:0")], 1,
+                        requested="tensor", weights_device=CPU)
+    finally:
+        os.kill(proc.proc.pid, signal.SIGCONT)
+        pusher.close()
+        proc.stop()
+
+
+def test_a_stock_sglang_target_is_recorded_unverified(engines, tmp_path) -> None:
+    """A server that reports no checksums (stock SGLang): the push still lands, and weights.jsonl says why
+    that side has none instead of claiming equality."""
+    from dataclasses import replace
+
+    artifacts = RunArtifacts(tmp_path)
+    pusher = WeightPusher(timeout_s=60)
+    try:
+        target = replace(_target(engines[0], "engine:0"), reports_checksums=False)
+        report = pusher.push(_buckets(build_model("tiny-qwen3", seed=1).state_dict()), [target], 4,
+                             requested="auto", weights_device=CPU)
+        record_push(artifacts, report, step=0, seconds=0.1)
+    finally:
+        pusher.close()
+    engine = [r for r in read_jsonl(tmp_path / "weights.jsonl") if r["side"] == "engine:0"][0]
+    assert engine["checksums"] is None and "reports no checksums" in engine["unverified"]

@@ -1,9 +1,7 @@
-"""The broadcast weight sync end to end on CPU: ``--weight-sync-transport broadcast`` (gloo on the host;
-NCCL between GPUs is the same protocol) into two engines, in small buckets, checksums equal every version.
-
-On a GPU run ``auto`` picks broadcast for engines on other GPUs; here it is forced, since on CPU every
-target shares the host with the trainer.
-"""
+"""Both weight-sync transports end to end on CPU, into two engines, in small buckets, checksums equal at
+every version: ``distributed`` (SGLang's update_weights_from_distributed over gloo; NCCL between GPUs
+is the same protocol) and ``tensor`` (update_weights_from_tensor with named shared-memory segments,
+the host counterpart of the colocate CUDA IPC path)."""
 
 from __future__ import annotations
 
@@ -14,15 +12,16 @@ from tests.e2e_helpers import FAST_FLAGS, assert_ok, read_jsonl, run_relax
 pytestmark = [pytest.mark.ray]
 
 
-def test_broadcast_sync_reaches_both_engines_bitwise(tmp_path) -> None:
+@pytest.mark.parametrize("transport", ["distributed", "tensor"])
+def test_sync_reaches_both_engines_bitwise(tmp_path, transport) -> None:
     out = tmp_path / "run"
     proc = run_relax([*FAST_FLAGS, "--num-rollout", "2", "--resource", '{"rollout": [2, 0]}',
-                      "--weight-sync-transport", "broadcast", "--update-weight-buffer-size", "64KB",
+                      "--weight-sync-transport", transport, "--update-weight-buffer-size", "64KB",
                       "--output-dir", str(out)], tmp_path)
     assert_ok(proc)
     synced = [e for e in read_jsonl(out / "events.jsonl") if e["event"] == "weights_synced"]
     assert [e["version"] for e in synced] == [0, 1, 2]
-    assert all(e["transports"] == ["broadcast"] and e["buckets"] > 1 and e["engines"] == [0, 1] for e in synced)
+    assert all(e["transports"] == [transport] and e["buckets"] > 1 and e["engines"] == [0, 1] for e in synced)
     by_version: dict[int, dict[str, dict]] = {}
     for r in read_jsonl(out / "weights.jsonl"):
         by_version.setdefault(r["version"], {})[r["side"]] = r["checksums"]

@@ -1,9 +1,13 @@
-"""The colocate CUDA-IPC sync's CPU-checkable parts: packing, per-target transport choice, flag rules.
+"""The weight-sync transports' CPU-checkable parts: SGLang's flattened-bucket layout, the serialized
+tensor payloads, the per-target transport choice and the flag rules.
 
-The IPC hand-over itself needs two processes on one GPU: tests/gpu/test_cuda_ipc_sync_gpu.py.
+The CUDA IPC hand-over itself needs two processes on one GPU: tests/gpu/test_weight_push_gpu.py.
 """
 
 from __future__ import annotations
+
+import base64
+import pickle
 
 import pytest
 import torch
@@ -12,86 +16,114 @@ from hypothesis import strategies as st
 
 from relax.utils.arguments import parse_args
 from relax.utils.flag_types import ConfigError
-from relax.weights.broadcast import WeightReceiver
-from relax.weights.cuda_ipc import CudaIpcBucket, FlatBucket, device_identity
-from relax.weights.sync import choose_transports
+from relax.weights import serialized_tensors as payload
+from relax.weights.transports import SyncTarget, choose
 from tests.e2e_helpers import pretend_gpu_machine
 
 MINIMAL = ["--train-backend", "megatron", "--prompt-data", "x.jsonl", "--rollout-batch-size", "2", "--num-rollout", "1"]
-GPU0, GPU1 = "cuda:GPU-0000", "cuda:GPU-1111"
+GPU0, GPU1, HOST, OTHER_HOST = "cuda:GPU-0000", "cuda:GPU-1111", "cpu:this-host", "cpu:other-host"
 
-DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8]
 shapes = st.lists(st.integers(0, 5), min_size=0, max_size=3).map(tuple)
+
+
+def _named(spec: list) -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [(f"t{i}", (torch.randn(shape, generator=g) * 100).to(dtype)) for i, (shape, dtype) in enumerate(spec)]
 
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(shapes, st.sampled_from(DTYPES)), min_size=1, max_size=8))
-def test_pack_then_unpack_gives_every_tensor_back_bitwise(spec: list) -> None:
-    g = torch.Generator().manual_seed(0)
-    named = [(f"t{i}", (torch.randn(shape, generator=g) * 100).to(dtype)) for i, (shape, dtype) in enumerate(spec)]
-    flat = FlatBucket.pack(named)
-    assert len(flat.buffers) == len({t.dtype for _, t in named})  # one buffer per dtype
-    assert flat.nbytes == sum(t.numel() * t.element_size() for _, t in named)
-    out = flat.unpack()
-    assert [name for name, _ in out] == [name for name, _ in named]
-    for (_, a), (_, b) in zip(named, out, strict=True):
+def test_flatten_then_unflatten_gives_every_tensor_back_bitwise_in_sglang_layout(spec: list) -> None:
+    named = payload.aligned_order(_named(spec))  # wider dtypes first: every view lands on an aligned offset
+    flat, entries = payload.flatten_into(torch.empty(4096, dtype=torch.uint8), _named(spec))
+    # SGLang's FlattenedTensorBucket: each tensor's uint8 view back to back, byte offsets, numel in bytes
+    reference = torch.cat([t.flatten().view(torch.uint8) for _, t in named])
+    assert torch.equal(flat, reference)
+    at = 0
+    for (name, t), e in zip(named, entries, strict=True):
+        nbytes = t.numel() * t.element_size()
+        assert (e.name, e.start_idx, e.end_idx, e.numel, e.dtype, tuple(e.shape)) == \
+            (name, at, at + nbytes, nbytes, t.dtype, tuple(t.shape))
+        at += nbytes
+    for (_, a), (_, b) in zip(named, payload.unflatten(flat, entries), strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
-def test_pack_copies_so_later_training_does_not_change_a_sent_bucket() -> None:
+def test_flatten_copies_so_later_training_does_not_change_a_sent_bucket() -> None:
     w = torch.ones(4)
     tied = [("embed", w), ("lm_head", w)]  # tied weights appear under both HF names
-    flat = FlatBucket.pack(tied)
+    flat, entries = payload.flatten_into(torch.empty(64, dtype=torch.uint8), tied)
     w.add_(1)
-    assert all(torch.equal(t, torch.ones(4)) for _, t in flat.unpack())
+    assert all(torch.equal(t, torch.ones(4)) for _, t in payload.unflatten(flat, entries))
+    with pytest.raises(ValueError, match="does not fit"):
+        payload.flatten_into(torch.empty(8, dtype=torch.uint8), tied)
 
 
-def test_a_pool_makes_consecutive_buckets_share_one_buffer_per_dtype() -> None:
-    pool: dict = {}
-    first = FlatBucket.pack([("a", torch.arange(6.0)), ("b", torch.ones(2, dtype=torch.bfloat16))], pool=pool)
-    second = FlatBucket.pack([("c", torch.full((4,), 7.0))], pool=pool)  # smaller: a prefix of the same buffer
-    assert first.buffers[0].untyped_storage().data_ptr() == second.buffers[0].untyped_storage().data_ptr()
-    assert dict(second.unpack())["c"].tolist() == [7.0] * 4
-    bigger = FlatBucket.pack([("d", torch.zeros(10))], pool=pool)  # grows: a new buffer, kept for later buckets
-    assert pool[torch.float32].numel() == 10 and bigger.buffers[0].numel() == 10
-    assert set(pool) == {torch.float32, torch.bfloat16}
+@pytest.mark.parametrize("load_format", [None, "direct", "flattened_bucket"])
+def test_serialized_items_round_trip_in_every_sglang_load_format(load_format) -> None:
+    named = _named([((3, 4), torch.float32), ((5,), torch.bfloat16), ((2, 2), torch.int64)])
+    if load_format == "flattened_bucket":
+        flat, entries = payload.flatten_into(torch.empty(256, dtype=torch.uint8), named)
+        item = payload.encode_flattened_bucket(flat, entries)
+        obj = payload.decode(item)
+        assert all(type(m).__name__ == "SimpleNamespace" for m in obj["metadata"])  # what SGLang's unpickler admits
+    else:
+        item = payload.encode_named_tensors(named)
+    out = dict(payload.named_tensors(payload.decode(item), load_format))
+    assert list(out) == [n for n, _ in named] or load_format == "flattened_bucket"
+    assert set(out) == {n for n, _ in named} and all(torch.equal(t, out[n]) for n, t in named)
 
 
-def test_host_buckets_pass_through_and_cpu_tensors_cannot_be_shared() -> None:
-    bucket = [("w", torch.zeros(2))]
-    assert WeightReceiver("cpu").tensors(bucket) == bucket
-    with pytest.raises(ValueError, match="needs the trainer's weights on a CUDA device"):
-        CudaIpcBucket.share(FlatBucket.pack(bucket))
-    assert device_identity("cpu") == "cpu"
-
-
-@pytest.mark.parametrize(("requested", "weights_at", "targets", "snapshot", "expected"), [
-    ("auto", GPU0, [GPU0, GPU0], False, ["cuda-ipc", "cuda-ipc"]),  # colocate: every engine on the trainer's GPU
-    ("auto", GPU0, [GPU0, GPU1], False, ["cuda-ipc", "broadcast"]),  # an engine on another GPU: NCCL
-    ("auto", GPU0, [GPU1, "cpu"], False, ["broadcast", "object-store"]),
-    ("broadcast", GPU0, [GPU1, GPU1], False, ["broadcast", "broadcast"]),
-    ("broadcast", "cpu", ["cpu"], False, ["broadcast"]),  # gloo on the host
-    ("broadcast", GPU0, [GPU1], True, ["object-store"]),
-    ("auto", "cpu", [GPU0], False, ["object-store"]),  # an offloaded trainer: weights on the host
-    ("auto", "cpu", ["cpu"], False, ["object-store"]),  # CPU runs
-    ("auto", GPU0, [GPU0], True, ["object-store"]),  # fault tolerance keeps host bytes
-    ("object-store", GPU0, [GPU0], False, ["object-store"]),
-    ("cuda-ipc", GPU0, [GPU0, GPU0], False, ["cuda-ipc", "cuda-ipc"]),
-    ("auto", GPU0, [], False, []),
+@pytest.mark.parametrize(("item", "load_format", "message"), [
+    ("%%%", None, "not base64"),
+    (base64.b64encode(pickle.dumps(print)).decode(), None, "refers to builtins.print"),
+    (base64.b64encode(b"not a pickle").decode(), None, "cannot be opened"),
+    (payload.encode({"flattened_tensor": torch.zeros(4), "metadata": []}), "flattened_bucket", "1-D uint8"),
+    (payload.encode([("a", 1)]), None, "list of .name, tensor. pairs"),
+    (payload.encode([]), "safetensors", "load_format 'safetensors' is not implemented"),
 ])
-def test_transport_choice_table(requested, weights_at, targets, snapshot, expected) -> None:
-    assert choose_transports(requested, weights_at, targets, keep_snapshot=snapshot) == expected
+def test_bad_payloads_are_refused_with_a_reason(item, load_format, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        payload.named_tensors(payload.decode(item), load_format)
 
 
-def test_forcing_cuda_ipc_across_gpus_names_both_devices() -> None:
-    with pytest.raises(RuntimeError, match=f"target is on {GPU1}, but the trainer's weights are on {GPU0}"):
-        choose_transports("cuda-ipc", GPU0, [GPU0, GPU1], keep_snapshot=False)
-    with pytest.raises(RuntimeError, match=f"broadcast: a sync target is on {GPU0} and the trainer's weights on {GPU0}"):
-        choose_transports("broadcast", GPU0, [GPU1, GPU0], keep_snapshot=False)  # NCCL: two ranks on one GPU
-    with pytest.raises(RuntimeError, match="broadcast: a sync target is on cpu"):
-        choose_transports("broadcast", GPU0, ["cpu"], keep_snapshot=False)
-    with pytest.raises(ValueError, match="unknown weight-sync transport 'nccl'"):
-        choose_transports("nccl", GPU0, [GPU0], keep_snapshot=False)
+def test_flattened_metadata_outside_the_buffer_is_refused() -> None:
+    flat = torch.zeros(8, dtype=torch.uint8)
+    bad = payload.TensorEntry("w", torch.Size([4]), torch.float32, 0, 16, 16)
+    with pytest.raises(ValueError, match="w lies outside"):
+        payload.named_tensors(payload.decode(payload.encode_flattened_bucket(flat, [bad])), "flattened_bucket")
+
+
+def _t(side: str, device: str, tp: int = 1) -> SyncTarget:
+    return SyncTarget(side, f"http://127.0.0.1/{side}", device, tp_size=tp)
+
+
+@pytest.mark.parametrize(("requested", "weights_at", "targets", "expected"), [
+    ("auto", GPU0, [_t("e0", GPU0), _t("e1", GPU0)], {"tensor": ["e0", "e1"]}),  # colocate
+    ("auto", GPU0, [_t("e0", GPU0), _t("e1", GPU1)], {"tensor": ["e0"], "distributed": ["e1"]}),  # other GPU: NCCL
+    ("auto", GPU0, [_t("e0", GPU0, tp=2)], {"distributed": ["e0"]}),  # a TP engine: every rank by broadcast
+    ("auto", GPU0, [_t("e0", "unknown")], {"distributed": ["e0"]}),  # an external server that does not say
+    ("auto", HOST, [_t("e0", GPU0)], {"distributed": ["e0"]}),  # an offloaded trainer: weights on the host
+    ("auto", HOST, [_t("e0", HOST)], {"distributed": ["e0"]}),  # CPU runs: gloo
+    ("tensor", HOST, [_t("e0", HOST)], {"tensor": ["e0"]}),  # forced: shared memory on one machine
+    ("distributed", GPU0, [_t("e0", GPU0)], {"distributed": ["e0"]}),
+])
+def test_transport_choice_table(requested, weights_at, targets, expected) -> None:
+    plan = choose(requested, weights_at, targets)
+    assert {k: [t.side for t in v] for k, v in plan.items()} == expected
+
+
+@pytest.mark.parametrize(("targets", "message"), [
+    ([_t("e1", GPU1)], "e1 is on cuda:GPU-1111 but the trainer's weights are on cuda:GPU-0000"),
+    ([_t("e1", OTHER_HOST)], "e1 is on cpu:other-host"),
+    ([_t("e0", GPU0, tp=2)], "e0 has 2 tensor-parallel ranks"),
+])
+def test_forcing_tensor_where_memory_cannot_be_shared_names_both_sides(targets, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        choose("tensor", GPU0 if targets[0].device.startswith("cuda") else HOST, targets)
+    with pytest.raises(ValueError, match="unknown weight-sync transport 'object-store'"):
+        choose("object-store", GPU0, targets)
 
 
 @pytest.fixture
@@ -100,18 +132,16 @@ def gpu_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     pretend_gpu_machine(monkeypatch)
 
 
-def test_flag_default_is_auto_and_cuda_ipc_is_accepted_for_megatron_colocate(gpu_machine) -> None:
+def test_flag_default_is_auto_and_tensor_is_accepted_for_megatron_colocate(gpu_machine) -> None:
     assert parse_args(MINIMAL).weight_sync_transport == "auto"
-    args = parse_args([*MINIMAL, "--colocate", "--weight-sync-transport", "cuda-ipc"])
-    assert args.weight_sync_transport == "cuda-ipc"
+    args = parse_args([*MINIMAL, "--device", "cuda", "--colocate", "--weight-sync-transport", "tensor"])
+    assert args.weight_sync_transport == "tensor"
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    ([], "needs --colocate"),
-    (["--colocate", "--use-fault-tolerance"], "with --use-fault-tolerance"),
-    (["--colocate", "--use-fault-tolerance", "--weight-sync-transport", "broadcast"], "broadcast with --use-fault"),
-    (["--colocate", "--train-backend", "torch"], "with --offload-train"),  # torch colocate offloads the trainer
+    (["--device", "cuda"], "needs --colocate"),
+    (["--device", "cuda", "--colocate", "--train-backend", "torch"], "with --offload-train"),  # torch offloads
 ])
-def test_cuda_ipc_refusals(gpu_machine, flags: list[str], message: str) -> None:
+def test_tensor_refusals(gpu_machine, flags: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        parse_args([*MINIMAL, "--weight-sync-transport", "cuda-ipc", *flags])
+        parse_args([*MINIMAL, "--weight-sync-transport", "tensor", *flags])

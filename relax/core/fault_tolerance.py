@@ -1,63 +1,90 @@
 """Engine fault tolerance (``--use-fault-tolerance``): detect, restart, re-sync, retry.
 
-An engine is declared dead when a call to it fails with an actor error, or when a health
-ping gets no answer within ``--rollout-health-check-timeout`` (a hung engine, e.g. SIGSTOP).
-The supervisor then kills it by handle, starts a replacement, pushes the current weights to
-it (both sides' checksums go to weights.jsonl as for any sync) and the pool re-sends the
-requests that were in flight, so no sample is lost.
+An engine is declared dead when its ``/health`` gets no answer within
+``--rollout-health-check-timeout`` (killed, hung: e.g. SIGSTOP) or its hosting actor is gone. The
+supervisor then takes it out of the router, kills it, starts a replacement, pushes it the last
+sync's own bytes (the trainer keeps them: `relax.weights.push.WeightPusher.resync`; both sides'
+checksums go to weights.jsonl as for any sync) and only then puts it behind the router again, so no
+request reaches an engine without current weights. Requests that were in flight are retried (the
+router retries them on another live engine; the rollout pool after the replacement), so no sample
+is lost. An engine the run cannot restart (``--rollout-external``) is dropped instead: the router
+and the syncs go on with the others.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from relax.distributed.actors import EngineActor
+from relax.engine.rollout.engine_client import EngineClient
 from relax.metrics import console
 
 
 class EngineSupervisor:
-    def __init__(self, rt, engine_options: dict):
+    def __init__(self, rt):
         self.rt = rt
-        self.engine_options = engine_options
         self.lock = rt.weights_lock  # one lock with the syncs: a restart never interleaves with a sync
         self.restarts = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ restart
-    def replace(self, index: int, dead_handle, reason: str):
-        """Replace engine ``index`` if it is still ``dead_handle``; return the live handle."""
+    def replace(self, index: int, url: str, reason: str) -> None:
+        """Restart engine ``index``, if it is still the one at ``url`` that failed (several callers may see one
+        failure), or drop it when it cannot be restarted."""
+        rt, fleet = self.rt, self.rt.fleet
         with self.lock:
-            current = self.rt.engines[index]
-            if current is not dead_handle:  # someone restarted it already
-                return current
-            rt, args = self.rt, self.rt.args
+            if fleet.records[index].target.url != url or fleet.records[index].target.side.startswith("gone:"):
+                return  # replaced (or dropped) already
             rt.artifacts.event("fault_detected", role=f"engine:{index}", reason=reason)
+            if not fleet.launcher.can_restart:
+                fleet.drop(index)
+                console.info(f"engine:{index} failed ({reason}); {fleet.launcher.name} engines cannot be restarted: "
+                             "going on with the others")
+                if not fleet.live_targets():
+                    raise RuntimeError(f"every engine failed; the last: engine:{index} ({reason})")
+                rt.artifacts.event("engine_dropped", role=f"engine:{index}", reason=reason)
+                return
             console.info(f"engine:{index} failed ({reason}); restarting")
-            try:
-                ray.kill(dead_handle, no_restart=True)
-            except Exception:  # noqa: BLE001 - it may already be gone
-                pass
-            engine = EngineActor.options(**self.engine_options).remote(args, rt.run.device, index)
-            rt.artifacts.event("process_started", role=f"engine:{index}", pid=ray.get(engine.pid.remote()))
-            rt.resync(index, engine)  # before it joins the pool: nothing reaches it without current weights
-            rt.engines[index] = engine
+            record = fleet.replace(index)
+            rt.artifacts.event("process_started", role=f"engine:{index}", pid=record.pid, url=record.target.url)
+            rt.resync(index)  # before it joins the router: nothing reaches it without current weights
+            fleet.admit(index)
             self.restarts += 1
             rt.artifacts.event("restart", role=f"engine:{index}", count=self.restarts, version=rt.version)
-            return engine
 
     # ------------------------------------------------------------------ health checks
     def check_all(self) -> None:
-        timeout = self.rt.args.rollout_health_check_timeout
-        for index, engine in enumerate(list(self.rt.engines)):
+        """Probe every engine now; replace the ones that fail."""
+        failures = self._probe()
+        for index, url, reason in failures:
+            self.replace(index, url, reason)
+
+    def _probe(self) -> list[tuple[int, str, str]]:
+        timeout = float(self.rt.args.rollout_health_check_timeout)
+        records = [r for r in self.rt.fleet.records if not r.target.side.startswith("gone:")]
+
+        async def probe() -> list[bool]:
+            from relax.utils.http_utils import close_session
+
             try:
-                ray.get(engine.pid.remote(), timeout=timeout)
-            except (GetTimeoutError, RayActorError) as exc:
-                self.replace(index, engine, f"health check failed: {type(exc).__name__}")
+                return await asyncio.gather(*(EngineClient(r.target.url, api_key=r.target.api_key).health(timeout)
+                                              for r in records))
+            finally:
+                await close_session()
+
+        healthy = asyncio.run(probe())
+        failures = []
+        for record, ok in zip(records, healthy, strict=True):
+            if not ok:
+                failures.append((record.index, record.target.url, f"no /health answer within {timeout} s"))
+            elif record.actor is not None and not _actor_alive(record.actor, timeout):
+                failures.append((record.index, record.target.url, "its actor is gone"))
+        return failures
 
     def start(self) -> None:
         args = self.rt.args
@@ -78,6 +105,14 @@ class EngineSupervisor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+
+def _actor_alive(actor, timeout: float) -> bool:
+    try:
+        ray.get(actor.pid.remote(), timeout=timeout)
+        return True
+    except (GetTimeoutError, RayActorError):
+        return False
 
 
 def wait_for(fn, timeout: float, interval: float = 0.05):

@@ -4,14 +4,17 @@ A producer thread generates the batch for step k as soon as the engines hold wei
 version >= k - max_staleness, and puts its train samples into the storage units of the data
 queue (transfer_queue.py); the trainer loop waits for the step's metadata, has the trainer
 actor fetch the samples from the units and train, drops the step, pushes version k+1 to the
-engines (Ray runs each engine's calls in order, so a sync lands between two generate calls,
-never inside one) and moves on. The driver keeps only the rollout groups (metrics, sample
-accounting). With ``--max-staleness 0`` the schedule, and therefore every number, equals the
+engines (between two rollouts, never inside one: see below) and moves on. The driver keeps only
+the rollout groups (metrics, sample accounting). With ``--max-staleness 0`` the schedule, and therefore every number, equals the
 colocate loop.
 
 The data position saved in a checkpoint is the one right after the trained step's prompts
 were drawn, so batches generated ahead but not trained are regenerated after a resume,
 never lost.
+
+Weight syncs reach the engines over HTTP while the producer may be generating; the runtime's
+``generation_lock`` makes a sync wait for the rollout in flight, so it lands between two rollouts
+and every request's tokens come from one weight version.
 """
 
 from __future__ import annotations
@@ -80,7 +83,8 @@ class _Producer(threading.Thread):
                     self.data_states[step] = rt.run.data_source.state_dict()
                 rt.artifacts.event("phase", step=step, phase="rollout")
                 t0 = time.perf_counter()
-                groups = rt.run.rollout_fn(args, step, rt.run.data_source)
+                with rt.generation_lock:  # a weight sync waits for this rollout's requests (runtime.py)
+                    groups = rt.run.rollout_fn(args, step, rt.run.data_source)
                 samples, raw = to_train_samples(args, groups)
                 seconds = time.perf_counter() - t0
                 with self.data_lock:

@@ -15,10 +15,14 @@ On a CPU device the moves are no-ops that still run and are recorded.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections import defaultdict
 
 import ray
 from ray.exceptions import RayActorError
+
+from relax.engine.rollout.engine_client import EngineError
 
 METRIC_KEYS = {
     "engine_release": "release_rollout", "engine_resume": "resume_rollout",
@@ -64,20 +68,43 @@ class ColocateOffload:
         self._record(event, step, stats, role="trainer")
 
     def _engines(self, event: str, step: int) -> None:
-        method = "release_memory_occupation" if event == "engine_release" else "resume_memory_occupation"
-        engines = list(enumerate(self.rt.engines))
+        """SGLang's ``/release_memory_occupation`` / ``/resume_memory_occupation`` on every engine at once; the
+        device bytes come from the hosting actors (0 where there is none: an external or SGLang engine)."""
+        fleet = self.rt.fleet
+        path = "release" if event == "engine_release" else "resume"
         try:
-            results = ray.get([getattr(engine, method).remote() for _, engine in engines])
-        except RayActorError:
+            before = [_device_bytes(r) for r in fleet.records]
+            seconds = asyncio.run(_memory_calls(fleet.clients(), path))
+            after = [_device_bytes(r) for r in fleet.records]
+        except (EngineError, RayActorError) as exc:
             if self.rt.supervisor is None:
-                raise
+                raise fleet.failure(exc) from None
             self.rt.supervisor.check_all()  # a restarted engine holds its memory and current weights
             return self._engines(event, step)
-        for (index, _), stats in zip(engines, results, strict=True):
-            self._record(event, step, stats, role=f"engine:{index}")
+        for record, took, b0, b1 in zip(fleet.records, seconds, before, after, strict=True):
+            freed = b0 - b1 if path == "release" else b1 - b0
+            self._record(event, step, {"seconds": took, "device_bytes": max(freed, 0)}, role=f"engine:{record.index}")
 
     def _record(self, event: str, step: int, stats: dict[str, float], role: str) -> None:
         self.rt.artifacts.event(event, step=step, role=role, **stats)
         name = METRIC_KEYS[event]
         self._metrics[f"perf/{name}_time_s"] += stats["seconds"]
         self._metrics[f"perf/{name}_device_bytes"] += stats["device_bytes"]
+
+
+def _device_bytes(record) -> int:
+    return int(ray.get(record.actor.device_bytes.remote())) if record.actor is not None else 0
+
+
+async def _memory_calls(clients: list, path: str) -> list[float]:
+    from relax.utils.http_utils import close_session
+
+    async def one(client) -> float:
+        start = time.perf_counter()
+        await (client.release_memory_occupation() if path == "release" else client.resume_memory_occupation())
+        return time.perf_counter() - start
+
+    try:
+        return list(await asyncio.gather(*(one(c) for c in clients)))
+    finally:
+        await close_session()

@@ -7,6 +7,7 @@ accounting, checkpoints, HF exports) is written here, the same way for both.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from argparse import Namespace
@@ -17,20 +18,22 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from relax import checkpoint as ckpt
+from relax.core.engines import EngineFleet
 from relax.core.services import ServiceGroup
 from relax.core.setup import RunInputs
-from relax.distributed.actors import EngineActor, TrainerActor
+from relax.distributed.actors import TrainerActor
 from relax.distributed.placement import parse_resource, start_ray
 from relax.distributed.trainer_group import TrainerGroup
-from relax.engine.rollout.engine_pool import RayEnginePool
+from relax.engine.rollout.engine_client import EngineClient, EngineError
+from relax.engine.rollout.engine_pool import HttpEnginePool
 from relax.engine.rollout.sglang_rollout import GenerateState
 from relax.metrics import console
 from relax.metrics.artifacts import RunArtifacts
-from relax.utils.arguments import ConfigError
 from relax.utils.fault_hooks import fault_at
 from relax.utils.types import Sample
-from relax.weights.broadcast import BroadcastGroup
-from relax.weights.sync import WeightSnapshot, resync_from_snapshot, sync_weights
+from relax.weights.push import PushOptions
+from relax.weights.sync import record_push
+from relax.weights.transports import SyncTarget
 
 
 @dataclass
@@ -39,7 +42,7 @@ class Runtime:
     run: RunInputs
     artifacts: RunArtifacts
     trainer: object  # rank 0 of the trainer group, the only rank the driver calls
-    engines: list
+    fleet: EngineFleet  # the engines, reached over SGLang's HTTP API behind the run's router
     trainer_ranks: list = field(default_factory=list)  # every rank's actor (for shutdown)
     start_step: int = 0
     version: int = 0  # weight version the engines hold
@@ -47,43 +50,53 @@ class Runtime:
     supervisor: object = None  # EngineSupervisor with --use-fault-tolerance
     teacher: object = None  # opd_teacher.TeacherServer with --opd-type sglang
     services: ServiceGroup | None = None  # fully-async reference / actor_fwd / advantages roles
-    snapshot: WeightSnapshot | None = None  # the last sync's bytes, for restarted engines (fault tolerance)
     # held by every sync and restart: a restart never interleaves with a sync (EngineSupervisor shares it)
     weights_lock: threading.RLock = field(default_factory=threading.RLock)
-    weight_group: BroadcastGroup = field(default_factory=BroadcastGroup)  # engines on other GPUs (broadcast sync)
+    # held by a rollout while it generates (fully-async producer): a sync lands between two rollouts, never
+    # inside one, so every request's tokens come from one weight version
+    generation_lock: threading.RLock = field(default_factory=threading.RLock)
 
     @property
     def last_step(self) -> int:
         return self.run.num_rollout - 1
 
+    @property
+    def push_options(self) -> PushOptions:
+        args = self.args
+        return PushOptions(transport=args.weight_sync_transport, bucket_bytes=args.update_weight_buffer_size,
+                           keep_snapshot=bool(args.use_fault_tolerance), timeout_s=self._sync_timeout())
+
+    def sync_targets(self) -> list[SyncTarget]:
+        return self.fleet.live_targets() + (self.services.sync_targets() if self.services else [])
+
     def sync(self, version: int, step: int) -> float:
-        """Push the trainer's weights to every engine (and the actor_fwd service) as ``version``;
-        restart engines that died (or hang) meanwhile, then retry."""
-        with self.weights_lock:
+        """Push the trainer's weights to every engine (and the actor_fwd service) as ``version``; with fault
+        tolerance, replace engines that died (or hang) meanwhile, then retry."""
+        with self.weights_lock, self.generation_lock:
             self.version, self.step = version, step
             while True:
-                targets = list(enumerate(self.engines)) + (self.services.sync_targets() if self.services else [])
+                targets = self.sync_targets()
                 try:
                     if self.args.check_weight_update_equal:  # a tensor the sync misses keeps its noise
-                        ray.get([e.weights_checker.remote("reset_tensors", seed=version) for _, e in targets])
+                        _reset_tensors(targets)
                         self.artifacts.event("weights_reset", version=version)
-                    elapsed, snapshot = sync_weights(
-                        self.trainer, targets, version=version, step=step,
-                        bucket_bytes=self.args.update_weight_buffer_size, artifacts=self.artifacts,
-                        timeout=self._sync_timeout(), keep_snapshot=bool(self.args.use_fault_tolerance),
-                        transport=self.args.weight_sync_transport, group=self.weight_group)
-                    self.snapshot = snapshot
+                    start = time.perf_counter()
+                    report = ray.get(self.trainer.push_weights.remote(targets, version, self.push_options))
+                    elapsed = time.perf_counter() - start
+                    record_push(self.artifacts, report, step=step, seconds=elapsed)
                     return elapsed
-                except (RayActorError, GetTimeoutError):
+                except (RayActorError, EngineError, GetTimeoutError) as exc:
+                    if self.supervisor is None and isinstance(exc, EngineError):
+                        raise self.fleet.failure(exc) from None
                     if self.supervisor is None or not self.trainer_alive() or not self.services_alive():
                         raise
                     self.supervisor.check_all()  # replaces (and re-syncs) the dead or hung engines, then retry
 
-    def _sync_timeout(self) -> float | None:
+    def _sync_timeout(self) -> float:
         """With fault tolerance a hung engine must not block a sync forever (the health thread waits
         for the lock this sync holds): a wait longer than this counts as a failed engine."""
         if not self.args.use_fault_tolerance:
-            return None
+            return 600.0
         return max(30.0, 4 * float(self.args.rollout_health_check_timeout))
 
     def train_rollout(self, samples, step: int) -> dict[str, float]:
@@ -115,13 +128,14 @@ class Runtime:
         metrics = run_eval(self.args, step, self.run.eval_sets)
         return {**metrics, "perf/eval_time_s": time.perf_counter() - start}
 
-    def resync(self, index: int, engine) -> float:
-        """Bring restarted engine ``index`` (not yet in ``engines``) to the last synced version."""
+    def resync(self, index: int) -> float:
+        """Bring restarted engine ``index`` (not yet behind the router) to the last synced version."""
         with self.weights_lock:
-            if self.snapshot is None:
-                raise RuntimeError(f"engine:{index} restarted before the first weight sync")
-            return resync_from_snapshot(self.snapshot, [(index, engine)], step=self.step, artifacts=self.artifacts,
-                                        timeout=self._sync_timeout())
+            start = time.perf_counter()
+            report = ray.get(self.trainer.resync.remote([self.fleet.records[index].target]))
+            elapsed = time.perf_counter() - start
+            record_push(self.artifacts, report, step=self.step, seconds=elapsed, resync=True)
+            return elapsed
 
     def trainer_alive(self) -> bool:
         return self._alive(self.trainer)
@@ -144,7 +158,8 @@ class Runtime:
 
             stop_teacher()
         services = list(self.services.actors().values()) if self.services else []
-        for actor in [*(self.trainer_ranks or [self.trainer]), *self.engines, *services]:
+        self.fleet.shutdown()
+        for actor in [*(self.trainer_ranks or [self.trainer]), *services]:
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already dead
@@ -228,34 +243,33 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
     use_gpu = run.device == "cuda"
     placement = parse_resource(args, use_gpu)
     start_ray(use_gpu)
-    engines = [EngineActor.options(**placement.actor_options("rollout")).remote(args, run.device, i)
-               for i in range(placement.rollout.replicas)]
+    launcher, pending = EngineFleet.begin(args, run.device, placement.actor_options("rollout"),
+                                          placement.rollout.replicas)
     services = ServiceGroup.start(args, run.device, placement) if placement.services else None
     # max_concurrency 2: heartbeats are answered while a training step runs
     group = TrainerGroup.start(TrainerActor, args, run.device, placement.actor.replicas,
                                {"max_concurrency": 2, **placement.actor_options("actor")})
     trainer = group.leader
+    fleet = EngineFleet.finish(args, launcher, pending)
     for rank, pid in enumerate(group.pids):
         artifacts.event("process_started", role=f"trainer:{rank}", pid=pid)
-    for i, engine in enumerate(engines):
-        artifacts.event("process_started", role=f"engine:{i}", pid=ray.get(engine.pid.remote()))
+    for record in fleet.records:
+        artifacts.event("process_started", role=f"engine:{record.index}", pid=record.pid, url=record.target.url)
     for role, actor in (services.actors() if services else {}).items():
         artifacts.event("process_started", role=role, pid=ray.get(actor.pid.remote()))
-    console.info(f"trainer up: {ray.get(trainer.describe.remote())}; {len(engines)} engine(s)"
-                 + (f"; services {', '.join(services.actors())}" if services else ""))
-    rt = Runtime(args, run, artifacts, trainer, engines, trainer_ranks=group.actors, services=services)
-    if args.custom_generate_function_path and len(engines) > 1:
-        raise ConfigError("not supported yet: --custom-generate-function-path with more than one engine "
-                          "(needs the router in the training loop)")
-    if args.custom_generate_function_path:  # recipes POST to http://{sglang_router_ip}:{sglang_router_port}/generate
-        url = ray.get(engines[0].http_url.remote())
-        args.sglang_router_ip, port = url.removeprefix("http://").rsplit(":", 1)
-        args.sglang_router_port = int(port)
+    console.info(f"trainer up: {ray.get(trainer.describe.remote())}; {len(fleet)} {launcher.name} engine(s) behind "
+                 f"{fleet.router.url}" + (f"; services {', '.join(services.actors())}" if services else ""))
+    rt = Runtime(args, run, artifacts, trainer, fleet, trainer_ranks=group.actors, services=services)
+    # recipes post to http://{sglang_router_ip}:{sglang_router_port}/generate, whatever engines stand behind it
+    args.sglang_router_ip, port = fleet.router.url.removeprefix("http://").rsplit(":", 1)
+    args.sglang_router_port = int(port)
     if args.use_fault_tolerance:
         from relax.core.fault_tolerance import EngineSupervisor
 
-        rt.supervisor = EngineSupervisor(rt, placement.actor_options("rollout"))
-    GenerateState.install(args, tokenizer=run.tokenizer, pool=RayEnginePool(engines, supervisor=rt.supervisor))
+        rt.supervisor = EngineSupervisor(rt)
+    pool = HttpEnginePool(EngineClient(fleet.router.url, timeout=None), supervisor=rt.supervisor,
+                          on_failure=fleet.failure)
+    GenerateState.install(args, tokenizer=run.tokenizer, pool=pool)
     if args.load:
         directory = ckpt.find_latest(args.load)
         state = ckpt.read_driver_state(directory)
@@ -268,3 +282,18 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
     if rt.supervisor is not None:
         rt.supervisor.start()
     return rt
+
+
+def _reset_tensors(targets: list[SyncTarget]) -> None:
+    """``/weights_checker reset_tensors`` on every target (``--check-weight-update-equal``)."""
+
+    async def reset() -> None:
+        from relax.utils.http_utils import close_session
+
+        try:
+            await asyncio.gather(*(EngineClient(t.url, api_key=t.api_key).weights_checker("reset_tensors")
+                                   for t in targets))
+        finally:
+            await close_session()
+
+    asyncio.run(reset())

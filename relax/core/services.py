@@ -57,7 +57,12 @@ def service_args(args: Namespace) -> Namespace:
 
 
 class ForwardService:
-    """``reference`` or ``actor_fwd``: a forward-only copy of the trainer's backend."""
+    """``reference`` or ``actor_fwd``: a forward-only copy of the trainer's backend.
+
+    The actor_fwd copy is a weight holder of `relax.backends.embedded.weight_routes` (``model``, ``device``,
+    ``weight_version``, ``update_weights_from_tensors``): its actor serves SGLang's weight endpoints, so a
+    sync reaches it exactly as it reaches an engine.
+    """
 
     def __init__(self, args: Namespace, device: str, role: str):
         from relax.backends.train_registry import build_train_backend
@@ -66,25 +71,26 @@ class ForwardService:
         self.backend = build_train_backend(service_args(args), device, inference_only=True)
         if role == "reference":
             self.backend.model.eval()  # as the trainer's frozen reference copy
-        self.version: int | None = None
+        self.weight_version = 0
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.backend.model
+
+    @property
+    def device(self) -> torch.device:
+        return self.backend.device
 
     def log_probs(self, samples) -> torch.Tensor:
         return self.backend.forward_log_probs(fetch_samples(samples))
 
-    def update_weights(self, bucket: list, version: int | None) -> int | None:
+    def update_weights_from_tensors(self, named: list, version: int | str | None = None) -> int:
         if self.role != "actor_fwd":
             raise RuntimeError("the reference service holds frozen weights; only actor_fwd is synced")
-        self.backend.load_weights(bucket)
-        self.version = version
-        return version
-
-    def checksums(self) -> dict[str, str]:
-        return self.backend.checksums()
-
-    def weights_checker(self, action: str, **kwargs) -> dict:
-        from relax.backends.embedded.weights_checker import WeightsChecker
-
-        return WeightsChecker(self.backend.model).run(action, **kwargs)
+        self.backend.load_weights(list(named))
+        if version is not None:
+            self.weight_version = int(version)
+        return self.weight_version
 
 
 class AdvantageService:
@@ -112,7 +118,7 @@ class ServiceGroup:
     @classmethod
     def start(cls, args: Namespace, device: str, placement: Placement) -> ServiceGroup:
         """Create the actors (they load their models concurrently with the trainer and engines)."""
-        from relax.distributed.actors import AdvantagesActor, ForwardServiceActor
+        from relax.distributed.service_actors import AdvantagesActor, ForwardServiceActor
 
         handles = {}
         for role in placement.services:
@@ -128,9 +134,14 @@ class ServiceGroup:
         """``"<role>:0"`` -> handle, for events and shutdown."""
         return {f"{role}:0": getattr(self, role) for role in SERVICE_ROLES if getattr(self, role) is not None}
 
-    def sync_targets(self) -> list[tuple[str, object]]:
-        """The weight-sync targets besides the engines: actor_fwd, under its own side name."""
-        return [("actor_fwd:0", self.actor_fwd)] if self.actor_fwd is not None else []
+    def sync_targets(self) -> list:
+        """The weight-sync targets besides the engines: actor_fwd's weight endpoints, under its own side name."""
+        from relax.weights.transports import SyncTarget
+
+        if self.actor_fwd is None:
+            return []
+        url, device = ray.get(self.actor_fwd.endpoint.remote())
+        return [SyncTarget("actor_fwd:0", url, device)]
 
     def precompute(self, payload) -> object:
         """Chain the services for one batch; returns what the trainer's ``precomputed`` argument gets

@@ -395,15 +395,14 @@ ADDED_FLAGS: list[FlagSpec] = [
       "torch.compile the lean runner's decode forward before graph capture (faster decode, slower first "
       "steps). Needs a CUDA device and --embedded-runner lean (or auto)"),
     F("weight-sync-transport", "str", "auto", ADDITIONS_GROUP,
-      "How each weight sync reaches its targets (relax/weights/sync.py). cuda-ipc: CUDA IPC handles to a packed GPU "
-      "copy of each --update-weight-buffer-size bucket, copied device to device (same GPU only; the colocate fast "
-      "path). broadcast: targets on other GPUs join a process group with the trainer and receive each packed bucket "
-      "by NCCL broadcast (gloo when the weights are on the host). object-store: host tensors through Ray's object "
-      "store (any placement). auto: cuda-ipc for targets on the GPU that holds the trainer's weights at sync time, "
-      "broadcast for targets on other GPUs, object-store otherwise. With --use-fault-tolerance every target uses "
-      "object-store (restarted engines get the kept host bytes); cuda-ipc needs --colocate, and cuda-ipc and "
-      "broadcast are refused with --use-fault-tolerance",
-      choices=("auto", "object-store", "cuda-ipc", "broadcast")),
+      "How each weight sync reaches its targets, always through SGLang's HTTP endpoints (relax/weights/transports/). "
+      "tensor: /update_weights_from_tensor with memory the trainer shares: a CUDA IPC handle to its packed GPU "
+      "buffer (a target on the trainer's GPU: colocate) or a named shared-memory segment (host weights, a target on "
+      "the same machine), in SGLang's flattened_bucket format. distributed: /init_weights_update_group + "
+      "/update_weights_from_distributed, a broadcast over NCCL (GPU weights) or gloo (host weights) to targets "
+      "anywhere. auto: tensor for each one-rank target on the GPU that holds the trainer's weights at sync time, "
+      "distributed for every other target (every target of a CPU run)",
+      choices=("auto", "tensor", "distributed")),
     F("no-bias-swiglu-fusion", "flag", False, ADDITIONS_GROUP,
       "Megatron-LM's flag: run the MLP's SwiGLU as separate torch ops instead of megatron-core's fused "
       "bias_swiglu_impl (its torch.compile'd forward and backward kernels; on by default, needs triton). "

@@ -196,18 +196,18 @@ def _transfer_queue(args: Namespace) -> None:
 
 
 def _weight_sync(args: Namespace) -> None:
-    """``--weight-sync-transport`` rules the per-sync choice cannot fix later (relax/weights/sync.py)."""
-    transport = args.weight_sync_transport
-    if transport in ("cuda-ipc", "broadcast") and args.use_fault_tolerance:
-        raise ConfigError(f"--weight-sync-transport {transport} with --use-fault-tolerance: restarted engines are "
-                          "resynced from host copies, so fault tolerance syncs through the object store (use auto)")
-    if transport != "cuda-ipc":
+    """``--weight-sync-transport`` rules the per-sync choice cannot fix later (relax/weights/transports/)."""
+    if args.weight_sync_transport != "tensor":
         return
-    if not args.colocate:
-        raise ConfigError("--weight-sync-transport cuda-ipc needs --colocate (the engines must share the trainer's GPU)")
-    if args.offload_train:
-        raise ConfigError("--weight-sync-transport cuda-ipc with --offload-train: the trainer's weights are on the "
-                          "host at sync time (use auto: it picks object-store then)")
+    if args.rollout_external:
+        raise ConfigError("--weight-sync-transport tensor with --rollout-external: a server the run did not start "
+                          "shares no memory with the trainer (use auto or distributed)")
+    if args.device == "cuda" and not args.colocate:
+        raise ConfigError("--weight-sync-transport tensor on GPUs needs --colocate (the engines must share the "
+                          "trainer's GPU); use auto or distributed")
+    if args.offload_train and args.device == "cuda":
+        raise ConfigError("--weight-sync-transport tensor with --offload-train: the trainer's weights are on the "
+                          "host at sync time (use auto: it picks distributed then)")
 
 
 def _trainer_ranks(args: Namespace) -> None:

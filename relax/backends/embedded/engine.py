@@ -31,7 +31,7 @@ from relax.backends.embedded.lean_runner import LeanRunner
 from relax.backends.embedded.rows import Fetch, RowState
 from relax.backends.embedded.runners import HFRunner, StaticRunner
 from relax.backends.embedded.sampling import SamplingParams
-from relax.engine.protocol import GENERATE_REQ, check_fields, weight_version_str
+from relax.engine.protocol import GENERATE_REQ, MEMORY_TAGS, check_fields, weight_version_str
 from relax.weights.checksum import state_checksums
 
 # The top-level /generate fields this engine implements (relax.engine.protocol.GENERATE_REQ has all of SGLang's);
@@ -100,7 +100,7 @@ class EmbeddedEngine:
                                      max_len=self.max_context_len, cuda_graph=cuda_graph, compile=compile)
         else:
             raise ValueError(f"unknown runner {runner!r} (hf, static or lean)")
-        self.released = False
+        self.released_tags: set[str] = set()  # SGLang's memory tags released (relax.engine.protocol.MEMORY_TAGS)
         self._parking: list[torch.Tensor] = []  # pinned host copies of the weights, reused by every release
 
     # ------------------------------------------------------------------ properties
@@ -170,7 +170,7 @@ class EmbeddedEngine:
         self.waiting.append(r)
         return r
 
-    def abort(self, rid: str | None = None, *, abort_all: bool = False) -> list[Request]:
+    def abort(self, rid: str | None = None, *, abort_all: bool = False, message: str | None = None) -> list[Request]:
         """Finish matching waiting/running requests with ``finish_reason.type == "abort"``.
 
         Running requests keep the tokens and log-probs generated so far; they leave the batch
@@ -178,7 +178,7 @@ class EmbeddedEngine:
         """
         hit = [r for r in [*self.waiting, *self.reqs] if abort_all or r.rid == rid]
         for r in hit:
-            r.finish = {"type": "abort", "message": "aborted by request"}
+            r.finish = {"type": "abort", "message": message or "aborted by request"}
         self.waiting = [r for r in self.waiting if not r.done]
         self._drop_finished()
         return hit
@@ -338,13 +338,11 @@ class EmbeddedEngine:
                 r.text = text if r.params.no_stop_trim else text[:at]
 
     # ------------------------------------------------------------------ weights
-    def _bump_version(self, version: int | str | None) -> None:
-        self._weight_version = self._weight_version + 1 if version is None else int(version)
-
     @torch.no_grad()
     def update_weights_from_tensors(self, named_tensors: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
                                     version: int | str | None = None) -> int:
-        """Copy tensors into the model by HF name (all names checked first); bump the weight version."""
+        """Copy tensors into the model by HF name (all names checked first). ``version`` (when given) becomes the
+        served weight version, as SGLang's ``weight_version`` field: a sync sends it with its last bucket."""
         items = list(named_tensors.items() if isinstance(named_tensors, dict) else named_tensors)
         state = self.model.state_dict()
         for name, tensor in items:
@@ -356,7 +354,8 @@ class EmbeddedEngine:
         if items:  # one multi-tensor copy (a few kernel launches on a GPU) instead of one launch per tensor
             torch._foreach_copy_([state[name] for name, _ in items],
                                  [tensor.to(state[name].device, state[name].dtype) for name, tensor in items])
-        self._bump_version(version)
+        if version is not None:
+            self._weight_version = int(version)
         return self._weight_version
 
     def weight_checksums(self) -> dict[str, str]:
@@ -367,24 +366,34 @@ class EmbeddedEngine:
         return not self.has_work()
 
     # ------------------------------------------------------------------ memory
-    def release_memory_occupation(self) -> None:
-        """Free device memory: drop the KV cache and park weights on the CPU (GPU only).
+    @property
+    def released(self) -> bool:
+        return bool(self.released_tags)
 
-        Requires an idle engine (abort or finish requests first), as SGLang does.
+    def release_memory_occupation(self, tags: Iterable[str] | None = None) -> None:
+        """SGLang's ``/release_memory_occupation``: free what ``tags`` name (None: all of `MEMORY_TAGS`).
+
+        ``kv_cache`` drops the KV cache and the runner's CUDA graphs (they are captured over the cache, so
+        ``cuda_graph`` releases the cache too); ``weights`` parks the weights in pinned host memory (GPU
+        only). Requires an idle engine (abort or finish requests first), as SGLang does.
         """
+        tags = _memory_tags(tags)
         if self.has_work():
             raise RuntimeError("cannot release memory while requests are running")
-        self.reqs, self._inflight = [], []
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.state.clear()
-        self.runner.reset()
-        if isinstance(self.runner, StaticRunner | LeanRunner):
-            self.runner.free()
-        if self.device.type == "cuda" and not self.released:
+        if tags & {"kv_cache", "cuda_graph"}:
+            self.reqs, self._inflight = [], []
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.state.clear()
+            self.runner.reset()
+            if isinstance(self.runner, StaticRunner | LeanRunner):
+                self.runner.free()
+            tags |= {"kv_cache", "cuda_graph"}
+        if "weights" in tags and self.device.type == "cuda" and "weights" not in self.released_tags:
             self._park_weights()
+        if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        self.released = True
+        self.released_tags |= tags
 
     def _park_weights(self) -> None:
         """Move every weight into pinned host buffers allocated once and reused by each release (a colocate
@@ -398,12 +407,26 @@ class EmbeddedEngine:
         for t, host in zip(tensors, self._parking, strict=True):
             t.data = host
 
-    def resume_memory_occupation(self) -> None:
-        if self.device.type == "cuda" and self.released:
+    def resume_memory_occupation(self, tags: Iterable[str] | None = None) -> None:
+        """Take back what ``tags`` name (None: all); the KV cache is re-allocated on the next request."""
+        tags = _memory_tags(tags)
+        if tags & {"kv_cache", "cuda_graph"}:
+            tags |= {"kv_cache", "cuda_graph"}
+        if "weights" in tags and self.device.type == "cuda" and "weights" in self.released_tags:
             for t in itertools.chain(self.model.parameters(), self.model.buffers()):
                 t.data = t.data.to(self.device, non_blocking=True)
             torch.cuda.synchronize(self.device)
-        self.released = False
+        self.released_tags -= tags
+
+
+def _memory_tags(tags: Iterable[str] | None) -> set[str]:
+    if tags is None:
+        return set(MEMORY_TAGS)
+    tags = set(tags)
+    unknown = sorted(tags - set(MEMORY_TAGS))
+    if unknown:
+        raise ValueError(f"unknown memory tag(s): {', '.join(unknown)}; one of {', '.join(MEMORY_TAGS)}")
+    return tags
 
 
 def _logprob_start_len(value: Any, prompt_len: int) -> int:

@@ -69,10 +69,10 @@ class Scheduler:
         self._wake()
         return futures
 
-    def abort(self, rid: str | None = None, *, abort_all: bool = False) -> int:
+    def abort(self, rid: str | None = None, *, abort_all: bool = False, message: str | None = None) -> int:
         """Abort one request (by rid) or all; their futures resolve to partial responses."""
         with self._engine_lock:
-            hit = self.engine.abort(rid, abort_all=abort_all)
+            hit = self.engine.abort(rid, abort_all=abort_all, message=message)
             self._resolve(hit)
         return len(hit)
 

@@ -6,14 +6,14 @@
 ``relax-engine ready http://HOST:PORT`` on stdout. It binds 127.0.0.1 unless ``--host`` says
 otherwise; a non-loopback host requires ``--api-key``, and with a key every request must carry
 ``Authorization: Bearer KEY``. Bad input answers 4xx with ``{"error": {"message": ...}}`` and the
-server keeps serving. Weight-update payloads are described in `weight_transport`.
+server keeps serving. Request bodies are checked against SGLang's fields (`relax.engine.protocol`); the
+weight endpoints are `weight_routes`; docs/engine_api.md lists every endpoint and field.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import json
 import logging
 import socket
@@ -23,13 +23,18 @@ from typing import Any
 
 from aiohttp import web
 
-from relax.backends.embedded import weight_transport as wt
+import relax
+from relax.backends.embedded.hosting import is_loopback
 from relax.backends.embedded.scheduler import Scheduler
-from relax.backends.embedded.weights_checker import WeightsChecker
+from relax.backends.embedded.weight_routes import WeightRoutes
+from relax.backends.embedded.weights_checker import ACTIONS
+from relax.engine.protocol import ENDPOINTS_BY_PATH, PAUSE_MODES, check_fields
+from relax.weights.devices import device_identity
 
 log = logging.getLogger("relax.engine.server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _MAX_BODY = 16 << 30  # weight payloads are large
+HEALTH_GENERATE_TIMEOUT_S = 60
 
 
 class BadRequest(ValueError):
@@ -40,14 +45,8 @@ def error(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message, "code": status}}, status=status)
 
 
-def fields(body: dict[str, Any], *, required: tuple[str, ...] = (), optional: tuple[str, ...] = ()) -> dict[str, Any]:
-    unknown = sorted(set(body) - set(required) - set(optional))
-    if unknown:
-        raise BadRequest(f"unknown field(s): {', '.join(unknown)}")
-    missing = [k for k in required if k not in body]
-    if missing:
-        raise BadRequest(f"missing field(s): {', '.join(missing)}")
-    return body
+# SGLang's /generate batch: lists of input_ids / text (and rid); these may be lists of per-item values too
+_PER_ITEM = ("sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num")
 
 
 def split_generate(body: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
@@ -62,8 +61,7 @@ def split_generate(body: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
     for i in range(n):
         single = {}
         for k, v in body.items():
-            per_item = k in (key, "rid") or (k in ("sampling_params", "return_logprob") and isinstance(v, list))
-            if per_item:
+            if k in (key, "rid") or (k in _PER_ITEM and isinstance(v, list)):
                 if not isinstance(v, list) or len(v) != n:
                     raise BadRequest(f"batch field {k!r} must be a list of {n}")
                 single[k] = v[i]
@@ -73,37 +71,39 @@ def split_generate(body: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
     return out, True
 
 
+def _checked(path: str, body: dict[str, Any], implemented: frozenset[str]) -> dict[str, Any]:
+    check_fields(body, ENDPOINTS_BY_PATH[path].fields, implemented, path.lstrip("/"))
+    return body
+
+
 class EngineServer:
+    """SGLang's HTTP API over one `Scheduler` (continuous batching over an `EmbeddedEngine`)."""
+
     def __init__(self, scheduler: Scheduler, *, api_key: str | None = None, model_path: str = ""):
         self.scheduler = scheduler
         self.engine = scheduler.engine
         self.api_key = api_key
         self.model_path = model_path
-        self.checker = WeightsChecker(self.engine.model)
-        self.weight_group: wt.WeightGroup | None = None
+        self.weights = WeightRoutes(self.engine, body=self.body, run=self.exclusive,
+                                    abort_all=lambda: self.scheduler.abort(abort_all=True))
 
     # ------------------------------------------------------------------ plumbing
     def app(self) -> web.Application:
         app = web.Application(client_max_size=_MAX_BODY, middlewares=[self._middleware])
-        post = {
-            "/generate": self.generate, "/abort_request": self.abort_request,
-            "/pause_generation": self.pause_generation, "/continue_generation": self.continue_generation,
-            "/update_weights_from_tensor": self.update_weights_from_tensor,
-            "/update_weights_from_disk": self.update_weights_from_disk,
-            "/init_weights_update_group": self.init_weights_update_group,
-            "/destroy_weights_update_group": self.destroy_weights_update_group,
-            "/update_weights_from_distributed": self.update_weights_from_distributed,
-            "/release_memory_occupation": self.release_memory, "/resume_memory_occupation": self.resume_memory,
-            "/weights_checker": self.weights_checker,
-        }
-        for path, handler in post.items():
-            app.router.add_post(path, handler)
-        both = {"/flush_cache": self.flush_cache, "/get_weight_version": self.get_weight_version,
-                "/health": self.health, "/health_generate": self.health_generate,
-                "/get_model_info": self.model_info, "/get_server_info": self.server_info}
-        for path, handler in both.items():
+        for path in ("/generate", "/abort_request", "/pause_generation", "/continue_generation"):
+            app.router.add_post(path, getattr(self, path.lstrip("/")))
+        app.router.add_put("/generate", self.generate)
+        self.weights.add_to(app)
+        get_and_post = {"/flush_cache": self.flush_cache, "/release_memory_occupation": self.release_memory,
+                        "/resume_memory_occupation": self.resume_memory}
+        for path, handler in get_and_post.items():
             app.router.add_get(path, handler)
             app.router.add_post(path, handler)
+        gets = {"/health": self.health, "/health_generate": self.health_generate, "/model_info": self.model_info,
+                "/get_model_info": self.model_info, "/server_info": self.server_info,
+                "/get_server_info": self.server_info}
+        for path, handler in gets.items():
+            app.router.add_get(path, handler)
         return app
 
     @web.middleware
@@ -114,8 +114,8 @@ class EngineServer:
             return await handler(request)
         except web.HTTPException:
             raise
-        except (BadRequest, ValueError) as exc:
-            return error(400, str(exc))
+        except (BadRequest, ValueError, KeyError) as exc:
+            return error(400, str(exc).strip("'\""))
         except RuntimeError as exc:  # a state conflict: released, busy, no group
             return error(409, str(exc))
         except Exception as exc:
@@ -139,11 +139,11 @@ class EngineServer:
     async def in_thread(self, fn: Callable[[], Any]) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, fn)
 
-    async def exclusive(self, fn: Callable[[Any], Any]) -> Any:
-        """Run ``fn(engine)`` with generation paused around it (off the event loop)."""
+    async def exclusive(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn()`` with generation held off between two decode steps (off the event loop)."""
         def run() -> Any:
-            with self.scheduler.exclusive() as engine:
-                return fn(engine)
+            with self.scheduler.exclusive():
+                return fn()
         return await self.in_thread(run)
 
     # ------------------------------------------------------------------ generation
@@ -159,179 +159,84 @@ class EngineServer:
         return web.json_response(list(results) if is_batch else results[0])
 
     async def abort_request(self, request: web.Request) -> web.Response:
-        body = fields(await self.body(request), optional=("rid", "abort_all", "finished_reason", "abort_message"))
+        body = _checked("/abort_request", await self.body(request), frozenset({"rid", "abort_all", "abort_message"}))
         if not body.get("abort_all") and not body.get("rid"):
             raise BadRequest("abort_request needs rid or abort_all=true")
-        n = self.scheduler.abort(body.get("rid"), abort_all=bool(body.get("abort_all")))
-        return web.json_response({"success": True, "num_aborted": n})
+        self.scheduler.abort(body.get("rid"), abort_all=bool(body.get("abort_all")),
+                             message=body.get("abort_message"))
+        return web.Response(status=200)  # SGLang answers an empty 200
 
     async def pause_generation(self, request: web.Request) -> web.Response:
-        body = fields(await self.body(request), optional=("mode",))
+        body = _checked("/pause_generation", await self.body(request), frozenset({"mode"}))
         mode = body.get("mode", "abort")
-        if mode not in ("abort", "in_place", "retract"):
-            raise BadRequest(f"pause_generation mode must be abort, in_place or retract, got {mode!r}")
+        if mode not in PAUSE_MODES:
+            raise BadRequest(f"pause_generation mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}")
+        if mode == "retract":
+            raise BadRequest("pause_generation mode 'retract' is not implemented by this engine (abort or in_place)")
         await self.in_thread(self.scheduler.pause)
-        n = self.scheduler.abort(abort_all=True) if mode == "abort" else 0
-        return web.json_response({"success": True, "num_aborted": n})
+        if mode == "abort":
+            self.scheduler.abort(abort_all=True)
+        return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
 
     async def continue_generation(self, request: web.Request) -> web.Response:
-        fields(await self.body(request), optional=("torch_empty_cache",))
+        _checked("/continue_generation", await self.body(request), frozenset())
         self.scheduler.resume()
-        return web.json_response({"success": True})
+        return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
-        ok = await self.exclusive(lambda e: e.flush_cache())
-        return web.json_response({"success": ok, "message": "" if ok else "requests are running"},
-                                 status=200 if ok else 400)
-
-    # ------------------------------------------------------------------ weights
-    def _apply(self, engine: Any, named: wt.NamedTensors, version: Any) -> dict[str, Any]:
-        engine.update_weights_from_tensors(named, version=_version(version))
-        return {"success": True, "message": f"updated {len(named)} tensors", "weight_version": engine.weight_version,
-                "num_paused_requests": len(engine.running)}
-
-    async def update_weights_from_tensor(self, request: web.Request) -> web.Response:
-        body = fields(await self.body(request), optional=(
-            "serialized_named_tensors", "load_format", "path", "flush_cache", "weight_version", "abort_all_requests"))
-        if body.get("abort_all_requests"):
-            self.scheduler.abort(abort_all=True)
-        fmt = body.get("load_format")
-        if fmt == "shm":
-            if not isinstance(body.get("path"), str):
-                raise BadRequest("load_format 'shm' needs a 'path'")
-            named = await self.in_thread(lambda: wt.read_safetensors(body["path"]))
-        elif fmt in (None, "torch_save"):
-            items = body.get("serialized_named_tensors")
-            if not isinstance(items, list):
-                raise BadRequest("serialized_named_tensors must be a list of base64 strings")
-            named = [pair for item in items for pair in wt.decode_named_tensors(item)]
-        else:
-            raise BadRequest(f"unsupported load_format {fmt!r} (torch_save or shm)")
-        return web.json_response(await self.exclusive(lambda e: self._apply(e, named, body.get("weight_version"))))
-
-    async def update_weights_from_disk(self, request: web.Request) -> web.Response:
-        body = fields(await self.body(request), required=("model_path",), optional=(
-            "load_format", "flush_cache", "weight_version", "abort_all_requests"))
-        if body.get("abort_all_requests"):
-            self.scheduler.abort(abort_all=True)
-        named = await self.in_thread(lambda: wt.read_hf_dir(body["model_path"]))
-        result = await self.exclusive(lambda e: self._apply(e, named, body.get("weight_version")))
-        self.model_path = body["model_path"]
-        return web.json_response(result)
-
-    async def init_weights_update_group(self, request: web.Request) -> web.Response:
-        body = fields(await self.body(request), required=("master_address", "master_port", "rank_offset",
-                                                          "world_size"),
-                      optional=("group_name", "backend", "timeout"))
-        backend = body.get("backend") or ("nccl" if self.engine.device.type == "cuda" else "gloo")
-        rank = int(body["rank_offset"])  # one process per engine: its rank is the offset
-        self.weight_group = await self.in_thread(lambda: wt.WeightGroup(
-            body["master_address"], int(body["master_port"]), rank, int(body["world_size"]),
-            group_name=body.get("group_name", "weight_update_group"), backend=backend,
-            timeout_s=float(body.get("timeout", 300))))
-        return web.json_response({"success": True, "message": f"joined as rank {rank} ({backend})"})
-
-    async def destroy_weights_update_group(self, request: web.Request) -> web.Response:
-        fields(await self.body(request), optional=("group_name",))
-        if self.weight_group is not None:
-            self.weight_group.close()
-        self.weight_group = None
-        return web.json_response({"success": True})
-
-    async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
-        body = fields(await self.body(request), required=("names", "dtypes", "shapes"), optional=(
-            "group_name", "flush_cache", "weight_version", "abort_all_requests", "load_format", "torch_empty_cache"))
-        group = self.weight_group
-        if group is None:
-            raise RuntimeError("no weight update group: call /init_weights_update_group first")
-        names, dtypes, shapes = body["names"], body["dtypes"], body["shapes"]
-        if not len(names) == len(dtypes) == len(shapes):
-            raise BadRequest("names, dtypes and shapes must have the same length")
-        state = self.engine.model.state_dict()
-        unknown = [n for n in names if n not in state]
-        if unknown:
-            raise BadRequest(f"unknown weight(s): {', '.join(unknown[:5])}")
-        if body.get("abort_all_requests"):
-            self.scheduler.abort(abort_all=True)
-        comm_device = "cuda" if group.backend == "nccl" else "cpu"
-
-        def receive(engine: Any) -> dict[str, Any]:
-            buffers = [torch_empty(s, wt.dtype_from_name(d), comm_device) for d, s in zip(dtypes, shapes, strict=True)]
-            group.broadcast(buffers, root=0)
-            return self._apply(engine, list(zip(names, buffers, strict=True)), body.get("weight_version"))
-
-        return web.json_response(await self.exclusive(receive))
-
-    async def get_weight_version(self, request: web.Request) -> web.Response:
-        return web.json_response({"weight_version": self.engine.weight_version})
-
-    async def weights_checker(self, request: web.Request) -> web.Response:
-        body = fields(await self.body(request), required=("action",), optional=("seed",))
-        kwargs = {"seed": int(body["seed"])} if body["action"] == "reset_tensors" and "seed" in body else {}
-        return web.json_response(await self.exclusive(lambda e: self.checker.run(body["action"], **kwargs)))
+        """Nothing is cached across requests (no prefix cache): succeeds when idle, as SGLang's does."""
+        ok = await self.exclusive(self.engine.flush_cache)
+        return web.Response(text="Cache flushed.\n" if ok else "Cache not flushed: requests are running.\n",
+                            status=200 if ok else 400)
 
     # ------------------------------------------------------------------ memory, health, info
     async def release_memory(self, request: web.Request) -> web.Response:
-        fields(await self.body(request), optional=("tags",))
-        await self.exclusive(lambda e: e.release_memory_occupation())
-        return web.json_response({"success": True})
+        body = _checked("/release_memory_occupation", await self.body(request), frozenset({"tags"}))
+        await self.exclusive(lambda: self.engine.release_memory_occupation(body.get("tags")))
+        return web.json_response(None)
 
     async def resume_memory(self, request: web.Request) -> web.Response:
-        fields(await self.body(request), optional=("tags",))
-        await self.exclusive(lambda e: e.resume_memory_occupation())
-        return web.json_response({"success": True})
+        body = _checked("/resume_memory_occupation", await self.body(request), frozenset({"tags"}))
+        await self.exclusive(lambda: self.engine.resume_memory_occupation(body.get("tags")))
+        return web.json_response(None)
 
     async def health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+        return web.Response(status=200)
 
     async def health_generate(self, request: web.Request) -> web.Response:
-        if self.scheduler.paused or self.engine.released:
-            return web.json_response({"status": "ok", "generated": False})
-        fut = self.scheduler.submit({"input_ids": [1], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}})
+        """One token when idle (SGLang's: generating anything counts); paused or released: up, not generating."""
+        if self.scheduler.paused or self.engine.released or self.scheduler.num_outstanding():
+            return web.Response(status=200)
+        fut = self.scheduler.submit({"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}})
         try:
-            await asyncio.wait_for(asyncio.wrap_future(fut), timeout=60)
+            await asyncio.wait_for(asyncio.wrap_future(fut), timeout=HEALTH_GENERATE_TIMEOUT_S)
         except TimeoutError:
-            return error(503, "engine did not generate a token within 60 s")
-        return web.json_response({"status": "ok", "generated": True})
+            return error(503, f"engine did not generate a token within {HEALTH_GENERATE_TIMEOUT_S} s")
+        return web.Response(status=200)
 
     async def model_info(self, request: web.Request) -> web.Response:
-        return web.json_response({"model_path": self.model_path, "is_generation": True,
-                                  "max_context_len": self.engine.max_context_len,
-                                  "vocab_size": int(self.engine.model.config.vocab_size)})
+        config = self.engine.model.config
+        return web.json_response({
+            "model_path": self.model_path, "tokenizer_path": self.model_path, "is_generation": True,
+            "preferred_sampling_params": None, "weight_version": str(self.engine.weight_version),
+            "has_image_understanding": False, "has_audio_understanding": False,
+            "model_type": getattr(config, "model_type", None), "architectures": getattr(config, "architectures", None),
+        })
 
     async def server_info(self, request: web.Request) -> web.Response:
+        """SGLang's keys where they apply, and the embedded engine's own state under ``relax_engine``."""
         e = self.engine
-        return web.json_response({"model_path": self.model_path, "device": str(e.device), "weight_version": e.weight_version,
-                                  "max_context_len": e.max_context_len, "max_running_requests": e.max_running_requests,
-                                  "running": len(e.running), "waiting": len(e.waiting), "paused": self.scheduler.paused,
-                                  "released": e.released, "steps": self.scheduler.steps})
-
-
-def torch_empty(shape: list[int], dtype: Any, device: str) -> Any:
-    import torch
-
-    return torch.empty([int(x) for x in shape], dtype=dtype, device=device)
-
-
-def _version(v: Any) -> int | None:
-    if v is None:
-        return None
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        raise BadRequest(f"weight_version must be an integer, got {v!r}") from None
+        return web.json_response({
+            "model_path": self.model_path, "tp_size": 1, "weight_version": str(e.weight_version),
+            "context_length": e.max_context_len, "max_running_requests": e.max_running_requests,
+            "version": f"relax-embedded {relax.__version__}",
+            "relax_engine": {"device": device_identity(e.device), "weights_checker_actions": list(ACTIONS),
+                             "running": len(e.running), "waiting": len(e.waiting), "paused": self.scheduler.paused,
+                             "released": sorted(e.released_tags), "steps": self.scheduler.steps},
+        })
 
 
 # ---------------------------------------------------------------------- process entry
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m relax.backends.embedded.server", description=__doc__.split("\n")[0])
     p.add_argument("--hf-checkpoint", help="model preset name or local HF directory (relax.models)")

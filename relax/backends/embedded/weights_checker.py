@@ -1,66 +1,72 @@
-"""``/weights_checker``: prove that a weight sync writes every tensor.
+"""``/weights_checker``: prove that a weight sync writes every tensor (SGLang's actions, plus checksums).
 
-Actions (``{"action": ...}``):
+Actions (``{"action": ...}``), answered ``{"success", "message"}`` like SGLang's
+(``sglang/srt/utils/weight_checker.py``):
 
-* ``snapshot``: keep a CPU copy of every state-dict tensor.
-* ``reset_tensors``: overwrite every tensor with seeded noise (so a tensor that a later sync
-  skips keeps a checksum that cannot match the trainer's).
-* ``checksum``: per-tensor checksums keyed by HF name (`relax.weights.checksum`).
-* ``compare``: compare the current weights with the snapshot, bit for bit; reports mismatches.
+* ``snapshot``: keep a host copy of every state-dict tensor;
+* ``reset_tensors``: overwrite every floating tensor with noise (a tensor that a later sync skips keeps
+  noise, so its checksum cannot match the trainer's);
+* ``compare``: the current weights against the snapshot, bit for bit; ``success`` false names the tensors
+  that differ;
+* ``checksum`` (our extension): per-tensor checksums keyed by HF name (`relax.weights.checksum`) in a
+  ``checksums`` field, so both sides of every sync go to weights.jsonl.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
 
 from relax.weights.checksum import state_checksums
 
-ACTIONS = ("snapshot", "reset_tensors", "checksum", "compare")
+ACTIONS = ("snapshot", "reset_tensors", "compare", "checksum")
 
 
 class WeightsChecker:
     def __init__(self, model: torch.nn.Module):
         self.model = model
         self._snapshot: dict[str, torch.Tensor] | None = None
+        self._resets = itertools.count(1)  # each reset draws new noise
 
-    def run(self, action: str, **kwargs: Any) -> dict[str, Any]:
+    def run(self, action: str) -> dict[str, Any]:
         if action not in ACTIONS:
-            raise ValueError(f"unknown weights_checker action {action!r}; one of {', '.join(ACTIONS)}")
-        return getattr(self, action)(**kwargs)
+            raise ValueError(f"weights_checker: unsupported action {action!r}; one of {', '.join(ACTIONS)}")
+        return getattr(self, action)()
 
     @torch.no_grad()
     def snapshot(self) -> dict[str, Any]:
         self._snapshot = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-        return {"success": True, "num_tensors": len(self._snapshot)}
+        return {"success": True, "message": f"snapshot of {len(self._snapshot)} tensors"}
 
     @torch.no_grad()
-    def reset_tensors(self, seed: int = 0) -> dict[str, Any]:
-        gen = torch.Generator().manual_seed(int(seed))
-        state = self.model.state_dict()
+    def reset_tensors(self) -> dict[str, Any]:
+        gen = torch.Generator().manual_seed(next(self._resets))
         seen: set[int] = set()
+        state = self.model.state_dict()
         for t in state.values():
             if t.data_ptr() in seen or not t.is_floating_point():
                 continue
             seen.add(t.data_ptr())
             noise = torch.randn(t.shape, generator=gen, dtype=torch.float32) * 0.02 + 0.5
             t.copy_(noise.to(t.device, t.dtype))
-        return {"success": True, "num_tensors": len(state)}
+        return {"success": True, "message": f"reset {len(seen)} tensors"}
 
     def checksum(self) -> dict[str, Any]:
-        return {"success": True, "checksums": state_checksums(self.model.state_dict().items())}
+        sums = state_checksums(self.model.state_dict().items())
+        return {"success": True, "message": f"checksums of {len(sums)} tensors", "checksums": sums}
 
     @torch.no_grad()
     def compare(self) -> dict[str, Any]:
         if self._snapshot is None:
-            raise ValueError("weights_checker compare needs a snapshot first")
+            return {"success": False, "message": "compare needs a snapshot first"}
         state = self.model.state_dict()
-        mismatched = sorted(
-            name for name, ref in self._snapshot.items()
-            if name not in state or state[name].shape != ref.shape
-            or not torch.equal(state[name].detach().cpu(), ref)
-        )
+        differ = sorted(name for name, ref in self._snapshot.items()
+                        if name not in state or state[name].shape != ref.shape
+                        or not torch.equal(state[name].detach().cpu(), ref))
         missing = sorted(set(state) - set(self._snapshot))
-        return {"success": True, "equal": not mismatched and not missing, "mismatched": mismatched,
-                "missing": missing, "num_tensors": len(state)}
+        if differ or missing:
+            return {"success": False, "message": f"{len(differ)} tensors differ from the snapshot "
+                    f"({', '.join(differ[:5])}{'...' if len(differ) > 5 else ''}); {len(missing)} not in it"}
+        return {"success": True, "message": f"all {len(state)} tensors equal the snapshot"}

@@ -1,17 +1,20 @@
-"""Engine pools: how rollout code reaches the engines.
+"""How rollout code reaches the engines: SGLang's ``/generate`` through the run's router.
 
-`RayEnginePool` talks to engine actors directly (SGLang-shaped request/response dicts) and
-splits a batch across engines by whole groups so a group's samples share an engine. With a
-supervisor (``--use-fault-tolerance``) a chunk whose engine died is re-sent to its
-replacement; without one the failure ends the run with an error naming the engine.
+A batch goes as one batched request per group (SGLang's lists of ``input_ids`` and
+``sampling_params``), so a group's samples share an engine and are admitted together; the router
+spreads the groups over the engines. With a supervisor (``--use-fault-tolerance``) a request that
+failed because an engine died or hung is retried once the supervisor has replaced the engine (the
+router also retries it on another live engine); without one the first failure ends the run with
+one line naming the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, Protocol
 
-from ray.exceptions import RayActorError
+from relax.engine.rollout.engine_client import EngineClient, EngineError, EngineHTTPError
 
 
 class EnginePool(Protocol):
@@ -19,48 +22,59 @@ class EnginePool(Protocol):
 
 
 class EngineDiedError(RuntimeError):
-    """An engine died mid-request and fault tolerance is off."""
+    """An engine died or failed mid-request and fault tolerance is off."""
 
 
-class RayEnginePool:
+class HttpEnginePool:
     MAX_RETRIES = 3
 
-    def __init__(self, engines: list, supervisor: Any = None):
-        if not engines:
-            raise ValueError("RayEnginePool needs at least one engine")
-        self.engines = engines  # shared with the runtime: restarts replace entries in place
+    def __init__(self, client: EngineClient, supervisor: Any = None,
+                 on_failure: Callable[[BaseException], BaseException] | None = None):
+        self.client = client  # the router (or one engine)
         self.supervisor = supervisor
+        self.on_failure = on_failure  # names the failed engine (EngineFleet.failure) when there is no supervisor
 
-    async def _generate_on(self, index: int, requests: list[dict]) -> list[dict]:
+    async def generate_batch(self, requests: list[dict[str, Any]], group_size: int = 1) -> list[dict[str, Any]]:
+        size = max(1, group_size)
+        chunks = [requests[i:i + size] for i in range(0, len(requests), size)]
+        answers = await asyncio.gather(*(self._generate(_batched(chunk)) for chunk in chunks))
+        return [resp for chunk, answer in zip(chunks, answers, strict=True)
+                for resp in (answer if len(chunk) > 1 else [answer])]
+
+    async def generate(self, request: dict[str, Any]) -> Any:
+        return await self._generate(request)
+
+    async def _generate(self, request: dict[str, Any]) -> Any:
         for attempt in range(self.MAX_RETRIES + 1):
-            engine = self.engines[index]
             try:
-                return await engine.generate.remote(requests)
-            except RayActorError as exc:
+                return await self.client.generate(request)
+            except EngineError as exc:
+                if isinstance(exc, EngineHTTPError) and exc.status < 500:
+                    raise  # a bad request stays bad wherever it goes
                 if self.supervisor is None:
-                    raise EngineDiedError(f"engine:{index} died during generation ({type(exc).__name__}); "
-                                          "rerun with --use-fault-tolerance to restart engines") from None
+                    if self.on_failure is not None:
+                        raise self.on_failure(exc) from None
+                    raise EngineDiedError(f"an engine failed during generation: {exc}; rerun with "
+                                          "--use-fault-tolerance to restart engines") from None
                 if attempt == self.MAX_RETRIES:
                     raise
-                await asyncio.to_thread(self.supervisor.replace, index, engine, f"generate failed: {type(exc).__name__}")
+                await asyncio.to_thread(self.supervisor.check_all)  # replaces a dead or hung engine
+                await asyncio.sleep(0.5 * (attempt + 1))
         raise AssertionError("unreachable")
 
-    async def clients(self) -> list[Any]:
-        """HTTP clients of the engines, which serve SGLang's API when ``--partial-rollout`` needs aborts."""
-        from relax.engine.rollout.engine_client import EngineClient
+    async def abort_request(self, rid: str) -> Any:
+        return await self.client.abort_request(rid)
 
-        urls = await asyncio.gather(*(e.http_url.remote() for e in self.engines))
-        if None in urls:
-            raise RuntimeError("the engines do not serve HTTP (started without --partial-rollout)")
-        return [EngineClient(url, timeout=None) for url in urls]
 
-    async def generate_batch(self, requests: list[dict], group_size: int) -> list[dict]:
-        num_groups = max(1, len(requests) // max(1, group_size))
-        per_engine = -(-num_groups // len(self.engines))  # ceil
-        chunks = []
-        for i in range(len(self.engines)):
-            lo, hi = i * per_engine * group_size, min(len(requests), (i + 1) * per_engine * group_size)
-            if lo < hi:
-                chunks.append(self._generate_on(i, requests[lo:hi]))
-        results = await asyncio.gather(*chunks)
-        return [resp for chunk in results for resp in chunk]
+def _batched(chunk: list[dict[str, Any]]) -> dict[str, Any]:
+    """Single requests of one shape -> one SGLang batch request (per-item fields as lists)."""
+    if len(chunk) == 1:
+        return chunk[0]
+    keys = set(chunk[0])
+    if any(set(r) != keys for r in chunk):
+        raise ValueError("a batched /generate needs requests with the same fields")
+    per_item = ("input_ids", "text", "sampling_params", "rid", "return_logprob", "logprob_start_len")
+    shared = [k for k in keys if k not in per_item]
+    if any(r[k] != chunk[0][k] for r in chunk for k in shared):
+        raise ValueError(f"a batched /generate shares {', '.join(sorted(shared))}; these requests differ there")
+    return {k: [r[k] for r in chunk] if k in per_item else chunk[0][k] for k in keys}

@@ -148,4 +148,4 @@ class PartialRollout:
 
 async def generate_partial_rollout_async(args: Namespace, rollout_id: int, data_source: Any) -> list[list[Sample]]:
     state = GenerateState(args)
-    return await PartialRollout(args, rollout_id, state, data_source, await state.pool.clients()).run()
+    return await PartialRollout(args, rollout_id, state, data_source, [state.pool]).run()  # aborts go via the router

@@ -28,7 +28,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--worker-api-key", default=None, help="sent to the workers")
     p.add_argument("--log-level", default="WARNING")
     args = p.parse_args(argv)
-    from relax.backends.embedded.server import is_loopback
+    from relax.backends.embedded.hosting import is_loopback
 
     if not is_loopback(args.host) and not args.api_key:
         p.error(f"--host {args.host} is not loopback: --api-key is required")

@@ -5,9 +5,10 @@
 * ``/generate`` goes to the live worker with the fewest outstanding requests; a request with a
   routing key (header ``X-Routing-Key`` or body field ``routing_key``, stripped before
   forwarding) sticks to one worker (rendezvous hashing over the live workers).
-* Failover: if a worker cannot be reached or drops the connection, the request is retried on
-  another live worker (seeded requests give the same tokens there) and the worker is marked
-  suspect until a health check passes.
+* Failover (on by default): if a worker cannot be reached or drops the connection, the request is
+  retried on another live worker (seeded requests give the same tokens there) and the worker is
+  marked suspect until a health check passes. Without it (``failover=False``: a training run without
+  ``--use-fault-tolerance``) the request fails with 502 naming the worker.
 * A background loop checks ``/health`` of every worker each ``--health-check-interval`` s; a
   worker failing ``--slime-router-health-check-failure-threshold`` consecutive checks is removed.
 * ``/add_worker?url=`` and ``/remove_worker?url=`` change the pool at run time; ``/list_workers``
@@ -62,7 +63,7 @@ class NoWorker(RuntimeError):
 class Router:
     def __init__(self, worker_urls: list[str] = (), *, failure_threshold: int = 3, health_interval: float = 1.0,
                  health_timeout: float = 2.0, request_timeout: float | None = None, max_connections: int = 1024,
-                 api_key: str | None = None, worker_api_key: str | None = None):
+                 api_key: str | None = None, worker_api_key: str | None = None, failover: bool = True):
         self.workers: dict[str, Worker] = {}
         for url in worker_urls:
             self.add_worker(url)
@@ -73,6 +74,7 @@ class Router:
         self.max_connections = max_connections
         self.api_key = api_key
         self.worker_headers = {"Authorization": f"Bearer {worker_api_key}"} if worker_api_key else {}
+        self.failover = failover
         self.session: aiohttp.ClientSession | None = None
         self._health_task: asyncio.Task | None = None
 
@@ -168,7 +170,9 @@ class Router:
                 status, data = await self._send_unless_gone(w, method, path, body)
             except _CONNECTION_ERRORS as exc:
                 w.suspect = True
-                last_error = f"worker {w.url} failed: {type(exc).__name__}: {exc}"
+                last_error = f"worker {w.url} failed: {type(exc).__name__}: {exc}".rstrip(": ")
+                if not self.failover:
+                    return _error(502, last_error)
                 log.warning("%s; retrying elsewhere", last_error)
                 continue
             finally:

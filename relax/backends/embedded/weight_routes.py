@@ -1,0 +1,155 @@
+"""The weight half of SGLang's HTTP API, for any holder of policy weights (an engine, the actor_fwd service).
+
+Endpoints: ``/update_weights_from_tensor``, ``/init_weights_update_group``,
+``/update_weights_from_distributed``, ``/destroy_weights_update_group``, ``/update_weights_from_disk``,
+``/weights_checker`` and ``/get_weight_version``. Bodies are checked against SGLang's request fields
+(`relax.engine.protocol`): an unknown field, or a field this server does not implement set to anything
+but SGLang's default, answers 400. Answers have SGLang's shape (``{"success", "message"}``; 400 when
+``success`` is false). ``/weights_checker`` has SGLang's actions (snapshot, reset_tensors, compare) and
+``checksum``, our extension: per-tensor checksums keyed by HF name, so both sides of a sync can be
+compared from weights.jsonl alone.
+
+A holder offers ``model``, ``device``, ``weight_version`` and ``update_weights_from_tensors(named,
+version)``; ``run`` executes a function with generation held off (the scheduler's ``exclusive()``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import torch
+from aiohttp import web
+
+from relax.backends.embedded.weights_checker import WeightsChecker
+from relax.engine.protocol import ENDPOINTS_BY_PATH, check_fields, parse_weight_version
+from relax.weights.transports.distributed import DistributedReceiver
+from relax.weights.transports.tensor import TensorReceiver
+
+NamedTensors = list[tuple[str, torch.Tensor]]
+
+IMPLEMENTED: dict[str, frozenset[str]] = {
+    "/update_weights_from_tensor": frozenset({"serialized_named_tensors", "load_format", "flush_cache",
+                                              "abort_all_requests", "weight_version"}),
+    "/init_weights_update_group": frozenset({"master_address", "master_port", "rank_offset", "world_size",
+                                             "group_name", "backend"}),
+    "/update_weights_from_distributed": frozenset({"names", "dtypes", "shapes", "group_name", "flush_cache",
+                                                   "abort_all_requests", "weight_version", "load_format"}),
+    "/destroy_weights_update_group": frozenset({"group_name"}),
+    "/update_weights_from_disk": frozenset({"model_path", "abort_all_requests", "weight_version", "flush_cache",
+                                            "torch_empty_cache"}),
+    "/weights_checker": frozenset({"action"}),
+}
+
+
+class WeightHolder(Protocol):
+    model: torch.nn.Module
+    device: torch.device
+
+    @property
+    def weight_version(self) -> int: ...
+
+    def update_weights_from_tensors(self, named: NamedTensors, version: int | str | None = None) -> int: ...
+
+
+def checked(path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` after SGLang's field check for ``path`` (ValueError -> 400)."""
+    check_fields(body, ENDPOINTS_BY_PATH[path].fields, IMPLEMENTED.get(path, frozenset()), path.lstrip("/"))
+    return body
+
+
+def _version(body: dict[str, Any]) -> int | None:
+    raw = body.get("weight_version")
+    if raw is None:
+        return None
+    if not isinstance(raw, str):
+        raise ValueError(f"weight_version must be a string (SGLang's type), got {raw!r}")
+    version = parse_weight_version(raw)
+    if version is None:
+        raise ValueError(f"weight_version {raw!r}: this engine versions weights with integers")
+    return version
+
+
+def _answer(success: bool, message: str, **extra: Any) -> web.Response:
+    return web.json_response({"success": success, "message": message, **extra}, status=200 if success else 400)
+
+
+class WeightRoutes:
+    """The handlers; ``body`` parses a request's JSON, ``run`` runs a function with generation held off,
+    ``abort_all`` aborts every running request (for ``abort_all_requests``)."""
+
+    def __init__(self, holder: WeightHolder, *, body: Callable[[web.Request], Awaitable[dict[str, Any]]],
+                 run: Callable[[Callable[[], Any]], Awaitable[Any]], abort_all: Callable[[], Any] = lambda: None):
+        self.holder, self.body, self.run, self.abort_all = holder, body, run, abort_all
+        self.checker = WeightsChecker(holder.model)
+        self.tensors = TensorReceiver()
+        self.groups = DistributedReceiver(holder.device)
+
+    def add_to(self, app: web.Application) -> None:
+        routes = {
+            "/update_weights_from_tensor": self.update_weights_from_tensor,
+            "/init_weights_update_group": self.init_weights_update_group,
+            "/update_weights_from_distributed": self.update_weights_from_distributed,
+            "/destroy_weights_update_group": self.destroy_weights_update_group,
+            "/update_weights_from_disk": self.update_weights_from_disk,
+            "/weights_checker": self.weights_checker,
+        }
+        for path, handler in routes.items():
+            app.router.add_post(path, handler)
+        app.router.add_get("/get_weight_version", self.get_weight_version)
+
+    async def _load(self, body: dict[str, Any], receive: Callable[[], NamedTensors]) -> web.Response:
+        """Receive and copy into the model with generation held off; the device copies finish before the
+        answer, so the sender may reuse the memory it shared as soon as it has it."""
+        version = _version(body)
+        if body.get("abort_all_requests"):
+            self.abort_all()
+
+        def apply() -> int:
+            named = receive()
+            self.holder.update_weights_from_tensors(named, version=version)
+            if self.holder.device.type == "cuda":
+                torch.cuda.synchronize(self.holder.device)
+            return len(named)
+
+        count = await self.run(apply)
+        return _answer(True, f"Succeeded to update {count} tensors" + (f"; weight version {version}" if version
+                                                                          is not None else ""))
+
+    async def update_weights_from_tensor(self, request: web.Request) -> web.Response:
+        body = checked("/update_weights_from_tensor", await self.body(request))
+        return await self._load(body, lambda: self.tensors.named_tensors(body))
+
+    async def init_weights_update_group(self, request: web.Request) -> web.Response:
+        body = checked("/init_weights_update_group", await self.body(request))
+        message = await asyncio.get_running_loop().run_in_executor(None, lambda: self.groups.init(body))
+        return _answer(True, message)
+
+    async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
+        body = checked("/update_weights_from_distributed", await self.body(request))
+        return await self._load(body, lambda: self.groups.named_tensors(body))
+
+    async def destroy_weights_update_group(self, request: web.Request) -> web.Response:
+        body = checked("/destroy_weights_update_group", await self.body(request))
+        name = body.get("group_name", "weight_update_group")
+        found = self.groups.destroy(name)
+        return _answer(found, f"destroyed {name}" if found else f"no weight update group {name!r}")
+
+    async def update_weights_from_disk(self, request: web.Request) -> web.Response:
+        from relax.weights.hf_files import read_hf_dir
+
+        body = checked("/update_weights_from_disk", await self.body(request))
+        response = await self._load(body, lambda: read_hf_dir(body["model_path"]))
+        if body.get("torch_empty_cache") and self.holder.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return response
+
+    async def weights_checker(self, request: web.Request) -> web.Response:
+        body = checked("/weights_checker", await self.body(request))
+        result = await self.run(lambda: self.checker.run(body["action"]))
+        return _answer(**result)
+
+    async def get_weight_version(self, request: web.Request) -> web.Response:
+        """SGLang before 0.5.10 (0.5.10 answers 404 and reports the version in /model_info)."""
+        return web.json_response({"weight_version": str(self.holder.weight_version)})

@@ -1,0 +1,66 @@
+"""The Ray actor that hosts one embedded engine, served over SGLang's HTTP API like any SGLang server.
+
+Generation, weight updates, memory release and health all go over HTTP (the engine contract,
+DESIGN.md); Ray only places the process, reports its pid and endpoint, and kills it. The server binds
+loopback when the run lives on one machine, else this node's address with the run's API key.
+"""
+
+from __future__ import annotations
+
+import os
+from argparse import Namespace
+
+import ray
+import torch
+
+from relax.weights import checksum
+from relax.weights.devices import device_identity
+
+
+@ray.remote
+class EngineActor:
+    def __init__(self, args: Namespace, device: str, engine_id: int, host: str = "127.0.0.1",
+                 api_key: str | None = None):
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        from relax.backends.embedded.hosting import serve_in_thread
+        from relax.backends.embedded.scheduler import Scheduler
+        from relax.backends.embedded.server import EngineServer
+
+        if host == "node":  # the cluster spans machines: serve on this node's address (with the run's API key)
+            host = ray.util.get_node_ip_address()
+        self.engine_id = engine_id
+        self.engine = build_engine(args, device)
+        checksum.warm_up(self.engine.device)
+        self.server = EngineServer(Scheduler(self.engine), api_key=api_key, model_path=str(args.hf_checkpoint))
+        self.url = serve_in_thread(self.server.app(), host, name=f"relax-engine-{engine_id}-http").url
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def endpoint(self) -> tuple[str, str]:
+        """(URL, `device_identity` of its weights)."""
+        return self.url, device_identity(self.engine.device)
+
+    def device_bytes(self) -> int:
+        """CUDA memory this process holds (for the offload metrics), 0 on CPU."""
+        dev = self.engine.device
+        return int(torch.cuda.memory_allocated(dev)) if dev.type == "cuda" else 0
+
+
+def build_engine(args: Namespace, device: str):
+    """The embedded engine an `EngineActor` hosts: ``--hf-checkpoint`` in the trainer's export dtype, with
+    the runner ``--embedded-runner`` / ``--embedded-cuda-graph`` / ``--embedded-compile`` resolve to on
+    ``device`` (relax/backends/embedded/runner_choice.py)."""
+    from relax.backends.embedded.engine import EmbeddedEngine
+    from relax.backends.embedded.runner_choice import engine_runner_kwargs
+    from relax.backends.train_registry import weight_dtype
+    from relax.models import build_model, load_tokenizer
+
+    tokenizer = load_tokenizer(args.hf_checkpoint)
+    # the engine holds weights in the trainer's export dtype, so both sides' checksums agree bitwise
+    dtype = weight_dtype(args.train_backend)
+    model = build_model(args.hf_checkpoint, dtype=dtype, seed=args.seed).to(device).eval()
+    eos = [t for t in [tokenizer.eos_token_id, getattr(model.config, "eos_token_id", None)] if isinstance(t, int)]
+    return EmbeddedEngine(model, eos_token_ids=sorted(set(eos)), device=device,
+                          max_context_len=args.rollout_max_context_len, tokenizer=tokenizer,
+                          **engine_runner_kwargs(args, device, model))

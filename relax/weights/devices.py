@@ -1,0 +1,20 @@
+"""Names for where tensors live, comparable across processes: the key of the transport choice.
+
+``cuda:<GPU UUID>`` for a GPU (not its index: Ray gives each actor its own ``CUDA_VISIBLE_DEVICES``, so
+one GPU can have different indices in two processes) and ``cpu:<host name>`` for host memory (two
+processes on one machine can share named shared-memory segments).
+"""
+
+from __future__ import annotations
+
+import socket
+
+import torch
+
+
+def device_identity(device: torch.device | str) -> str:
+    device = torch.device(device)
+    if device.type != "cuda":
+        return f"{device.type}:{socket.gethostname()}"
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return f"cuda:{torch.cuda.get_device_properties(index).uuid}"

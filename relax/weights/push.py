@@ -1,0 +1,183 @@
+"""The trainer's side of a weight sync: rank 0 pushes its weights to every target over SGLang's HTTP API.
+
+Per sync (slime's shape): the backend's buckets (full HF-named tensors, ``--update-weight-buffer-size``
+bytes at most; a sharded backend gathers each bucket first) are packed one at a time into one
+persistent uint8 buffer on the weights' device, and every transport of the plan
+(`relax.weights.transports.choose`) delivers it to its targets; the buffer is refilled only once every
+target has answered. The version flips and caches flush with the last bucket. Then the checksums of
+both sides: the trainer's of exactly the bytes it sent, each target's from ``/weights_checker``
+(``checksum``, the embedded engine's extension; a target that has none is recorded as unverified).
+
+With ``keep_snapshot`` (fault tolerance) a host copy of every packed bucket is kept, so an engine
+restarted later gets exactly this version's bytes (`WeightPusher.resync`), never the trainer's live
+weights, which may be half-way through the next optimizer step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from relax.weights.checksum import state_checksums
+from relax.weights.devices import device_identity
+from relax.weights.serialized_tensors import TensorEntry, flatten_into, layout, unflatten
+from relax.weights.transports import TRANSPORTS, PackedBucket, SyncTarget, Transport, choose
+
+NamedTensors = list[tuple[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class PushOptions:
+    """The sync settings the trainer needs (a typed slice of the flags, built by the driver)."""
+
+    transport: str = "auto"  # --weight-sync-transport
+    bucket_bytes: int = 512 << 20  # --update-weight-buffer-size
+    keep_snapshot: bool = False  # --use-fault-tolerance: keep the bytes for restarted engines
+    timeout_s: float = 300.0  # every wait on a target (a hung engine fails the push instead of blocking it)
+
+
+@dataclass
+class PushReport:
+    """What one push did: it becomes weights.jsonl records and a ``weights_synced`` event (driver side)."""
+
+    version: int
+    buckets: int = 0
+    bytes: int = 0
+    transports: dict[str, list[str]] = field(default_factory=dict)  # transport -> target sides
+    trainer_checksums: dict[str, str] = field(default_factory=dict)
+    target_checksums: dict[str, dict[str, str] | None] = field(default_factory=dict)  # None: not reported
+    unverified: dict[str, str] = field(default_factory=dict)  # side -> why it has no checksums
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The last sync's packed buckets on the host (fault tolerance)."""
+
+    version: int
+    buckets: tuple[tuple[torch.Tensor, tuple[TensorEntry, ...]], ...]
+    trainer_checksums: dict[str, str]
+
+
+class WeightPusher:
+    """Lives in the trainer actor (rank 0): the packing buffer, the open transports, the snapshot."""
+
+    def __init__(self, timeout_s: float = 300.0):
+        self.timeout_s = timeout_s
+        self._buffer: torch.Tensor | None = None
+        self._open: dict[str, tuple[tuple[SyncTarget, ...], Transport]] = {}
+        self.snapshot: Snapshot | None = None
+
+    def push(self, buckets: Iterable[NamedTensors], targets: list[SyncTarget], version: int, *, requested: str,
+             weights_device: torch.device, keep_snapshot: bool = False) -> PushReport:
+        return asyncio.run(self._push(buckets, targets, version, requested, torch.device(weights_device),
+                                      keep_snapshot))
+
+    def resync(self, targets: list[SyncTarget]) -> PushReport:
+        """Bring (restarted) ``targets`` to the snapshot's version with the snapshot's own bytes."""
+        if self.snapshot is None:
+            raise RuntimeError("no weight snapshot to resync from (none kept, or no sync yet)")
+        snap = self.snapshot
+        buckets = [unflatten(flat, entries) for flat, entries in snap.buckets]
+        helper = WeightPusher(self.timeout_s)  # its own host buffer: the live GPU buffer keeps its IPC handle
+        report = asyncio.run(helper._push(buckets, targets, snap.version, "distributed", torch.device("cpu"),
+                                          keep_snapshot=False, persistent=False))
+        report.trainer_checksums = snap.trainer_checksums
+        return report
+
+    def close(self) -> None:
+        asyncio.run(self._close_all())
+
+    # ------------------------------------------------------------------ internals
+    async def _push(self, buckets: Iterable[NamedTensors], targets: list[SyncTarget], version: int, requested: str,
+                    device: torch.device, keep_snapshot: bool, persistent: bool = True) -> PushReport:
+        from relax.utils.http_utils import close_session
+
+        start = time.perf_counter()
+        report = PushReport(version)
+        try:
+            plan = choose(requested, device_identity(device), targets)
+            transports = [await self._transport(name, group, device, persistent) for name, group in plan.items()]
+            report.transports = {name: [t.side for t in group] for name, group in plan.items()}
+            prepared = time.perf_counter()
+            kept = await self._send_all(buckets, transports, device, str(version), report, keep_snapshot)
+            transferred = time.perf_counter()
+            report.target_checksums, report.unverified = await _target_checksums(targets, self.timeout_s)
+            if keep_snapshot:
+                self.snapshot = Snapshot(version, tuple(kept), report.trainer_checksums)
+            if not persistent:
+                for transport in transports:
+                    await transport.close()
+        finally:
+            await close_session()
+        end = time.perf_counter()
+        report.phases = {"prepare_s": prepared - start, "transfer_s": transferred - prepared,
+                         "checksums_s": end - transferred}
+        return report
+
+    async def _send_all(self, buckets: Iterable[NamedTensors], transports: list[Transport], device: torch.device,
+                        version: str, report: PushReport, keep_snapshot: bool) -> list:
+        """Pack, send and checksum one bucket at a time. The next bucket is asked for only once the current one
+        is copied into the buffer (a gathering backend may reuse its memory), before the current one is sent
+        (so the last bucket is known as such)."""
+        kept = []
+        pending = iter(buckets)
+        bucket = next(pending, None)
+        while bucket is not None:
+            flat, entries = self._pack(bucket, device)
+            bucket = next(pending, None)
+            packed = PackedBucket(flat, entries, last=bucket is None)
+            await asyncio.gather(*(t.send(packed, version) for t in transports))
+            report.trainer_checksums.update(state_checksums(unflatten(packed.flat, packed.entries)))
+            if keep_snapshot:
+                kept.append((packed.flat.to("cpu", copy=True), packed.entries))
+            report.buckets += 1
+            report.bytes += packed.nbytes
+        return kept
+
+    def _pack(self, bucket: NamedTensors, device: torch.device) -> tuple[torch.Tensor, tuple[TensorEntry, ...]]:
+        need = layout(bucket)[-1].end_idx if bucket else 0
+        if self._buffer is None or self._buffer.numel() < need or self._buffer.device != device:
+            self._buffer = torch.empty(max(need, 1), dtype=torch.uint8, device=device)
+        flat, entries = flatten_into(self._buffer, [(n, t.to(device)) for n, t in bucket])
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()  # the copies are done before another process reads
+        return flat, tuple(entries)
+
+    async def _transport(self, name: str, targets: list[SyncTarget], device: torch.device,
+                         persistent: bool) -> Transport:
+        key = tuple(targets)
+        held = self._open.get(name)
+        if persistent and held is not None and held[0] == key:
+            return held[1]
+        if persistent and held is not None:
+            await held[1].close()
+            del self._open[name]
+        transport = TRANSPORTS[name](targets, timeout_s=self.timeout_s)
+        await transport.open(device)
+        if persistent:
+            self._open[name] = (key, transport)
+        return transport
+
+    async def _close_all(self) -> None:
+        for _, transport in self._open.values():
+            await transport.close()
+        self._open.clear()
+
+
+async def _target_checksums(targets: list[SyncTarget], timeout_s: float
+                            ) -> tuple[dict[str, dict[str, str] | None], dict[str, str]]:
+    from relax.engine.rollout.engine_client import EngineClient
+
+    reporting = [t for t in targets if t.reports_checksums]
+    sums = await asyncio.gather(*(EngineClient(t.url, api_key=t.api_key, weights_timeout=timeout_s).checksums()
+                                  for t in reporting))
+    out: dict[str, dict[str, str] | None] = {t.side: None for t in targets}
+    out.update({t.side: s for t, s in zip(reporting, sums, strict=True)})
+    unverified = {t.side: "the engine reports no checksums (a stock SGLang server)" for t in targets
+                  if not t.reports_checksums}
+    return out, unverified

@@ -1,0 +1,49 @@
+"""Weight-sync transports: a registry of typed classes, each owning both ends of one SGLang endpoint.
+
+``--weight-sync-transport``:
+
+* ``tensor`` (`TensorTransport`): ``/update_weights_from_tensor`` with memory the trainer shares, a CUDA
+  IPC handle to its packed GPU buffer (a target on the GPU that holds the trainer's weights: colocate)
+  or a named shared-memory segment (host weights, a target on the same host);
+* ``distributed`` (`DistributedTransport`): ``/init_weights_update_group`` +
+  ``/update_weights_from_distributed``, a broadcast over NCCL (GPU weights) or gloo (host weights) to
+  targets anywhere;
+* ``auto``: ``tensor`` for each target on the trainer's GPU, ``distributed`` for every other target.
+
+`choose` decides per target; a forced transport that cannot reach a target is an error naming both devices.
+"""
+
+from __future__ import annotations
+
+from relax.weights.transports.base import PackedBucket, SyncTarget, Transport
+from relax.weights.transports.distributed import DistributedTransport
+from relax.weights.transports.tensor import TensorTransport
+
+TRANSPORTS: dict[str, type[Transport]] = {cls.name: cls for cls in (TensorTransport, DistributedTransport)}
+CHOICES = ("auto", *TRANSPORTS)
+
+__all__ = ["CHOICES", "TRANSPORTS", "PackedBucket", "SyncTarget", "Transport", "choose"]
+
+
+def _shares_memory(weights_at: str, device: str) -> bool:
+    """A target can map the trainer's buffer: the same GPU, or the host of the same machine."""
+    return device == weights_at and device != "unknown"
+
+
+def choose(requested: str, weights_at: str, targets: list[SyncTarget]) -> dict[str, list[SyncTarget]]:
+    """Transport name -> its targets, in the targets' order (``weights_at``: `relax.weights.device_identity`)."""
+    if requested not in CHOICES:
+        raise ValueError(f"unknown weight-sync transport {requested!r}; one of {', '.join(CHOICES)}")
+    plan: dict[str, list[SyncTarget]] = {}
+    for target in targets:
+        if requested == "tensor" and not _shares_memory(weights_at, target.device):
+            raise ValueError(f"--weight-sync-transport tensor: {target.side} is on {target.device} but the trainer's "
+                             f"weights are on {weights_at}; sharing memory needs both on one GPU (or both on the host "
+                             "of one machine): use auto or distributed")
+        if requested == "tensor" and target.tp_size != 1:
+            raise ValueError(f"--weight-sync-transport tensor: {target.side} has {target.tp_size} tensor-parallel "
+                             "ranks; the shared-memory path reaches one-rank engines (use auto or distributed)")
+        same_gpu = weights_at.startswith("cuda:") and _shares_memory(weights_at, target.device)
+        kind = requested if requested != "auto" else ("tensor" if same_gpu and target.tp_size == 1 else "distributed")
+        plan.setdefault(kind, []).append(target)
+    return plan

@@ -1,0 +1,69 @@
+"""What every weight-sync transport shares: the targets, the bucket in flight, the transport interface.
+
+A transport owns both ends of one way SGLang's HTTP API moves weights: the sender runs in the
+trainer (rank 0) and turns a packed bucket into requests to every target; the receiver runs in an
+engine server and turns such a request into named tensors for the model. Which transport reaches
+which target is decided per sync (`relax.weights.transports.choose`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from relax.weights.serialized_tensors import TensorEntry
+
+
+@dataclass(frozen=True)
+class SyncTarget:
+    """One holder of the policy's weights, reached over SGLang's HTTP API (picklable: it travels to the trainer).
+
+    ``device``: where its weights live, as `relax.weights.device_identity` names devices (``cuda:<GPU uuid>``,
+    ``cpu:<host>``), or ``unknown`` (an external server that does not say). ``reports_checksums``: it answers
+    ``/weights_checker {"action": "checksum"}`` (the embedded engine's extension; a stock SGLang server
+    does not). ``tp_size``: its tensor-parallel ranks (one ``serialized_named_tensors`` item each).
+    """
+
+    side: str  # its name in weights.jsonl: engine:<i>, actor_fwd:0
+    url: str
+    device: str = "unknown"
+    reports_checksums: bool = True
+    tp_size: int = 1
+    api_key: str | None = None
+
+
+@dataclass(frozen=True)
+class PackedBucket:
+    """One bucket packed back to back into a uint8 buffer (SGLang's flattened-bucket layout)."""
+
+    flat: torch.Tensor
+    entries: tuple[TensorEntry, ...]
+    last: bool  # the sync's last bucket: the version flips and caches flush with it
+
+    @property
+    def nbytes(self) -> int:
+        return self.flat.numel()
+
+
+class Transport(ABC):
+    """The sender half: open once per set of targets, send every bucket, close when the set changes."""
+
+    name: ClassVar[str]
+    endpoint: ClassVar[str]  # the SGLang endpoint that carries the bytes
+
+    def __init__(self, targets: list[SyncTarget], *, timeout_s: float):
+        self.targets = list(targets)
+        self.timeout_s = timeout_s
+
+    async def open(self, weights_at: torch.device) -> None:  # noqa: B027 - most transports need no set-up
+        """Set-up before the first bucket (e.g. the weight-update group)."""
+
+    @abstractmethod
+    async def send(self, bucket: PackedBucket, version: str) -> None:
+        """Deliver ``bucket`` to every target; returns once each has copied it (the buffer may be refilled)."""
+
+    async def close(self) -> None:  # noqa: B027
+        """Tear down what `open` built."""

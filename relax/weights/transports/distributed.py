@@ -1,0 +1,170 @@
+"""``/init_weights_update_group`` + ``/update_weights_from_distributed``: weights by collective broadcast.
+
+For engines on other GPUs or hosts (and every engine of a CPU run, over gloo): the trainer hosts a
+weight-update group (rank 0, `relax.weights.update_group`) that each target joins through
+``/init_weights_update_group`` at its rank offset. Per bucket the trainer posts the bucket's
+``names / dtypes / shapes`` with ``load_format: flattened_bucket`` to every target and, at the same
+time, broadcasts the packed uint8 buffer; each target allocates the same layout, receives it and
+loads it. One broadcast per bucket whatever its number of tensors. The group lives as long as the
+set of targets does (an NCCL communicator is expensive to build); a changed set gets a new group.
+
+Receiver (`DistributedReceiver`, in the engine server): the groups it joined by name, and the
+tensors of one ``/update_weights_from_distributed`` call, in SGLang's two layouts (one flattened
+uint8 broadcast, or one broadcast per tensor when ``load_format`` is None).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import uuid
+from typing import Any
+
+import torch
+
+from relax.weights import serialized_tensors
+from relax.weights.transports.base import PackedBucket, SyncTarget, Transport
+from relax.weights.update_group import WeightUpdateGroup
+
+_DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
+    torch.uint8, torch.bool)}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """SGLang's dtype string (``getattr(torch, name)`` on the receiving side)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[str(name).removeprefix("torch.")]
+    except KeyError:
+        raise ValueError(f"unsupported dtype {name!r}; known: {', '.join(_DTYPES)}") from None
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def master_address(targets: list[SyncTarget]) -> str:
+    """Where rank 0's store listens: loopback when every target is on this machine's loopback, else this node."""
+    from urllib.parse import urlsplit
+
+    if all(urlsplit(t.url).hostname in ("127.0.0.1", "localhost", "::1") for t in targets):
+        return "127.0.0.1"
+    import ray
+
+    return ray.util.get_node_ip_address() if ray.is_initialized() else socket.gethostbyname(socket.gethostname())
+
+
+class DistributedTransport(Transport):
+    name = "distributed"
+    endpoint = "/update_weights_from_distributed"
+
+    def __init__(self, targets: list[SyncTarget], *, timeout_s: float):
+        super().__init__(targets, timeout_s=timeout_s)
+        self.group: WeightUpdateGroup | None = None
+        self.group_name = f"relax-weights-{uuid.uuid4().hex[:12]}"
+
+    def _clients(self) -> list:
+        from relax.engine.rollout.engine_client import EngineClient
+
+        return [EngineClient(t.url, api_key=t.api_key, weights_timeout=self.timeout_s) for t in self.targets]
+
+    async def open(self, weights_at: torch.device) -> None:
+        backend = "nccl" if weights_at.type == "cuda" else "gloo"
+        address = master_address(self.targets)
+        port = _free_port(address)
+        world = 1 + sum(t.tp_size for t in self.targets)
+        offsets = [1 + sum(t.tp_size for t in self.targets[:i]) for i in range(len(self.targets))]
+        own = asyncio.to_thread(WeightUpdateGroup, address, port, 0, world, group_name=self.group_name,
+                                backend=backend, timeout_s=self.timeout_s)
+        joins = [client.init_weights_update_group(address, port, offset, world, group_name=self.group_name,
+                                                  backend=backend)
+                 for client, offset in zip(self._clients(), offsets, strict=True)]
+        results = await asyncio.gather(own, *joins, return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            if isinstance(results[0], WeightUpdateGroup):
+                results[0].close()
+            raise errors[0]
+        self.group = results[0]
+
+    async def send(self, bucket: PackedBucket, version: str) -> None:
+        if self.group is None:
+            raise RuntimeError("distributed weight transport: send before open")
+        entries = bucket.entries
+        names = [e.name for e in entries]
+        dtypes = [dtype_name(e.dtype) for e in entries]
+        shapes = [list(e.shape) for e in entries]
+        posts = [client.update_weights_from_distributed(
+            names, dtypes, shapes, group_name=self.group_name, flush_cache=bucket.last,
+            weight_version=version if bucket.last else None, load_format="flattened_bucket")
+            for client in self._clients()]
+        results = await asyncio.gather(asyncio.to_thread(self.group.broadcast, [bucket.flat]), *posts,
+                                       return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+
+    async def close(self) -> None:
+        await asyncio.gather(*(client.destroy_weights_update_group(self.group_name) for client in self._clients()),
+                             return_exceptions=True)  # best effort: a target may be the dead one being replaced
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+
+
+class DistributedReceiver:
+    """Engine side: the weight-update groups this server joined, and the tensors of one update."""
+
+    def __init__(self, device: torch.device, timeout_s: float = 300.0) -> None:
+        self.device = device
+        self.timeout_s = timeout_s
+        self.groups: dict[str, WeightUpdateGroup] = {}
+
+    def init(self, body: dict[str, Any]) -> str:
+        name = body.get("group_name", "weight_update_group")
+        backend = body.get("backend", "nccl")
+        if backend == "nccl" and self.device.type != "cuda":
+            raise ValueError(f"backend 'nccl' needs a CUDA engine; this one is on {self.device.type} (use 'gloo')")
+        if backend == "nccl":
+            torch.cuda.set_device(self.device)
+        self.destroy(name)
+        rank = int(body["rank_offset"])  # + this engine's tensor-parallel rank, which is 0
+        self.groups[name] = WeightUpdateGroup(str(body["master_address"]), int(body["master_port"]), rank,
+                                              int(body["world_size"]), group_name=name, backend=backend,
+                                              timeout_s=self.timeout_s)
+        return f"joined {name} as rank {rank} of {body['world_size']} ({backend})"
+
+    def destroy(self, name: str) -> bool:
+        group = self.groups.pop(name, None)
+        if group is not None:
+            group.close()
+        return group is not None
+
+    def named_tensors(self, body: dict[str, Any]) -> serialized_tensors.NamedTensors:
+        name = body.get("group_name", "weight_update_group")
+        group = self.groups.get(name)
+        if group is None:
+            raise RuntimeError(f"no weight update group {name!r}: call /init_weights_update_group first")
+        names, dtypes, shapes = body["names"], body["dtypes"], body["shapes"]
+        if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)
+                and len(names) == len(dtypes) == len(shapes)):
+            raise ValueError("names, dtypes and shapes must be lists of the same length")
+        empty = [(str(n), torch.empty([int(x) for x in s], dtype=dtype_from_name(d), device=group.device))
+                 for n, d, s in zip(names, dtypes, shapes, strict=True)]
+        load_format = body.get("load_format")
+        if load_format is None:
+            group.broadcast([t for _, t in empty])
+            return empty
+        if load_format != "flattened_bucket":
+            raise ValueError(f"load_format {load_format!r} is not implemented for update_weights_from_distributed "
+                             "(None or flattened_bucket)")
+        entries = serialized_tensors.layout(empty)
+        flat = torch.empty(entries[-1].end_idx if entries else 0, dtype=torch.uint8, device=group.device)
+        group.broadcast([flat])
+        return serialized_tensors.unflatten(flat, entries)

@@ -1,0 +1,74 @@
+"""The weight-update process group of SGLang's ``/init_weights_update_group``, built the way SGLang builds it.
+
+The trainer is rank 0 and engines join at ``rank_offset`` (+ their TP rank). SGLang
+(``sglang/srt/utils/common.py`` ``init_custom_process_group``) rendezvouses over
+``tcp://master_address:master_port`` (rank 0 hosts the TCP store), prefixes the store with the group
+name and creates the group with torch's ``_new_process_group_helper``, outside the default process
+group. Both of our ends (the trainer's sender and the embedded engine's receiver) build the group with
+the same calls, so either end can be a real SGLang process: the store keys must agree byte for byte.
+
+NCCL when the tensors live on GPUs, gloo when on the host (CPU runs and CI). Every collective gives
+up after ``timeout_s`` instead of hanging on a peer that died.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import timedelta
+
+import torch
+
+BACKENDS = ("nccl", "gloo")
+
+
+class WeightUpdateGroup:
+    """One member's handle on a weight-update group (rank 0: the sender)."""
+
+    def __init__(self, master_address: str, master_port: int, rank: int, world_size: int, *,
+                 group_name: str = "weight_update_group", backend: str = "nccl", timeout_s: float = 300.0):
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+
+        if backend not in BACKENDS:
+            raise ValueError(f"weight update group backend {backend!r}: one of {', '.join(BACKENDS)}")
+        if backend == "nccl" and not torch.cuda.is_available():
+            raise ValueError("weight update group backend 'nccl' needs a CUDA device; this process has none "
+                             "(use backend 'gloo')")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside the group's world of {world_size}")
+        if not group_name:
+            raise ValueError("group_name must not be empty")
+        timeout = timedelta(seconds=timeout_s)
+        store, _, _ = next(c10d.rendezvous(f"tcp://{_host(master_address)}:{int(master_port)}", rank, world_size,
+                                           timeout=timeout))
+        store.set_timeout(timeout)
+        self.pg, _ = c10d._new_process_group_helper(  # noqa: SLF001 - what SGLang (and vLLM) call
+            world_size, rank, [], c10d.Backend(backend), dist.PrefixStore(group_name, store),
+            group_name=group_name, backend_options=None, timeout=timeout)
+        c10d._world.pg_group_ranks[self.pg] = {i: i for i in range(world_size)}  # noqa: SLF001
+        self._store = store  # rank 0's store serves the others: keep it alive with the group
+        self.rank, self.world_size, self.group_name, self.backend = rank, world_size, group_name, backend
+
+    @property
+    def device(self) -> torch.device:
+        """Where the group's tensors must live."""
+        return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+
+    def broadcast(self, tensors: Iterable[torch.Tensor], src: int = 0) -> None:
+        """Broadcast each tensor from ``src`` (sender and receivers call this alike, in the same order)."""
+        import torch.distributed as dist
+
+        works = [dist.broadcast(t, src=src, group=self.pg, async_op=True) for t in tensors]
+        for work in works:
+            work.wait()
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if self.pg is not None:
+            dist.destroy_process_group(self.pg)
+            self.pg, self._store = None, None
+
+
+def _host(address: str) -> str:
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
