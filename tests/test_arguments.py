@@ -98,7 +98,7 @@ def test_support_marks_name_real_flags_and_values() -> None:
         assert spec.supported and spec.supported_values == values
         assert spec.choices is None or values <= set(spec.choices), name
     assert FLAGS_BY_NAME["train-backend"].supported_values == {"torch", "megatron"}
-    assert FLAGS_BY_NAME["rollout-backend"].supported_values == {"embedded"}
+    assert FLAGS_BY_NAME["rollout-backend"].supported_values == {"embedded", "sglang"}
     assert not FLAGS_BY_NAME["use-clearml"].supported
 
 

@@ -33,8 +33,16 @@ def test_multi_turn_example_trains_with_env_tokens_masked(tmp_path: Path, monkey
     assert versions == {0, 1, 2, 3}
 
 
-def test_custom_generate_with_two_engines_is_refused(tmp_path: Path) -> None:
-    proc = run_relax([*FAST_FLAGS, "--num-rollout", "1", "--resource", '{"rollout": [2, 0]}',
-                      "--custom-generate-function-path", "examples.multi_turn.rollout.generate",
-                      "--output-dir", str(tmp_path / "run")], tmp_path)
-    assert proc.returncode == 2 and "not supported yet: --custom-generate-function-path with more than one engine" in proc.stderr
+def test_custom_generate_posts_to_the_router_in_front_of_two_engines(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """``args.sglang_router_ip/port`` is the run's router: a recipe's requests spread over every engine."""
+    monkeypatch.setenv("PYTHONPATH", f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    out = tmp_path / "run"
+    assert_ok(run_relax([*FAST_FLAGS, "--num-rollout", "2", "--resource", '{"rollout": [2, 0]}',
+                         "--custom-generate-function-path", "examples.multi_turn.rollout.generate",
+                         "--custom-rm-path", "examples.multi_turn.rollout.reward",
+                         "--prompt-data", str(REPO / "examples/multi_turn/data.jsonl"), "--output-dir", str(out)],
+                        tmp_path))
+    sides = {r["side"] for r in read_jsonl(out / "weights.jsonl")}
+    assert sides == {"trainer", "engine:0", "engine:1"}
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [0, 1]

@@ -1,12 +1,7 @@
 """The run's rollout engines behind one router: started, watched, replaced, stopped.
 
 Every engine is an HTTP server speaking SGLang's API (the engine contract, DESIGN.md); how it comes
-to exist is its launcher's business, one typed class per kind (`LAUNCHERS`):
-
-* ``embedded``: our engine in a Ray actor (relax/distributed/engine_actor.py);
-* ``sglang``: a real SGLang server launched by a Ray actor (relax/backends/sglang/);
-* ``external``: servers the user started (``--rollout-external --rollout-external-engine-addrs``),
-  embedded or SGLang, which the run drives but cannot restart.
+to exist is its launcher's business (relax/core/engine_launchers.py: embedded, sglang, external).
 
 The fleet keeps each engine's `SyncTarget` (what the trainer pushes weights to) and the router's
 worker list in step: a replaced engine leaves the router before its successor joins it.
@@ -16,120 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from abc import ABC, abstractmethod
 from argparse import Namespace
-from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from dataclasses import replace
+from typing import Any
 
 import ray
 
-from relax.engine.rollout.engine_client import EngineClient, EngineError
+from relax.core.engine_launchers import EngineLauncher, EngineRecord, launcher_class, run_async
+from relax.engine.rollout.engine_client import EngineClient
 from relax.engine.rollout.engine_pool import EngineDiedError
 from relax.engine.router.in_process import RouterConfig, RouterThread
-from relax.utils.arguments import ConfigError
 from relax.weights.transports import SyncTarget
-
-
-@dataclass
-class EngineRecord:
-    index: int
-    target: SyncTarget
-    actor: Any = None  # the Ray actor hosting it; None for an external engine
-    pid: int | None = None
-    node: str | None = None
-
-
-def _run(coro):
-    from relax.utils.http_utils import close_session
-
-    async def main():
-        try:
-            return await coro
-        finally:
-            await close_session()
-
-    return asyncio.run(main())
-
-
-class EngineLauncher(ABC):
-    """Starts (or attaches to) engine ``index``; ``can_restart``: a dead one can be replaced."""
-
-    name: ClassVar[str]
-    can_restart: ClassVar[bool] = True
-
-    def __init__(self, args: Namespace, device: str, actor_options: dict, *, host: str, api_key: str | None):
-        self.args, self.device, self.actor_options = args, device, actor_options
-        self.host, self.api_key = host, api_key
-
-    @abstractmethod
-    def count(self) -> int:
-        """How many engines the run has."""
-
-    @abstractmethod
-    def begin(self, indices: list[int]) -> Any:
-        """Start these engines without waiting (the trainer loads meanwhile); `finish` waits for them."""
-
-    @abstractmethod
-    def finish(self, pending: Any) -> list[EngineRecord]:
-        """Wait until every engine `begin` started serves; their records."""
-
-    def start_all(self, indices: list[int]) -> list[EngineRecord]:
-        return self.finish(self.begin(indices))
-
-
-class EmbeddedLauncher(EngineLauncher):
-    name = "embedded"
-
-    def __init__(self, *args: Any, replicas: int, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.replicas = replicas
-
-    def count(self) -> int:
-        return self.replicas
-
-    def begin(self, indices: list[int]) -> Any:
-        from relax.distributed.engine_actor import EngineActor
-
-        return indices, [EngineActor.options(**self.actor_options).remote(self.args, self.device, i, self.host,
-                                                                          self.api_key) for i in indices]
-
-    def finish(self, pending: Any) -> list[EngineRecord]:
-        indices, actors = pending
-        answers = ray.get([a.endpoint.remote() for a in actors])
-        pids = ray.get([a.pid.remote() for a in actors])
-        return [EngineRecord(i, SyncTarget(f"engine:{i}", url, device, api_key=self.api_key), actor, pid)
-                for i, actor, (url, device), pid in zip(indices, actors, answers, pids, strict=True)]
-
-
-class ExternalEngines(EngineLauncher):
-    """``--rollout-external-engine-addrs host:port ...``: servers the user runs; probed, never restarted."""
-
-    name = "external"
-    can_restart = False
-
-    def count(self) -> int:
-        return len(self.args.rollout_external_engine_addrs or [])
-
-    def begin(self, indices: list[int]) -> Any:
-        return indices
-
-    def finish(self, pending: Any) -> list[EngineRecord]:
-        return [self._attach(i, self.args.rollout_external_engine_addrs[i]) for i in pending]
-
-    def _attach(self, index: int, address: str) -> EngineRecord:
-        url = address if "://" in address else f"http://{address}"
-        client = EngineClient(url, control_timeout=10)
-        try:
-            info = _run(client.server_info())
-        except EngineError as exc:
-            raise ConfigError(f"--rollout-external-engine-addrs {address}: engine unreachable ({exc})") from None
-        ours = info.get("relax_engine") if isinstance(info, dict) else None
-        device = ours.get("device", "unknown") if isinstance(ours, dict) else "unknown"
-        return EngineRecord(index, SyncTarget(f"engine:{index}", url, device, reports_checksums=ours is not None,
-                                              tp_size=int(info.get("tp_size", 1) or 1)))
-
-
-LAUNCHERS: dict[str, type[EngineLauncher]] = {cls.name: cls for cls in (EmbeddedLauncher, ExternalEngines)}
 
 
 def _bind() -> tuple[str, str | None]:
@@ -152,9 +44,7 @@ class EngineFleet:
         """Launch the engines (``--rollout-external``: attach; else ``--rollout-backend``) without waiting."""
         host, api_key = _bind() if not args.rollout_external else ("127.0.0.1", None)
         kind = "external" if args.rollout_external else args.rollout_backend
-        launcher_cls = LAUNCHERS[kind]
-        kwargs = {"replicas": replicas} if launcher_cls is EmbeddedLauncher else {}
-        launcher = launcher_cls(args, device, actor_options, host=host, api_key=api_key, **kwargs)
+        launcher = launcher_class(kind)(args, device, actor_options, host=host, api_key=api_key, replicas=replicas)
         return launcher, launcher.begin(list(range(launcher.count())))
 
     @classmethod
@@ -176,7 +66,8 @@ class EngineFleet:
         return EngineClient(target.url, api_key=target.api_key, **kwargs)
 
     def clients(self, **kwargs: Any) -> list[EngineClient]:
-        return [self.client(i, **kwargs) for i in range(len(self.records))]
+        """Clients of the engines still in the run (`live_records`)."""
+        return [self.client(r.index, **kwargs) for r in self.live_records()]
 
     def replace(self, index: int) -> EngineRecord:
         """Kill engine ``index`` and start its successor (not yet in the router: the caller resyncs it first)."""
@@ -201,8 +92,12 @@ class EngineFleet:
         self.router.remove_worker(record.target.url)
         self.records[index] = replace(record, target=replace(record.target, side=f"gone:{index}"))
 
+    def live_records(self) -> list[EngineRecord]:
+        """The engines still in the run (a dropped external engine is not)."""
+        return [r for r in self.records if not r.target.side.startswith("gone:")]
+
     def live_targets(self) -> list[SyncTarget]:
-        return [r.target for r in self.records if not r.target.side.startswith("gone:")]
+        return [r.target for r in self.live_records()]
 
     def failure(self, exc: BaseException) -> EngineDiedError:
         """One line naming the engine behind ``exc`` (a dead or hung engine, fault tolerance off): the engine
@@ -210,7 +105,7 @@ class EngineFleet:
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         culprit = next((r for r in self.records if r.target.url in str(exc)), None)
         if culprit is None:
-            healthy = _run(asyncio.gather(*(self.client(i).health(timeout=2.0) for i in range(len(self.records)))))
+            healthy = run_async(asyncio.gather(*(self.client(i).health(timeout=2.0) for i in range(len(self.records)))))
             culprit = next((r for r, ok in zip(self.records, healthy, strict=True) if not ok), None)
         who = f"engine:{culprit.index} ({culprit.target.url})" if culprit is not None else "an engine"
         return EngineDiedError(f"{who} failed: {text}; rerun with --use-fault-tolerance to restart engines")

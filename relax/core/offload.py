@@ -72,16 +72,17 @@ class ColocateOffload:
         device bytes come from the hosting actors (0 where there is none: an external or SGLang engine)."""
         fleet = self.rt.fleet
         path = "release" if event == "engine_release" else "resume"
+        records = fleet.live_records()
         try:
-            before = [_device_bytes(r) for r in fleet.records]
-            seconds = asyncio.run(_memory_calls(fleet.clients(), path))
-            after = [_device_bytes(r) for r in fleet.records]
+            before = [_device_bytes(r) for r in records]
+            seconds = asyncio.run(_memory_calls([fleet.client(r.index) for r in records], path))
+            after = [_device_bytes(r) for r in records]
         except (EngineError, RayActorError) as exc:
             if self.rt.supervisor is None:
                 raise fleet.failure(exc) from None
             self.rt.supervisor.check_all()  # a restarted engine holds its memory and current weights
             return self._engines(event, step)
-        for record, took, b0, b1 in zip(fleet.records, seconds, before, after, strict=True):
+        for record, took, b0, b1 in zip(records, seconds, before, after, strict=True):
             freed = b0 - b1 if path == "release" else b1 - b0
             self._record(event, step, {"seconds": took, "device_bytes": max(freed, 0)}, role=f"engine:{record.index}")
 

@@ -63,6 +63,11 @@ def trainer_ranks(args: Namespace) -> int:
     return role.replicas if role else 1
 
 
+def rollout_role_given(args: Namespace) -> bool:
+    """``--resource`` names the rollout role (the run starts engines for it)."""
+    return "rollout" in _parse_roles(args.resource)
+
+
 def service_roles(args: Namespace) -> frozenset[str]:
     """The fully-async service roles ``--resource`` names (empty without any)."""
     return frozenset(role for role in _parse_roles(args.resource) if role in SERVICE_ROLES)

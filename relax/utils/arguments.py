@@ -165,9 +165,6 @@ def check_supported(args: argparse.Namespace) -> None:
             raise ConfigError(f"not supported yet: --{spec.name} {value}")
         if not spec.supported and value != spec.default:
             raise ConfigError(f"not supported yet: --{spec.name}")
-    if args.sglang_passthrough and args.rollout_backend != "sglang":
-        first = next(iter(args.sglang_passthrough))
-        raise ConfigError(f"not supported yet: --sglang-{first.replace('_', '-')}")
 
 
 def _check_required(args: argparse.Namespace) -> None:

@@ -47,7 +47,7 @@ def F(name: str, type_: str, default: Any, group: str, help_: str, **kw: Any) ->
 
 SEED_FLAGS: list[FlagSpec] = [
     # --- Ray Launch Parameters
-    F('rollout-num-gpus-per-engine', 'int', 1, 'Ray Launch Parameters', "GPUs per SGLang inference engine, equivalent to SGLang's tp_size"),
+    F('rollout-num-gpus-per-engine', 'int', 1, 'Ray Launch Parameters', "GPUs per SGLang inference engine, equivalent to SGLang's tp_size. Here: --rollout-backend sglang passes it as --tp-size and gives each engine's Ray actor that many GPUs; the embedded engine has one tensor-parallel rank (only 1)"),
     F('num-gpus-per-node', 'int', 8, 'Ray Launch Parameters', 'GPUs per node. Set this if using fewer than 8 GPUs per node in colocate mode'),
     F('resource', 'json', None, 'Ray Launch Parameters', 'Ray resource configuration in JSON format. Example: \'{"actor":[replicas, gpus], "rollout":[replicas, gpus]}\'. Here: actor replicas > 1 start that many data-parallel trainer ranks (--train-backend torch; one process group, NCCL on GPU, gloo on CPU; relax/distributed/trainer_group.py), each running its share of every optimizer step\'s micro-batches; rollout replicas are the engines', seed_default='-'),
     F('colocate', 'flag', False, 'Ray Launch Parameters', 'Whether to colocate inference engines and training Actors on the same GPUs. Automatically sets --offload to True'),
@@ -142,10 +142,10 @@ SEED_FLAGS: list[FlagSpec] = [
     F('update-weights-interval', 'int', 1, 'Weight Update', 'Weight update interval'),
     F('keep-old-actor', 'flag', False, 'Weight Update', 'Whether to keep Rollout model during training'),
     # --- External Inference Engine
-    F('rollout-external', 'flag', False, 'External Inference Engine', 'Use external SGLang instance instead of framework-launched instance'),
-    F('rollout-external-engine-addrs', 'str_list', None, 'External Inference Engine', 'List of external engine addresses and ports'),
+    F('rollout-external', 'flag', False, 'External Inference Engine', 'Use external SGLang instance instead of framework-launched instance. Here: the run starts no engines and drives the servers at --rollout-external-engine-addrs (SGLang, or relax serve-engine) over SGLang\'s HTTP API: generation through the run\'s router, weights by /init_weights_update_group + /update_weights_from_distributed (the trainer hosts the group: the servers must reach this host); an unreachable address fails the start with one line naming it. With --use-fault-tolerance a server that dies is dropped and the run goes on with the others (they cannot be restarted)'),
+    F('rollout-external-engine-addrs', 'str_list', None, 'External Inference Engine', 'List of external engine addresses and ports. Here: HOST:PORT or http://HOST:PORT, one per server; needs --rollout-external'),
     # --- SGLang Engine Parameters
-    F('sglang-mem-fraction-static', 'float', None, 'SGLang Engine Parameters', 'SGLang static memory allocation ratio', seed_default='-'),
+    F('sglang-mem-fraction-static', 'float', None, 'SGLang Engine Parameters', 'SGLang static memory allocation ratio. Here: --rollout-backend sglang passes it as --mem-fraction-static; every other SGLang option X of ServerArgs is accepted as --sglang-X (checked against SGLang\'s option list pinned in relax/backends/sglang/server_args.json; options the launcher sets from Relax\'s flags are refused, naming the flag to use)', seed_default='-'),
     F('sglang-profile', 'flag', False, 'SGLang Engine Parameters', 'Enable torch profiling on SGLang engines during rollout. Profile traces will be saved per rollout step'),
     F('sglang-profile-steps', 'int_list', None, 'SGLang Engine Parameters', 'List of absolute rollout step IDs (0-indexed) at which to enable SGLang profiling. Takes precedence over --sglang-profile-step-start/end. Example: --sglang-profile-steps 3 10 50'),
     F('sglang-profile-step-start', 'int', None, 'SGLang Engine Parameters', 'Start of the rollout step range for SGLang profiling (inclusive, 0-indexed). Used with --sglang-profile-step-end to specify a contiguous range. Ignored if --sglang-profile-steps is set'),
@@ -317,9 +317,9 @@ SEED_FLAGS: list[FlagSpec] = [
     # --- Router Configuration
     F('use-slime-router', 'flag', False, 'Router Configuration', "Use SlimeRouter for text-based routing instead of SGLang's token-based routing"),
     F('slime-router-middleware-paths', 'str_list', None, 'Router Configuration', 'List of middleware paths'),
-    F('slime-router-timeout', 'float', None, 'Router Configuration', 'SlimeRouter HTTP request timeout in seconds'),
-    F('slime-router-max-connections', 'int', None, 'Router Configuration', 'SlimeRouter HTTP client maximum connections'),
-    F('slime-router-health-check-failure-threshold', 'int', 3, 'Router Configuration', 'Mark worker as unhealthy after this many consecutive failures'),
+    F('slime-router-timeout', 'float', None, 'Router Configuration', 'SlimeRouter HTTP request timeout in seconds. Here: the run\'s router (relax/engine/router/) gives up on a request to an engine after this long (None: no limit; fault tolerance\'s health checks find hung engines)'),
+    F('slime-router-max-connections', 'int', None, 'Router Configuration', 'SlimeRouter HTTP client maximum connections. Here: the run\'s router\'s connection pool to the engines (None: 1024)'),
+    F('slime-router-health-check-failure-threshold', 'int', 3, 'Router Configuration', 'Mark worker as unhealthy after this many consecutive failures. Here: the run\'s router checks every engine\'s /health each second and takes one out of rotation after this many failures in a row'),
     # --- Other Training Parameters
     F('train-env-vars', 'json', {}, 'Other Training Parameters', 'Additional environment variables for training process'),
     F('train-memory-margin-bytes', 'size', GiB, 'Other Training Parameters', 'Reserved space for training memory allocation'),
@@ -375,7 +375,9 @@ ADDED_FLAGS: list[FlagSpec] = [
       "Discount factor for GAE (ppo) and REINFORCE++ returns (slime flag; not in the seed's tables)"),
     F("lambd", "float", 1.0, ADDITIONS_GROUP, "GAE lambda for the ppo estimator (slime flag; not in the seed's tables)"),
     F("rollout-backend", "str", "embedded", ADDITIONS_GROUP,
-      "Rollout engine: embedded (our engine server) or sglang (a real SGLang server)", choices=("embedded", "sglang")),
+      "Rollout engine: embedded (our engine server, relax/backends/embedded/) or sglang (real SGLang servers started "
+      "by the run, relax/backends/sglang/; needs sglang installed and CUDA GPUs). Either is driven only through "
+      "SGLang's HTTP API (docs/engine_api.md)", choices=("embedded", "sglang")),
     F("ref-actor-config", "json", None, ADDITIONS_GROUP,
       "JSON config overrides for Reference/ActorFwd services (seed 004), the separate lightweight services of the "
       "reference / actor_fwd roles in --resource (--fully-async; relax/core/services.py). Keys: "
@@ -466,6 +468,9 @@ SUPPORTED: frozenset[str] = frozenset({
     "use-tensorboard", "tb-project-name", "tb-experiment-name", "custom-config-path",
     # additions
     "preset", "output-dir", "config", "device", "rollout-backend",
+    # engines (relax/core/engine_launchers.py, relax/backends/sglang/), the router (relax/engine/router/)
+    "rollout-external", "rollout-external-engine-addrs", "rollout-num-gpus-per-engine", "sglang-mem-fraction-static",
+    "slime-router-timeout", "slime-router-max-connections", "slime-router-health-check-failure-threshold",
     "embedded-runner", "embedded-cuda-graph", "embedded-compile", "weight-sync-transport",
 })
 SUPPORTED_VALUES: dict[str, frozenset[Any]] = {
@@ -475,7 +480,7 @@ SUPPORTED_VALUES: dict[str, frozenset[Any]] = {
     "advantage-estimator": frozenset({"grpo", "gspo", "sapo", "cispo", "rloo", "reinforce_plus_plus",
                                       "reinforce_plus_plus_baseline", "ppo", "on_policy_distillation"}),
     "train-backend": frozenset({"torch", "megatron"}),  # megatron: one CUDA GPU (TP = PP = CP = 1)
-    "rollout-backend": frozenset({"embedded"}),
+    "rollout-backend": frozenset({"embedded", "sglang"}),
 }
 
 

@@ -210,6 +210,67 @@ def _weight_sync(args: Namespace) -> None:
                           "host at sync time (use auto: it picks distributed then)")
 
 
+def _rollout_engines(args: Namespace) -> None:
+    """``--rollout-backend``, ``--sglang-*``, ``--rollout-external*`` and ``--rollout-num-gpus-per-engine``
+    (relax/core/engine_launchers.py, relax/backends/sglang/)."""
+    _positive(args, "rollout_num_gpus_per_engine")
+    sglang_flags = [f"--sglang-{k.replace('_', '-')}" for k in args.sglang_passthrough]
+    if args.sglang_mem_fraction_static is not None:
+        sglang_flags.insert(0, "--sglang-mem-fraction-static")
+    if args.rollout_external:
+        _external_engines(args, sglang_flags)
+        return
+    if args.rollout_external_engine_addrs:
+        raise ConfigError("--rollout-external-engine-addrs has no effect without --rollout-external")
+    if args.rollout_backend == "sglang":
+        _sglang_engines(args)
+        return
+    if sglang_flags:
+        raise ConfigError(f"{sglang_flags[0]} configures SGLang servers: it needs --rollout-backend sglang")
+    if args.rollout_num_gpus_per_engine != 1:
+        raise ConfigError(f"not supported yet: --rollout-num-gpus-per-engine {args.rollout_num_gpus_per_engine} with "
+                          "--rollout-backend embedded (the embedded engine has one tensor-parallel rank; use "
+                          "--rollout-backend sglang)")
+
+
+def _external_engines(args: Namespace, sglang_flags: list[str]) -> None:
+    from urllib.parse import urlsplit
+
+    from relax.distributed.placement import rollout_role_given
+
+    addrs = args.rollout_external_engine_addrs or []
+    if not addrs:
+        raise ConfigError("--rollout-external needs --rollout-external-engine-addrs HOST:PORT [HOST:PORT ...]")
+    for addr in addrs:
+        parts = urlsplit(addr if "://" in addr else f"http://{addr}")
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+            raise ConfigError(f"--rollout-external-engine-addrs {addr!r}: expected HOST:PORT or http://HOST:PORT")
+    if len(set(addrs)) != len(addrs):
+        raise ConfigError("--rollout-external-engine-addrs names an engine twice")
+    if sglang_flags:
+        raise ConfigError(f"{sglang_flags[0]} with --rollout-external: the run does not start those servers (pass "
+                          "SGLang's flags where you start them)")
+    if rollout_role_given(args):
+        raise ConfigError("--resource role 'rollout' with --rollout-external: the engines are the servers at "
+                          "--rollout-external-engine-addrs")
+
+
+def _sglang_engines(args: Namespace) -> None:
+    from relax.backends.sglang.launcher import INSTALL_HINT, sglang_available
+    from relax.backends.sglang.server_args import server_arg_tokens
+
+    if args.device == "cpu":
+        raise ConfigError("--rollout-backend sglang runs SGLang servers on CUDA GPUs; --device cpu has none "
+                          "(use --rollout-backend embedded)")
+    server_arg_tokens(args.sglang_passthrough)  # every --sglang-* flag is one of SGLang's options
+    if not sglang_available():
+        raise ConfigError(INSTALL_HINT)
+
+
 def _trainer_ranks(args: Namespace) -> None:
     """Data-parallel trainer ranks (relax/distributed/trainer_group.py) are built for the torch backend only."""
     from relax.distributed.placement import trainer_ranks
@@ -326,6 +387,7 @@ def resolve_and_validate(args: Namespace, explicit: Set[str] = frozenset()) -> N
     _megatron_memory(args)
     _partial_rollout(args)
     _transfer_queue(args)
+    _rollout_engines(args)
     _weight_sync(args)
     _trainer_ranks(args)
     _services(args)

@@ -29,6 +29,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from relax.engine.protocol import parse_weight_version
+
 log = logging.getLogger("relax.router")
 
 BROADCAST_PATHS = ("/abort_request", "/pause_generation", "/continue_generation", "/flush_cache",
@@ -188,9 +190,12 @@ class Router:
         async def one(w: Worker) -> Any:
             try:
                 status, data = await self._send(w, method, path, body, self.request_timeout)
-                return {"status": status, "response": json.loads(data) if data else None}
-            except (*_CONNECTION_ERRORS, aiohttp.ClientError, json.JSONDecodeError) as exc:
+            except (*_CONNECTION_ERRORS, aiohttp.ClientError) as exc:
                 return {"status": 502, "response": {"error": {"message": f"{type(exc).__name__}: {exc}"}}}
+            try:  # SGLang answers some control calls with plain text (flush_cache) or nothing
+                return {"status": status, "response": json.loads(data) if data else None}
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                return {"status": status, "response": data.decode(errors="replace").strip()}
 
         results = dict(zip((w.url for w in workers), await asyncio.gather(*(one(w) for w in workers)), strict=True))
         ok = all(r["status"] < 400 for r in results.values())
@@ -209,6 +214,7 @@ class Router:
         app.router.add_get("/list_workers", self.h_list)
         app.router.add_get("/health", self.h_health)
         app.router.add_get("/get_weight_version", self.h_weight_version)
+        app.router.add_get("/model_info", self.h_model_info)
         app.router.add_route("*", "/{tail:.*}", self.h_any)
         return app
 
@@ -257,13 +263,28 @@ class Router:
         return web.json_response({"status": "ok" if live else "no live worker", "live_workers": live},
                                  status=200 if live else 503)
 
-    async def h_weight_version(self, request: web.Request) -> web.Response:
-        resp = await self.broadcast("GET", "/get_weight_version", None)
+    async def _versions(self) -> tuple[web.Response, list[dict], list[int]]:
+        """Every worker's /model_info (SGLang >= 0.5.10 reports the version there) and their versions."""
+        resp = await self.broadcast("GET", "/model_info", None)
         data = json.loads(resp.body)
-        versions = [r["response"]["weight_version"] for r in data.get("workers", {}).values() if r["status"] == 200]
+        infos = [r["response"] for r in data.get("workers", {}).values()
+                 if r["status"] == 200 and isinstance(r["response"], dict)]
+        versions = [v for v in (parse_weight_version(i.get("weight_version")) for i in infos) if v is not None]
+        return resp, infos, versions
+
+    async def h_model_info(self, request: web.Request) -> web.Response:
+        """The workers' model info, with the oldest version any of them serves."""
+        resp, infos, versions = await self._versions()
+        if not infos:
+            return resp
+        return web.json_response({**infos[0], "weight_version": str(min(versions)) if versions else
+                                  infos[0].get("weight_version")})
+
+    async def h_weight_version(self, request: web.Request) -> web.Response:
+        resp, infos, versions = await self._versions()
         if not versions:
             return resp
-        return web.json_response({"weight_version": min(versions), "workers": data["workers"]})
+        return web.json_response({"weight_version": str(min(versions))})
 
 
 def _error(status: int, message: str) -> web.Response:

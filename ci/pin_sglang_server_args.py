@@ -1,0 +1,102 @@
+"""Pin SGLang's ``ServerArgs`` command line as data: relax/backends/sglang/server_args.json.
+
+    python ci/pin_sglang_server_args.py SGLANG_SRC_OR_PACKAGE_DIR [--out relax/backends/sglang/server_args.json]
+
+Reads ``sglang/srt/server_args.py`` as text (``ast``; nothing is imported, so it runs where SGLang's
+GPU-only dependencies do not install) and writes, for every option of ``ServerArgs.add_cli_args``,
+its long flags, the ``ServerArgs`` field it fills (argparse ``dest``), its action, type, nargs and
+literal choices, plus every dataclass field with its annotation and literal default. That is the
+interface `relax.backends.sglang.server_args` maps ``--sglang-*`` flags onto where ``sglang`` is not
+importable (our GPU machine cannot install it: MACHINES.md). Facts about SGLang's interface, no code.
+Where ``sglang`` is installed, tests/sglang/ compares this file with the live ``ServerArgs``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+
+def _literal(node: ast.AST | None) -> Any:
+    if node is None:
+        return None
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, SyntaxError, TypeError):
+        return None
+
+
+def _version(root: Path) -> str:
+    """From _version.py (a built package), else the wheel's METADATA beside the package."""
+    generated = root / "_version.py"
+    if generated.is_file():
+        m = re.search(r"__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)", generated.read_text())
+        if m:
+            return m.group(1)
+    for meta in sorted(root.parent.glob("sglang-*.dist-info/METADATA")):
+        m = re.search(r"^Version: (\S+)", meta.read_text(), re.MULTILINE)
+        if m:
+            return m.group(1)
+    raise SystemExit(f"cannot tell the sglang version of {root} (no _version.py, no sglang-*.dist-info)")
+
+
+def _server_args_class(path: Path) -> ast.ClassDef:
+    tree = ast.parse(path.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "ServerArgs":
+            return node
+    raise SystemExit(f"no class ServerArgs in {path}")
+
+
+def _options(cls: ast.ClassDef) -> list[dict[str, Any]]:
+    options = []
+    for node in ast.walk(cls):
+        if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"):
+            continue
+        flags = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        long_flags = [f for f in flags if f.startswith("--")]
+        if not long_flags:
+            continue
+        kw = {k.arg: k.value for k in node.keywords if k.arg}
+        dest = _literal(kw.get("dest")) or long_flags[0][2:].replace("-", "_")
+        options.append({
+            "flags": long_flags, "dest": dest,
+            "action": ast.unparse(kw["action"]) if "action" in kw else None,
+            "type": ast.unparse(kw["type"]) if "type" in kw else None,
+            "nargs": _literal(kw.get("nargs")) if "nargs" in kw else None,
+            "choices": _literal(kw.get("choices")),
+        })
+    return sorted(options, key=lambda o: o["flags"][0])
+
+
+def _fields(cls: ast.ClassDef) -> dict[str, dict[str, Any]]:
+    out = {}
+    for st in cls.body:
+        if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name):
+            out[st.target.id] = {"annotation": ast.unparse(st.annotation), "default": _literal(st.value),
+                                 "required": st.value is None}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("sglang_dir", help="the sglang package directory (…/site-packages/sglang or a source tree's python/sglang)")
+    ap.add_argument("--out", default="relax/backends/sglang/server_args.json")
+    ns = ap.parse_args()
+    root = Path(ns.sglang_dir)
+    path = root / "srt" / "server_args.py"
+    if not path.is_file():
+        raise SystemExit(f"{path} not found")
+    cls = _server_args_class(path)
+    data = {"sglang_version": _version(root), "source": "sglang/srt/server_args.py ServerArgs",
+            "options": _options(cls), "fields": _fields(cls)}
+    Path(ns.out).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    print(f"{ns.out}: {len(data['options'])} options, {len(data['fields'])} fields of sglang {data['sglang_version']}")
+
+
+if __name__ == "__main__":
+    main()

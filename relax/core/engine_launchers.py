@@ -1,0 +1,132 @@
+"""How engines come to exist: one typed launcher class per kind, looked up by `launcher_class`.
+
+* ``embedded``: our engine in a Ray actor (relax/distributed/engine_actor.py);
+* ``sglang``: a real SGLang server started by a Ray actor (relax/backends/sglang/launcher.py);
+* ``external``: servers the user started (``--rollout-external --rollout-external-engine-addrs``),
+  embedded or SGLang, which the run drives but cannot restart.
+
+A launcher starts engines in two halves (`begin` without waiting, `finish` once they serve), so the
+trainer loads while the engines do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from argparse import Namespace
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import ray
+
+from relax.engine.rollout.engine_client import EngineClient, EngineError
+from relax.utils.flag_types import ConfigError
+from relax.weights.transports import SyncTarget
+
+
+@dataclass
+class EngineRecord:
+    index: int
+    target: SyncTarget
+    actor: Any = None  # the Ray actor hosting it; None for an external engine
+    pid: int | None = None
+    node: str | None = None
+
+
+def run_async(coro):
+    from relax.utils.http_utils import close_session
+
+    async def main():
+        try:
+            return await coro
+        finally:
+            await close_session()
+
+    return asyncio.run(main())
+
+
+class EngineLauncher(ABC):
+    """Starts (or attaches to) engine ``index``; ``can_restart``: a dead one can be replaced."""
+
+    name: ClassVar[str]
+    can_restart: ClassVar[bool] = True
+
+    def __init__(self, args: Namespace, device: str, actor_options: dict, *, host: str, api_key: str | None,
+                 replicas: int):
+        self.args, self.device, self.actor_options = args, device, actor_options
+        self.host, self.api_key, self.replicas = host, api_key, replicas
+
+    @abstractmethod
+    def count(self) -> int:
+        """How many engines the run has."""
+
+    @abstractmethod
+    def begin(self, indices: list[int]) -> Any:
+        """Start these engines without waiting (the trainer loads meanwhile); `finish` waits for them."""
+
+    @abstractmethod
+    def finish(self, pending: Any) -> list[EngineRecord]:
+        """Wait until every engine `begin` started serves; their records."""
+
+    def start_all(self, indices: list[int]) -> list[EngineRecord]:
+        return self.finish(self.begin(indices))
+
+
+class EmbeddedLauncher(EngineLauncher):
+    name = "embedded"
+
+    def count(self) -> int:
+        return self.replicas
+
+    def begin(self, indices: list[int]) -> Any:
+        from relax.distributed.engine_actor import EngineActor
+
+        return indices, [EngineActor.options(**self.actor_options).remote(self.args, self.device, i, self.host,
+                                                                          self.api_key) for i in indices]
+
+    def finish(self, pending: Any) -> list[EngineRecord]:
+        indices, actors = pending
+        answers = ray.get([a.endpoint.remote() for a in actors])
+        pids = ray.get([a.pid.remote() for a in actors])
+        return [EngineRecord(i, SyncTarget(f"engine:{i}", url, device, api_key=self.api_key), actor, pid)
+                for i, actor, (url, device), pid in zip(indices, actors, answers, pids, strict=True)]
+
+
+class ExternalEngines(EngineLauncher):
+    """``--rollout-external-engine-addrs host:port ...``: servers the user runs; probed, never restarted."""
+
+    name = "external"
+    can_restart = False
+
+    def count(self) -> int:
+        return len(self.args.rollout_external_engine_addrs or [])
+
+    def begin(self, indices: list[int]) -> Any:
+        return indices
+
+    def finish(self, pending: Any) -> list[EngineRecord]:
+        return [self._attach(i, self.args.rollout_external_engine_addrs[i]) for i in pending]
+
+    def _attach(self, index: int, address: str) -> EngineRecord:
+        url = address if "://" in address else f"http://{address}"
+        client = EngineClient(url, control_timeout=10)
+        try:
+            info = run_async(client.server_info())
+        except EngineError as exc:
+            raise ConfigError(f"--rollout-external-engine-addrs {address}: engine unreachable ({exc})") from None
+        ours = info.get("relax_engine") if isinstance(info, dict) else None
+        device = ours.get("device", "unknown") if isinstance(ours, dict) else "unknown"
+        return EngineRecord(index, SyncTarget(f"engine:{index}", url, device, reports_checksums=ours is not None,
+                                              tp_size=int(info.get("tp_size", 1) or 1)))
+
+
+def launcher_class(kind: str) -> type[EngineLauncher]:
+    """The launcher of ``kind`` (``--rollout-backend``, or ``external``); SGLang's is imported only when asked."""
+    if kind == "sglang":
+        from relax.backends.sglang.launcher import SGLangLauncher
+
+        return SGLangLauncher
+    launchers = {cls.name: cls for cls in (EmbeddedLauncher, ExternalEngines)}
+    if kind not in launchers:
+        raise ConfigError(f"unknown engine kind {kind!r}; one of embedded, sglang, external")
+    return launchers[kind]

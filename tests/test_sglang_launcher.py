@@ -1,0 +1,152 @@
+"""The SGLang launcher, tested by the command it builds, and the ``--sglang-*`` flag mapping.
+
+Real SGLang runs where it is installed (tests/sglang/, marker ``sglang``); here the options are checked
+against SGLang's option list pinned from its source (relax/backends/sglang/server_args.json).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from relax.backends.sglang import launcher
+from relax.backends.sglang.server_args import PINNED, RESERVED, pinned, server_arg_tokens
+from relax.utils.arguments import parse_args
+from relax.utils.flag_table import FLAGS
+from relax.utils.flag_types import ConfigError
+from tests.e2e_helpers import pretend_gpu_machine
+
+BASE = ["--prompt-data", "x.jsonl", "--rollout-batch-size", "2", "--num-rollout", "1", "--hf-checkpoint", "tiny-qwen3",
+        "--train-backend", "torch"]
+
+
+@pytest.fixture
+def sglang_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parse as on a GPU machine with sglang installed (CI has neither)."""
+    pretend_gpu_machine(monkeypatch)
+    monkeypatch.setattr(launcher, "sglang_available", lambda: True)
+
+
+def test_the_pinned_list_is_sglangs_server_args_with_its_version() -> None:
+    data = json.loads(PINNED.read_text())
+    version, options = pinned()
+    assert version == data["sglang_version"] == "0.5.10.post1"
+    fields = data["fields"]
+    assert len(fields) > 300 and len(options) > 350  # every option spelling, aliases included
+    # each option fills a ServerArgs field; a few CLI spellings are mapped to their field by SGLang itself
+    # (ServerArgs.from_cli_args: --tp-size -> tp_size, ...)
+    cli_only = {o.dest for o in options.values()} - set(fields)
+    assert cli_only <= {"tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "expert_parallel_size",
+                        "attention_context_parallel_size", "moe_data_parallel_size", "hybrid_kvcache_ratio",
+                        "prefill_round_robin_balance", "enable_piecewise_cuda_graph", "config"}
+    assert set(RESERVED) - {"tensor_parallel_size"} <= set(fields)
+
+
+def test_every_sglang_flag_of_seed_000_is_a_server_args_option_or_refused_loudly() -> None:
+    _, options = pinned()
+    for spec in FLAGS:
+        if not spec.name.startswith("sglang-"):
+            continue
+        name = spec.name.removeprefix("sglang-")
+        if spec.supported:
+            assert name in options, spec.name  # passed to SGLang as --<name>
+        else:  # the profiling rows drive SGLang's /start_profile from the loop: not built, refused by name
+            assert name.startswith("profile"), spec.name
+
+
+@pytest.mark.parametrize(("passthrough", "tokens"), [
+    ({"mem_fraction_static": "0.7"}, ["--mem-fraction-static", "0.7"]),
+    ({"disable_radix_cache": True}, ["--disable-radix-cache"]),
+    ({"disable_radix_cache": "false"}, []),
+    ({"cuda_graph_bs": "1 2 4"}, ["--cuda-graph-bs", "1", "2", "4"]),
+    ({"cuda_graph_bs": [8, 16]}, ["--cuda-graph-bs", "8", "16"]),
+    ({"deepep_mode": "low_latency"}, ["--deepep-mode", "low_latency"]),
+    ({"fp8_gemm_backend": "auto"}, ["--fp8-gemm-backend", "auto"]),  # SGLang spells this field's flag its own way
+])
+def test_sglang_flags_become_sglangs_own_options(passthrough, tokens) -> None:
+    assert server_arg_tokens(passthrough) == tokens
+
+
+@pytest.mark.parametrize(("passthrough", "message"), [
+    ({"mem_fraction": "0.7"}, "SGLang 0.5.10.post1 has no option --mem-fraction .did you mean --sglang-mem-fraction-static"),
+    ({"tp_size": "2"}, "--sglang-tp-size: set by --rollout-num-gpus-per-engine"),
+    ({"model_path": "x"}, "--sglang-model-path: set by --hf-checkpoint"),
+    ({"port": "1"}, "--sglang-port: set by the launcher"),
+    ({"mem_fraction_static": "lots"}, "--sglang-mem-fraction-static 'lots': SGLang's --mem-fraction-static takes float"),
+    ({"deepep_mode": "fast"}, "'fast': one of normal, low_latency, auto"),
+    ({"disable_radix_cache": "maybe"}, "a switch, true or false"),
+])
+def test_bad_sglang_flags_are_refused_by_name(passthrough, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        server_arg_tokens(passthrough)
+
+
+def test_launch_command_for_a_representative_set_of_flags(sglang_machine) -> None:
+    args = parse_args([*BASE, "--device", "cuda", "--rollout-backend", "sglang",
+                       "--colocate", "--rollout-num-gpus-per-engine", "2", "--seed", "40",
+                       "--sglang-mem-fraction-static", "0.6", "--sglang-disable-radix-cache",
+                       "--sglang-cuda-graph-max-bs", "64", "--sglang-log-level", "warning"])
+    cmd = launcher.launch_command(args, engine_index=3, host="127.0.0.1", port=31000, nccl_port=31001, api_key="k",
+                                  python="python3")
+    assert cmd[:3] == ["python3", "-m", "sglang.launch_server"]
+    pairs = {flag: cmd[cmd.index(flag) + 1] for flag in ("--model-path", "--tp-size", "--random-seed", "--host",
+                                                        "--port", "--nccl-port", "--base-gpu-id", "--dtype", "--api-key")}
+    assert pairs["--model-path"] == "tiny-qwen3" and pairs["--tp-size"] == "2" and pairs["--random-seed"] == "43"
+    assert pairs["--host"] == "127.0.0.1" and pairs["--port"] == "31000" and pairs["--nccl-port"] == "31001"
+    assert pairs["--base-gpu-id"] == "0" and pairs["--dtype"] == "float32" and pairs["--api-key"] == "k"
+    assert "--enable-memory-saver" in cmd  # --colocate releases engine memory between rollouts
+    tail = cmd[cmd.index("--api-key") + 2:]
+    assert tail == ["--mem-fraction-static", "0.6", "--disable-radix-cache", "--cuda-graph-max-bs", "64",
+                    "--log-level", "warning"]
+
+
+def test_megatron_exports_bf16_and_no_offload_means_no_memory_saver(sglang_machine) -> None:
+    args = parse_args([*BASE, "--device", "cuda", "--train-backend", "megatron", "--rollout-backend", "sglang"])
+    cmd = launcher.launch_command(args, engine_index=0, host="127.0.0.1", port=1, nccl_port=2, api_key=None)
+    assert cmd[cmd.index("--dtype") + 1] == "bfloat16" and "--enable-memory-saver" not in cmd
+    assert "--api-key" not in cmd and cmd[cmd.index("--tp-size") + 1] == "1"
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--rollout-backend", "sglang", "--device", "cpu"], "--device cpu has none"),
+    (["--sglang-mem-fraction-static", "0.5"], "--sglang-mem-fraction-static configures SGLang servers: it needs "
+                                              "--rollout-backend sglang"),
+    (["--sglang-disable-radix-cache"], "--sglang-disable-radix-cache configures SGLang"),
+    (["--rollout-num-gpus-per-engine", "2"], "not supported yet: --rollout-num-gpus-per-engine 2 with --rollout-backend "
+                                             "embedded"),
+    (["--rollout-backend", "sglang", "--device", "cuda", "--sglang-nope", "1"], "SGLang 0.5.10.post1 has no option --nope"),
+])
+def test_engine_flag_rules(sglang_machine, flags, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_args([*BASE, *flags])
+
+
+def test_without_sglang_installed_the_backend_says_how_to_get_it(monkeypatch) -> None:
+    pretend_gpu_machine(monkeypatch)
+    monkeypatch.setattr(launcher, "sglang_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"needs SGLang: pip install 'sglang\[all\]==0.5.10.post1'"):
+        parse_args([*BASE, "--rollout-backend", "sglang", "--device", "cuda"])
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--rollout-external"], "--rollout-external needs --rollout-external-engine-addrs"),
+    (["--rollout-external-engine-addrs", "127.0.0.1:1"], "has no effect without --rollout-external"),
+    (["--rollout-external", "--rollout-external-engine-addrs", "127.0.0.1"], "'127.0.0.1': expected HOST:PORT"),
+    (["--rollout-external", "--rollout-external-engine-addrs", "a:1", "a:1"], "names an engine twice"),
+    (["--rollout-external", "--rollout-external-engine-addrs", "a:1", "--resource", '{"rollout": [2, 0]}'],
+     "role 'rollout' with --rollout-external"),
+    (["--rollout-external", "--rollout-external-engine-addrs", "a:1", "--sglang-disable-radix-cache"],
+     "with --rollout-external: the run does not start those servers"),
+    (["--rollout-external", "--rollout-external-engine-addrs", "a:1", "--weight-sync-transport", "tensor"],
+     "tensor with --rollout-external"),
+])
+def test_external_engine_flag_rules(flags, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_args([*BASE, *flags])
+
+
+def test_external_engine_addresses_parse() -> None:
+    args = parse_args([*BASE, "--rollout-external", "--rollout-external-engine-addrs", "10.0.0.1:30000",
+                       "http://127.0.0.1:30001"])
+    assert args.rollout_external_engine_addrs == ["10.0.0.1:30000", "http://127.0.0.1:30001"]
