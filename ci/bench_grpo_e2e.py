@@ -100,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--timeout", type=float, default=1200, help="seconds per system (subprocess)")
     ap.add_argument("--workdir", default=None, help="keep prompts, run dirs and logs here (default: a temp dir)")
     ap.add_argument("--json", default=None, help="also write the rows and the setup as JSON to this path")
+    ap.add_argument("--baseline-tree", default=None,
+                    help="a checkout of an earlier commit (e.g. `git archive REF | tar -x -C DIR`): each relax row is "
+                         "also run from that tree's code, as `relax-<backend>@<--baseline-label>`, in the same run")
+    ap.add_argument("--baseline-label", default="base", help="the name of --baseline-tree's rows (e.g. its commit)")
     ap.add_argument("--trl-worker", default=None, help=argparse.SUPPRESS)  # internal: run the TRL side
     return ap
 
@@ -233,9 +237,10 @@ def trl_env(ns: argparse.Namespace) -> dict[str, str]:
     return env
 
 
-def subprocess_env(ns: argparse.Namespace, ray_dir: str | None = None) -> dict[str, str]:
+def subprocess_env(ns: argparse.Namespace, ray_dir: str | None = None, tree: Path = REPO) -> dict[str, str]:
+    """``tree``: whose ``relax`` the subprocess imports (this checkout, or ``--baseline-tree``)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)
     if ns.device == "cpu":
         env.setdefault("OMP_NUM_THREADS", "1")
     if ray_dir:
@@ -312,7 +317,7 @@ def read_relax_metrics(result: SystemResult, metrics_path: Path) -> None:
 
 
 def run_relax(ns: argparse.Namespace, backend: str, prompts: Path, workdir: Path, name: str | None = None,
-              mode: tuple[str, ...] = ("--colocate",)) -> SystemResult:
+              mode: tuple[str, ...] = ("--colocate",), tree: Path = REPO) -> SystemResult:
     name = name or f"relax-{backend}"
     result = SystemResult(name, "bf16" if backend == "megatron" else "fp32", ns.prompts * ns.generations, ns.warmup)
     out_dir, log_path = workdir / name, workdir / f"{name}.log"
@@ -320,7 +325,7 @@ def run_relax(ns: argparse.Namespace, backend: str, prompts: Path, workdir: Path
     log(f"{name}: relax train, {ns.steps} steps (log: {log_path})")
     ray_dir = tempfile.mkdtemp(prefix="rg", dir="/tmp")  # Ray's socket paths must stay short
     try:
-        code, result.wall_s = run_logged(cmd, log_path, subprocess_env(ns, ray_dir), ns.timeout, workdir)
+        code, result.wall_s = run_logged(cmd, log_path, subprocess_env(ns, ray_dir, tree), ns.timeout, workdir)
     finally:
         shutil.rmtree(ray_dir, ignore_errors=True)
     read_relax_metrics(result, out_dir / "metrics.jsonl")
@@ -508,6 +513,9 @@ def run_systems(ns: argparse.Namespace, workdir: Path) -> list[SystemResult]:
             log(f"{system}: {why}: row skipped")
         else:
             results.append(run_relax(ns, system.removeprefix("relax-"), prompts, workdir))
+            if ns.baseline_tree:  # the same workload on the earlier commit's code, right after
+                results.append(run_relax(ns, system.removeprefix("relax-"), prompts, workdir,
+                                         name=f"{system}@{ns.baseline_label}", tree=Path(ns.baseline_tree).resolve()))
     return results
 
 

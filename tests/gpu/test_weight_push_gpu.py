@@ -1,0 +1,108 @@
+"""The trainer's weight push to an engine server process on a GPU, through SGLang's endpoints.
+
+* ``tensor``: /update_weights_from_tensor with CUDA IPC handles to the pusher's packed GPU buffer (the
+  colocate sync): the engine process maps the buffer and copies device to device. Three syncs with
+  the weights changed in between prove the reused buffer is never read stale, and a resync from the
+  host snapshot lands bitwise too.
+* ``distributed`` (two GPUs): /init_weights_update_group + /update_weights_from_distributed over NCCL
+  to an engine on the other GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+import torch
+
+from relax.backends.embedded.launch import EngineProcess
+from relax.engine.rollout.engine_client import EngineClient
+from relax.models import build_model
+from relax.utils.http_utils import close_session
+from relax.weights.checksum import state_checksums
+from relax.weights.devices import device_identity
+from relax.weights.push import WeightPusher
+from relax.weights.transports import SyncTarget
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def _run(coro):
+    async def main():
+        try:
+            return await coro
+        finally:
+            await close_session()
+
+    return asyncio.run(main())
+
+
+def _engine(gpu: int) -> EngineProcess:
+    env = {"CUDA_VISIBLE_DEVICES": str(gpu)} if os.environ.get("CUDA_VISIBLE_DEVICES") is None else None
+    return EngineProcess.start(["--hf-checkpoint", "tiny-qwen3", "--device", "cuda", "--dtype", "bfloat16"],
+                               env=env)
+
+
+def _target(proc: EngineProcess) -> SyncTarget:
+    info = _run(EngineClient(proc.url).server_info())
+    return SyncTarget("engine:0", proc.url, info["relax_engine"]["device"])
+
+
+def _weights(device: str) -> dict[str, torch.Tensor]:
+    state = build_model("tiny-qwen3", dtype=torch.bfloat16, seed=5).to(device).state_dict()
+    state["model.norm.weight"] = state["model.norm.weight"].float()  # a second dtype in the same bucket
+    return state
+
+
+def _buckets(state: dict) -> list:
+    items = list(state.items())
+    return [items[: len(items) // 2], items[len(items) // 2:]]
+
+
+def test_cuda_ipc_push_is_bitwise_across_syncs_and_resyncs() -> None:
+    proc = _engine(0)
+    pusher = WeightPusher(timeout_s=120)
+    try:
+        target = _target(proc)
+        assert target.device == device_identity("cuda:0")  # the same GPU (by UUID) in both processes
+        state = _weights("cuda:0")
+        state["model.norm.weight"] = state["model.norm.weight"].bfloat16()  # the engine holds bf16
+        for version in range(1, 4):
+            report = pusher.push(_buckets(state), [target], version, requested="tensor",
+                                 weights_device=torch.device("cuda:0"), keep_snapshot=True)
+            assert report.transports == {"tensor": ["engine:0"]}
+            assert report.target_checksums["engine:0"] == report.trainer_checksums == state_checksums(state.items())
+            for t in state.values():  # an optimizer step: the next push refills the same buffer
+                t.add_(1)
+        proc2 = _engine(0)
+        try:
+            resynced = pusher.resync([_target(proc2)])
+            assert resynced.target_checksums["engine:0"] == pusher.snapshot.trainer_checksums
+            assert _run(EngineClient(proc2.url).weight_version()) == 3
+        finally:
+            proc2.stop()
+    finally:
+        pusher.close()
+        proc.stop()
+
+
+@pytest.mark.multi_gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_nccl_push_reaches_an_engine_on_another_gpu_bitwise() -> None:
+    proc = _engine(1)
+    pusher = WeightPusher(timeout_s=120)
+    try:
+        target = _target(proc)
+        assert target.device != device_identity("cuda:0")
+        state = {k: v.bfloat16() for k, v in _weights("cuda:0").items()}
+        for version in range(1, 4):
+            report = pusher.push(_buckets(state), [target], version, requested="auto",
+                                 weights_device=torch.device("cuda:0"))
+            assert report.transports == {"distributed": ["engine:0"]}
+            assert report.target_checksums["engine:0"] == state_checksums(state.items())
+            for t in state.values():
+                t.mul_(0.5).add_(1)
+    finally:
+        pusher.close()
+        proc.stop()
