@@ -145,3 +145,13 @@ def test_flag_default_is_auto_and_tensor_is_accepted_for_megatron_colocate(gpu_m
 def test_tensor_refusals(gpu_machine, flags: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_args([*MINIMAL, "--weight-sync-transport", "tensor", *flags])
+
+
+def test_engine_errors_cross_process_boundaries_intact() -> None:
+    """A trainer actor's push that fails on an engine raises in the driver as the same error (Ray pickles it)."""
+    from relax.utils.http_utils import EngineError, EngineHTTPError
+
+    for err in (EngineError("http://e:1", "cannot connect"), EngineHTTPError("http://e:1/x", 409, "released")):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and str(back) == str(err) and back.url == err.url
+    assert pickle.loads(pickle.dumps(EngineHTTPError("u", 400, "m"))).status == 400

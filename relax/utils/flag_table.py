@@ -319,7 +319,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('slime-router-middleware-paths', 'str_list', None, 'Router Configuration', 'List of middleware paths'),
     F('slime-router-timeout', 'float', None, 'Router Configuration', 'SlimeRouter HTTP request timeout in seconds. Here: the run\'s router (relax/engine/router/) gives up on a request to an engine after this long (None: no limit; fault tolerance\'s health checks find hung engines)'),
     F('slime-router-max-connections', 'int', None, 'Router Configuration', 'SlimeRouter HTTP client maximum connections. Here: the run\'s router\'s connection pool to the engines (None: 1024)'),
-    F('slime-router-health-check-failure-threshold', 'int', 3, 'Router Configuration', 'Mark worker as unhealthy after this many consecutive failures. Here: the run\'s router checks every engine\'s /health each second and takes one out of rotation after this many failures in a row'),
+    F('slime-router-health-check-failure-threshold', 'int', 3, 'Router Configuration', 'Mark worker as unhealthy after this many consecutive failures. Here: the run\'s router checks every engine\'s /health each second and, after this many failures in a row, sends it requests only while no healthy engine is left (removing dead engines is --use-fault-tolerance\'s job)'),
     # --- Other Training Parameters
     F('train-env-vars', 'json', {}, 'Other Training Parameters', 'Additional environment variables for training process'),
     F('train-memory-margin-bytes', 'size', GiB, 'Other Training Parameters', 'Reserved space for training memory allocation'),

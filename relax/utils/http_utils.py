@@ -26,6 +26,10 @@ class EngineError(RuntimeError):
     def __init__(self, url: str, message: str):
         super().__init__(f"{url}: {message}")
         self.url = url
+        self.message = message
+
+    def __reduce__(self):  # crosses Ray (a trainer actor's push failing on an engine): rebuild from the parts
+        return type(self), (self.url, self.message)
 
 
 class EngineHTTPError(EngineError):
@@ -35,6 +39,9 @@ class EngineHTTPError(EngineError):
         super().__init__(url, f"HTTP {status}: {message}")
         self.status = status
         self.server_message = message
+
+    def __reduce__(self):
+        return type(self), (self.url, self.status, self.server_message)
 
 
 def _session() -> aiohttp.ClientSession:

@@ -184,6 +184,8 @@ class _PayloadUnpickler(pickle.Unpickler):
         ("torch.multiprocessing.reductions", "rebuild_typed_storage"): reductions.rebuild_typed_storage,
         ("torch.storage", "UntypedStorage"): torch.UntypedStorage,
         ("torch", "UntypedStorage"): torch.UntypedStorage,
+        ("torch.storage", "TypedStorage"): torch.TypedStorage,  # the storage class a CUDA tensor's reduction names
+        ("torch", "TypedStorage"): torch.TypedStorage,
         ("torch", "Size"): torch.Size,
         ("torch", "Tensor"): torch.Tensor,
         ("torch.nn.parameter", "Parameter"): torch.nn.Parameter,

@@ -33,9 +33,9 @@ class RouterConfig:
 
 class RouterThread:
     def __init__(self, worker_urls: list[str], config: RouterConfig, *, worker_api_key: str | None = None):
-        self.router = Router(worker_urls, failure_threshold=config.failure_threshold,
+        self.router = Router(worker_urls, failure_threshold=config.failure_threshold, health_timeout=5.0,
                              request_timeout=config.request_timeout, max_connections=config.max_connections,
-                             worker_api_key=worker_api_key, failover=config.failover)
+                             worker_api_key=worker_api_key, failover=config.failover, remove_unhealthy=False)
         self.served: Served = serve_in_thread(self.router.app(), "127.0.0.1", name="relax-router")
 
     @property

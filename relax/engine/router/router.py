@@ -10,7 +10,10 @@
   marked suspect until a health check passes. Without it (``failover=False``: a training run without
   ``--use-fault-tolerance``) the request fails with 502 naming the worker.
 * A background loop checks ``/health`` of every worker each ``--health-check-interval`` s; a
-  worker failing ``--slime-router-health-check-failure-threshold`` consecutive checks is removed.
+  worker failing ``--slime-router-health-check-failure-threshold`` consecutive checks is marked
+  unhealthy (skipped while a healthy worker exists) and, with ``remove_unhealthy`` (the standalone
+  router), removed. A training run's router keeps it (a busy engine, e.g. compiling, answers late;
+  the run's fault tolerance decides what is dead).
 * ``/add_worker?url=`` and ``/remove_worker?url=`` change the pool at run time; ``/list_workers``
   shows it. Control endpoints (abort, pause, continue, flush, release/resume memory, disk weight
   updates) are broadcast to every worker.
@@ -65,7 +68,8 @@ class NoWorker(RuntimeError):
 class Router:
     def __init__(self, worker_urls: list[str] = (), *, failure_threshold: int = 3, health_interval: float = 1.0,
                  health_timeout: float = 2.0, request_timeout: float | None = None, max_connections: int = 1024,
-                 api_key: str | None = None, worker_api_key: str | None = None, failover: bool = True):
+                 api_key: str | None = None, worker_api_key: str | None = None, failover: bool = True,
+                 remove_unhealthy: bool = True):
         self.workers: dict[str, Worker] = {}
         for url in worker_urls:
             self.add_worker(url)
@@ -77,6 +81,7 @@ class Router:
         self.api_key = api_key
         self.worker_headers = {"Authorization": f"Bearer {worker_api_key}"} if worker_api_key else {}
         self.failover = failover
+        self.remove_unhealthy = remove_unhealthy
         self.session: aiohttp.ClientSession | None = None
         self._health_task: asyncio.Task | None = None
 
@@ -123,8 +128,10 @@ class Router:
                     w.failures, w.suspect = 0, False
                     continue
                 w.failures += 1
+                if w.failures < self.failure_threshold:
+                    continue
                 w.suspect = True
-                if w.failures >= self.failure_threshold and self.workers.get(w.url) is w:
+                if self.remove_unhealthy and self.workers.get(w.url) is w:
                     log.warning("removing worker %s after %d failed health checks", w.url, w.failures)
                     self.remove_worker(w.url)
 
