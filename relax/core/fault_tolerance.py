@@ -16,13 +16,14 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from relax.distributed.actors import EngineActor
+from relax.distributed.placement import where
 from relax.metrics import console
 
 
 class EngineSupervisor:
-    def __init__(self, rt, engine_options: dict):
+    def __init__(self, rt, engine_options: list[dict]):
         self.rt = rt
-        self.engine_options = engine_options
+        self.engine_options = engine_options  # per engine: its place (relax/distributed/placement.py)
         self.lock = rt.weights_lock  # one lock with the syncs: a restart never interleaves with a sync
         self.restarts = 0
         self._stop = threading.Event()
@@ -42,8 +43,8 @@ class EngineSupervisor:
                 ray.kill(dead_handle, no_restart=True)
             except Exception:  # noqa: BLE001 - it may already be gone
                 pass
-            engine = EngineActor.options(**self.engine_options).remote(args, rt.run.device, index)
-            rt.artifacts.event("process_started", role=f"engine:{index}", pid=ray.get(engine.pid.remote()))
+            engine = EngineActor.options(**self.engine_options[index]).remote(args, rt.run.device, index)
+            rt.artifacts.event("process_started", role=f"engine:{index}", **where(engine))
             rt.resync(index, engine)  # before it joins the pool: nothing reaches it without current weights
             rt.engines[index] = engine
             self.restarts += 1

@@ -20,7 +20,9 @@ from relax import checkpoint as ckpt
 from relax.core.services import ServiceGroup
 from relax.core.setup import RunInputs
 from relax.distributed.actors import EngineActor, TrainerActor
-from relax.distributed.placement import parse_resource, start_ray
+from relax.distributed.cluster import cluster_address, start_ray
+from relax.distributed.placement import Placement, where
+from relax.distributed.resources import plan_resources
 from relax.distributed.trainer_group import TrainerGroup
 from relax.engine.rollout.engine_pool import RayEnginePool
 from relax.engine.rollout.sglang_rollout import GenerateState
@@ -38,7 +40,7 @@ class Runtime:
     args: Namespace
     run: RunInputs
     artifacts: RunArtifacts
-    trainer: object  # rank 0 of the trainer group, the only rank the driver calls
+    trainer: object  # rank 0 of the trainer group, the only rank the driver calls (None: --debug-rollout-only)
     engines: list
     trainer_ranks: list = field(default_factory=list)  # every rank's actor (for shutdown)
     start_step: int = 0
@@ -51,6 +53,7 @@ class Runtime:
     # held by every sync and restart: a restart never interleaves with a sync (EngineSupervisor shares it)
     weights_lock: threading.RLock = field(default_factory=threading.RLock)
     weight_group: BroadcastGroup = field(default_factory=BroadcastGroup)  # engines on other GPUs (broadcast sync)
+    placement: Placement | None = None  # the GPUs reserved for the run's actors (released at shutdown)
 
     @property
     def last_step(self) -> int:
@@ -59,6 +62,8 @@ class Runtime:
     def sync(self, version: int, step: int) -> float:
         """Push the trainer's weights to every engine (and the actor_fwd service) as ``version``;
         restart engines that died (or hang) meanwhile, then retry."""
+        if self.trainer is None or not self.engines:  # the debug modes: nothing to sync from, or to
+            return 0.0
         with self.weights_lock:
             self.version, self.step = version, step
             while True:
@@ -93,6 +98,8 @@ class Runtime:
         queue's `StoredBatch`; every consumer fetches for itself). With the fully-async services the
         old/ref log-probs and advantages are computed there first (relax/core/services.py).
         """
+        if self.trainer is None:  # --debug-rollout-only
+            return {}
         if self.services is None:
             return ray.get(self.trainer.train_rollout.remote(samples, step))
         start = time.perf_counter()
@@ -149,6 +156,8 @@ class Runtime:
                 ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already dead
                 pass
+        if self.placement is not None:
+            self.placement.release()
 
     def finish_step(self, step: int, groups: list[list[Sample]], rollout_metrics: dict, train_metrics: dict,
                     perf: dict[str, float], weight_version: int, data_state=None) -> None:
@@ -225,25 +234,26 @@ def start_runtime(args: Namespace, run: RunInputs, artifacts: RunArtifacts) -> R
 
 def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) -> Runtime:
     """Start Ray and the actors, resume from --load, and push the initial weights (version = start step)."""
-    use_gpu = run.device == "cuda"
-    placement = parse_resource(args, use_gpu)
-    start_ray(use_gpu)
-    engines = [EngineActor.options(**placement.actor_options("rollout")).remote(args, run.device, i)
-               for i in range(placement.rollout.replicas)]
+    start_ray(run.device == "cuda", cluster_address(args.ray_address))
+    placement = Placement.reserve(plan_resources(args, run.device))  # one line, in seconds, when GPUs are missing
+    artifacts.event("placement", groups=placement.describe())
+    engines = [EngineActor.options(**slot.options).remote(args, run.device, i)
+               for i, slot in enumerate(placement.engines)]
     services = ServiceGroup.start(args, run.device, placement) if placement.services else None
     # max_concurrency 2: heartbeats are answered while a training step runs
-    group = TrainerGroup.start(TrainerActor, args, run.device, placement.actor.replicas,
-                               {"max_concurrency": 2, **placement.actor_options("actor")})
-    trainer = group.leader
-    for rank, pid in enumerate(group.pids):
-        artifacts.event("process_started", role=f"trainer:{rank}", pid=pid)
-    for i, engine in enumerate(engines):
-        artifacts.event("process_started", role=f"engine:{i}", pid=ray.get(engine.pid.remote()))
-    for role, actor in (services.actors() if services else {}).items():
-        artifacts.event("process_started", role=role, pid=ray.get(actor.pid.remote()))
-    console.info(f"trainer up: {ray.get(trainer.describe.remote())}; {len(engines)} engine(s)"
-                 + (f"; services {', '.join(services.actors())}" if services else ""))
-    rt = Runtime(args, run, artifacts, trainer, engines, trainer_ranks=group.actors, services=services)
+    group = TrainerGroup.start(TrainerActor, args, run.device, [{"max_concurrency": 2, **slot.options}
+                                                                for slot in placement.trainer_ranks]) \
+        if placement.trainer_ranks else None
+    trainer = group.leader if group else None
+    named = [*(group.actors if group else []), *engines, *(services.actors().values() if services else [])]
+    roles = [*(s.name for s in placement.trainer_ranks), *(s.name for s in placement.engines),
+             *(services.actors() if services else {})]
+    for role, actor in zip(roles, named, strict=True):
+        artifacts.event("process_started", role=role, **where(actor))
+    console.info(f"trainer up: {ray.get(trainer.describe.remote()) if trainer else 'none (--debug-rollout-only)'}; "
+                 f"{len(engines)} engine(s)" + (f"; services {', '.join(services.actors())}" if services else ""))
+    rt = Runtime(args, run, artifacts, trainer, engines, trainer_ranks=group.actors if group else [], services=services,
+                 placement=placement)
     if args.custom_generate_function_path and len(engines) > 1:
         raise ConfigError("not supported yet: --custom-generate-function-path with more than one engine "
                           "(needs the router in the training loop)")
@@ -254,8 +264,9 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
     if args.use_fault_tolerance:
         from relax.core.fault_tolerance import EngineSupervisor
 
-        rt.supervisor = EngineSupervisor(rt, placement.actor_options("rollout"))
-    GenerateState.install(args, tokenizer=run.tokenizer, pool=RayEnginePool(engines, supervisor=rt.supervisor))
+        rt.supervisor = EngineSupervisor(rt, [slot.options for slot in placement.engines])
+    GenerateState.install(args, tokenizer=run.tokenizer,
+                          pool=RayEnginePool(engines, supervisor=rt.supervisor) if engines else None)
     if args.load:
         directory = ckpt.find_latest(args.load)
         state = ckpt.read_driver_state(directory)

@@ -1,7 +1,7 @@
 """The Ray actors of a run: the trainer, the rollout engines and the fully-async services.
 
 All are thin: all logic lives in the backend, engine and service classes, so the same code runs
-in a unit test without Ray. Each actor pins torch to one thread (see placement.worker_env).
+in a unit test without Ray. Each actor pins torch to one thread (see cluster.worker_env).
 """
 
 from __future__ import annotations
