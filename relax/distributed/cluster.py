@@ -59,6 +59,10 @@ def start_ray(use_gpu: bool, address: str | None) -> None:
             ray.init(address=address, **quiet)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise _join_error(address, exc) from None
+        from relax.metrics import console
+
+        gpus = node_gpus()
+        console.info(f"joined the Ray cluster at {address}: {len(gpus)} node(s), {sum(gpus.values()):g} GPU(s)")
         return
     kwargs: dict = {"num_cpus": max(2, os.cpu_count() or 2), "include_dashboard": False,
                     "runtime_env": {"env_vars": worker_env()}, **quiet}
