@@ -147,13 +147,6 @@ def test_groups_that_fit_alone_but_not_together() -> None:
         check_fits(plan, [4.0, 2.0])
 
 
-def test_gpus_held_by_others() -> None:
-    plan = plan_resources(_args({"actor": [1, 2], "rollout": [1, 2]}), "cuda")
-    check_fits(plan, [4.0], free_gpus=4.0)
-    with pytest.raises(ConfigError, match=r"^--resource asks 4 GPUs .* has 4 \(1 node x 4\) but only 1 free"):
-        check_fits(plan, [4.0], free_gpus=1.0)
-
-
 @settings(max_examples=150, deadline=None)
 @given(actor=st.integers(1, 12), rollout_engines=st.integers(1, 6), per_engine=st.sampled_from([1, 2, 4]),
        per_node=st.sampled_from([1, 2, 4, 8]), colocate=st.booleans())

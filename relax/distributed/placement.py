@@ -50,7 +50,9 @@ class Placement:
         import ray
         from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
-        check_fits(plan, list(node_gpus().values()), free_gpus())
+        nodes = node_gpus()
+        check_fits(plan, list(nodes.values()))
+        free = free_gpus()
         groups = [placement_group([{"GPU": float(gpus)} for gpus in g.bundles], strategy="STRICT_PACK",
                                   name=f"relax-{g.role}-{i}") for i, g in enumerate(plan.groups)]
         ready, _ = ray.wait([g.ready() for g in groups], num_returns=len(groups), timeout=timeout_s) if groups else ([], [])
@@ -58,8 +60,9 @@ class Placement:
             for group in groups:
                 remove_placement_group(group)
             raise ConfigError(f"--resource: the cluster did not grant {plan.total_gpus} GPUs for {plan.gpu_roles} "
-                              f"within {timeout_s:.0f} s ({_num_free()} free now; other jobs may hold them)")
-        nodes = [placement_group_table(g)["bundles_to_node_id"][0] for g in groups]
+                              f"within {timeout_s:.0f} s: {free:g} of its {sum(nodes.values()):g} GPUs were free when "
+                              "it asked (other jobs or placement groups hold the rest)")
+        group_nodes = [placement_group_table(g)["bundles_to_node_id"][0] for g in groups]
         env = {"env_vars": worker_env()}
 
         def slot(spec: SlotSpec) -> Slot:
@@ -69,10 +72,10 @@ class Placement:
 
             strategy = PlacementGroupSchedulingStrategy(groups[spec.group], placement_group_bundle_index=spec.bundle)
             options = {"num_cpus": 0, "num_gpus": spec.share, "scheduling_strategy": strategy, "runtime_env": env}
-            return Slot(spec.name, spec.gpus, options, nodes[spec.group])
+            return Slot(spec.name, spec.gpus, options, group_nodes[spec.group])
 
         return cls(plan, [slot(s) for s in plan.trainer_ranks], [slot(s) for s in plan.engines],
-                   {role: slot(s) for role, s in plan.services.items()}, groups, nodes)
+                   {role: slot(s) for role, s in plan.services.items()}, groups, group_nodes)
 
     def describe(self) -> list[dict]:
         """The reserved groups for events.jsonl: role, GPUs per bundle, node."""
@@ -102,8 +105,3 @@ def _pid_and_node(_actor) -> dict:
     import ray
 
     return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()}
-
-
-def _num_free() -> str:
-    free = free_gpus()
-    return f"{int(free)}" if free.is_integer() else f"{free:g}"

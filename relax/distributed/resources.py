@@ -217,11 +217,13 @@ class _Builder:
         return places
 
 
-def check_fits(plan: ResourcePlan, node_gpus: list[float], free_gpus: float | None = None) -> None:
+def check_fits(plan: ResourcePlan, node_gpus: list[float]) -> None:
     """ConfigError, in one line, when the cluster (``node_gpus``: GPUs of each alive node) cannot hold the plan.
 
     Checks the total, then that every group finds a node of its own size (first fit, largest group
-    first), then, when given, the GPUs nobody holds yet. A plan without GPUs always fits.
+    first). A plan without GPUs always fits. GPUs that other jobs hold now are not counted against
+    it: they may come free (a global restart reserves right after releasing), so the placement
+    waits for them, for a bounded time (relax/distributed/placement.py).
     """
     need = plan.total_gpus
     if not need:
@@ -241,9 +243,6 @@ def check_fits(plan: ResourcePlan, node_gpus: list[float], free_gpus: float | No
                 + ("" if max(node_gpus) >= plan.gpus_per_node else
                    f": set --num-gpus-per-node {_num(max(node_gpus))}"))
         left[fit] -= group.gpus
-    if free_gpus is not None and need > free_gpus:
-        raise ConfigError(f"--resource asks {need} GPUs for {plan.gpu_roles}; the cluster has {_num(have)} "
-                          f"({cluster}) but only {_num(free_gpus)} free (other jobs or placement groups hold the rest)")
 
 
 def _describe_nodes(node_gpus: list[float]) -> str:
