@@ -35,10 +35,15 @@ class Probe:
     def gpu_ids(self) -> list[str]:
         return [str(i) for i in ray.get_runtime_context().get_accelerator_ids()["GPU"]]
 
+    def env(self, *names: str) -> list[str | None]:
+        import os
 
-def _plan(resource: dict, colocate: bool):
+        return [os.environ.get(name) for name in names]
+
+
+def _plan(resource: dict, colocate: bool, device: str = "cuda"):
     return plan_resources(Namespace(resource=resource, colocate=colocate, rollout_num_gpus_per_engine=1,
-                                    num_gpus_per_node=8, debug_train_only=False, debug_rollout_only=False), "cuda")
+                                    num_gpus_per_node=8, debug_train_only=False, debug_rollout_only=False), device)
 
 
 def _gpu(slot) -> list[str]:
@@ -63,9 +68,26 @@ def test_colocated_ranks_share_their_engines_gpus(two_gpu_ray) -> None:
     assert wait_for(lambda: ray.available_resources().get("GPU") == 2, timeout=30)  # released (asynchronously)
 
 
+def test_every_slot_carries_the_worker_env(two_gpu_ray, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cluster here was started without any runtime_env: what the actors see comes from their slots
+    (on a joined cluster the same options carry it to every node). RELAX_PROBE appears after Ray started."""
+    monkeypatch.setenv("RELAX_PROBE", "from-the-driver")
+    placement = Placement.reserve(_plan({"actor": [1, 1], "rollout": [2, 0]}, colocate=False, device="cpu"),
+                                  timeout_s=30)
+    try:
+        for slot in (*placement.trainer_ranks, *placement.engines):  # a GPU slot and CPU slots
+            actor = Probe.options(**slot.options).remote()
+            names = ("RELAX_PROBE", "OMP_NUM_THREADS", "HF_HUB_OFFLINE")
+            assert ray.get(actor.env.remote(*names)) == ["from-the-driver", "1", "1"], slot.name
+            ray.kill(actor)
+    finally:
+        placement.release()
+
+
 def test_gpus_held_elsewhere_fail_after_the_timeout(two_gpu_ray) -> None:
     from ray.util.placement_group import placement_group, remove_placement_group
 
+    assert wait_for(lambda: ray.available_resources().get("GPU") == 2, timeout=30)  # earlier tests' groups gone
     held = placement_group([{"GPU": 1.0}])
     ray.get(held.ready())
     try:
