@@ -57,6 +57,9 @@ def test_trainer_and_engines_on_different_nodes(cluster: LocalCluster, tmp_path:
     trainer_node, engine_node = nodes["trainer:0"], nodes["engine:0"]
     assert nodes["trainer:1"] == trainer_node and nodes["engine:1"] == engine_node
     assert {trainer_node, engine_node} == set(cluster.node_ids)  # one node each, both of the cluster
+    gpus = {e["role"]: e["gpu_ids"] for e in events if e["event"] == "process_started"}
+    assert sorted(gpus["trainer:0"] + gpus["trainer:1"]) == ["0", "1"]  # one (logical) GPU per rank
+    assert sorted(gpus["engine:0"] + gpus["engine:1"]) == ["0", "1"]
     [placement] = [e for e in events if e["event"] == "placement"]
     assert [(g["role"], g["bundles"], g["node_id"]) for g in placement["groups"]] == [
         ("actor", [1, 1], trainer_node), ("rollout", [1, 1], engine_node)]

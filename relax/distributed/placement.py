@@ -95,13 +95,16 @@ class Placement:
 
 
 def where(actor) -> dict:
-    """``{"pid", "node_id"}`` of a running actor, asked from inside it (for process_started events)."""
+    """``{"pid", "node_id", "gpu_ids"}`` of a running actor, asked from inside it (for process_started events);
+    ``gpu_ids``: the node's GPU ids Ray gave it (its CUDA_VISIBLE_DEVICES), empty for a CPU slot."""
     import ray
 
-    return ray.get(actor.__ray_call__.remote(_pid_and_node))
+    return ray.get(actor.__ray_call__.remote(_whereabouts))
 
 
-def _pid_and_node(_actor) -> dict:
+def _whereabouts(_actor) -> dict:
     import ray
 
-    return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()}
+    context = ray.get_runtime_context()
+    return {"pid": os.getpid(), "node_id": context.get_node_id(),
+            "gpu_ids": [str(i) for i in context.get_accelerator_ids().get("GPU", [])]}
