@@ -241,14 +241,13 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
                for i, slot in enumerate(placement.engines)]
     services = ServiceGroup.start(args, run.device, placement) if placement.services else None
     # max_concurrency 2: heartbeats are answered while a training step runs
-    group = TrainerGroup.start(TrainerActor, args, run.device, [{"max_concurrency": 2, **slot.options}
-                                                                for slot in placement.trainer_ranks]) \
-        if placement.trainer_ranks else None
+    ranks = [{"max_concurrency": 2, **slot.options} for slot in placement.trainer_ranks]
+    group = TrainerGroup.start(TrainerActor, args, run.device, ranks) if ranks else None  # none: --debug-rollout-only
     trainer = group.leader if group else None
-    named = [*(group.actors if group else []), *engines, *(services.actors().values() if services else [])]
-    roles = [*(s.name for s in placement.trainer_ranks), *(s.name for s in placement.engines),
-             *(services.actors() if services else {})]
-    for role, actor in zip(roles, named, strict=True):
+    started = [*zip((s.name for s in placement.trainer_ranks), group.actors if group else [], strict=True),
+               *zip((s.name for s in placement.engines), engines, strict=True),
+               *(services.actors().items() if services else [])]
+    for role, actor in started:
         artifacts.event("process_started", role=role, **where(actor))
     console.info(f"trainer up: {ray.get(trainer.describe.remote()) if trainer else 'none (--debug-rollout-only)'}; "
                  f"{len(engines)} engine(s)" + (f"; services {', '.join(services.actors())}" if services else ""))
