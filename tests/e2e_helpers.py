@@ -39,7 +39,7 @@ def in_process_ray(tmp_dir: Path) -> Iterator[None]:
     """A one-CPU local Ray cluster in this test process, shut down afterwards (a module fixture's body)."""
     import ray
 
-    from relax.distributed.placement import worker_env
+    from relax.distributed.cluster import worker_env
 
     ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level=logging.WARNING,
              _temp_dir=str(_ray_dir(tmp_dir)), runtime_env={"env_vars": worker_env()})

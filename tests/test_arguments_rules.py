@@ -141,11 +141,12 @@ def test_required_inputs(tmp_path) -> None:
     assert args.rollout_batch_size == 3 and args.num_rollout is None
 
 
-def test_debug_modes_need_no_num_rollout(no_gate: None) -> None:
+def test_replaying_rollouts_needs_no_prompts_or_step_count() -> None:
     base = ["--train-backend", "torch", "--rollout-batch-size", "2"]
-    assert parse_args([*base, "--prompt-data", "x", "--debug-rollout-only"]).num_rollout is None
-    args = parse_args([*base, "--load-debug-rollout-data", "d.pt"])
-    assert args.debug_train_only is True  # implied, and then --prompt-data is not needed
+    args = parse_args([*base, "--load-debug-rollout-data", "d.json"])
+    assert args.debug_train_only is True and args.num_rollout is None  # implied; steps: the files on disk
+    with pytest.raises(ConfigError, match="^set --num-rollout or --num-epoch$"):  # it generates from --prompt-data
+        parse_args([*base, "--prompt-data", "x", "--debug-rollout-only"])
 
 
 # ---------------------------------------------------------------------- cross-flag rules

@@ -51,10 +51,9 @@ class EngineLauncher(ABC):
     name: ClassVar[str]
     can_restart: ClassVar[bool] = True
 
-    def __init__(self, args: Namespace, device: str, actor_options: dict, *, host: str, api_key: str | None,
-                 replicas: int):
-        self.args, self.device, self.actor_options = args, device, actor_options
-        self.host, self.api_key, self.replicas = host, api_key, replicas
+    def __init__(self, args: Namespace, device: str, slots: list, *, host: str, api_key: str | None):
+        self.args, self.device, self.slots = args, device, list(slots)  # one placement Slot per engine
+        self.host, self.api_key = host, api_key
 
     @abstractmethod
     def count(self) -> int:
@@ -76,13 +75,13 @@ class EmbeddedLauncher(EngineLauncher):
     name = "embedded"
 
     def count(self) -> int:
-        return self.replicas
+        return len(self.slots)
 
     def begin(self, indices: list[int]) -> Any:
         from relax.distributed.engine_actor import EngineActor
 
-        return indices, [EngineActor.options(**self.actor_options).remote(self.args, self.device, i, self.host,
-                                                                          self.api_key) for i in indices]
+        return indices, [EngineActor.options(**self.slots[i].options).remote(self.args, self.device, i, self.host,
+                                                                             self.api_key) for i in indices]
 
     def finish(self, pending: Any) -> list[EngineRecord]:
         indices, actors = pending

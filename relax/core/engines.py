@@ -40,11 +40,12 @@ class EngineFleet:
         self.router = router
 
     @classmethod
-    def begin(cls, args: Namespace, device: str, actor_options: dict, replicas: int) -> tuple[EngineLauncher, Any]:
-        """Launch the engines (``--rollout-external``: attach; else ``--rollout-backend``) without waiting."""
+    def begin(cls, args: Namespace, device: str, slots: list) -> tuple[EngineLauncher, Any]:
+        """Launch the engines (``--rollout-external``: attach; else ``--rollout-backend``, one per placement slot)
+        without waiting."""
         host, api_key = _bind() if not args.rollout_external else ("127.0.0.1", None)
         kind = "external" if args.rollout_external else args.rollout_backend
-        launcher = launcher_class(kind)(args, device, actor_options, host=host, api_key=api_key, replicas=replicas)
+        launcher = launcher_class(kind)(args, device, slots, host=host, api_key=api_key)
         return launcher, launcher.begin(list(range(launcher.count())))
 
     @classmethod

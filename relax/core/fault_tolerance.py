@@ -20,6 +20,7 @@ import time
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
+from relax.distributed.placement import where
 from relax.engine.rollout.engine_client import EngineClient
 from relax.metrics import console
 
@@ -50,8 +51,10 @@ class EngineSupervisor:
                 rt.artifacts.event("engine_dropped", role=f"engine:{index}", reason=reason)
                 return
             console.info(f"engine:{index} failed ({reason}); restarting")
-            record = fleet.replace(index)
-            rt.artifacts.event("process_started", role=f"engine:{index}", pid=record.pid, url=record.target.url)
+            record = fleet.replace(index)  # the successor takes the same placement slot
+            where_ = where(record.actor) if record.actor is not None else {}
+            rt.artifacts.event("process_started", role=f"engine:{index}", url=record.target.url,
+                               **{**where_, "pid": record.pid})
             rt.resync(index)  # before it joins the router: nothing reaches it without current weights
             fleet.admit(index)
             self.restarts += 1

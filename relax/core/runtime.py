@@ -22,7 +22,9 @@ from relax.core.engines import EngineFleet
 from relax.core.services import ServiceGroup
 from relax.core.setup import RunInputs
 from relax.distributed.actors import TrainerActor
-from relax.distributed.placement import parse_resource, start_ray
+from relax.distributed.cluster import cluster_address, start_ray
+from relax.distributed.placement import Placement, where
+from relax.distributed.resources import plan_resources
 from relax.distributed.trainer_group import TrainerGroup
 from relax.engine.rollout.engine_client import EngineClient, EngineError
 from relax.engine.rollout.engine_pool import HttpEnginePool
@@ -41,7 +43,7 @@ class Runtime:
     args: Namespace
     run: RunInputs
     artifacts: RunArtifacts
-    trainer: object  # rank 0 of the trainer group, the only rank the driver calls
+    trainer: object  # rank 0 of the trainer group, the only rank the driver calls (None: --debug-rollout-only)
     fleet: EngineFleet  # the engines, reached over SGLang's HTTP API behind the run's router
     trainer_ranks: list = field(default_factory=list)  # every rank's actor (for shutdown)
     start_step: int = 0
@@ -55,6 +57,7 @@ class Runtime:
     # held by a rollout while it generates (fully-async producer): a sync lands between two rollouts, never
     # inside one, so every request's tokens come from one weight version
     generation_lock: threading.RLock = field(default_factory=threading.RLock)
+    placement: Placement | None = None  # the GPUs reserved for the run's actors (released at shutdown)
 
     @property
     def last_step(self) -> int:
@@ -72,6 +75,8 @@ class Runtime:
     def sync(self, version: int, step: int) -> float:
         """Push the trainer's weights to every engine (and the actor_fwd service) as ``version``; with fault
         tolerance, replace engines that died (or hang) meanwhile, then retry."""
+        if self.trainer is None or not self.fleet.live_records():  # the debug modes: nothing to sync from, or to
+            return 0.0
         with self.weights_lock, self.generation_lock:
             self.version, self.step = version, step
             while True:
@@ -106,6 +111,8 @@ class Runtime:
         queue's `StoredBatch`; every consumer fetches for itself). With the fully-async services the
         old/ref log-probs and advantages are computed there first (relax/core/services.py).
         """
+        if self.trainer is None:  # --debug-rollout-only
+            return {}
         if self.services is None:
             return ray.get(self.trainer.train_rollout.remote(samples, step))
         start = time.perf_counter()
@@ -164,6 +171,8 @@ class Runtime:
                 ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already dead
                 pass
+        if self.placement is not None:
+            self.placement.release()
 
     def finish_step(self, step: int, groups: list[list[Sample]], rollout_metrics: dict, train_metrics: dict,
                     perf: dict[str, float], weight_version: int, data_state=None) -> None:
@@ -240,26 +249,29 @@ def start_runtime(args: Namespace, run: RunInputs, artifacts: RunArtifacts) -> R
 
 def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) -> Runtime:
     """Start Ray and the actors, resume from --load, and push the initial weights (version = start step)."""
-    use_gpu = run.device == "cuda"
-    placement = parse_resource(args, use_gpu)
-    start_ray(use_gpu)
-    launcher, pending = EngineFleet.begin(args, run.device, placement.actor_options("rollout"),
-                                          placement.rollout.replicas)
+    start_ray(run.device == "cuda", cluster_address(args.ray_address))
+    placement = Placement.reserve(plan_resources(args, run.device))  # one line, in seconds, when GPUs are missing
+    artifacts.event("placement", groups=placement.describe())
+    launcher, pending = EngineFleet.begin(args, run.device, placement.engines)
     services = ServiceGroup.start(args, run.device, placement) if placement.services else None
     # max_concurrency 2: heartbeats are answered while a training step runs
-    group = TrainerGroup.start(TrainerActor, args, run.device, placement.actor.replicas,
-                               {"max_concurrency": 2, **placement.actor_options("actor")})
-    trainer = group.leader
+    ranks = [{"max_concurrency": 2, **slot.options} for slot in placement.trainer_ranks]
+    group = TrainerGroup.start(TrainerActor, args, run.device, ranks) if ranks else None  # none: --debug-rollout-only
+    trainer = group.leader if group else None
     fleet = EngineFleet.finish(args, launcher, pending)
-    for rank, pid in enumerate(group.pids):
-        artifacts.event("process_started", role=f"trainer:{rank}", pid=pid)
+    started = [*zip((s.name for s in placement.trainer_ranks), group.actors if group else [], strict=True),
+               *(services.actors().items() if services else [])]
+    for role, actor in started:
+        artifacts.event("process_started", role=role, **where(actor))
     for record in fleet.records:
-        artifacts.event("process_started", role=f"engine:{record.index}", pid=record.pid, url=record.target.url)
-    for role, actor in (services.actors() if services else {}).items():
-        artifacts.event("process_started", role=role, pid=ray.get(actor.pid.remote()))
-    console.info(f"trainer up: {ray.get(trainer.describe.remote())}; {len(fleet)} {launcher.name} engine(s) behind "
-                 f"{fleet.router.url}" + (f"; services {', '.join(services.actors())}" if services else ""))
-    rt = Runtime(args, run, artifacts, trainer, fleet, trainer_ranks=group.actors, services=services)
+        extra = where(record.actor) if record.actor is not None else {"pid": record.pid}
+        artifacts.event("process_started", role=f"engine:{record.index}", url=record.target.url,
+                        **{**extra, "pid": record.pid})
+    console.info(f"trainer up: {ray.get(trainer.describe.remote()) if trainer else 'none (--debug-rollout-only)'}; "
+                 f"{len(fleet)} {launcher.name} engine(s) behind {fleet.router.url}"
+                 + (f"; services {', '.join(services.actors())}" if services else ""))
+    rt = Runtime(args, run, artifacts, trainer, fleet, trainer_ranks=group.actors if group else [], services=services,
+                 placement=placement)
     # recipes post to http://{sglang_router_ip}:{sglang_router_port}/generate, whatever engines stand behind it
     args.sglang_router_ip, port = fleet.router.url.removeprefix("http://").rsplit(":", 1)
     args.sglang_router_port = int(port)
@@ -268,7 +280,7 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
 
         rt.supervisor = EngineSupervisor(rt)
     pool = HttpEnginePool(EngineClient(fleet.router.url, timeout=None), supervisor=rt.supervisor,
-                          on_failure=fleet.failure)
+                          on_failure=fleet.failure) if len(fleet) else None
     GenerateState.install(args, tokenizer=run.tokenizer, pool=pool)
     if args.load:
         directory = ckpt.find_latest(args.load)

@@ -37,7 +37,8 @@ import torch
 
 from relax.algorithms import AlgorithmConfig
 from relax.backends.torch.batch import Precomputed, build_rollout_tensors, rollout_advantages
-from relax.distributed.placement import SERVICE_ROLES, Placement
+from relax.distributed.placement import Placement
+from relax.distributed.resources import SERVICE_ROLES
 
 
 def fetch_samples(samples) -> list:
@@ -121,13 +122,12 @@ class ServiceGroup:
         from relax.distributed.service_actors import AdvantagesActor, ForwardServiceActor
 
         handles = {}
-        for role in placement.services:
-            options = placement.actor_options(role)
+        for role, slot in placement.services.items():
             if role == "advantages":
-                handles[role] = AdvantagesActor.options(**options).remote(args)
+                handles[role] = AdvantagesActor.options(**slot.options).remote(args)
             else:  # a role given no GPU computes on CPU, even on a GPU run
-                on_device = device if options.get("num_gpus", 1) else "cpu"
-                handles[role] = ForwardServiceActor.options(**options).remote(args, on_device, role)
+                on_device = device if slot.gpus else "cpu"
+                handles[role] = ForwardServiceActor.options(**slot.options).remote(args, on_device, role)
         return cls(**handles)
 
     def actors(self) -> dict[str, object]:

@@ -2,7 +2,7 @@
 
 Thin: the RL step lives in the backend, the weight push in `relax.weights.push`. The engines' actor
 is relax/distributed/engine_actor.py, the services' relax/distributed/service_actors.py. Each actor
-pins torch to one thread (see placement.worker_env).
+pins torch to one thread (see cluster.worker_env).
 """
 
 from __future__ import annotations

@@ -1,171 +1,110 @@
-"""Ray cluster start-up and actor placement from ``--resource`` / ``--colocate``.
+"""Actor placement on the Ray cluster: the plan's GPU groups reserved as placement groups, one slot per actor.
 
-``--resource '{"actor": [replicas, gpus], "rollout": [replicas, gpus]}'`` (seed 000/004): the
-actor role is the trainer, the rollout role the engines. With ``--fully-async`` the service
-roles ``reference``, ``actor_fwd`` and ``advantages`` (seed 004, `relax.core.services`) get
-actors of their own, one replica each, configured by ``--ref-actor-config``. On a CPU-only run
-the GPU counts have nothing to bind to and every actor gets one CPU thread (two torch processes
-with two threads each on a 2-core machine are ~70x slower, see MACHINES.md).
+`Placement.reserve` turns a `ResourcePlan` (relax/distributed/resources.py) into Ray reservations:
+each `GpuGroup` becomes a STRICT_PACK placement group (all its bundles on one node), and each slot
+carries the Ray options that put its actor into its bundle. The runtime only reads the slots:
+``placement.trainer_ranks``, ``placement.engines`` and ``placement.services``, each with ``options``
+for ``ActorClass.options(**slot.options)``, the GPUs the actor computes on and the node it lands on.
+
+A request the cluster cannot hold fails before anything is reserved, in one line naming what is
+missing (`check_fits`); a reservation that still does not come through (other jobs took the GPUs
+meanwhile) fails after ``RESERVE_TIMEOUT_S`` instead of leaving the run pending forever. CPU slots
+(roles with 0 GPUs) have no bundle: Ray places them on any node, with one CPU thread each
+(two torch processes with two threads each on a 2-core machine are ~70x slower, see MACHINES.md).
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import os
-from argparse import Namespace
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
+from relax.distributed.cluster import free_gpus, node_gpus, worker_env
+from relax.distributed.resources import ResourcePlan, SlotSpec, check_fits
 from relax.utils.flag_types import ConfigError
 
-SUPPORTED_ROLES = ("actor", "rollout")
-SERVICE_ROLES = ("reference", "actor_fwd", "advantages")  # fully-async services (relax/core/services.py)
+RESERVE_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
-class RoleResources:
-    replicas: int
-    gpus_per_replica: float
+class Slot:
+    """One actor's place: Ray options (placement group and bundle, GPU share, worker env), GPUs, node."""
+
+    name: str  # "trainer:<rank>", "engine:<i>", "<service>:0"
+    gpus: int  # GPUs the actor computes on (0: CPU)
+    options: dict = field(hash=False)
+    node_id: str | None  # the node of its bundle; None for a CPU slot (Ray picks the node)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Placement:
-    actor: RoleResources
-    rollout: RoleResources
-    colocate: bool
-    use_gpu: bool
-    services: dict[str, RoleResources] = field(default_factory=dict)  # the service roles given
+    plan: ResourcePlan
+    trainer_ranks: list[Slot]
+    engines: list[Slot]
+    services: dict[str, Slot]
+    groups: list = field(default_factory=list)  # the Ray placement groups, one per plan group
+    group_nodes: list[str] = field(default_factory=list)  # the node each group landed on
 
-    def actor_options(self, role: str) -> dict:
-        if not self.use_gpu:
-            return {"num_cpus": 0}
-        if role in SERVICE_ROLES:  # each service its own GPUs (advantages: none), never shared with colocate
-            return {"num_cpus": 0, "num_gpus": self.services[role].gpus_per_replica}
-        res = self.actor if role == "actor" else self.rollout
-        gpus = res.gpus_per_replica
-        if self.colocate:
-            gpus = min(gpus, 0.5)  # trainer and engine share each GPU; they take turns
-        return {"num_cpus": 0, "num_gpus": gpus}
+    @classmethod
+    def reserve(cls, plan: ResourcePlan, timeout_s: float = RESERVE_TIMEOUT_S) -> Placement:
+        """Reserve the plan's groups (Ray must be up); ConfigError naming what the cluster lacks."""
+        import ray
+        from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
+        nodes = node_gpus()
+        check_fits(plan, list(nodes.values()))
+        free = free_gpus()
+        groups = [placement_group([{"GPU": float(gpus)} for gpus in g.bundles], strategy="STRICT_PACK",
+                                  name=f"relax-{g.role}-{i}") for i, g in enumerate(plan.groups)]
+        ready, _ = ray.wait([g.ready() for g in groups], num_returns=len(groups), timeout=timeout_s) if groups else ([], [])
+        if len(ready) < len(groups):
+            for group in groups:
+                remove_placement_group(group)
+            raise ConfigError(f"--resource: the cluster did not grant {plan.total_gpus} GPUs for {plan.gpu_roles} "
+                              f"within {timeout_s:.0f} s: {free:g} of its {sum(nodes.values()):g} GPUs were free when "
+                              "it asked (other jobs or placement groups hold the rest)")
+        group_nodes = [placement_group_table(g)["bundles_to_node_id"][0] for g in groups]
+        env = {"env_vars": worker_env()}
 
-def parse_resource(args: Namespace, use_gpu: bool) -> Placement:
-    roles = _parse_roles(args.resource)
-    default = RoleResources(1, 1.0 if use_gpu else 0.0)
-    services = {role: res for role, res in roles.items() if role in SERVICE_ROLES}
-    placement = Placement(roles.get("actor", default), roles.get("rollout", default), bool(args.colocate), use_gpu,
-                          services)
-    return placement
+        def slot(spec: SlotSpec) -> Slot:
+            if spec.group is None:
+                return Slot(spec.name, 0, {"num_cpus": 0, "runtime_env": env}, None)
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+            strategy = PlacementGroupSchedulingStrategy(groups[spec.group], placement_group_bundle_index=spec.bundle)
+            options = {"num_cpus": 0, "num_gpus": spec.share, "scheduling_strategy": strategy, "runtime_env": env}
+            return Slot(spec.name, spec.gpus, options, group_nodes[spec.group])
 
-def trainer_ranks(args: Namespace) -> int:
-    """How many data-parallel trainer ranks ``--resource`` asks for (its actor replicas; 1 by default)."""
-    role = _parse_roles(args.resource).get("actor")
-    return role.replicas if role else 1
+        return cls(plan, [slot(s) for s in plan.trainer_ranks], [slot(s) for s in plan.engines],
+                   {role: slot(s) for role, s in plan.services.items()}, groups, group_nodes)
 
+    def describe(self) -> list[dict]:
+        """The reserved groups for events.jsonl: role, GPUs per bundle, node."""
+        return [{"role": g.role, "bundles": list(g.bundles), "node_id": node}
+                for g, node in zip(self.plan.groups, self.group_nodes, strict=True)]
 
-def rollout_role_given(args: Namespace) -> bool:
-    """``--resource`` names the rollout role (the run starts engines for it)."""
-    return "rollout" in _parse_roles(args.resource)
+    def release(self) -> None:
+        """Give the GPUs back (a restarted run reserves them again)."""
+        from ray.util.placement_group import remove_placement_group
 
-
-def service_roles(args: Namespace) -> frozenset[str]:
-    """The fully-async service roles ``--resource`` names (empty without any)."""
-    return frozenset(role for role in _parse_roles(args.resource) if role in SERVICE_ROLES)
-
-
-def _parse_roles(raw) -> dict[str, RoleResources]:
-    raw = raw or {}
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"--resource: invalid JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError('--resource must be a JSON object like {"actor": [1, 1], "rollout": [1, 1]}')
-    roles: dict[str, RoleResources] = {}
-    for role, value in raw.items():
-        if role not in SUPPORTED_ROLES + SERVICE_ROLES:
-            raise ConfigError(f"--resource: unknown role {role!r}; known: {', '.join(SUPPORTED_ROLES + SERVICE_ROLES)}")
-        if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, int | float) for v in value)):
-            raise ConfigError(f"--resource: role {role!r} needs [replicas, gpus], got {value!r}")
-        if int(value[0]) < 1 or value[1] < 0:
-            raise ConfigError(f"--resource: role {role!r} needs replicas >= 1 and gpus >= 0, got {value!r}")
-        if role in SERVICE_ROLES and int(value[0]) != 1:
-            raise ConfigError(f"not supported yet: --resource role {role!r} with {int(value[0])} replicas (one each)")
-        if role == "advantages" and value[1]:
-            raise ConfigError(f"--resource: role 'advantages' computes on CPU; give it 0 GPUs, got {value!r}")
-        roles[role] = RoleResources(int(value[0]), float(value[1]))
-    return roles
+        for group in self.groups:
+            try:
+                remove_placement_group(group)
+            except Exception:  # noqa: BLE001 - already gone with the job
+                pass
+        self.groups = []
 
 
-@dataclass(frozen=True)
-class RefActorConfig:
-    """``--ref-actor-config``: overrides for the reference and actor_fwd services (seed 004)."""
-
-    tensor_model_parallel_size: int = 1  # only 1: the services run one unsharded model each
-    sequence_parallel: bool = False  # only false (needs tensor parallelism)
-    max_tokens_per_gpu: int | None = None  # the services' token budget per micro-batch; None: the trainer's batching
-    only_load_weight: bool = True  # forward-only: no optimizer or gradient state (false is not supported)
-
-
-def parse_ref_actor_config(raw) -> dict:
-    """Every key of `RefActorConfig` resolved (a dict, so run.json records it); ConfigError naming a bad key."""
-    flag = "--ref-actor-config"
-    raw = {} if raw is None else raw
-    if not isinstance(raw, dict):
-        raise ConfigError(f'{flag} must be a JSON object like {{"tensor_model_parallel_size": 1, '
-                          f'"max_tokens_per_gpu": 16384}}, got {raw!r}')
-    known = tuple(RefActorConfig.__dataclass_fields__)
-    for key, value in raw.items():
-        if key not in known:
-            raise ConfigError(f"{flag}: unknown key {key!r}; known: {', '.join(known)}")
-        want_bool = key in ("sequence_parallel", "only_load_weight")
-        ok = isinstance(value, bool) if want_bool else (
-            (value is None and key == "max_tokens_per_gpu") or (type(value) is int and value >= 1))
-        if not ok:
-            want = "true or false" if want_bool else "an integer >= 1" + (" or null" if key == "max_tokens_per_gpu" else "")
-            raise ConfigError(f"{flag}: {key} must be {want}, got {value!r}")
-    cfg = RefActorConfig(**raw)
-    if cfg.tensor_model_parallel_size != 1:
-        raise ConfigError(f"not supported yet: {flag} tensor_model_parallel_size={cfg.tensor_model_parallel_size}")
-    if cfg.sequence_parallel:
-        raise ConfigError(f"not supported yet: {flag} sequence_parallel=true")
-    if not cfg.only_load_weight:
-        raise ConfigError(f"not supported yet: {flag} only_load_weight=false (the services are forward-only)")
-    return asdict(cfg)
-
-
-def worker_env() -> dict[str, str]:
-    """Environment for every Ray worker: one thread, offline, fault hooks passed through."""
-    env = {
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-    }
-    env.update({k: v for k, v in os.environ.items() if k.startswith("RELAX_")})
-    return env
-
-
-def start_ray(use_gpu: bool) -> None:
-    """Start a private local Ray cluster for this run (never attaches to a foreign one)."""
+def where(actor) -> dict:
+    """``{"pid", "node_id", "gpu_ids"}`` of a running actor, asked from inside it (for process_started events);
+    ``gpu_ids``: the node's GPU ids Ray gave it (its CUDA_VISIBLE_DEVICES), empty for a CPU slot."""
     import ray
 
-    if ray.is_initialized():
-        return
-    for key, value in worker_env().items():
-        os.environ.setdefault(key, value)
-    kwargs: dict = {
-        "num_cpus": max(2, os.cpu_count() or 2),
-        "include_dashboard": False,
-        "logging_level": logging.WARNING,
-        "log_to_driver": True,
-        "runtime_env": {"env_vars": worker_env()},
-    }
-    temp_dir = os.environ.get("RELAX_RAY_TEMP_DIR")
-    if temp_dir:
-        kwargs["_temp_dir"] = temp_dir
-    if not use_gpu:
-        kwargs["num_gpus"] = 0
-    ray.init(address="local", **kwargs)
+    return ray.get(actor.__ray_call__.remote(_whereabouts))
+
+
+def _whereabouts(_actor) -> dict:
+    import ray
+
+    context = ray.get_runtime_context()
+    return {"pid": os.getpid(), "node_id": context.get_node_id(),
+            "gpu_ids": [str(i) for i in context.get_accelerator_ids().get("GPU", [])]}

@@ -1,4 +1,4 @@
-"""The trainer group: ``--resource '{"actor": [N, gpus]}'`` trainer ranks joined in one process group.
+"""The trainer group: the ranks of ``--resource``'s actor role (one per GPU) joined in one process group.
 
 The driver hosts the group's rendezvous (a TCP store on its node, alive for the whole run), so every
 rank joins in its constructor: no second set-up round and no guess of which node rank 0 lands on.
@@ -56,13 +56,16 @@ class TrainerGroup:
         return self.actors[0]
 
     @classmethod
-    def start(cls, actor_cls, args, device: str, world_size: int, actor_options: dict) -> TrainerGroup:
-        """Start ``world_size`` trainer ranks (``actor_cls.options(**actor_options).remote(args, device, member)``)
-        and wait until all are up; a rank that fails to start fails the start at once, with its own error."""
+    def start(cls, actor_cls, args, device: str, rank_options: list[dict]) -> TrainerGroup:
+        """Start one trainer rank per entry of ``rank_options`` (rank r:
+        ``actor_cls.options(**rank_options[r]).remote(args, device, member)``; its placement, relax/distributed/
+        placement.py) and wait until all are up; a rank that fails to start fails the start at once, with its own
+        error."""
         import ray
 
+        world_size = len(rank_options)
         if world_size == 1:
-            actor = actor_cls.options(**actor_options).remote(args, device, None)
+            actor = actor_cls.options(**rank_options[0]).remote(args, device, None)
             return cls([actor], [ray.get(actor.pid.remote())])
         import torch.distributed as dist
 
@@ -72,7 +75,8 @@ class TrainerGroup:
         backend = "nccl" if device == "cuda" else "gloo"
         members = [GroupMember(rank, world_size, host, store.port, backend, args.distributed_timeout_minutes)
                    for rank in range(world_size)]
-        actors = [actor_cls.options(**actor_options).remote(args, device, member) for member in members]
+        actors = [actor_cls.options(**options).remote(args, device, member)
+                  for options, member in zip(rank_options, members, strict=True)]
         pids = _first_failure_first([actor.pid.remote() for actor in actors])
         ray.get(actors[0].attach_peers.remote(actors[1:]))
         return cls(actors, pids, store)

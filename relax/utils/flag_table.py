@@ -47,9 +47,9 @@ def F(name: str, type_: str, default: Any, group: str, help_: str, **kw: Any) ->
 
 SEED_FLAGS: list[FlagSpec] = [
     # --- Ray Launch Parameters
-    F('rollout-num-gpus-per-engine', 'int', 1, 'Ray Launch Parameters', "GPUs per SGLang inference engine, equivalent to SGLang's tp_size. Here: --rollout-backend sglang passes it as --tp-size and gives each engine's Ray actor that many GPUs; the embedded engine has one tensor-parallel rank (only 1)"),
-    F('num-gpus-per-node', 'int', 8, 'Ray Launch Parameters', 'GPUs per node. Set this if using fewer than 8 GPUs per node in colocate mode'),
-    F('resource', 'json', None, 'Ray Launch Parameters', 'Ray resource configuration in JSON format. Example: \'{"actor":[replicas, gpus], "rollout":[replicas, gpus]}\'. Here: actor replicas > 1 start that many data-parallel trainer ranks (--train-backend torch; one process group, NCCL on GPU, gloo on CPU; relax/distributed/trainer_group.py), each running its share of every optimizer step\'s micro-batches; rollout replicas are the engines', seed_default='-'),
+    F('rollout-num-gpus-per-engine', 'int', 1, 'Ray Launch Parameters', "GPUs per SGLang inference engine, equivalent to SGLang's tp_size. Here: the engines are the rollout role's GPUs / this (each engine's GPUs on one node, --num-gpus-per-node at most); --rollout-backend sglang passes it as --tp-size; the embedded engine has one tensor-parallel rank (only 1); not with --colocate yet"),
+    F('num-gpus-per-node', 'int', 8, 'Ray Launch Parameters', 'GPUs per node. Set this if using fewer than 8 GPUs per node in colocate mode. Here: each role\'s GPUs are reserved in groups of at most this many, each group on one node (a STRICT_PACK placement group; relax/distributed/resources.py), so a role spans ceil(GPUs / this) nodes; a group no node can hold fails at start, naming the nodes\' GPU counts'),
+    F('resource', 'json', None, 'Ray Launch Parameters', 'Ray resource configuration in JSON format. Example: \'{"actor":[replicas, gpus], "rollout":[replicas, gpus]}\'. Here: a role\'s GPUs are replicas x gpus (seed 001\'s [1, 8] = 8 GPUs); the actor role runs one trainer rank per GPU (replicas ranks when gpus is 0, on CPU), all data-parallel (--train-backend torch; one process group, NCCL on GPU, gloo on CPU; relax/distributed/trainer_group.py); the rollout role runs GPUs / --rollout-num-gpus-per-engine engines (replicas when gpus is 0). GPUs are reserved as placement groups before any actor starts (relax/distributed/placement.py); --colocate puts trainer rank i and engine i on the same GPU, otherwise every role has GPUs of its own. A role left out gets [1, 1] on CUDA runs, [1, 0] on CPU runs. GPU counts are reserved on --device cpu runs too (a cluster that declares GPUs), and a request the cluster cannot hold fails at start in one line', seed_default='-'),
     F('colocate', 'flag', False, 'Ray Launch Parameters', 'Whether to colocate inference engines and training Actors on the same GPUs. Automatically sets --offload to True'),
     F('offload', 'flag', False, 'Ray Launch Parameters', 'Equivalent to setting both --offload-train and --offload-rollout. Refused with --fully-async (rollout and training overlap: nothing is idle to offload)'),
     F('offload-train', 'flag', None, 'Ray Launch Parameters', 'Whether to offload training Actor to CPU during training. Always True when --colocate is enabled; otherwise None resolves to --offload. Moves parameters, gradients and optimizer state to CPU during rollout and back before training. With --fully-async, or --train-backend megatron (not supported yet), --colocate leaves it False and an explicit request is refused'),
@@ -333,11 +333,11 @@ SEED_FLAGS: list[FlagSpec] = [
     F('rlsp-server-port', 'int', 8234, 'Other Training Parameters', 'RLSP Server HTTP port'),
     F('custom-config-path', 'str', None, 'Other Training Parameters', 'Custom parameter YAML config file path. Key-value pairs in file override existing parameters'),
     # --- Debug
-    F('debug-rollout-only', 'flag', False, 'Debug', 'Run Rollout only, no training'),
-    F('debug-train-only', 'flag', False, 'Debug', 'Run training only, no Rollout'),
-    F('load-debug-rollout-data', 'str', None, 'Debug', 'Load debug Rollout data. Automatically enables --debug-train-only when set'),
-    F('load-debug-rollout-data-subsample', 'float', None, 'Debug', 'Subsample debug Rollout data to accelerate debugging'),
-    F('save-debug-rollout-data', 'str', None, 'Debug', 'Save Rollout data. Path supports {rollout_id} placeholder'),
+    F('debug-rollout-only', 'flag', False, 'Debug', 'Run Rollout only, no training. Here: no trainer starts and no weights are synced; the engines keep the --hf-checkpoint weights (version 0) for every rollout; with --save-debug-rollout-data it records rollouts to train on later. Needs --num-rollout or --num-epoch; not with --fully-async or trainer flags (--load, --save, --save-hf)'),
+    F('debug-train-only', 'flag', False, 'Debug', 'Run training only, no Rollout. Here: no engines start and no weights are synced; every step trains on the rollout --load-debug-rollout-data holds for it (required); --prompt-data is not read; not with --fully-async or rollout flags (--eval-interval, --partial-rollout, custom generate/rollout functions, ...)'),
+    F('load-debug-rollout-data', 'str', None, 'Debug', 'Load debug Rollout data. Automatically enables --debug-train-only when set. Here: files written by --save-debug-rollout-data (docs/artifacts.md); with {rollout_id} step k reads rollout k and --num-rollout defaults to the consecutive files from 0, without it every step reads the one file; a missing or malformed file fails at start, naming it'),
+    F('load-debug-rollout-data-subsample', 'float', None, 'Debug', 'Subsample debug Rollout data to accelerate debugging. Here: a fraction in (0, 1]; each step keeps that share of the groups (rounded, at least one), whole groups from the front; the kept samples must still fill whole --global-batch-size batches'),
+    F('save-debug-rollout-data', 'str', None, 'Debug', 'Save Rollout data. Path supports {rollout_id} placeholder. Here: every rollout step writes its sample groups as JSON (tokens, loss masks, rollout log-probs, rewards, group and sample indices, weight versions, status; docs/artifacts.md) before training on them, so --load-debug-rollout-data replays them, e.g. under another parallel layout'),
     F('save-debug-train-data', 'str', None, 'Debug', 'Save training data. Path supports {rollout_id} placeholder'),
     F('dump-details', 'str', None, 'Debug', 'Export all training details for post-hoc analysis'),
     F('check-weight-update-equal', 'flag', False, 'Debug', 'Check if weight updates are equal'),
@@ -374,6 +374,13 @@ ADDED_FLAGS: list[FlagSpec] = [
     F("gamma", "float", 1.0, ADDITIONS_GROUP,
       "Discount factor for GAE (ppo) and REINFORCE++ returns (slime flag; not in the seed's tables)"),
     F("lambd", "float", 1.0, ADDITIONS_GROUP, "GAE lambda for the ppo estimator (slime flag; not in the seed's tables)"),
+    F("ray-address", "str", None, ADDITIONS_GROUP,
+      "Ray cluster to join: HOST:PORT of its head (ray start --head --port PORT) or auto (the cluster ray start "
+      "runs on this machine). Unset: RAY_ADDRESS when set (ray job submit sets it for its entrypoint, "
+      "scripts/entrypoint/local.sh exports it), else the run starts a private single-node Ray cluster that ends "
+      "with it. Actors get the worker environment (one thread, offline, RELAX_* variables) through their "
+      "runtime_env on every node, and relax must be importable there (installed, or ray job submit "
+      "--working-dir). Ray Client addresses (ray://) are refused (relax/distributed/cluster.py)"),
     F("rollout-backend", "str", "embedded", ADDITIONS_GROUP,
       "Rollout engine: embedded (our engine server, relax/backends/embedded/) or sglang (real SGLang servers started "
       "by the run, relax/backends/sglang/; needs sglang installed and CUDA GPUs). Either is driven only through "
@@ -419,7 +426,8 @@ ADDED_FLAGS: list[FlagSpec] = [
 # a choice flag listed in SUPPORTED_VALUES may only take those values.
 SUPPORTED: frozenset[str] = frozenset({
     # cluster and checkpoints
-    "resource", "distributed-timeout-minutes", "colocate", "hf-checkpoint", "load", "save", "save-interval", "save-hf", "no-save-optim",
+    "resource", "num-gpus-per-node", "rollout-num-gpus-per-engine", "ray-address",  # relax/distributed/
+    "distributed-timeout-minutes", "colocate", "hf-checkpoint", "load", "save", "save-interval", "save-hf", "no-save-optim",
     "offload", "offload-train", "offload-rollout",  # colocate offload: relax/core/offload.py
     # data
     "prompt-data", "input-key", "label-key", "metadata-key", "tool-key", "apply-chat-template",
@@ -453,6 +461,8 @@ SUPPORTED: frozenset[str] = frozenset({
     # modes
     "num-iters-per-train-update", "ref-actor-config",  # PPO epochs; fully-async services (relax/core/services.py)
     "fully-async", "max-staleness", "num-data-storage-units", "polling-mode", "use-opd", "opd-type", "opd-kl-coef", "opd-teacher-load",
+    "debug-rollout-only", "debug-train-only", "save-debug-rollout-data", "load-debug-rollout-data",
+    "load-debug-rollout-data-subsample",  # replayable rollouts: relax/core/debug_rollouts.py
     "check-weight-update-equal", "custom-generate-function-path", "group-rm", "rm-url",
     "over-sampling-batch-size", "dynamic-sampling-filter-path",
     "partial-rollout", "partial-rollout-max-aborted-count", "mask-offpolicy-in-partial-rollout", "buffer-filter-path",

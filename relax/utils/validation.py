@@ -14,6 +14,7 @@ from collections.abc import Set
 from relax.backends.embedded.runner_choice import check_runner_flags
 from relax.backends.megatron import memory_flags
 from relax.backends.megatron.checks import check_train_backend_args
+from relax.utils import debug_modes
 from relax.utils.flag_table import FLAGS_BY_NAME
 from relax.utils.flag_types import ConfigError
 
@@ -236,7 +237,7 @@ def _rollout_engines(args: Namespace) -> None:
 def _external_engines(args: Namespace, sglang_flags: list[str]) -> None:
     from urllib.parse import urlsplit
 
-    from relax.distributed.placement import rollout_role_given
+    from relax.distributed.resources import rollout_role_given
 
     addrs = args.rollout_external_engine_addrs or []
     if not addrs:
@@ -273,7 +274,7 @@ def _sglang_engines(args: Namespace) -> None:
 
 def _trainer_ranks(args: Namespace) -> None:
     """Data-parallel trainer ranks (relax/distributed/trainer_group.py) are built for the torch backend only."""
-    from relax.distributed.placement import trainer_ranks
+    from relax.distributed.resources import trainer_ranks
 
     if trainer_ranks(args) > 1 and args.train_backend != "torch":
         raise ConfigError(f"not supported yet: --resource actor replicas > 1 (data-parallel training) with "
@@ -286,7 +287,7 @@ def _services(args: Namespace) -> None:
     A ``reference`` role without a reference model is refused, not ignored: it would hold a model
     nobody asks. ``advantages`` takes its inputs from the other services, so it needs them.
     """
-    from relax.distributed.placement import parse_ref_actor_config, service_roles
+    from relax.distributed.resources import parse_ref_actor_config, service_roles
 
     roles = service_roles(args)
     if args.ref_actor_config is not None and not roles & {"reference", "actor_fwd"}:
@@ -318,6 +319,18 @@ def _services(args: Namespace) -> None:
                           "log-probs from it)")
 
 
+def _placement(args: Namespace) -> None:
+    """``--resource`` with ``--num-gpus-per-node`` / ``--rollout-num-gpus-per-engine`` must make a plan
+    (relax/distributed/resources.py); ``--device auto`` is checked as a CPU run here and planned again
+    on the resolved device at start."""
+    from relax.distributed.resources import plan_resources
+
+    plan_resources(args, "cuda" if args.device == "cuda" else "cpu")
+    if args.rollout_num_gpus_per_engine > 1 and args.rollout_backend == "embedded":
+        raise ConfigError(f"not supported yet: --rollout-num-gpus-per-engine {args.rollout_num_gpus_per_engine} "
+                          "with --rollout-backend embedded (an embedded engine runs on one device)")
+
+
 def _offload(args: Namespace) -> None:
     """Seed 000: ``--colocate`` sets both offloads; otherwise an unset one equals ``--offload``.
 
@@ -347,9 +360,12 @@ def _offload(args: Namespace) -> None:
 
 def _implied(args: Namespace) -> None:
     """Flags that switch other flags on (seed: 'Automatically enables / sets ...')."""
-    _offload(args)
     if args.load_debug_rollout_data:
         args.debug_train_only = True
+    debug_modes.check_offload(args)  # before --colocate turns the offloads on
+    _offload(args)
+    if args.debug_train_only or args.debug_rollout_only:  # one side is missing: nothing to offload for it
+        args.offload_train = args.offload_rollout = False
     if args.use_rollout_routing_replay:
         args.use_routing_replay = True
 
@@ -376,10 +392,9 @@ def _when_none(args: Namespace) -> None:
 def resolve_and_validate(args: Namespace, explicit: Set[str] = frozenset()) -> None:
     """Fill derived defaults and check cross-flag rules. ``explicit``: dests given on the command line."""
     _implied(args)
-    debug = args.debug_rollout_only or args.debug_train_only
     if not args.prompt_data and not args.debug_train_only:
         raise ConfigError("--prompt-data is required")
-    if args.num_rollout is None and args.num_epoch is None and not debug:
+    if args.num_rollout is None and args.num_epoch is None and not args.debug_train_only:
         raise ConfigError("set --num-rollout or --num-epoch")
     _batch_sizes(args, explicit)
     _requirements(args)
@@ -391,4 +406,6 @@ def resolve_and_validate(args: Namespace, explicit: Set[str] = frozenset()) -> N
     _weight_sync(args)
     _trainer_ranks(args)
     _services(args)
+    _placement(args)
+    debug_modes.check(args)
     _when_none(args)

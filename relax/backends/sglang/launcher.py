@@ -133,13 +133,12 @@ class SGLangLauncher(EngineLauncher):
     name = "sglang"
 
     def count(self) -> int:
-        return self.replicas
+        return len(self.slots)
 
     def begin(self, indices: list[int]) -> Any:
-        gpus = float(self.args.rollout_num_gpus_per_engine)
-        options = {**self.actor_options, "num_gpus": gpus} if self.device == "cuda" else self.actor_options
-        return indices, [SGLangEngineActor.options(**options).remote(self.args, i, self.host, self.api_key,
-                                                                     str(self.args.output_dir)) for i in indices]
+        """Each engine's actor holds its placement slot's GPUs (``--rollout-num-gpus-per-engine`` of one node)."""
+        return indices, [SGLangEngineActor.options(**self.slots[i].options).remote(
+            self.args, i, self.host, self.api_key, str(self.args.output_dir)) for i in indices]
 
     def finish(self, pending: Any) -> list[EngineRecord]:
         indices, actors = pending

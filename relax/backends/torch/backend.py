@@ -45,7 +45,7 @@ from relax.backends.torch.freezing import apply_param_freezing
 from relax.backends.torch.logprobs import response_log_probs
 from relax.backends.torch.micro_batches import fixed_micro_batches, micro_batches
 from relax.backends.torch.rollout_postprocess import postprocess_rollout_data
-from relax.distributed.placement import service_roles
+from relax.distributed.resources import service_roles
 from relax.models import build_model
 from relax.utils.fault_hooks import fault_at
 from relax.utils.validation import needs_reference_model

@@ -1,0 +1,112 @@
+"""A real multi-node Ray cluster on this machine, for tests: ``ray start --head`` plus ``ray start --address``.
+
+Each node is its own ``ray start --block`` process (own temp dir, own ports, ``--num-gpus`` logical GPUs
+so that GPU placement is observable on a CPU machine) in a session of its own; stopping sends SIGTERM
+to that process, which takes its daemons down, and SIGKILLs the session after a grace period. Nothing
+else is touched: never ``ray stop``, which would stop every Ray cluster on the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RAY = str(Path(sys.executable).with_name("ray"))
+# the cluster's processes: no token auth (a test must not depend on ~/.ray/auth_token), no drain wait on SIGTERM
+ENV = {"RAY_AUTH_MODE": "disabled", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "OMP_NUM_THREADS": "1"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalCluster:
+    """``nodes`` nodes with ``gpus`` logical GPUs each; ``address`` is the head's GCS address."""
+
+    def __init__(self, nodes: int = 2, gpus: int = 2, cpus: int = 2):
+        self.nodes, self.gpus, self.cpus = nodes, gpus, cpus
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.root = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))  # short: Ray's socket paths are limited
+        self.procs: list[subprocess.Popen] = []
+        self.node_ids: list[str] = []
+
+    def _start_node(self, index: int) -> None:
+        flags = ["--num-cpus", str(self.cpus), "--num-gpus", str(self.gpus), "--block", "--disable-usage-stats",
+                 "--temp-dir", str(self.root / f"n{index}"), "--dashboard-agent-listen-port", str(_free_port()),
+                 "--dashboard-agent-grpc-port", str(_free_port()), "--runtime-env-agent-port", str(_free_port()),
+                 "--metrics-export-port", str(_free_port())]
+        if index == 0:
+            flags = ["--head", "--port", str(self.port), "--include-dashboard", "false", "--dashboard-port",
+                     str(_free_port()), "--ray-client-server-port", str(_free_port()), *flags]
+        else:
+            flags = ["--address", self.address, *flags]
+        log = open(self.root / f"n{index}.log", "w")  # noqa: SIM115 - closed with the process
+        self.procs.append(subprocess.Popen([RAY, "start", *flags], stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True, env={**os.environ, **ENV}))
+
+    def start(self, timeout: float = 90) -> LocalCluster:
+        self._start_node(0)
+        deadline = time.monotonic() + timeout
+        while not self._gcs_open():
+            self._check(deadline)
+            time.sleep(0.2)
+        for index in range(1, self.nodes):
+            self._start_node(index)
+        while len(self.node_ids) < self.nodes:
+            self._check(deadline)
+            self.node_ids = self._alive_nodes()
+            time.sleep(0.5)
+        return self
+
+    def _gcs_open(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    def _alive_nodes(self) -> list[str]:
+        """Node ids of the alive nodes, asked from a separate driver (this process keeps no Ray connection)."""
+        code = "import ray; ray.init(address=%r); print(*[n['NodeID'] for n in ray.nodes() if n['Alive']])"
+        out = subprocess.run([sys.executable, "-c", code % self.address], capture_output=True, text=True,
+                             timeout=60, env={**os.environ, **ENV})
+        return out.stdout.split() if out.returncode == 0 else []
+
+    def _check(self, deadline: float) -> None:
+        dead = [i for i, p in enumerate(self.procs) if p.poll() is not None]
+        if dead or time.monotonic() > deadline:
+            logs = "\n".join((self.root / f"n{i}.log").read_text()[-2000:] for i in range(len(self.procs)))
+            self.stop()
+            raise RuntimeError(f"test Ray cluster did not start (nodes {dead} exited)\n{logs}")
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):  # workers first, then the head
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
+            try:  # daemons the node left behind: they share its session (process group)
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.procs = []
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

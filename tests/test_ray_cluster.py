@@ -1,0 +1,84 @@
+"""``relax train`` joins a real two-node Ray cluster and places its actors across the nodes.
+
+The cluster is two ``ray start`` processes on this machine (tests/ray_cluster.py), each declaring two
+logical GPUs: relax computes on CPU (``--device cpu``) but reserves GPUs exactly as on a GPU cluster,
+so the placement (relax/distributed/placement.py) is the one a GPU run gets. With
+``--num-gpus-per-node 2`` the trainer's two ranks fill one node and the two engines the other; the
+events name each actor's node, reported by the actor itself. A request for more GPUs than the
+cluster has fails at start with one line instead of waiting on a pending placement group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relax.utils.presets import QUICKSTART
+from tests.e2e_helpers import assert_ok, read_jsonl
+from tests.ray_cluster import LocalCluster
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+# the quickstart task without its preset, whose --colocate would put trainer and engines on the same GPUs
+FLAGS = ["--train-backend", "torch", "--device", "cpu", "--hf-checkpoint", "tiny-qwen3",
+         "--prompt-data", QUICKSTART["prompt_data"], "--input-key", "prompt", "--label-key", "label",
+         "--rm-type", "exact", "--rollout-max-response-len", "1", "--lr", "3e-3",
+         "--rollout-batch-size", "8", "--n-samples-per-prompt", "4", "--global-batch-size", "32",
+         "--micro-batch-size", "16"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with LocalCluster(nodes=2, gpus=2) as running:
+        yield running
+
+
+def _relax(cluster: LocalCluster, tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """``relax train`` as its own driver process, told the cluster by RAY_ADDRESS (as ray job submit does)."""
+    env = {k: v for k, v in os.environ.items() if k != "RELAX_RAY_TEMP_DIR"}
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", RAY_ADDRESS=cluster.address)
+    return subprocess.run([sys.executable, "-m", "relax.cli", "train", *FLAGS, *flags], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=tmp_path)
+
+
+def test_trainer_and_engines_on_different_nodes(cluster: LocalCluster, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = _relax(cluster, tmp_path, "--resource", '{"actor": [1, 2], "rollout": [1, 2]}', "--num-gpus-per-node", "2",
+                  "--num-rollout", "3", "--output-dir", str(run))
+    assert_ok(proc)
+    events = read_jsonl(run / "events.jsonl")
+    nodes = {e["role"]: e["node_id"] for e in events if e["event"] == "process_started"}
+    assert sorted(nodes) == ["engine:0", "engine:1", "trainer:0", "trainer:1"]
+    trainer_node, engine_node = nodes["trainer:0"], nodes["engine:0"]
+    assert nodes["trainer:1"] == trainer_node and nodes["engine:1"] == engine_node
+    assert {trainer_node, engine_node} == set(cluster.node_ids)  # one node each, both of the cluster
+    gpus = {e["role"]: e["gpu_ids"] for e in events if e["event"] == "process_started"}
+    assert sorted(gpus["trainer:0"] + gpus["trainer:1"]) == ["0", "1"]  # one (logical) GPU per rank
+    assert sorted(gpus["engine:0"] + gpus["engine:1"]) == ["0", "1"]
+    [placement] = [e for e in events if e["event"] == "placement"]
+    assert [(g["role"], g["bundles"], g["node_id"]) for g in placement["groups"]] == [
+        ("actor", [1, 1], trainer_node), ("rollout", [1, 1], engine_node)]
+    records = read_jsonl(run / "weights.jsonl")
+    for version in range(4):  # the initial sync and one per step
+        sides = {r["side"]: r["checksums"] for r in records if r["version"] == version}
+        assert set(sides) == {"trainer", "engine:0", "engine:1"}, version
+        assert sides["engine:0"] == sides["trainer"] == sides["engine:1"], version
+    assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2]
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "completed" and info["config"]["resource"] == {"actor": [1, 2], "rollout": [1, 2]}
+    assert "'data_parallel_size': 2" in proc.stdout + proc.stderr
+
+
+def test_a_request_the_cluster_cannot_hold_fails_at_once(cluster: LocalCluster, tmp_path: Path) -> None:
+    """Without the check the placement group would stay pending forever (the subprocess timeout would fire)."""
+    proc = _relax(cluster, tmp_path, "--resource", '{"actor": [1, 4], "rollout": [1, 4]}', "--num-gpus-per-node", "2",
+                  "--num-rollout", "1",
+                  "--output-dir", str(tmp_path / "run"))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == "relax: --resource asks 8 GPUs for actor+rollout; the cluster has 4 (2 nodes x 2)", last
