@@ -479,7 +479,7 @@ SUPPORTED: frozenset[str] = frozenset({
     # additions
     "preset", "output-dir", "config", "device", "rollout-backend",
     # engines (relax/core/engine_launchers.py, relax/backends/sglang/), the router (relax/engine/router/)
-    "rollout-external", "rollout-external-engine-addrs", "rollout-num-gpus-per-engine", "sglang-mem-fraction-static",
+    "rollout-external", "rollout-external-engine-addrs", "sglang-mem-fraction-static",
     "slime-router-timeout", "slime-router-max-connections", "slime-router-health-check-failure-threshold",
     "embedded-runner", "embedded-cuda-graph", "embedded-compile", "weight-sync-transport",
 })
