@@ -121,9 +121,12 @@ class TorchTrainBackend:
         With ``--use-dynamic-batch-size`` they are packed by token count: ``--max-tokens-per-gpu``
         for the train forward, ``--log-probs-max-tokens-per-gpu`` for the no-grad log-prob passes
         (equal by default, and then the same split, which keeps step-0 ``ppo_kl`` exactly 0).
+        Without it the train forward takes ``--micro-batch-size`` samples, and a given
+        ``--max-tokens-per-gpu`` (seed 004's template passes it so) still budgets the no-grad
+        log-prob passes, which keep no activations and so fit more samples per pass.
         """
         args = self.args
-        max_tokens = None
+        max_tokens = args.log_probs_max_tokens_per_gpu if log_probs else None
         if args.use_dynamic_batch_size:
             max_tokens = args.log_probs_max_tokens_per_gpu if log_probs else args.max_tokens_per_gpu
         lengths = [len(s.tokens) for s in samples]
