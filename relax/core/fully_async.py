@@ -12,6 +12,12 @@ colocate loop.
 The data position saved in a checkpoint is the one right after the trained step's prompts
 were drawn, so batches generated ahead but not trained are regenerated after a resume,
 never lost.
+
+Staleness accounting needs each sample's ``weight_version``. The default rollout copies it from
+the engine's reply; a custom generate function may not set it (seed 001's example does not).
+Such a sample gets the version the engines held when its step's rollout started, recorded here
+before the rollout function is called: a lower bound (a sync may land during the rollout), so
+``rollout/staleness_max`` never understates; ``rollout/unversioned_samples`` counts them.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from dataclasses import dataclass
 from relax.core.runtime import Runtime, rollout_metrics
 from relax.core.train_data import to_train_samples
 from relax.core.transfer_queue import DataQueue
+from relax.engine.rollout.sglang_rollout import GenerateState
+from relax.utils.types import Sample
 
 
 @dataclass
@@ -33,6 +41,15 @@ class _Rollout:
     raw_rewards: list
     seconds: float
     num_tokens: int
+
+
+def fill_weight_versions(groups: list[list[Sample]], version: int) -> int:
+    """Give samples without a ``weight_version`` (a custom generate function that sets none) ``version``,
+    the version the engines held when the rollout started; returns how many there were."""
+    missing = [s for g in groups for s in g if s.weight_version is None]
+    for s in missing:
+        s.weight_version = version
+    return len(missing)
 
 
 class _Producer(threading.Thread):
@@ -76,11 +93,15 @@ class _Producer(threading.Thread):
                     self.cond.wait_for(lambda s=step: self.stopped or self.version >= s - args.max_staleness)
                     if self.stopped:
                         return
+                    started = self.version  # what the engines hold as this rollout starts
                 with self.data_lock:
                     self.data_states[step] = rt.run.data_source.state_dict()
                 rt.artifacts.event("phase", step=step, phase="rollout")
                 t0 = time.perf_counter()
                 groups = rt.run.rollout_fn(args, step, rt.run.data_source)
+                unversioned = fill_weight_versions(groups, started)
+                if unversioned:
+                    GenerateState(args).add_metrics(step, {"rollout/unversioned_samples": float(unversioned)})
                 samples, raw = to_train_samples(args, groups)
                 seconds = time.perf_counter() - t0
                 with self.data_lock:

@@ -23,8 +23,8 @@ from typing import Any
 from relax.utils.config_files import SGLANG_PREFIX, load_config_file, typed_value
 from relax.utils.flag_table import FLAGS, FLAGS_BY_NAME, FlagSpec
 from relax.utils.flag_types import ConfigError, Problems, convert, parse_size
-from relax.utils.presets import get_preset
 from relax.utils.machine_flags import check_machine
+from relax.utils.presets import get_preset
 from relax.utils.validation import resolve_and_validate
 
 __all__ = ["FLAGS", "ConfigError", "args_to_dict", "build_parser", "check_supported", "format_flag", "parse_args",
