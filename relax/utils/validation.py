@@ -343,7 +343,11 @@ def _inputs(args: Namespace, p: Problems) -> None:
 
 
 def _when_none(args: Namespace) -> None:
-    """'When None, equals --x' defaults from the seed's tables."""
+    """'When None, equals --x' defaults from the seed's tables (and a dict-returning grader's reward key)."""
+    from relax.engine.rewards.graders import GRADER_REWARD_KEYS
+
+    if args.reward_key is None and not args.custom_rm_path and args.rm_type in GRADER_REWARD_KEYS:
+        args.reward_key = GRADER_REWARD_KEYS[args.rm_type]
     pairs = {
         "eps_clip_high": "eps_clip",
         "critic_lr": "lr",
