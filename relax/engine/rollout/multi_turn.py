@@ -13,7 +13,8 @@ alternates model turns and environment observations for up to ``max_turns`` mode
 
 Each turn draws with its own ``sampling_seed``, derived from the sample's (`turn_seed`), so turns
 never replay each other's random numbers. ``--rollout-max-response-len`` bounds the whole response
-(model and observation tokens); a trajectory that hits it is TRUNCATED. The sample's
+(model and observation tokens); a trajectory that hits it is TRUNCATED. ``max_tokens_per_turn``
+(optional, same YAML) caps each model turn; a turn cut there still goes to the environment. The sample's
 ``weight_version`` is the version that generated its last turn (``token_weight_versions`` per token),
 and ``metadata["turns"]`` keeps each turn's text and seed, ``metadata["env_info"]`` the last info.
 """
@@ -40,6 +41,13 @@ def _max_turns(args: Namespace) -> int:
     value = getattr(args, "max_turns", None)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"the multi-turn rollout needs max_turns >= 1, got {value!r}: {CONFIG_HINT}")
+    return value
+
+
+def _turn_cap(args: Namespace) -> int | None:
+    value = getattr(args, "max_tokens_per_turn", None)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"max_tokens_per_turn must be an integer >= 1, got {value!r}: {CONFIG_HINT}")
     return value
 
 
@@ -87,7 +95,7 @@ async def run_episode(args: Namespace, sample: Sample, sampling_params: dict[str
     """One sample's trajectory: model turns and environment observations, until done, max_turns or the budget."""
     from relax.utils.http_utils import post
 
-    max_turns = _max_turns(args)
+    max_turns, cap = _max_turns(args), _turn_cap(args)
     tokenizer = GenerateState(args).tokenizer
     eos_ids = {tokenizer.eos_token_id} - {None}
     url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
@@ -98,15 +106,16 @@ async def run_episode(args: Namespace, sample: Sample, sampling_params: dict[str
         env.reset()
         for turn in range(max_turns):
             seed = turn_seed(int(sampling_params["sampling_seed"]), turn)
-            params = dict(sampling_params, sampling_seed=seed, max_new_tokens=budget - len(traj.mask))
+            left = budget - len(traj.mask)
+            params = dict(sampling_params, sampling_seed=seed, max_new_tokens=min(left, cap or left))
             out = await post(url, {"input_ids": traj.tokens, "sampling_params": params, "return_logprob": True})
             meta, ids = out["meta_info"], list(out["output_ids"])
             version = parse_weight_version(meta.get("weight_version"))
             traj.add(ids, 1, [float(item[0]) for item in meta["output_token_logprobs"]], version)
             traj.turns.append({"text": out["text"], "sampling_seed": seed, "num_tokens": len(ids)})
             finish = meta["finish_reason"]["type"]
-            if finish != "stop":  # length: the response budget is spent; abort: the engine cut it
-                status = Sample.Status.TRUNCATED if finish == "length" else Sample.Status.ABORTED
+            if finish == "abort" or finish == "length" and len(traj.mask) >= budget:  # cut, or the budget is spent
+                status = Sample.Status.ABORTED if finish == "abort" else Sample.Status.TRUNCATED
                 break
             obs, done, info = env.step(out["text"])
             if done or turn + 1 == max_turns:
