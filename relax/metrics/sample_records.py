@@ -1,5 +1,8 @@
 """What samples.jsonl says about one sample besides its fate: reward, response length, response text.
 
+``loss_tokens`` counts the response tokens the loss sees (``loss_mask`` 1): a multi-turn sample's
+environment observations are in ``response_length`` but not in ``loss_tokens``.
+
 A user checks here that a custom reward ran (its value per sample) and what the model wrote; the
 response text is cut to `RESPONSE_CHARS` characters (``response_truncated`` says when) so the file
 stays small on long rollouts.
@@ -30,7 +33,8 @@ def sample_fields(sample: Sample, reward_key: str | None) -> dict[str, Any]:
     """``reward``, ``response_length``, ``response`` (cut) and ``response_truncated`` of a generated sample."""
     text = sample.response or ""
     return {"reward": scalar_reward(sample.reward, reward_key), "response_length": sample.response_length,
-            "response": text[:RESPONSE_CHARS], "response_truncated": len(text) > RESPONSE_CHARS}
+            "loss_tokens": sum(sample.effective_loss_mask()), "response": text[:RESPONSE_CHARS],
+            "response_truncated": len(text) > RESPONSE_CHARS}
 
 
 def reward_extras(samples: list[Sample], reward_key: str | None) -> dict[str, float]:

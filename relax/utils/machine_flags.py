@@ -18,7 +18,7 @@ from argparse import Namespace
 from collections.abc import Callable, Set
 from typing import Any
 
-from relax.utils.flag_table import FLAGS_BY_NAME
+from relax.utils.flag_table import FLAGS, FLAGS_BY_NAME
 from relax.utils.flag_types import Problems
 
 
@@ -90,7 +90,8 @@ def check_machine(args: Namespace, given: Set[str], p: Problems) -> None:
         args.train_backend = "torch"
     for dest in megatron_flags:
         wanted.setdefault(dest, _MEGATRON_WHY)
-    for dest, why in wanted.items():
+    order = {spec.dest: i for i, spec in enumerate(FLAGS)}
+    for dest, why in sorted(wanted.items(), key=lambda item: order[item[0]]):  # table order
         p.add(f"{_value_text(dest, getattr(args, dest))} needs a CUDA GPU ({why}); {where}")
         setattr(args, dest, FLAGS_BY_NAME[dest.replace("_", "-")].default)
     if _requests_gpus(args):

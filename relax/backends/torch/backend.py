@@ -142,8 +142,10 @@ class TorchTrainBackend:
         if args.use_dynamic_batch_size:
             max_tokens = args.log_probs_max_tokens_per_gpu if log_probs else args.max_tokens_per_gpu
         lengths = [len(s.tokens) for s in samples]
-        return self.dp.mine(micro_batches(lengths, gsl.start, gsl.stop, micro_batch_size=args.micro_batch_size,
-                                          max_tokens=max_tokens))
+        slices = micro_batches(lengths, gsl.start, gsl.stop, micro_batch_size=args.micro_batch_size,
+                               max_tokens=max_tokens)
+        costs = [(sl.stop - sl.start) * max(lengths[sl]) for sl in slices] if args.balance_data else None
+        return self.dp.mine(slices, costs)
 
     def _all_micro_batches(self, samples: list[TrainSample], *, log_probs: bool = False) -> list[slice]:
         return [sl for gsl in self._global_batches(len(samples))

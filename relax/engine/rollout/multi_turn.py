@@ -16,7 +16,8 @@ never replay each other's random numbers. ``--rollout-max-response-len`` bounds 
 (model and observation tokens); a trajectory that hits it is TRUNCATED. ``max_tokens_per_turn``
 (optional, same YAML) caps each model turn; a turn cut there still goes to the environment. The sample's
 ``weight_version`` is the version that generated its last turn (``token_weight_versions`` per token),
-and ``metadata["turns"]`` keeps each turn's text and seed, ``metadata["env_info"]`` the last info.
+and ``metadata["turns"]`` keeps each turn's text and seed, ``metadata["env_info"]`` the last info,
+``metadata["evaluation"]`` whether it was an evaluation rollout.
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ class _Trajectory:
         self.versions += [version] * len(ids)
 
 
-async def run_episode(args: Namespace, sample: Sample, sampling_params: dict[str, Any], env_module: str) -> Sample:
+async def run_episode(args: Namespace, sample: Sample, sampling_params: dict[str, Any], env_module: str,
+                      evaluation: bool = False) -> Sample:
     """One sample's trajectory: model turns and environment observations, until done, max_turns or the budget."""
     from relax.utils.http_utils import post
 
@@ -129,6 +131,7 @@ async def run_episode(args: Namespace, sample: Sample, sampling_params: dict[str
             traj.add(obs_ids, 0, [0.0] * len(obs_ids), version)
     finally:
         env.close()
+    sample.metadata = {**sample.metadata, "evaluation": evaluation}
     return _finish(sample, traj, tokenizer, status, version, info)
 
 
@@ -152,4 +155,4 @@ async def generate(args: Namespace, sample: Sample, sampling_params: dict[str, A
     module = getattr(args, "rollout_interaction_env_path", None) or env_module
     if not module:
         raise ValueError(f"the multi-turn rollout needs rollout_interaction_env_path (the env module): {CONFIG_HINT}")
-    return await run_episode(args, sample, sampling_params, module)
+    return await run_episode(args, sample, sampling_params, module, evaluation)
