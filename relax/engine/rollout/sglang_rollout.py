@@ -152,13 +152,15 @@ async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: 
 def dynamic_filter(args: Namespace):
     if not args.dynamic_sampling_filter_path:
         return lambda a, g: (True, None)
-    from relax.utils.plugins import load_function
+    from relax.utils.plugins import culprit, load_function
 
     fn = load_function(args.dynamic_sampling_filter_path, flag="--dynamic-sampling-filter-path",
                        signature=FILTER_SIGNATURE, min_args=2)
 
     def keep(a: Namespace, group: list[Sample]) -> tuple[bool, str | None]:
-        out = fn(a, group)
+        with culprit("--dynamic-sampling-filter-path", args.dynamic_sampling_filter_path,
+                     f"group {group[0].group_index if group else None}"):
+            out = fn(a, group)
         return (bool(out), None) if isinstance(out, bool) else (bool(out.keep), out.reason)
 
     return keep
