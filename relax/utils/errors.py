@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import sysconfig
 import traceback
 from dataclasses import asdict, dataclass
@@ -21,6 +22,7 @@ from types import TracebackType
 DEBUG_ENV = "RELAX_DEBUG"
 _LIBRARY_DIRS = tuple(str(Path(sysconfig.get_paths()[k]).resolve()) for k in ("stdlib", "purelib", "platlib"))
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @dataclass
@@ -47,10 +49,15 @@ def _is_library(path: str) -> bool:
 
 
 def _short(path: str) -> str:
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return path
+    """``path`` relative to the working directory, else to the import root it was loaded from (a
+    ``sys.path`` entry: ``tests/recipe_hooks.py`` for ``tests.recipe_hooks``), else as it is."""
+    resolved = Path(path).resolve()
+    roots = [Path.cwd(), *sorted((Path(p).resolve() for p in sys.path if p and not _is_library(p)),
+                                 key=lambda r: -len(str(r)))]
+    for root in roots:
+        if resolved.is_relative_to(root):
+            return str(resolved.relative_to(root))
+    return path
 
 
 def _innermost(frames: list[tuple[str, int]]) -> str | None:
@@ -67,10 +74,14 @@ def _frames(tb: TracebackType | None) -> list[tuple[str, int]]:
 
 
 def unwrap(exc: BaseException) -> tuple[BaseException, str | None]:
-    """A Ray task error's original exception and the traceback text Ray brought back (else the exception itself)."""
+    """A Ray task error's original exception and the traceback text Ray brought back (else the exception itself).
+
+    Ray raises its ``RayTaskError(<original class>)``, whose ``cause`` is the actor's exception (notes kept)
+    and whose text is the actor-side traceback.
+    """
     cause = getattr(exc, "cause", None)
-    if isinstance(cause, BaseException):
-        return cause, getattr(exc, "traceback_str", None)
+    if isinstance(cause, BaseException) and type(exc).__name__.startswith("RayTaskError"):
+        return cause, _ANSI.sub("", str(exc))
     return exc, None
 
 
@@ -84,7 +95,7 @@ def describe(exc: BaseException) -> Failure:
     original, remote_tb = unwrap(exc)
     if remote_tb:
         frames = [(m.group(1), int(m.group(2))) for m in _FRAME.finditer(remote_tb)]
-        full = remote_tb
+        full = "Traceback (most recent call last, in a Ray actor):\n" + remote_tb
     else:
         frames = _frames(original.__traceback__)
         full = "".join(traceback.format_exception(original))
