@@ -72,7 +72,7 @@ def test_convert_data_errors_name_the_row_and_its_keys(tmp_path: Path) -> None:
     src = _verl(tmp_path / "v.parquet", [{"prompt": "hi", "reward_model": {"style": "rule", "ground_truth": "1"}},
                                          {"prompt": "hi", "answer": "1"}])
     with pytest.raises(DataError, match=r"v\.parquet:2: no reward_model.ground_truth \(the row has keys: prompt, "
-                                        r"reward_model, answer; reward_model is None\)"):
+                                        r"reward_model; reward_model is None\)"):
         convert(src, tmp_path / "o.parquet")
     with pytest.raises(DataError, match="must end in .parquet or .jsonl"):
         convert(src, tmp_path / "o.csv")
