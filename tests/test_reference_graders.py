@@ -100,3 +100,12 @@ def test_normal_forms() -> None:
     assert minerva_normalize("\\textbf{12} units") == "12"
     assert sympy_equal("2\\sqrt{2}", "\\sqrt{8}") and not sympy_equal("2", "3")
     assert answers_equal("\\frac{1}{2}", "0.5") and not answers_equal(None, "1")
+
+
+def test_rewards_doc_is_up_to_date() -> None:
+    from pathlib import Path
+
+    from relax.utils.hook_docs import render
+
+    doc = Path(__file__).parents[1] / "docs" / "rewards.md"
+    assert doc.read_text(encoding="utf-8") == render(), "regenerate: python -m relax.utils.hook_docs > docs/rewards.md"
