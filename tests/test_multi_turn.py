@@ -33,7 +33,8 @@ def test_multi_turn_example_trains_with_env_tokens_masked(tmp_path: Path, monkey
     assert versions == {0, 1, 2, 3}
 
 
-def test_custom_generate_with_two_engines_is_refused(tmp_path: Path) -> None:
+def test_custom_generate_with_two_engines_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")  # loaded at setup
     proc = run_relax([*FAST_FLAGS, "--num-rollout", "1", "--resource", '{"rollout": [2, 0]}',
                       "--custom-generate-function-path", "examples.multi_turn.rollout.generate",
                       "--output-dir", str(tmp_path / "run")], tmp_path)

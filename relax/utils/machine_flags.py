@@ -5,6 +5,8 @@ line per GPU-only flag, each naming the missing GPU, and nothing else about thos
 refused flag is reset to its default, so the not-supported gate and the cross-flag rules that
 follow do not report it a second time.
 
+Megatron-only flags count as GPU flags while the backend is megatron (the seed's default); with an
+explicit ``--train-backend torch`` they conflict with that choice and validation.py says so.
 ``--train-backend megatron`` is the seed's default. When it was not asked for (no flag, preset or
 config file names a backend) and there is no GPU, the run trains with ``--train-backend torch``
 and says so in a notice (printed at start, kept in run.json): the seeds' scripts never name a
@@ -58,9 +60,10 @@ def _value_text(dest: str, value: Any) -> str:
 
 
 def has_gpu(args: Namespace) -> bool:
-    """Whether this run has a CUDA GPU: ``--device cpu`` never, else whether torch sees one."""
-    if args.device == "cpu":
-        return False
+    """Whether this run has a CUDA GPU: ``--device cpu`` never, ``--device cuda`` by request (setup checks
+    the device exists), ``auto`` when torch sees one."""
+    if args.device != "auto":
+        return args.device == "cuda"
     from relax.backends.megatron import checks  # its probe, which tests of GPU-only parsing patch
 
     return checks._cuda_available()
@@ -75,8 +78,10 @@ def _requests_gpus(args: Namespace) -> bool:
 def check_machine(args: Namespace, given: Set[str], p: Problems) -> None:
     """Refuse GPU-only flags on a machine without a GPU (one line each, then reset); resolve the backend default."""
     wanted = {dest: why for dest, (needs, why) in GPU_FLAGS.items() if needs(getattr(args, dest))}
-    megatron_flags = {dest for dest, needs in _megatron_flags().items() if needs(getattr(args, dest))}
     megatron = args.train_backend == "megatron"
+    # with an explicit torch backend a Megatron flag conflicts with the backend, not the machine (validation.py)
+    megatron_flags = {dest for dest, needs in _megatron_flags().items() if needs(getattr(args, dest))} if megatron \
+        else set()
     if not (wanted or megatron_flags or megatron or _requests_gpus(args)) or has_gpu(args):
         return
     where = "--device cpu uses none" if args.device == "cpu" else "this machine has none"

@@ -9,15 +9,31 @@ the not-supported gate, so the implied values it sets (``--colocate`` -> offload
 
 from __future__ import annotations
 
+import functools
 import re
 from argparse import Namespace
-from collections.abc import Set
+from collections.abc import Callable, Set
 
 from relax.backends.embedded.runner_choice import check_runner_flags
 from relax.backends.megatron import memory_flags
 from relax.backends.megatron.checks import check_train_backend_args
 from relax.utils.flag_table import FLAGS_BY_NAME
 from relax.utils.flag_types import Problems
+
+
+def rule(fn: Callable[..., None]) -> Callable[..., None]:
+    """A rule ``fn(args, p, ...)`` reports into ``p``; called without a collector (``fn(args)``, as a
+    test may) it raises its problems itself, one ConfigError."""
+
+    @functools.wraps(fn)
+    def run(args: Namespace, p: Problems | None = None, *rest):
+        if p is not None:
+            return fn(args, p, *rest)
+        own = Problems()
+        fn(args, own, *rest)
+        own.raise_if_any()
+
+    return run
 
 
 def _flag(dest: str) -> str:
@@ -40,6 +56,7 @@ def _positive(args: Namespace, p: Problems, *dests: str) -> bool:
     return ok
 
 
+@rule
 def _batch_sizes(args: Namespace, p: Problems, explicit: Set[str]) -> None:
     if not _positive(args, p, "rollout_batch_size", "n_samples_per_prompt", "micro_batch_size", "global_batch_size",
                      "num_steps_per_rollout", "num_rollout", "num_epoch", "save_interval"):
@@ -67,6 +84,7 @@ def _batch_sizes(args: Namespace, p: Problems, explicit: Set[str]) -> None:
               f"--rollout-batch-size {args.rollout_batch_size}")
 
 
+@rule
 def _train_loop(args: Namespace, p: Problems) -> None:
     """Dynamic batching, chunked log-probs and the parameter-freezing regexes.
 
@@ -85,6 +103,7 @@ def _train_loop(args: Namespace, p: Problems) -> None:
                 p.add(f"{_flag(dest)}: {pattern!r} is not a valid regex ({exc})")
 
 
+@rule
 def _requirements(args: Namespace, p: Problems) -> None:
     """Flags that need, or exclude, other flags."""
     if args.kl_coef and args.kl_loss_coef:
@@ -121,6 +140,7 @@ def _opd_sglang(args: Namespace, p: Problems) -> None:
               "(use --opd-type megatron, or --train-backend torch)")
 
 
+@rule
 def _megatron_memory(args: Namespace, p: Problems) -> None:
     """Activation recompute and optimizer CPU offload (relax/backends/megatron/memory_flags.py).
 
@@ -167,6 +187,7 @@ def _recompute(args: Namespace, p: Problems) -> None:
                   "checkpointed chunk; block: how many layers are checkpointed)")
 
 
+@rule
 def _partial_rollout(args: Namespace, p: Problems) -> None:
     """--partial-rollout's companions, and the modes it does not combine with yet."""
     if not args.partial_rollout:
@@ -183,6 +204,7 @@ def _partial_rollout(args: Namespace, p: Problems) -> None:
             p.add(f"not supported yet: --partial-rollout with {_flag(dest)}")
 
 
+@rule
 def _transfer_queue(args: Namespace, p: Problems) -> None:
     """The TransferQueue knobs configure the fully-async loop's storage units (relax/core/transfer_queue.py)."""
     _positive(args, p, "num_data_storage_units")
@@ -195,6 +217,7 @@ def _transfer_queue(args: Namespace, p: Problems) -> None:
                       "(the colocate loop hands samples to the trainer directly)")
 
 
+@rule
 def _weight_sync(args: Namespace, p: Problems) -> None:
     """``--weight-sync-transport`` rules the per-sync choice cannot fix later (relax/weights/sync.py)."""
     transport = args.weight_sync_transport
@@ -210,6 +233,7 @@ def _weight_sync(args: Namespace, p: Problems) -> None:
               "host at sync time (use auto: it picks object-store then)")
 
 
+@rule
 def _trainer_ranks(args: Namespace, p: Problems) -> None:
     """Data-parallel trainer ranks (relax/distributed/trainer_group.py) are built for the torch backend only."""
     from relax.distributed.placement import trainer_ranks
@@ -220,6 +244,7 @@ def _trainer_ranks(args: Namespace, p: Problems) -> None:
               f"--train-backend {args.train_backend}")
 
 
+@rule
 def _services(args: Namespace, p: Problems) -> None:
     """Seed 004's fully-async service roles in --resource and their --ref-actor-config (relax/core/services.py).
 
@@ -265,6 +290,7 @@ def _advantages_service(args: Namespace, p: Problems, roles: Set[str], needs_ref
               "log-probs from it)")
 
 
+@rule
 def _offload(args: Namespace, p: Problems) -> None:
     """Seed 000: ``--colocate`` sets both offloads; otherwise an unset one equals ``--offload``.
 
@@ -292,6 +318,7 @@ def _offload(args: Namespace, p: Problems) -> None:
         args.offload_rollout = args.offload
 
 
+@rule
 def _implied(args: Namespace, p: Problems) -> None:
     """Flags that switch other flags on (seed: 'Automatically enables / sets ...')."""
     _offload(args, p)
@@ -303,6 +330,7 @@ def _implied(args: Namespace, p: Problems) -> None:
         args.bf16 = True  # the Megatron backend always trains bf16 weights with fp32 master weights
 
 
+@rule
 def _checkpoints(args: Namespace, p: Problems) -> None:
     """``--ref-load`` naming the ``--hf-checkpoint`` directory is how seed 004 passes the model (verl's
     ``model.path`` maps to both): the reference model is then the initial policy, which it is anyway.
@@ -316,6 +344,7 @@ def _checkpoints(args: Namespace, p: Problems) -> None:
               f"({args.hf_checkpoint}); the reference model is the initial --hf-checkpoint policy")
 
 
+@rule
 def _balance_data(args: Namespace, p: Problems) -> None:
     if not args.balance_data:
         return
@@ -325,6 +354,7 @@ def _balance_data(args: Namespace, p: Problems) -> None:
         p.add(f"not supported yet: --balance-data with --train-backend {args.train_backend}")
 
 
+@rule
 def _prompt_data(args: Namespace, p: Problems) -> None:
     """``--prompt-data`` is one path or a list of them (seed 004: ``"['a.parquet', 'b.parquet']"``)."""
     from relax.data.dataset import prompt_files
@@ -333,6 +363,7 @@ def _prompt_data(args: Namespace, p: Problems) -> None:
         p.run(prompt_files, args.prompt_data, catch=(ValueError,))
 
 
+@rule
 def _inputs(args: Namespace, p: Problems) -> None:
     """What every run needs: data (unless it trains on saved rollouts) and a length."""
     debug = args.debug_rollout_only or args.debug_train_only
