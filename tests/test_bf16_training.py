@@ -77,3 +77,31 @@ def test_checkpoint_resume_restores_the_masters_exactly(tmp_path: Path) -> None:
     assert ma == mb
     for (name, x), (_, y) in zip(a.model.state_dict().items(), b.model.state_dict().items(), strict=True):
         assert torch.equal(x, y), name
+
+
+def _engine_vs_trainer(device: str, tmp_path: Path) -> float:
+    """Train a Qwen2 HF directory one step in bf16, push its weights to an engine built the way engine actors
+    build theirs (the export dtype), sample, and return the mean |engine - trainer| log-prob of those tokens."""
+    from relax.backends.torch.batch import TrainSample, build_rollout_tensors
+    from relax.distributed.actors import build_engine
+    from tests.hf_dirs import arithmetic_corpus, bpe_tokenizer, hf_dir
+
+    path = hf_dir(tmp_path / "qwen2", "qwen2", bpe_tokenizer(arithmetic_corpus()), seed=4)
+    args = parse_args([*BASE, "--bf16", "--hf-checkpoint", str(path), "--device", device])
+    backend = TorchTrainBackend(args, device)
+    assert backend.model.config._attn_implementation == "sdpa"  # HF directories load with SDPA
+    backend.train_rollout(_samples(seed=6, vocab=200), 0)
+    engine = build_engine(args, device)
+    assert {p.dtype for p in engine.model.parameters()} == {torch.bfloat16}
+    engine.update_weights_from_tensors(backend.device_named_tensors())
+    prompt = [5, 17, 33, 8]
+    out = engine.generate([{"input_ids": prompt, "sampling_params": {"max_new_tokens": 8, "sampling_seed": 1,
+                                                                       "ignore_eos": True}, "return_logprob": True}])[0]
+    engine_lp = torch.tensor([item[0] for item in out["meta_info"]["output_token_logprobs"]])
+    sample = TrainSample(tokens=prompt + out["output_ids"], response_length=8, loss_mask=[1] * 8, reward=0.0)
+    trainer_lp = backend._log_probs_no_grad(backend.model, build_rollout_tensors([sample]))[0]
+    return float((engine_lp - trainer_lp).abs().mean())
+
+
+def test_the_engine_holds_the_trainers_bf16_weights_and_agrees(tmp_path: Path) -> None:
+    assert _engine_vs_trainer("cpu", tmp_path) < 0.05  # bf16 rounding of two different kernels
