@@ -79,6 +79,9 @@ def test_custom_config_path_sets_recipe_keys_and_validates_flag_keys(tmp_path: P
         f"--custom-config-path: {cfg}: key 'lr': expected a number, got 'fast'"]
     cfg.write_text("max_turns: 5\n")
     assert _problems([*BASE, "--config", str(cfg)]) == [f"--config: {cfg}: unknown key 'max_turns'"]
+    cfg.write_text("notices: [x]\n")
+    assert _problems([*BASE, "--custom-config-path", str(cfg)]) == [
+        f"--custom-config-path: {cfg}: key 'notices' names an attribute relax sets itself; rename it"]
 
 
 def test_prompt_data_takes_a_list_of_files(tmp_path: Path) -> None:

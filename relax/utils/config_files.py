@@ -25,6 +25,8 @@ from relax.utils.flag_types import ConfigError, Problems, convert
 SGLANG_PREFIX = "sglang-"
 # Keys a config file may not set: they choose config files themselves.
 _NOT_IN_FILES = ("config", "custom-config-path")
+# attributes relax puts on args besides the flags: a recipe key may not shadow them
+RESERVED_ATTRIBUTES = ("sglang_passthrough", "notices", "sglang_router_ip", "sglang_router_port")
 # str flags whose value may be a list (seed 004: --prompt-data "['a.parquet', 'b.parquet']"): a YAML list
 # is kept as its JSON text, which the flag's reader parses (relax.data.dataset.prompt_files)
 _LIST_LITERAL_FLAGS = ("prompt-data",)
@@ -66,6 +68,8 @@ def load_config_file(path: str, flag: str, problems: Problems | None = None, *,
         spec = FLAGS_BY_NAME.get(name)
         if spec is None and name.startswith(SGLANG_PREFIX):
             out.passthrough[name[len(SGLANG_PREFIX):].replace("-", "_")] = True if value is None else value
+        elif spec is None and allow_extra and str(key) in RESERVED_ATTRIBUTES:
+            problems.add(f"{flag}: {p}: key {key!r} names an attribute relax sets itself; rename it")
         elif spec is None and allow_extra and name not in _NOT_IN_FILES and str(key).isidentifier():
             out.extra[str(key)] = value
         elif spec is None or name in _NOT_IN_FILES:
