@@ -50,21 +50,39 @@ def test_a_raising_reward_function_is_one_line_naming_it(tmp_path: Path, recipes
     assert info["error"] == lines[0].removeprefix("relax: run failed: ")
 
 
+@pytest.fixture(scope="module")
+def local_ray(tmp_path_factory):
+    from tests.e2e_helpers import in_process_ray
+
+    yield from in_process_ray(tmp_path_factory.mktemp("ray"))
+
+
 @pytest.mark.ray
-def test_an_error_inside_a_ray_actor_is_one_line_and_debug_adds_the_traceback(tmp_path: Path, recipes_importable: None,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """The rollout-data hook runs in the trainer actor; Ray hands its exception back wrapped."""
-    monkeypatch.setenv("RELAX_DEBUG", "1")
-    proc = run_relax([*FAST_FLAGS, "--num-rollout", "1", "--rollout-data-postprocess-path",
-                      "tests.recipe_hooks.raising_postprocess", "--output-dir", str(tmp_path / "run")], tmp_path)
-    assert proc.returncode == 1
-    where = f"tests/recipe_hooks.py:{_line_of('raise KeyError')}"
-    expected = (f"relax: run failed: in --rollout-data-postprocess-path tests.recipe_hooks.raising_postprocess "
-                f"(rollout 0): KeyError: 'advantages_x' at {where}")
-    assert _relax_lines(proc.stderr)[-1] == expected, proc.stderr
-    assert "Traceback" in proc.stderr  # RELAX_DEBUG=1: the full traceback as well
-    info = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert info["error_type"] == "KeyError" and info["error_where"] == where
+def test_an_error_inside_a_ray_actor_is_one_line_and_debug_adds_the_traceback(local_ray: None, capsys) -> None:
+    """Hooks like --rollout-data-postprocess-path run in the trainer actor; Ray hands their exception back
+    wrapped in its own class with the actor-side traceback as text."""
+    import ray
+
+    from relax.entrypoints.train import _report
+    from relax.utils.plugins import culprit
+
+    @ray.remote
+    class Trainer:  # defined here, so Ray ships it by value
+        def train(self) -> None:
+            with culprit("--rollout-data-postprocess-path", "my.hooks.postprocess", "rollout 0"):
+                {}["advantages_x"]  # noqa: B018 - the hook's bug
+
+    with pytest.raises(Exception) as info:
+        ray.get(Trainer.remote().train.remote())
+    where = f"tests/test_run_errors.py:{_own_line('the hook')}"
+    expected = (f"relax: run failed: in --rollout-data-postprocess-path my.hooks.postprocess (rollout 0): "
+                f"KeyError: 'advantages_x' at {where}")
+    code, failure = _report(info.value, False, describe)
+    assert code == 1 and capsys.readouterr().err.splitlines() == [expected]
+    assert (failure.type, failure.where) == ("KeyError", where)
+    _report(info.value, True, describe)  # --debug / RELAX_DEBUG=1: the actor's traceback, then the line
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last, in a Ray actor):") and err.splitlines()[-1] == expected
 
 
 def test_a_reward_key_typo_names_the_sample_the_function_and_the_keys() -> None:
