@@ -44,11 +44,18 @@ def test_inconsistent_global_batch_size(tmp_path: Path) -> None:
     assert proc.returncode == 2
 
 
-@pytest.mark.parametrize("flag", [["--keep-old-actor"], ["--sequence-parallel"], ["--use-routing-replay"],
+@pytest.mark.parametrize("flag", [["--keep-old-actor"], ["--use-clearml"], ["--use-routing-replay"],
                                   ["--partial-rollout", "--fully-async"]])
 def test_not_supported_yet(tmp_path: Path, flag: list[str]) -> None:
     proc = run_relax(["--preset", "quickstart", *flag, "--output-dir", str(tmp_path / "o")], tmp_path)
     _one_line_error(proc, f"not supported yet: {' with '.join(flag)}")
+    assert proc.returncode == 2
+
+
+def test_a_gpu_only_flag_on_a_machine_without_gpu_names_the_missing_gpu(tmp_path: Path) -> None:
+    proc = run_relax(["--preset", "quickstart", "--sequence-parallel", "--output-dir", str(tmp_path / "o")], tmp_path)
+    _one_line_error(proc, "--sequence-parallel needs a CUDA GPU (sequence parallelism shards activations over "
+                          "tensor-parallel GPUs); --device cpu uses none")
     assert proc.returncode == 2
 
 

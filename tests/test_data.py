@@ -69,14 +69,14 @@ def test_blank_lines_are_skipped_but_counted(tmp_path: Path) -> None:
     (tmp_path / "d.jsonl").write_text('{"q": "1"}\n\n   \n{"x": "2"}\n')
     with pytest.raises(DataError) as info:
         read_records(tmp_path / "d.jsonl", required_keys=["q"])
-    assert str(info.value) == f"{tmp_path / 'd.jsonl'}:4: missing key 'q'"
+    assert str(info.value) == f"{tmp_path / 'd.jsonl'}:4: missing key 'q' (the record has keys: x)"
 
 
 @pytest.mark.parametrize("content, message", [
     ('{"q": "1"}\n{"q": \n', "{p}:2: invalid JSON: Expecting value (column 7)"),
     ('{"q": "1"}\n[1, 2]\n', "{p}:2: expected a JSON object, got list"),
     ('"just a string"\n', "{p}:1: expected a JSON object, got str"),
-    ('{"q": "1"}\n{"input": "2"}\n', "{p}:2: missing key 'q'"),
+    ('{"q": "1"}\n{"input": "2"}\n', "{p}:2: missing key 'q' (the record has keys: input)"),
 ])
 def test_malformed_jsonl_exact_messages(tmp_path: Path, content: str, message: str) -> None:
     p = tmp_path / "d.jsonl"
@@ -109,16 +109,16 @@ def test_parquet_missing_key_names_the_row(tmp_path: Path) -> None:
     assert read_records(p, required_keys=["input"])[1] == {"input": None}
     with pytest.raises(DataError) as info:
         read_records(p, required_keys=["q"])
-    assert str(info.value) == f"{p}:1: missing key 'q'"
+    assert str(info.value) == f"{p}:1: missing key 'q' (the record has keys: input)"
 
 
 def test_build_samples_missing_keys_name_record() -> None:
     with pytest.raises(DataError) as info:
         build_samples([{"q": "1", "a": "1"}, {"other": "2"}], TOK, **BUILD, path="d.jsonl")
-    assert str(info.value) == "d.jsonl:2: missing key 'q'"
+    assert str(info.value) == "d.jsonl:2: missing key 'q' (the record has keys: other)"
     with pytest.raises(DataError) as info:
         build_samples([{"q": "1"}], TOK, **BUILD, path="d.jsonl")
-    assert str(info.value) == "d.jsonl:1: missing key 'a'"
+    assert str(info.value) == "d.jsonl:1: missing key 'a' (the record has keys: q)"
 
 
 # ---------------------------------------------------------------- prompts

@@ -27,6 +27,8 @@ CONFIGS = {
     "idle-rank": ["--micro-batch-size", "8"],  # one micro-batch per step: rank 1 runs none and adds zeros
     "per-token": ["--calculate-per-token-loss", "--micro-batch-size", "2"],
     "ppo-critic": ["--advantage-estimator", "ppo", "--critic-lr", "1e-3", "--kl-coef", "0.0"],
+    # --balance-data: micro-batches dealt by Karmarkar-Karp on their token counts instead of round robin
+    "balanced": ["--balance-data", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "20"],
 }
 ROLLOUTS = 2
 TOL = 1e-6
@@ -100,3 +102,15 @@ def test_a_lone_rank_needs_no_process_group() -> None:
     assert (dp.rank, dp.size) == (0, 1)
     rows = torch.ones(2, 3)
     assert dp.sum_rows(rows) is rows and dp.merge_metrics({"a": torch.tensor(1.0)}) == {"a": torch.tensor(1.0)}
+
+
+def test_balanced_shares_cover_every_micro_batch_once_and_even_out_tokens() -> None:
+    from relax.backends.torch.balance import karmarkar_karp
+
+    costs = [100, 1, 1, 1, 100, 1, 1, 1]
+    slices = [slice(i, i + 1) for i in range(8)]
+    shares = [DataParallel(rank, 2).mine(slices, costs) for rank in range(2)]
+    assert sorted(s.start for share in shares for s in share) == list(range(8))
+    assert [sum(costs[s.start] for s in share) for share in shares] == [103, 103]  # round robin: 202 and 4
+    assert karmarkar_karp([8, 7, 6, 5, 4], 2) == [[1, 3, 4], [0, 2]]  # 16 / 14: the differencing method's split
+    assert karmarkar_karp([], 3) == [[], [], []] and DataParallel().mine(slices, costs) == slices

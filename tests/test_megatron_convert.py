@@ -134,8 +134,8 @@ def test_megatron_backend_on_cpu_is_refused_with_a_reason(monkeypatch) -> None:
 
 def test_megatron_backend_needs_megatron_core(monkeypatch) -> None:
     monkeypatch.setattr("relax.backends.megatron.checks.module_available", lambda name: False)
-    with pytest.raises(ConfigError, match="needs megatron-core"):
-        parse_args([*BASE, "--train-backend", "megatron"])
+    with pytest.raises(ConfigError, match="needs megatron-core"):  # on a GPU machine (a CPU one: machine_flags.py)
+        parse_args([*BASE, "--train-backend", "megatron", "--device", "cuda"])
 
 
 def test_megatron_rules(monkeypatch) -> None:

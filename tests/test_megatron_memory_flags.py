@@ -160,7 +160,8 @@ def test_torch_backend_refuses_the_megatron_memory_flags(flags: list[str]) -> No
 @pytest.mark.parametrize(("flags", "message"), [
     (["--recompute-method", "uniform"], "^--recompute-method has no effect without --recompute-granularity full$"),
     (["--recompute-num-layers", "2"], "^--recompute-num-layers has no effect without --recompute-granularity full$"),
-    (["--recompute-granularity", "full"], r"^--recompute-granularity full needs --recompute-method \(uniform or block\)$"),
+    (["--recompute-granularity", "full"], r"^--recompute-granularity full needs --recompute-method \(uniform or block\)\n"
+     r"--recompute-granularity full needs --recompute-num-layers N"),  # both problems, one per line
     (["--recompute-granularity", "full", "--recompute-method", "block"],
      "^--recompute-granularity full needs --recompute-num-layers N"),
     (["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "0"],

@@ -23,7 +23,8 @@ from relax.utils.flag_types import ConfigError
 def _args(resource: dict | None = None, *, colocate: bool = False, per_engine: int = 1, per_node: int = 8,
           train_only: bool = False, rollout_only: bool = False) -> Namespace:
     return Namespace(resource=resource, colocate=colocate, rollout_num_gpus_per_engine=per_engine,
-                     num_gpus_per_node=per_node, debug_train_only=train_only, debug_rollout_only=rollout_only)
+                     num_gpus_per_node=per_node, debug_train_only=train_only, debug_rollout_only=rollout_only,
+                     rollout_external=False)
 
 
 def test_seed_colocate_layout_trains_on_every_gpu() -> None:
@@ -111,8 +112,11 @@ def test_trainer_ranks_count_gpus() -> None:
     assert trainer_ranks(_args({"rollout": [1, 2]})) == 1
 
 
-def test_flags_are_checked_when_parsing() -> None:
-    base = ["--preset", "quickstart"]
+def test_flags_are_checked_when_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from relax.utils import machine_flags
+
+    monkeypatch.setattr(machine_flags, "has_gpu", lambda args: True)  # parse as on a GPU machine
+    base = ["--preset", "quickstart", "--device", "cuda"]
     with pytest.raises(ConfigError, match="not a multiple of --rollout-num-gpus-per-engine 2"):
         parse_args([*base, "--resource", '{"rollout": [1, 3]}', "--rollout-num-gpus-per-engine", "2"])
     with pytest.raises(ConfigError, match=r"^not supported yet: --rollout-num-gpus-per-engine 2 with "

@@ -106,7 +106,8 @@ def test_builtin_rewards_are_stored_on_samples() -> None:
     samples = [_s("1", "1"), _s("2", "1"), _s("\\boxed{1}", "1")]
     assert asyncio.run(compute_rewards(_args(), samples)) == [1.0, 0.0, 0.0]
     assert [s.reward for s in samples] == [1.0, 0.0, 0.0]
-    assert asyncio.run(compute_rewards(_args(rm_type="math"), samples)) == [1.0, 0.0, 1.0]
+    assert asyncio.run(compute_rewards(_args(rm_type="math_lenient"), samples)) == [1.0, 0.0, 1.0]
+    assert asyncio.run(compute_rewards(_args(rm_type="math"), samples)) == [0.0, 0.0, 1.0]  # needs \\boxed{}
 
 
 def test_async_custom_reward_dict_and_reward_key(module) -> None:

@@ -235,7 +235,8 @@ def test_freezing_everything_or_both_lists_is_an_error() -> None:
 
 # ---------------------------------------------------------------------- parse-time rules
 @pytest.mark.parametrize(("flags", "message"), [
-    (["--max-tokens-per-gpu", "100"], "^--max-tokens-per-gpu has no effect without --use-dynamic-batch-size$"),
+    # without --use-dynamic-batch-size it budgets the log-prob passes (seed 004): tests/test_launch_checks.py
+    (["--max-tokens-per-gpu", "0"], "^--max-tokens-per-gpu must be >= 1, got 0$"),
     (["--use-dynamic-batch-size", "--max-tokens-per-gpu", "8", "--log-probs-max-tokens-per-gpu", "0"],
      "^--log-probs-max-tokens-per-gpu must be >= 1, got 0$"),
     (["--log-probs-chunk-size", "0"], r"^--log-probs-chunk-size must be -1 \(off\) or >= 1, got 0$"),

@@ -36,5 +36,7 @@ def build_train_backend(args: Namespace, device: str, *, inference_only: bool = 
     return cls(args, device, inference_only=True) if inference_only else cls(args, device)
 
 
-def weight_dtype(train_backend: str) -> torch.dtype:
-    return TRAIN_BACKENDS[train_backend].weight_dtype
+def weight_dtype(train_backend: str, bf16: bool = False) -> torch.dtype:
+    """The dtype of the tensors ``train_backend`` exports: its own, or bf16 when it trains with ``--bf16``
+    (the torch backend then holds bf16 weights and fp32 masters). Engines build their model in it."""
+    return torch.bfloat16 if bf16 else TRAIN_BACKENDS[train_backend].weight_dtype

@@ -15,6 +15,12 @@ never lost.
 Weight syncs reach the engines over HTTP while the producer may be generating; the runtime's
 ``generation_lock`` makes a sync wait for the rollout in flight, so it lands between two rollouts
 and every request's tokens come from one weight version.
+
+Staleness accounting needs each sample's ``weight_version``. The default rollout copies it from
+the engine's reply; a custom generate function may not set it (seed 001's example does not).
+Such a sample gets the version the engines held when its step's rollout started, recorded here
+before the rollout function is called: a lower bound (a sync may land during the rollout), so
+``rollout/staleness_max`` never understates; ``rollout/unversioned_samples`` counts them.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from dataclasses import dataclass
 from relax.core.runtime import Runtime, rollout_metrics
 from relax.core.train_data import to_train_samples
 from relax.core.transfer_queue import DataQueue
+from relax.engine.rollout.sglang_rollout import GenerateState
+from relax.utils.types import Sample
 
 
 @dataclass
@@ -36,6 +44,15 @@ class _Rollout:
     raw_rewards: list
     seconds: float
     num_tokens: int
+
+
+def fill_weight_versions(groups: list[list[Sample]], version: int) -> int:
+    """Give samples without a ``weight_version`` (a custom generate function that sets none) ``version``,
+    the version the engines held when the rollout started; returns how many there were."""
+    missing = [s for g in groups for s in g if s.weight_version is None]
+    for s in missing:
+        s.weight_version = version
+    return len(missing)
 
 
 class _Producer(threading.Thread):
@@ -79,12 +96,16 @@ class _Producer(threading.Thread):
                     self.cond.wait_for(lambda s=step: self.stopped or self.version >= s - args.max_staleness)
                     if self.stopped:
                         return
+                    started = self.version  # what the engines hold as this rollout starts
                 with self.data_lock:
                     self.data_states[step] = rt.run.data_source.state_dict()
                 rt.artifacts.event("phase", step=step, phase="rollout")
                 t0 = time.perf_counter()
                 with rt.generation_lock:  # a weight sync waits for this rollout's requests (runtime.py)
                     groups = rt.run.rollout_fn(args, step, rt.run.data_source)
+                unversioned = fill_weight_versions(groups, started)
+                if unversioned:
+                    GenerateState(args).add_metrics(step, {"rollout/unversioned_samples": float(unversioned)})
                 samples, raw = to_train_samples(args, groups)
                 seconds = time.perf_counter() - t0
                 with self.data_lock:

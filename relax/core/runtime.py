@@ -31,6 +31,7 @@ from relax.engine.rollout.engine_pool import HttpEnginePool
 from relax.engine.rollout.sglang_rollout import GenerateState
 from relax.metrics import console
 from relax.metrics.artifacts import RunArtifacts
+from relax.metrics.sample_records import reward_extras, sample_fields
 from relax.utils.fault_hooks import fault_at
 from relax.utils.types import Sample
 from relax.weights.push import PushOptions
@@ -187,7 +188,8 @@ class Runtime:
         for g in groups:
             for s in g:
                 artifacts.samples.write({"step": step, "group_index": s.group_index, "index": s.index,
-                                         "attempts": s.abort_count + 1, "fate": "trained", "reason": None})
+                                         "attempts": s.abort_count + 1, "fate": "trained", "reason": None,
+                                         **sample_fields(s, args.reward_key)})
         if args.save and _due(args.save_interval, step, self.last_step):
             artifacts.event("phase", step=step, phase="checkpoint")
             directory = ckpt.iteration_dir(args.save, step)
@@ -200,8 +202,9 @@ class Runtime:
             artifacts.event("checkpoint_saved", step=step, path=str(directory))
         if args.save_hf and _due(args.save_interval, step, self.last_step):
             ray.get(self.trainer.save_hf.remote(args.save_hf.format(rollout_id=step)))
+        extras = reward_extras([s for g in groups for s in g], args.reward_key)
         metrics = {"step": step, "weight_version": weight_version, "time": time.time(),
-                   **rollout_metrics, **GenerateState(args).pop_metrics(step), **train_metrics, **perf}
+                   **rollout_metrics, **extras, **GenerateState(args).pop_metrics(step), **train_metrics, **perf}
         artifacts.metrics.write(metrics)
         artifacts.log_step(metrics)
         artifacts.event("step_end", step=step)

@@ -11,13 +11,15 @@ import sys
 import time
 from argparse import Namespace
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import relax
 from relax.core.debug_rollouts import RolloutRecorder, SavedRollouts
 from relax.distributed.cluster import cluster_address
 from relax.utils.arguments import ConfigError, args_to_dict
-from relax.utils.plugins import load_function, load_object
+from relax.utils.flag_types import Problems
+from relax.utils.plugins import PluginError, load_function, load_object
 
 DEFAULT_DATA_SOURCE = "relax.engine.rollout.data_source.RolloutDataSourceWithBuffer"
 
@@ -45,38 +47,51 @@ class RunInputs:
 
 
 def prepare_run(args: Namespace) -> RunInputs:
-    from relax.engine.rewards import get_reward_fn
-    from relax.models import load_tokenizer
+    """Check and load everything the run needs, reporting every independent problem at once.
 
-    device = resolve_device(args.device, joins_cluster=bool(cluster_address(args.ray_address)))
-    tokenizer = load_tokenizer(args.hf_checkpoint)
-    _check_train_data_hooks(args)
+    The reward, the model and tokenizer, the data, the rollout function, the hooks and the eval sets
+    are checked one after another, each problem a line of one `ConfigError`; a step that needs what an
+    earlier one failed to load (the data needs the tokenizer) is skipped rather than reported twice.
+    """
+    from relax.data.dataset import DataError
+
+    p = Problems()
+    catch = (DataError, PluginError)
+    device = p.run(resolve_device, args.device, joins_cluster=bool(cluster_address(args.ray_address)))
     if args.debug_train_only:  # the rollouts (rewards included) come from disk: no prompts, no reward function
+        tokenizer = p.run(prepare_model, args, p, catch=catch)
+        p.run(_check_train_data_hooks, args, catch=catch)
+        p.raise_if_any()
         return _replay_inputs(args, device, tokenizer)
-    if not args.custom_rm_path:
-        if not args.rm_type:
-            raise ConfigError("set --rm-type or --custom-rm-path (no reward function configured)")
-        get_reward_fn(args.rm_type)
-    else:
-        load_function(args.custom_rm_path, flag="--custom-rm-path", signature="reward_func(args, sample, **kwargs)")
-    source_cls = load_object(args.data_source_path)
-    data_source = source_cls(args, tokenizer=tokenizer) if args.data_source_path == DEFAULT_DATA_SOURCE else source_cls(args)
-    num_rollout = args.num_rollout
-    if num_rollout is None:
-        num_rollout = data_source.num_rollout_for_epochs(args.num_epoch, args.rollout_batch_size)
-    rollout_fn = load_function(
-        args.rollout_function_path,
-        flag="--rollout-function-path",
+    p.run(_check_reward, args, catch=catch)
+    tokenizer = p.run(prepare_model, args, p, catch=catch)
+    data_source = num_rollout = None
+    if tokenizer is not None:
+        data_source = p.run(_data_source, args, tokenizer, catch=catch)
+    if data_source is not None:
+        num_rollout = args.num_rollout
+        if num_rollout is None:
+            num_rollout = data_source.num_rollout_for_epochs(args.num_epoch, args.rollout_batch_size)
+    rollout_fn = p.run(
+        load_function, args.rollout_function_path, flag="--rollout-function-path",
         signature="generate_rollout(args, rollout_id, data_source, evaluation=False) -> list[list[Sample]]",
-        min_args=3,
-    )
+        min_args=3, catch=catch)
+    p.run(_check_train_data_hooks, args, catch=catch)
+    if args.custom_generate_function_path:
+        from relax.engine.rollout.sglang_rollout import load_generate_function
+
+        p.run(load_generate_function, args, catch=catch)
+    eval_sets = []
+    if args.eval_interval and not args.eval_prompt_data:
+        p.add("--eval-interval needs --eval-prompt-data NAME PATH")
+    elif tokenizer is not None:
+        from relax.engine.rollout.evaluation import load_eval_sets
+
+        eval_sets = p.run(load_eval_sets, args, tokenizer, catch=catch) or []
+    p.raise_if_any()
     if args.save_debug_rollout_data:
         rollout_fn = RolloutRecorder(rollout_fn, args.save_debug_rollout_data)
-    from relax.engine.rollout.evaluation import load_eval_sets
-
-    if args.eval_interval and not args.eval_prompt_data:
-        raise ConfigError("--eval-interval needs --eval-prompt-data NAME PATH")
-    return RunInputs(device, tokenizer, data_source, rollout_fn, num_rollout, load_eval_sets(args, tokenizer))
+    return RunInputs(device, tokenizer, data_source, rollout_fn, num_rollout, eval_sets)
 
 
 def _replay_inputs(args: Namespace, device: str, tokenizer: Any) -> RunInputs:
@@ -87,6 +102,56 @@ def _replay_inputs(args: Namespace, device: str, tokenizer: Any) -> RunInputs:
         raise ConfigError(f"--load-debug-rollout-data: no saved rollout at {args.load_debug_rollout_data}")
     saved.check_steps(num_rollout)
     return RunInputs(device, tokenizer, saved, saved, num_rollout)
+
+
+def _check_reward(args: Namespace) -> None:
+    from relax.engine.rewards import get_reward_fn
+
+    if args.custom_rm_path:
+        from relax.engine.rewards import CUSTOM_RM_SIGNATURE, GROUP_RM_SIGNATURE
+
+        load_function(args.custom_rm_path, flag="--custom-rm-path", min_args=2,
+                      signature=GROUP_RM_SIGNATURE if args.group_rm else CUSTOM_RM_SIGNATURE)
+    elif not args.rm_type:
+        raise ConfigError("set --rm-type or --custom-rm-path (no reward function configured)")
+    else:
+        get_reward_fn(args.rm_type)
+
+
+def prepare_model(args: Namespace, p: Problems) -> Any:
+    """The tokenizer of ``--hf-checkpoint``, with the model-architecture flags checked against its config.
+
+    A directory with a tokenizer but no config.json gets its model from the flags: written once to
+    ``<output-dir>/model_from_flags`` (relax/models/arch_flags.py), which ``--hf-checkpoint`` then names.
+    """
+    from relax.models import arch_flags, load_tokenizer, resolve_checkpoint
+
+    if not args.hf_checkpoint:
+        raise ConfigError("--hf-checkpoint is required (a model preset, or an HF directory with the tokenizer, "
+                          "and its config.json and weights unless the model-architecture flags describe the model)")
+    tokenizer = load_tokenizer(args.hf_checkpoint)
+    if args.apply_chat_template and not getattr(tokenizer, "chat_template", None):
+        p.add(f"--apply-chat-template: the tokenizer of {args.hf_checkpoint} has no chat template "
+              "(no chat_template in tokenizer_config.json, no chat_template.jinja)")
+    directory = Path(args.hf_checkpoint)
+    if directory.is_dir() and not (directory / "config.json").is_file() and arch_flags.describes_model(args):
+        built = p.run(arch_flags.materialize, args, tokenizer, Path(args.output_dir) / "model_from_flags",
+                      catch=(arch_flags.ArchFlagError,))
+        if built is not None:
+            args.notices.append(f"{directory} has no config.json: built the model the architecture flags describe "
+                                f"(seeded random init) in {built}")
+            args.hf_checkpoint = str(built)
+        return tokenizer
+    checkpoint = resolve_checkpoint(args.hf_checkpoint)
+    where = f"{directory / 'config.json'}" if checkpoint.kind == "dir" else f"preset {args.hf_checkpoint!r}"
+    for line in arch_flags.check_against_config(args, checkpoint.config, where):
+        p.add(line)
+    return tokenizer
+
+
+def _data_source(args: Namespace, tokenizer: Any) -> Any:
+    source_cls = load_object(args.data_source_path)
+    return source_cls(args, tokenizer=tokenizer) if args.data_source_path == DEFAULT_DATA_SOURCE else source_cls(args)
 
 
 def _check_train_data_hooks(args: Namespace) -> None:

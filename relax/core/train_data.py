@@ -20,7 +20,7 @@ from typing import Any
 
 from relax.algorithms import extract_reward
 from relax.backends.torch.batch import TrainSample
-from relax.utils.plugins import PluginError, load_function
+from relax.utils.plugins import PluginError, culprit, load_function
 from relax.utils.types import Sample
 
 POST_PROCESS_SIGNATURE = "post_process(args, samples: list[Sample]) -> (raw_rewards, rewards)"
@@ -44,7 +44,8 @@ def to_train_samples(args: Namespace, groups: list[list[Sample]]) -> tuple[list[
     if args.custom_reward_post_process_path:
         fn = load_function(args.custom_reward_post_process_path, flag="--custom-reward-post-process-path",
                            signature=POST_PROCESS_SIGNATURE, min_args=2)
-        raw, rewards = fn(args, samples)
+        with culprit("--custom-reward-post-process-path", args.custom_reward_post_process_path):
+            raw, rewards = fn(args, samples)
         if len(rewards) != len(samples):
             raise ValueError(f"--custom-reward-post-process-path returned {len(rewards)} rewards for {len(samples)} samples")
     train = [
@@ -58,7 +59,8 @@ def to_train_samples(args: Namespace, groups: list[list[Sample]]) -> tuple[list[
 def _custom_convert(args: Namespace, samples: list[Sample]) -> tuple[list[TrainSample], list[float]]:
     fn = load_function(args.custom_convert_samples_to_train_data_path, flag=_CONVERT_FLAG,
                        signature=CONVERT_SIGNATURE, min_args=2)
-    data = fn(args, samples)
+    with culprit(_CONVERT_FLAG, args.custom_convert_samples_to_train_data_path):
+        data = fn(args, samples)
     if not isinstance(data, dict):
         raise PluginError(f"{_CONVERT_FLAG} returned {type(data).__name__}; expected {CONVERT_SIGNATURE}")
     missing = [k for k in _REQUIRED if k not in data]

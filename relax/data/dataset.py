@@ -6,6 +6,7 @@ Line numbers are 1-based file lines for jsonl (blank lines are skipped but still
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -72,5 +73,35 @@ def read_records(path: str | Path, *, required_keys: Sequence[str] = ()) -> list
     for lineno, record in rows:
         for key in required_keys:
             if key not in record:
-                raise DataError(f"{p}:{lineno}: missing key {key!r}")
+                raise DataError(f"{p}:{lineno}: {missing_key(key, record)}")
     return [record for _, record in rows]
+
+
+def missing_key(key: str, record: Record) -> str:
+    """``missing key 'x' (the record has keys: a, b)``: what the user can pass to --input-key / --label-key."""
+    return f"missing key {key!r} (the record has keys: {', '.join(map(str, record)) or 'none'})"
+
+
+def prompt_files(value: str | Sequence[str]) -> list[str]:
+    """The files of ``--prompt-data``: one path, or a list of them, read in order.
+
+    Seed 004 writes the list as one string, ``--prompt-data "['/data/a.parquet', '/data/b.parquet']"``;
+    a JSON or Python list literal is accepted, and a config file may give a YAML list.
+    """
+    if isinstance(value, list | tuple):
+        items = list(value)
+    else:
+        text = str(value).strip()
+        items = [text]
+        if text.startswith("["):
+            try:
+                items = json.loads(text)
+            except json.JSONDecodeError:
+                try:
+                    items = ast.literal_eval(text)
+                except (ValueError, SyntaxError):
+                    raise DataError(f"--prompt-data {text!r} is not a list of paths "
+                                    "(write ['a.jsonl', 'b.parquet'], or a single path)") from None
+    if not isinstance(items, list) or not items or not all(isinstance(i, str) and i.strip() for i in items):
+        raise DataError(f"--prompt-data {value!r} must name one or more files")
+    return [i.strip() for i in items]

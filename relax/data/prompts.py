@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from relax.data.dataset import DataError
+from relax.data.dataset import DataError, missing_key
 from relax.utils.types import Sample
 
 logger = logging.getLogger(__name__)
@@ -86,8 +86,8 @@ def build_samples(records: list[dict[str, Any]], tokenizer: Any, *, input_key: s
                   metadata_key: str, apply_chat_template: bool,
                   apply_chat_template_kwargs: dict[str, Any] | None, system_prompt: str | None,
                   tool_key: str, max_prompt_len: int | None, path: str = "<records>",
-                  prompt_fn: PromptFn | None = None) -> tuple[list[Sample], int]:
-    """Return the prompt samples (``group_index`` = record index) and how many were too long.
+                  prompt_fn: PromptFn | None = None, first_index: int = 0) -> tuple[list[Sample], int]:
+    """Return the prompt samples (``group_index`` = ``first_index`` + record index) and how many were too long.
 
     Records with more than ``max_prompt_len`` prompt tokens are dropped and counted. Errors
     name ``path`` and the 1-based record number.
@@ -98,7 +98,7 @@ def build_samples(records: list[dict[str, Any]], tokenizer: Any, *, input_key: s
         where = f"{path}:{i + 1}"
         for key in (input_key, label_key):
             if key is not None and key not in record:
-                raise DataError(f"{where}: missing key {key!r}")
+                raise DataError(f"{where}: {missing_key(key, record)}")
         raw = record[input_key]
         if prompt_fn is not None:
             raw = prompt_fn(raw, record)
@@ -114,7 +114,7 @@ def build_samples(records: list[dict[str, Any]], tokenizer: Any, *, input_key: s
             filtered += 1
             continue
         samples.append(Sample(
-            group_index=i, prompt=text, tokens=list(tokens),
+            group_index=first_index + i, prompt=text, tokens=list(tokens),
             label=record[label_key] if label_key is not None else None,
             metadata=_metadata(record.get(metadata_key)),
         ))

@@ -58,7 +58,7 @@ def build_engine(args: Namespace, device: str):
 
     tokenizer = load_tokenizer(args.hf_checkpoint)
     # the engine holds weights in the trainer's export dtype, so both sides' checksums agree bitwise
-    dtype = weight_dtype(args.train_backend)
+    dtype = weight_dtype(args.train_backend, args.bf16)
     model = build_model(args.hf_checkpoint, dtype=dtype, seed=args.seed).to(device).eval()
     eos = [t for t in [tokenizer.eos_token_id, getattr(model.config, "eos_token_id", None)] if isinstance(t, int)]
     return EmbeddedEngine(model, eos_token_ids=sorted(set(eos)), device=device,

@@ -1,14 +1,16 @@
 """``relax train`` / ``python3 relax/entrypoints/train.py``: parse, prepare, run, report.
 
-User mistakes (bad flags, missing or malformed data, unknown reward, broken checkpoint)
-end with one line ``relax: <what is wrong>`` and a non-zero exit, never a traceback.
+User mistakes (bad flags, missing or malformed data, unknown reward, broken checkpoint) end with
+one line per problem, ``relax: <what is wrong>``, and exit 2. A failure during the run (a hook
+that raises, an error inside a Ray actor, a dead engine) ends with one line naming the culprit
+(relax/utils/errors.py) and exit 1; ``--debug`` or ``RELAX_DEBUG=1`` adds the full traceback.
+run.json records the failure (``error``, ``error_type``, ``error_where``).
 """
 
 from __future__ import annotations
 
 import sys
 import time
-import traceback
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     from pathlib import Path
@@ -31,11 +33,16 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (ConfigError, DataError, PluginError, CheckpointError, GlobalRestartError, TeacherError)
 
 
+def _print_problems(exc: ConfigError) -> None:
+    for line in exc.problems:
+        print(f"relax: {line}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
     except ConfigError as exc:
-        print(f"relax: {exc}", file=sys.stderr)
+        _print_problems(exc)
         return EXIT_CONFIG
 
     from relax.core.colocate import train_colocate
@@ -44,15 +51,18 @@ def main(argv: list[str] | None = None) -> int:
     from relax.core.setup import prepare_run, run_json
     from relax.metrics import console
     from relax.metrics.artifacts import RunArtifacts
+    from relax.utils.errors import debug_requested, describe
 
+    for notice in args.notices:
+        console.info(f"notice: {notice}")
     artifacts = RunArtifacts(args.output_dir)
     artifacts.event("run_start", argv=sys.argv[1:] if argv is None else argv)
     info = run_json(args, args.device, "running")
     artifacts.write_run_json(info)
-    code, error = 0, None
+    code, failure = 0, None
     try:
         run = prepare_run(args)
-        info["device"] = run.device
+        info.update(device=run.device, config=run_json(args, run.device, "running")["config"])  # notices, paths
         artifacts.write_run_json(info)
         if args.use_tensorboard:
             from relax.metrics.tensorboard import TensorBoardLogger
@@ -62,27 +72,40 @@ def main(argv: list[str] | None = None) -> int:
             console.info(f"tensorboard logs in {tb.log_dir}")
         console.info(f"output dir {args.output_dir}; {run.num_rollout} steps on {run.device}")
         train_with_restarts(train_fully_async if args.fully_async else train_colocate, args, run, artifacts)
-    except _user_errors() as exc:  # also raised in an actor (a user hook in the trainer): Ray wraps it
-        error = str(getattr(exc, "cause", None) or exc)
-        code = EXIT_CONFIG if isinstance(exc, ConfigError) else EXIT_FAILED
-        print(f"relax: {error}", file=sys.stderr)
     except KeyboardInterrupt:
-        code, error = 130, "interrupted"
+        code = 130
+        failure = describe(KeyboardInterrupt("interrupted"))
         print("relax: interrupted", file=sys.stderr)
-    except Exception as exc:  # noqa: BLE001 - report, record and exit non-zero
-        cause = getattr(exc, "cause", None) or exc  # a Ray task error wraps the worker's exception
-        code, error = EXIT_FAILED, f"{type(cause).__name__}: {cause}".splitlines()[0]
-        traceback.print_exc()
-        print(f"relax: run failed: {error}", file=sys.stderr)
+    except BaseException as exc:  # noqa: BLE001 - every failure: one line (the traceback with --debug), recorded
+        code, failure = _report(exc, debug_requested(args), describe)
     finally:
         _shutdown_ray()
-    info.update(status="completed" if code == 0 else "failed", exit_code=code, error=error, end_time=time.time())
+    info.update(status="completed" if code == 0 else "failed", exit_code=code, end_time=time.time(),
+                **(failure.record() if failure else {"error": None}))
     artifacts.write_run_json(info)
     artifacts.event("run_end", status=info["status"], exit_code=code)
     artifacts.close()
     if code == 0:
         console.info(f"done. artifacts in {args.output_dir}: metrics.jsonl weights.jsonl events.jsonl samples.jsonl run.json")
     return code
+
+
+def _report(exc: BaseException, debug: bool, describe):
+    """Print the failure: a user error's own lines, else one line naming the culprit; the traceback when debugging."""
+    from relax.utils.errors import unwrap
+
+    original, _ = unwrap(exc)  # a user error raised in an actor (a hook in the trainer): Ray wraps it
+    failure = describe(exc)
+    if debug:
+        print(failure.traceback, file=sys.stderr, end="" if failure.traceback.endswith("\n") else "\n")
+    if isinstance(original, _user_errors()):
+        lines = original.problems if isinstance(original, ConfigError) else [str(original)]
+        for line in lines:
+            print(f"relax: {line}", file=sys.stderr)
+        failure.message = "; ".join(lines)
+        return (EXIT_CONFIG if isinstance(original, ConfigError) else EXIT_FAILED), failure
+    print(f"relax: run failed: {failure.message}", file=sys.stderr)
+    return EXIT_FAILED, failure
 
 
 def _shutdown_ray() -> None:

@@ -22,7 +22,8 @@ from typing import Any
 
 from relax.utils.config_files import SGLANG_PREFIX, load_config_file, typed_value
 from relax.utils.flag_table import FLAGS, FLAGS_BY_NAME, FlagSpec
-from relax.utils.flag_types import ConfigError, convert, parse_size
+from relax.utils.flag_types import ConfigError, Problems, convert, parse_size
+from relax.utils.machine_flags import check_machine
 from relax.utils.presets import get_preset
 from relax.utils.validation import resolve_and_validate
 
@@ -111,81 +112,122 @@ def _split_passthrough(argv: list[str]) -> tuple[list[str], dict[str, Any]]:
     return rest, out
 
 
-def _unknown(extra: list[str]) -> ConfigError:
-    token = extra[0]
+def _unknown(token: str) -> str:
+    """The problem line for an argument argparse did not take."""
     if not token.startswith("--"):
-        return ConfigError(f"unexpected argument {token!r} (flags start with --)")
+        return f"unexpected argument {token!r} (flags start with --)"
     name = token[2:].split("=", 1)[0]
     close = difflib.get_close_matches(name, FLAGS_BY_NAME, n=1)
     hint = f" (did you mean --{close[0]}?)" if close else ""
-    return ConfigError(f"unknown flag --{name}{hint}")
+    return f"unknown flag --{name}{hint}"
 
 
-def _parse_command_line(argv: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    rest, passthrough = _split_passthrough(list(argv))
-    namespace, extra = build_parser().parse_known_args(rest)
-    if extra:
-        raise _unknown(extra)
-    return vars(namespace), passthrough
+def _flag_groups(argv: list[str]) -> list[list[str]]:
+    """``--flag [values...]`` groups in order; leading stray tokens form a group of their own."""
+    groups: list[list[str]] = []
+    for token in argv:
+        if token.startswith("--") or not groups:
+            groups.append([token])
+        else:
+            groups[-1].append(token)
+    return groups
+
+
+def _parse_command_line(argv: list[str], p: Problems) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Each ``--flag values`` group is parsed on its own, so every bad flag or value is reported, not the first."""
+    rest, passthrough = p.run(_split_passthrough, list(argv)) or ([], {})
+    parser = build_parser()
+    explicit: dict[str, Any] = {}
+    for group in _flag_groups(rest):
+        try:
+            namespace, extra = parser.parse_known_args(group)
+        except ConfigError as exc:  # argparse's message names the flag ("argument --lr: ...")
+            p.add(str(exc))
+            continue
+        explicit.update(vars(namespace))
+        if extra and extra[0] == group[0]:
+            p.add(_unknown(extra[0]))
+        elif extra:
+            p.add(_unknown(extra[0]) + f" after {group[0]}")
+    return explicit, passthrough
 
 
 # ---------------------------------------------------------------------- layers
-def _lower_layers(explicit: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Preset values overlaid by config-file values; plus the files' sglang passthrough."""
+def _lower_layers(explicit: dict[str, Any], p: Problems) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Preset values overlaid by config-file values; plus the files' sglang passthrough and the
+    ``--custom-config-path`` keys that are not flags (recipe settings, set on ``args`` as they are)."""
     from_files: dict[str, Any] = {}
     passthrough: dict[str, Any] = {}
+    extras: dict[str, Any] = {}
     for dest in ("config", "custom_config_path"):
         if explicit.get(dest):
-            values, extra = load_config_file(explicit[dest], format_flag(dest))
-            from_files.update(values)
-            passthrough.update(extra)
+            loaded = load_config_file(explicit[dest], format_flag(dest), p, allow_extra=dest == "custom_config_path")
+            from_files.update(loaded.values)
+            passthrough.update(loaded.passthrough)
+            extras.update(loaded.extra)
     preset_name = explicit.get("preset") or from_files.get("preset")
     layers: dict[str, Any] = {}
     if preset_name:
-        for dest, value in get_preset(preset_name).items():
+        for dest, value in (p.run(get_preset, preset_name) or {}).items():
             spec = FLAGS_BY_NAME.get(dest.replace("_", "-"))
             if spec is None:
-                raise ConfigError(f"--preset {preset_name}: unknown key {dest!r}")
-            layers[dest] = typed_value(spec, value, where=f"--preset {preset_name}: key {dest!r}")
+                p.add(f"--preset {preset_name}: unknown key {dest!r}")
+                continue
+            layers[dest] = p.run(typed_value, spec, value, where=f"--preset {preset_name}: key {dest!r}")
         layers["preset"] = preset_name
     layers.update(from_files)
-    return layers, passthrough
+    return layers, passthrough, extras
 
 
 def check_supported(args: argparse.Namespace) -> None:
-    """Refuse, in table order, the first flag whose feature does not exist yet.
+    """Refuse, in table order, every flag whose feature does not exist yet (all of them in one error).
 
     A flag that is not supported may only keep its documented default; a choice flag with
     ``supported_values`` may only take those. Runs before derived values are filled in, so
     implied settings (``--colocate`` -> offload) never trip it.
     """
+    p = Problems()
     for spec in FLAGS:
         value = getattr(args, spec.dest)
         if spec.supported_values is not None and value is not None and value not in spec.supported_values:
-            raise ConfigError(f"not supported yet: --{spec.name} {value}")
-        if not spec.supported and value != spec.default:
-            raise ConfigError(f"not supported yet: --{spec.name}")
+            p.add(f"not supported yet: --{spec.name} {value}")
+        elif not spec.supported and value != spec.default:
+            p.add(f"not supported yet: --{spec.name}")
+    p.raise_if_any()
 
 
-def _check_required(args: argparse.Namespace) -> None:
+def _check_required(args: argparse.Namespace, p: Problems) -> None:
     for spec in FLAGS:
         if spec.required and getattr(args, spec.dest) is None:
-            raise ConfigError(f"--{spec.name} is required")
+            p.add(f"--{spec.name} is required")
 
 
 # ---------------------------------------------------------------------- entry
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """Parse, layer, gate and validate ``relax train`` flags; raise ConfigError on any problem."""
-    explicit, cli_passthrough = _parse_command_line(argv)
-    lower, passthrough = _lower_layers(explicit)
+    """Parse, layer, gate and validate ``relax train`` flags; raise ConfigError naming every problem found.
+
+    Problems of one stage are all collected (every unknown flag, every bad config key, every broken
+    rule); a later stage runs only when the earlier ones found none, since its checks would read
+    values that are already known to be wrong.
+    """
+    p = Problems()
+    explicit, cli_passthrough = _parse_command_line(argv, p)
+    lower, passthrough, extras = _lower_layers(explicit, p)
+    p.raise_if_any()
     values = {spec.dest: copy.deepcopy(spec.default) for spec in FLAGS}
     values.update(lower)
     values.update(explicit)
     args = argparse.Namespace(**values)
+    for key, value in extras.items():  # recipe settings from --custom-config-path (seed 004: setattr(args, k, v))
+        setattr(args, key, value)
     args.sglang_passthrough = {**passthrough, **cli_passthrough}
-    _check_required(args)
-    check_supported(args)
-    resolve_and_validate(args, explicit=frozenset(explicit))
+    args.notices = []  # lines printed at start and kept in run.json (a default resolved on the machine)
+    given = frozenset(lower) | frozenset(explicit)
+    _check_required(args, p)
+    p.run(check_machine, args, given, p)  # GPU-only flags on a machine without one: refused here, reset
+    p.run(check_supported, args)
+    p.run(resolve_and_validate, args, frozenset(explicit), p)
+    p.raise_if_any()
     if args.output_dir is None:
         args.output_dir = f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
     return args

@@ -4,27 +4,44 @@ A file is one mapping. Keys are flag names spelled with ``-`` or ``_`` (``rollou
 or ``rollout-batch-size``); values are typed by the flag table exactly as the command line
 would type them (``update_weight_buffer_size: 256MB`` works, so does a YAML list for a list
 flag). Undeclared ``sglang-*`` keys go to the SGLang passthrough like ``--sglang-*`` flags.
-Any other unknown key is an error naming the file and the key.
+
+``--config`` takes flag names only: any other key is an error naming the file and the key.
+``--custom-config-path`` is also where Relax recipes keep their own settings (seed 004:
+``max_turns``, ``rollout_interaction_env_path``, a judge URL): a key that is not a flag is set
+on ``args`` under its own name, as it is (``args.max_turns``), for the recipe to read; a key that
+names a flag is that flag, typed and validated like it. Every bad key of a file is reported.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from relax.utils.flag_table import FLAGS_BY_NAME
-from relax.utils.flag_types import ConfigError, convert
+from relax.utils.flag_types import ConfigError, Problems, convert
 
 SGLANG_PREFIX = "sglang-"
 # Keys a config file may not set: they choose config files themselves.
 _NOT_IN_FILES = ("config", "custom-config-path")
+# attributes relax puts on args besides the flags: a recipe key may not shadow them
+RESERVED_ATTRIBUTES = ("sglang_passthrough", "notices", "sglang_router_ip", "sglang_router_port")
+# str flags whose value may be a list (seed 004: --prompt-data "['a.parquet', 'b.parquet']"): a YAML list
+# is kept as its JSON text, which the flag's reader parses (relax.data.dataset.prompt_files)
+_LIST_LITERAL_FLAGS = ("prompt-data",)
 
 
-def load_config_file(path: str, flag: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Read one file given to ``flag``; return (values by dest, sglang passthrough)."""
+@dataclass
+class LoadedConfig:
+    values: dict[str, Any] = field(default_factory=dict)  # by flag dest
+    passthrough: dict[str, Any] = field(default_factory=dict)  # undeclared sglang-* keys
+    extra: dict[str, Any] = field(default_factory=dict)  # --custom-config-path keys that are not flags
+
+
+def _read_mapping(p: Path, flag: str) -> dict:
     import yaml
 
-    p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{flag}: config file not found: {p}")
     try:
@@ -32,21 +49,41 @@ def load_config_file(path: str, flag: str) -> tuple[dict[str, Any], dict[str, An
     except yaml.YAMLError as exc:
         raise ConfigError(f"{flag}: {p}: invalid YAML: {str(exc).splitlines()[0]}") from None
     if data is None:
-        return {}, {}
+        return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{flag}: {p}: expected a mapping of flag names to values, got {type(data).__name__}")
-    values: dict[str, Any] = {}
-    passthrough: dict[str, Any] = {}
+    return data
+
+
+def load_config_file(path: str, flag: str, problems: Problems | None = None, *,
+                     allow_extra: bool = False) -> LoadedConfig:
+    """Read one file given to ``flag``. Problems go to ``problems`` (all of them), else the first is raised."""
+    p = Path(path)
+    own = problems is None
+    problems = Problems() if own else problems
+    data = problems.run(_read_mapping, p, flag) or {}
+    out = LoadedConfig()
     for key, value in data.items():
         name = str(key).replace("_", "-")
         spec = FLAGS_BY_NAME.get(name)
         if spec is None and name.startswith(SGLANG_PREFIX):
-            passthrough[name[len(SGLANG_PREFIX):].replace("-", "_")] = True if value is None else value
-            continue
-        if spec is None or name in _NOT_IN_FILES:
-            raise ConfigError(f"{flag}: {p}: unknown key {key!r}")
-        values[spec.dest] = typed_value(spec, value, where=f"{flag}: {p}: key {key!r}")
-    return values, passthrough
+            out.passthrough[name[len(SGLANG_PREFIX):].replace("-", "_")] = True if value is None else value
+        elif spec is None and allow_extra and str(key) in RESERVED_ATTRIBUTES:
+            problems.add(f"{flag}: {p}: key {key!r} names an attribute relax sets itself; rename it")
+        elif spec is None and allow_extra and name not in _NOT_IN_FILES and str(key).isidentifier():
+            out.extra[str(key)] = value
+        elif spec is None or name in _NOT_IN_FILES:
+            problems.add(f"{flag}: {p}: unknown key {key!r}")
+        else:
+            if name in _LIST_LITERAL_FLAGS and isinstance(value, list):
+                value = json.dumps(value)
+            try:
+                out.values[spec.dest] = typed_value(spec, value, where=f"{flag}: {p}: key {key!r}")
+            except ConfigError as exc:
+                problems.add(str(exc))
+    if own:
+        problems.raise_if_any()
+    return out
 
 
 def typed_value(spec, value: Any, where: str) -> Any:

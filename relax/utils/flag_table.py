@@ -15,7 +15,7 @@ from typing import Any
 
 from relax.utils.flag_types import FLAG_TYPES, GiB, MiB
 
-__all__ = ["FLAGS", "FLAGS_BY_NAME", "FlagSpec", "GiB", "MiB", "SUPPORTED", "SUPPORTED_VALUES"]
+__all__ = ["FLAGS", "FLAGS_BY_NAME", "MODEL_GROUP", "FlagSpec", "GiB", "MiB", "SUPPORTED", "SUPPORTED_VALUES"]
 MEGATRON_DEFAULT = "; default is Megatron-LM's own"
 
 
@@ -62,14 +62,14 @@ SEED_FLAGS: list[FlagSpec] = [
     F('polling-mode', 'bool', True, 'TransferQueue Data Queue', "Whether to use polling mode when fetching metadata. Here: true, the trainer loop checks every 20 ms whether the next step's data is stored; false, it blocks until the rollout producer publishes it. --fully-async only"),
     F('num-iters-per-train-update', 'int', 1, 'TransferQueue Data Queue', 'Number of iterations per global batch in fully async pipeline. Here: the trainer runs its optimizer steps over each rollout batch this many times (PPO epochs; old/ref log-probs and advantages stay the ones computed before the first iteration); Relax uses it with --fully-async (seed 004: 4-8), the colocate loop honours it too. train/num_optimizer_steps logs the count; must be >= 1'),
     # --- Training Backend and Mode
-    F('train-backend', 'str', 'megatron', 'Training Backend and Mode', 'Training backend selection (torch: plain PyTorch on CPU or GPU, a Relax harness addition)', choices=('megatron', 'torch')),
+    F('train-backend', 'str', 'megatron', 'Training Backend and Mode', 'Training backend selection (torch: plain PyTorch on CPU or GPU, a Relax harness addition). Here: megatron needs a CUDA GPU and megatron-core; on a machine without a GPU the default (when no flag, preset or config file names a backend) trains with torch and says so in a notice, while an explicit megatron is refused (relax/utils/machine_flags.py)', choices=('megatron', 'torch')),
     F('qkv-format', 'str', 'thd', 'Training Backend and Mode', 'QKV layout for Megatron backend. Dynamic batching not supported in bshd mode; must specify --micro-batch-size', choices=('thd', 'bshd',)),
     F('megatron-to-hf-mode', 'str', 'raw', 'Training Backend and Mode', 'Megatron to HF weight conversion method. bridge uses megatron bridge for automatic conversion', choices=('raw', 'bridge',)),
     F('true-on-policy-mode', 'flag', False, 'Training Backend and Mode', 'Whether to enable true on-policy mode'),
     F('fully-async', 'flag', False, 'Training Backend and Mode', 'Whether to use fully asynchronous training pipeline'),
     # --- Checkpoint Configuration
     F('hf-checkpoint', 'str', None, 'Checkpoint Configuration', 'HuggingFace model checkpoint path. Used to initialize SGLang and provide tokenizer. Need not contain latest parameters, only consistent with training model architecture'),
-    F('ref-load', 'str', None, 'Checkpoint Configuration', 'Reference model checkpoint path. Used as initial checkpoint for training when --load is not set'),
+    F('ref-load', 'str', None, 'Checkpoint Configuration', 'Reference model checkpoint path. Used as initial checkpoint for training when --load is not set. Here: accepted when it names the --hf-checkpoint directory (seed 004 passes the model to both; the reference model is the initial policy); another reference checkpoint is not supported yet'),
     F('ref-ckpt-step', 'int', None, 'Checkpoint Configuration', 'Reference model checkpoint step'),
     F('load', 'str', None, 'Checkpoint Configuration', 'Actor model checkpoint load path. Specify for resuming training'),
     F('save', 'str', None, 'Checkpoint Configuration', 'Path to save model during training'),
@@ -167,9 +167,9 @@ SEED_FLAGS: list[FlagSpec] = [
     F('micro-batch-size', 'int', 1, 'Batch Configuration', 'Micro batch size. Ignored when --use-dynamic-batch-size is enabled'),
     F('num-steps-per-rollout', 'int', None, 'Batch Configuration', 'Training steps per Rollout. Equivalent to setting GBS = rollout_batch_size * n_samples_per_prompt / num_steps_per_rollout'),
     F('use-dynamic-batch-size', 'flag', False, 'Batch Configuration', "Enable dynamic batching. Dynamically packs samples by length so each micro-batch's total tokens approach --max-tokens-per-gpu limit"),
-    F('max-tokens-per-gpu', 'int', None, 'Batch Configuration', 'Maximum tokens per GPU. Must be set when dynamic batching is enabled. Should be set to approximately max_response_len / cp_size when using CP'),
-    F('log-probs-max-tokens-per-gpu', 'int', None, 'Batch Configuration', 'Maximum tokens per GPU when computing log probs. When None, equals max-tokens-per-gpu'),
-    F('balance-data', 'flag', False, 'Batch Configuration', 'Use karmarkar_karp algorithm to balance token count across data parallel ranks. Only available in colocate mode; not supported with --fully-async. Note: different responses for the same prompt may be assigned to different training steps'),
+    F('max-tokens-per-gpu', 'int', None, 'Batch Configuration', 'Maximum tokens per GPU. Must be set when dynamic batching is enabled. Should be set to approximately max_response_len / cp_size when using CP. Here: tokens = micro-batch rows x their longest sequence. Without --use-dynamic-batch-size (seed 004\'s template passes it with --micro-batch-size 1) the train forward takes --micro-batch-size samples and this budget packs the no-grad old/reference/teacher log-prob passes only (they keep no activations, so they fit more samples per pass); step-0 ppo_kl is then 0 up to float rounding instead of bitwise'),
+    F('log-probs-max-tokens-per-gpu', 'int', None, 'Batch Configuration', 'Maximum tokens per GPU when computing log probs. When None, equals max-tokens-per-gpu. Here: with or without --use-dynamic-batch-size'),
+    F('balance-data', 'flag', False, 'Batch Configuration', 'Use karmarkar_karp algorithm to balance token count across data parallel ranks. Only available in colocate mode; not supported with --fully-async. Note: different responses for the same prompt may be assigned to different training steps. Here: --train-backend torch; each optimizer step\'s micro-batches are dealt to the data-parallel ranks by Karmarkar-Karp on their padded token counts instead of round robin (same gradient, the sum is order-free); samples never move between steps. One rank: nothing to balance'),
     # --- Parallelism Configuration
     F('tensor-model-parallel-size', 'int', 1, 'Parallelism Configuration', 'Tensor parallelism size'),
     F('pipeline-model-parallel-size', 'int', 1, 'Parallelism Configuration', 'Pipeline parallelism size'),
@@ -305,7 +305,7 @@ SEED_FLAGS: list[FlagSpec] = [
     # --- ClearML
     F('use-clearml', 'flag', False, 'ClearML', 'Enable ClearML logging'),
     # --- Metrics Service
-    F('use-metrics-service', 'flag', False, 'Metrics Service', 'Enable centralized metrics collection and reporting service'),
+    F('use-metrics-service', 'flag', False, 'Metrics Service', 'Enable centralized metrics collection and reporting service. Here: always on, the flag only confirms it: the driver collects every component\'s metrics (rollout, trainer, services, engines, evaluation) into metrics.jsonl and the --use-tensorboard writer, one record per step'),
     F('timeline-dump-dir', 'str', None, 'Metrics Service', 'Timeline trace event export directory (Chrome Trace format). Timeline tracing disabled if not set'),
     # --- Logging Options
     F('log-passrate', 'flag', False, 'Logging Options', 'Enable pass@n pass rate logging'),
@@ -420,7 +420,71 @@ ADDED_FLAGS: list[FlagSpec] = [
       "Megatron-LM's flag: run the residual bias-dropout-add as separate torch ops instead of megatron-core's "
       "torch.compile'd fused one (on by default, needs triton). --train-backend megatron only "
       "(relax/backends/megatron/fusions.py)"),
+    F("debug", "flag", False, ADDITIONS_GROUP,
+      "Print the full traceback when a run fails (also RELAX_DEBUG=1). By default a failure ends with one line "
+      "naming the culprit (a hook's dotted path, the sample index, the file and line) and run.json records it"),
+    F("bf16", "flag", False, ADDITIONS_GROUP,
+      "Megatron-LM's flag: train in bf16. --train-backend torch: bf16 weights and activations, fp32 master weights "
+      "and Adam state in the optimizer, micro-batch gradients accumulated in fp32; the engines hold the same bf16 "
+      "weights (the trainer's export dtype). --train-backend megatron always trains this way (implied)"),
 ]
+
+MODEL_GROUP = "Megatron Model Architecture"
+_ARCH = ". Here: checked against --hf-checkpoint's config.json (a mismatch is an error naming both values); " \
+        "builds the model when that directory has no config.json (relax/models/arch_flags.py)"
+# Megatron-LM's architecture flags, as seed 001's scripts/models/*.sh pass them; defaults are Megatron-LM's
+# own unless the help says otherwise.
+MODEL_FLAGS: list[FlagSpec] = [F(*row[:4], row[4] + row[5], **(row[6] if len(row) > 6 else {})) for row in (
+    ("num-layers", "int", None, MODEL_GROUP, "Number of transformer layers", _ARCH),
+    ("hidden-size", "int", None, MODEL_GROUP, "Transformer hidden size", _ARCH),
+    ("ffn-hidden-size", "int", None, MODEL_GROUP, "MLP hidden size; when None 4 x hidden-size (with --swiglu "
+     "2/3 of that, rounded down to a multiple of 64)", _ARCH),
+    ("num-attention-heads", "int", None, MODEL_GROUP, "Number of attention heads", _ARCH),
+    ("group-query-attention", "flag", False, MODEL_GROUP, "Grouped-query attention (uses --num-query-groups)", _ARCH),
+    ("num-query-groups", "int", 1, MODEL_GROUP, "Key/value head groups with --group-query-attention", _ARCH),
+    ("kv-channels", "int", None, MODEL_GROUP, "Head dimension; when None hidden-size / num-attention-heads", _ARCH),
+    ("swiglu", "flag", False, MODEL_GROUP, "SwiGLU (SiLU-gated) MLP; without it a GELU MLP, which is not built",
+     _ARCH),
+    ("normalization", "str", "LayerNorm", MODEL_GROUP, "Normalization layer (RMSNorm is what is built)", _ARCH,
+     {"choices": ("LayerNorm", "RMSNorm")}),
+    ("norm-epsilon", "float", 1e-5, MODEL_GROUP, "Epsilon of the normalization layers", _ARCH),
+    ("position-embedding-type", "str", "learned_absolute", MODEL_GROUP,
+     "Position embedding (rope is what is built; --use-rotary-position-embeddings also selects it)", _ARCH,
+     {"choices": ("learned_absolute", "rope", "mrope", "relative", "none")}),
+    ("use-rotary-position-embeddings", "flag", False, MODEL_GROUP, "Megatron-LM's older spelling of "
+     "--position-embedding-type rope", _ARCH),
+    ("rotary-base", "int", 10000, MODEL_GROUP, "RoPE base (HF rope_theta)", _ARCH),
+    ("rotary-percent", "float", 1.0, MODEL_GROUP, "Share of the head dimension RoPE rotates (1.0 is built)", _ARCH),
+    ("vocab-size", "int", None, MODEL_GROUP, "Vocabulary size before padding to --make-vocab-size-divisible-by",
+     _ARCH),
+    ("make-vocab-size-divisible-by", "int", 128, MODEL_GROUP, "Pad the vocabulary to a multiple of this", _ARCH),
+    ("untie-embeddings-and-output-weights", "flag", False, MODEL_GROUP,
+     "Separate output layer (HF tie_word_embeddings false); Megatron ties them by default", _ARCH),
+    ("disable-bias-linear", "flag", False, MODEL_GROUP, "No biases in linear layers (Megatron adds them by "
+     "default; only bias-free layers, plus --add-qkv-bias, are built)", _ARCH),
+    ("add-qkv-bias", "flag", False, MODEL_GROUP, "Biases on the q/k/v projections (Qwen2)", _ARCH),
+    ("qk-layernorm", "flag", False, MODEL_GROUP, "Normalize q and k per head before RoPE (Qwen3)", _ARCH),
+    ("max-position-embeddings", "int", None, MODEL_GROUP, "Longest sequence the model is configured for (HF "
+     "max_position_embeddings); when None --seq-length", _ARCH),
+    ("seq-length", "int", None, MODEL_GROUP, "Megatron-LM's training sequence length. Here: the default of "
+     "--max-position-embeddings when building from flags; with a config.json it must not exceed its "
+     "max_position_embeddings", ""),
+    ("init-method-std", "float", 0.02, MODEL_GROUP, "Std of the normal weight init (HF initializer_range)", _ARCH),
+    ("attention-dropout", "float", 0.0, MODEL_GROUP, "Attention dropout. Megatron-LM's default is 0.1; here "
+     "0.0, what RL recipes pass (seed 004) and the only value built: dropout would make two passes over the "
+     "same tokens give different log-probs", ""),
+    ("hidden-dropout", "float", 0.0, MODEL_GROUP, "Dropout on the residual stream. Megatron-LM's default is 0.1; "
+     "here 0.0, the only value built (as --attention-dropout)", ""),
+    ("attention-softmax-in-fp32", "flag", False, MODEL_GROUP, "Run the attention softmax in fp32. Here both "
+     "backends always do (HF eager/SDPA and the Megatron backend's core attention), so the flag only confirms it",
+     ""),
+    ("accumulate-allreduce-grads-in-fp32", "flag", False, MODEL_GROUP, "Accumulate and all-reduce gradients in "
+     "fp32. Here always so (fp32 training; --bf16 accumulates into fp32 master gradients; the Megatron backend's "
+     "DDP buffers are fp32), so the flag only confirms it", ""),
+    ("attention-backend", "str", "auto", MODEL_GROUP, "Attention implementation. Here: flash is torch SDPA "
+     "(FlashAttention-2 on CUDA, needs a GPU) in both backends; auto keeps each model's own choice (SDPA for "
+     "HF directories, eager for the tiny CPU presets)", "", {"choices": ("flash", "fused", "unfused", "local", "auto")}),
+)]
 
 # What is implemented so far. A flag not listed here may only keep its documented default;
 # a choice flag listed in SUPPORTED_VALUES may only take those values.
@@ -475,13 +539,16 @@ SUPPORTED: frozenset[str] = frozenset({
     "use-fault-tolerance", "use-health-check", "max-global-restart", "rollout-health-check-interval",
     "rollout-health-check-timeout", "rollout-health-check-first-wait",
     # logging and config
-    "use-tensorboard", "tb-project-name", "tb-experiment-name", "custom-config-path",
+    "use-tensorboard", "tb-project-name", "tb-experiment-name", "custom-config-path", "use-metrics-service",
+    "balance-data",  # relax/backends/torch/data_parallel.py
     # additions
     "preset", "output-dir", "config", "device", "rollout-backend",
     # engines (relax/core/engine_launchers.py, relax/backends/sglang/), the router (relax/engine/router/)
     "rollout-external", "rollout-external-engine-addrs", "sglang-mem-fraction-static",
     "slime-router-timeout", "slime-router-max-connections", "slime-router-health-check-failure-threshold",
-    "embedded-runner", "embedded-cuda-graph", "embedded-compile", "weight-sync-transport",
+    "embedded-runner", "embedded-cuda-graph", "embedded-compile", "weight-sync-transport", "debug", "bf16",
+    # Megatron model architecture (relax/models/arch_flags.py); ref-load naming the --hf-checkpoint directory
+    *(spec.name for spec in MODEL_FLAGS), "ref-load",
 })
 SUPPORTED_VALUES: dict[str, frozenset[Any]] = {
     "optimizer": frozenset({"adam"}),
@@ -491,6 +558,8 @@ SUPPORTED_VALUES: dict[str, frozenset[Any]] = {
                                       "reinforce_plus_plus_baseline", "ppo", "on_policy_distillation"}),
     "train-backend": frozenset({"torch", "megatron"}),  # megatron: one CUDA GPU (TP = PP = CP = 1)
     "rollout-backend": frozenset({"embedded", "sglang"}),
+    "attention-backend": frozenset({"auto", "flash"}),
+    "attention-dropout": frozenset({0.0}), "hidden-dropout": frozenset({0.0}), "rotary-percent": frozenset({1.0}),
 }
 
 
@@ -498,5 +567,5 @@ def _finalize(spec: FlagSpec) -> FlagSpec:
     return replace(spec, supported=spec.name in SUPPORTED, supported_values=SUPPORTED_VALUES.get(spec.name))
 
 
-FLAGS: list[FlagSpec] = [_finalize(f) for f in SEED_FLAGS + ADDED_FLAGS]
+FLAGS: list[FlagSpec] = [_finalize(f) for f in SEED_FLAGS + ADDED_FLAGS + MODEL_FLAGS]
 FLAGS_BY_NAME: dict[str, FlagSpec] = {f.name: f for f in FLAGS}

@@ -23,6 +23,68 @@ class ConfigError(ValueError):
     def __init__(self, message: str) -> None:
         super().__init__(" ".join(str(message).split()))
 
+    @property
+    def problems(self) -> list[str]:
+        return [str(self)]
+
+
+class ConfigErrors(ConfigError):
+    """Several problems found in one pass (all unknown flags, every broken rule): one line each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        lines = [" ".join(str(p).split()) for p in problems]
+        ValueError.__init__(self, "\n".join(lines))
+        self._problems = lines
+
+    @property
+    def problems(self) -> list[str]:
+        return list(self._problems)
+
+
+class Problems:
+    """A collector of one-line problems, so a parse reports every problem at once instead of the first.
+
+    Rules call `add`; code that raises `ConfigError` (or a subclass of ``catch``) runs through `run`,
+    which records the error and carries on. `raise_if_any` raises one `ConfigError` (a single problem)
+    or `ConfigErrors` (several), in the order they were found, duplicates dropped.
+    """
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def add(self, message: str) -> None:
+        line = " ".join(str(message).split())
+        if line not in self.lines:
+            self.lines.append(line)
+
+    def run(self, fn, *args: Any, catch: tuple[type[BaseException], ...] = (), **kwargs: Any) -> Any:
+        """Call ``fn``; a ConfigError (or one of ``catch``) it raises becomes problems. Returns fn's result or None.
+
+        Any other exception is a consequence of an earlier problem when there is one (a rule reading a
+        value an earlier rule already refused) and is dropped then; otherwise it is a bug and propagates.
+        """
+        try:
+            return fn(*args, **kwargs)
+        except ConfigError as exc:
+            for line in exc.problems:
+                self.add(line)
+        except catch as exc:
+            self.add(str(exc))
+        except Exception:
+            if not self.lines:
+                raise
+        return None
+
+    def __bool__(self) -> bool:
+        return bool(self.lines)
+
+    def error(self) -> ConfigError:
+        return ConfigError(self.lines[0]) if len(self.lines) == 1 else ConfigErrors(self.lines)
+
+    def raise_if_any(self) -> None:
+        if self.lines:
+            raise self.error()
+
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1024, "M": MiB, "G": GiB, "T": 1024**4}

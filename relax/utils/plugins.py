@@ -7,10 +7,11 @@ the path and the expected signature, never a bare ImportError traceback.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -58,3 +59,13 @@ def load_function(path: str, *, flag: str, signature: str, min_args: int = 0) ->
                 f"expected {signature}"
             )
     return fn
+
+
+@contextlib.contextmanager
+def culprit(flag: str, path: str, detail: str = "") -> Iterator[None]:
+    """Name the hook an exception escapes from (a note the one-line failure report shows, relax/utils/errors.py)."""
+    try:
+        yield
+    except Exception as exc:
+        exc.add_note(f"in {flag} {path}" + (f" ({detail})" if detail else ""))
+        raise

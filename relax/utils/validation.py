@@ -1,22 +1,40 @@
 """Cross-flag rules and derived defaults, applied once after parsing (seed 000 semantics).
 
-`resolve_and_validate` fills every "When None, equals --x" default and raises `ConfigError`
-(one line) on inconsistent values. It runs after the not-supported gate, so the implied
-values it sets (``--colocate`` -> offload) never trip that gate.
+`resolve_and_validate` fills every "When None, equals --x" default and checks the cross-flag
+rules. Every rule is a small function ``rule(args, p)`` that reports each problem it finds with
+``p.add(...)`` (one line each) and carries on, so a launch reports all its problems at once;
+checks kept elsewhere that raise `ConfigError` run through ``p.run(check, args)``. It runs after
+the not-supported gate, so the implied values it sets (``--colocate`` -> offload) never trip that gate.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from argparse import Namespace
-from collections.abc import Set
+from collections.abc import Callable, Set
 
 from relax.backends.embedded.runner_choice import check_runner_flags
 from relax.backends.megatron import memory_flags
 from relax.backends.megatron.checks import check_train_backend_args
 from relax.utils import debug_modes
 from relax.utils.flag_table import FLAGS_BY_NAME
-from relax.utils.flag_types import ConfigError
+from relax.utils.flag_types import Problems
+
+
+def rule(fn: Callable[..., None]) -> Callable[..., None]:
+    """A rule ``fn(args, p, ...)`` reports into ``p``; called without a collector (``fn(args)``, as a
+    test may) it raises its problems itself, one ConfigError."""
+
+    @functools.wraps(fn)
+    def run(args: Namespace, p: Problems | None = None, *rest):
+        if p is not None:
+            return fn(args, p, *rest)
+        own = Problems()
+        fn(args, own, *rest)
+        own.raise_if_any()
+
+    return run
 
 
 def _flag(dest: str) -> str:
@@ -28,105 +46,103 @@ def needs_reference_model(args: Namespace) -> bool:
     return bool(args.use_kl_loss or args.kl_loss_coef or args.kl_coef)
 
 
-def _positive(args: Namespace, *dests: str) -> None:
+def _positive(args: Namespace, p: Problems, *dests: str) -> bool:
+    """Report every given value below 1; True when all are fine."""
+    ok = True
     for dest in dests:
         value = getattr(args, dest)
         if value is not None and value < 1:
-            raise ConfigError(f"{_flag(dest)} must be >= 1, got {value}")
+            p.add(f"{_flag(dest)} must be >= 1, got {value}")
+            ok = False
+    return ok
 
 
-def _batch_sizes(args: Namespace, explicit: Set[str]) -> None:
-    _positive(args, "rollout_batch_size", "n_samples_per_prompt", "micro_batch_size", "global_batch_size",
-              "num_steps_per_rollout", "num_rollout", "num_epoch", "save_interval")
+@rule
+def _batch_sizes(args: Namespace, p: Problems, explicit: Set[str]) -> None:
+    if not _positive(args, p, "rollout_batch_size", "n_samples_per_prompt", "micro_batch_size", "global_batch_size",
+                     "num_steps_per_rollout", "num_rollout", "num_epoch", "save_interval"):
+        return  # the divisibility rules below need positive sizes
     total = args.rollout_batch_size * args.n_samples_per_prompt
     if args.num_steps_per_rollout is not None:
         if total % args.num_steps_per_rollout:
-            raise ConfigError(
-                f"--num-steps-per-rollout {args.num_steps_per_rollout} must divide rollout-batch-size x "
-                f"n-samples-per-prompt = {args.rollout_batch_size} x {args.n_samples_per_prompt} = {total}"
-            )
+            p.add(f"--num-steps-per-rollout {args.num_steps_per_rollout} must divide rollout-batch-size x "
+                  f"n-samples-per-prompt = {args.rollout_batch_size} x {args.n_samples_per_prompt} = {total}")
+            return
         derived = total // args.num_steps_per_rollout
         if "global_batch_size" in explicit and args.global_batch_size != derived:
-            raise ConfigError(
-                f"--global-batch-size {args.global_batch_size} conflicts with --num-steps-per-rollout "
-                f"{args.num_steps_per_rollout}, which sets it to {total} / {args.num_steps_per_rollout} = {derived}"
-            )
+            p.add(f"--global-batch-size {args.global_batch_size} conflicts with --num-steps-per-rollout "
+                  f"{args.num_steps_per_rollout}, which sets it to {total} / {args.num_steps_per_rollout} = {derived}")
         args.global_batch_size = derived
     if args.global_batch_size is None:
         args.global_batch_size = total
     if total % args.global_batch_size:
-        raise ConfigError(
-            f"--global-batch-size {args.global_batch_size} must divide rollout-batch-size x n-samples-per-prompt "
-            f"= {args.rollout_batch_size} x {args.n_samples_per_prompt} = {total}"
-        )
-    if not args.use_dynamic_batch_size and args.global_batch_size % args.micro_batch_size:
-        raise ConfigError(
-            f"--micro-batch-size {args.micro_batch_size} must divide --global-batch-size {args.global_batch_size}"
-        )
+        p.add(f"--global-batch-size {args.global_batch_size} must divide rollout-batch-size x n-samples-per-prompt "
+              f"= {args.rollout_batch_size} x {args.n_samples_per_prompt} = {total}")
+    elif not args.use_dynamic_batch_size and args.global_batch_size % args.micro_batch_size:
+        p.add(f"--micro-batch-size {args.micro_batch_size} must divide --global-batch-size {args.global_batch_size}")
     if args.over_sampling_batch_size is not None and args.over_sampling_batch_size < args.rollout_batch_size:
-        raise ConfigError(
-            f"--over-sampling-batch-size {args.over_sampling_batch_size} must be >= "
-            f"--rollout-batch-size {args.rollout_batch_size}"
-        )
+        p.add(f"--over-sampling-batch-size {args.over_sampling_batch_size} must be >= "
+              f"--rollout-batch-size {args.rollout_batch_size}")
 
 
-def _train_loop(args: Namespace) -> None:
-    """Dynamic batching, chunked log-probs and the parameter-freezing regexes."""
-    _positive(args, "max_tokens_per_gpu", "log_probs_max_tokens_per_gpu", "num_iters_per_train_update",
+@rule
+def _train_loop(args: Namespace, p: Problems) -> None:
+    """Dynamic batching, chunked log-probs and the parameter-freezing regexes.
+
+    ``--max-tokens-per-gpu`` without ``--use-dynamic-batch-size`` is how seed 004's template passes it
+    (with ``--micro-batch-size 1``): it then budgets the no-grad log-prob passes (flag_table.py says how).
+    """
+    _positive(args, p, "max_tokens_per_gpu", "log_probs_max_tokens_per_gpu", "num_iters_per_train_update",
               "distributed_timeout_minutes")
-    if not args.use_dynamic_batch_size:
-        for dest in ("max_tokens_per_gpu", "log_probs_max_tokens_per_gpu"):
-            if getattr(args, dest) is not None:
-                raise ConfigError(f"{_flag(dest)} has no effect without --use-dynamic-batch-size")
     if args.log_probs_chunk_size != -1 and args.log_probs_chunk_size < 1:
-        raise ConfigError(f"--log-probs-chunk-size must be -1 (off) or >= 1, got {args.log_probs_chunk_size}")
+        p.add(f"--log-probs-chunk-size must be -1 (off) or >= 1, got {args.log_probs_chunk_size}")
     for dest in ("only_train_params_name_list", "freeze_params_name_list"):
         for pattern in getattr(args, dest) or ():
             try:
                 re.compile(pattern)
             except re.error as exc:
-                raise ConfigError(f"{_flag(dest)}: {pattern!r} is not a valid regex ({exc})") from None
+                p.add(f"{_flag(dest)}: {pattern!r} is not a valid regex ({exc})")
 
 
-def _requirements(args: Namespace) -> None:
+@rule
+def _requirements(args: Namespace, p: Problems) -> None:
     """Flags that need, or exclude, other flags."""
     if args.kl_coef and args.kl_loss_coef:
-        raise ConfigError(
-            f"--kl-coef {args.kl_coef} and --kl-loss-coef {args.kl_loss_coef} are mutually exclusive "
-            "(reward shaping vs loss term): set one of them to 0"
-        )
+        p.add(f"--kl-coef {args.kl_coef} and --kl-loss-coef {args.kl_loss_coef} are mutually exclusive "
+              "(reward shaping vs loss term): set one of them to 0")
     if args.only_train_params_name_list and args.freeze_params_name_list:
-        raise ConfigError("--only-train-params-name-list and --freeze-params-name-list cannot be used together")
+        p.add("--only-train-params-name-list and --freeze-params-name-list cannot be used together")
     if args.loss_type == "custom_loss" and not args.custom_loss_function_path:
-        raise ConfigError("--loss-type custom_loss requires --custom-loss-function-path")
+        p.add("--loss-type custom_loss requires --custom-loss-function-path")
     if args.use_opd and not args.opd_type:
-        raise ConfigError("--use-opd requires --opd-type (sglang or megatron)")
+        p.add("--use-opd requires --opd-type (sglang or megatron)")
     if args.opd_type == "megatron" and not args.opd_teacher_load:
-        raise ConfigError("--opd-type megatron requires --opd-teacher-load")
+        p.add("--opd-type megatron requires --opd-teacher-load")
     if args.use_opd and args.opd_type == "sglang":
-        _opd_sglang(args)
+        _opd_sglang(args, p)
     if args.rm_type == "remote_rm" and not args.rm_url:
-        raise ConfigError("--rm-type remote_rm requires --rm-url")
+        p.add("--rm-type remote_rm requires --rm-url")
     if args.use_dynamic_batch_size and not args.max_tokens_per_gpu:
-        raise ConfigError("--use-dynamic-batch-size requires --max-tokens-per-gpu")
-    check_train_backend_args(args)
-    check_runner_flags(args)
+        p.add("--use-dynamic-batch-size requires --max-tokens-per-gpu")
+    p.run(check_train_backend_args, args)
+    p.run(check_runner_flags, args)
 
 
-def _opd_sglang(args: Namespace) -> None:
+def _opd_sglang(args: Namespace, p: Problems) -> None:
     """The teacher server: --rm-url (a running server) or --opd-teacher-load (the run launches one)."""
     if bool(args.rm_url) == bool(args.opd_teacher_load):
-        raise ConfigError("--opd-type sglang needs exactly one of --rm-url (a running teacher server, e.g. "
-                          "http://HOST:PORT/generate) or --opd-teacher-load (relax starts an embedded teacher server)")
+        p.add("--opd-type sglang needs exactly one of --rm-url (a running teacher server, e.g. "
+              "http://HOST:PORT/generate) or --opd-teacher-load (relax starts an embedded teacher server)")
     if args.rm_url and args.rm_type == "remote_rm":
-        raise ConfigError("--opd-type sglang and --rm-type remote_rm both use --rm-url: use --opd-teacher-load "
-                          "for the teacher, or a --custom-rm-path reward")
+        p.add("--opd-type sglang and --rm-type remote_rm both use --rm-url: use --opd-teacher-load "
+              "for the teacher, or a --custom-rm-path reward")
     if args.train_backend == "megatron":
-        raise ConfigError("not supported yet: --opd-type sglang with --train-backend megatron "
-                          "(use --opd-type megatron, or --train-backend torch)")
+        p.add("not supported yet: --opd-type sglang with --train-backend megatron "
+              "(use --opd-type megatron, or --train-backend torch)")
 
 
-def _megatron_memory(args: Namespace) -> None:
+@rule
+def _megatron_memory(args: Namespace, p: Problems) -> None:
     """Activation recompute and optimizer CPU offload (relax/backends/megatron/memory_flags.py).
 
     Megatron flags: refused with the torch backend. Combinations megatron-core's `TransformerConfig`
@@ -134,114 +150,120 @@ def _megatron_memory(args: Namespace) -> None:
     """
     given = memory_flags.memory_flags_given(args)
     if given and args.train_backend != "megatron":
-        raise ConfigError(f"not supported yet: {_flag(given[0])} with --train-backend {args.train_backend} "
-                          "(a Megatron flag: use --train-backend megatron)")
-    _positive(args, "recompute_num_layers")
+        for dest in given:
+            p.add(f"not supported yet: {_flag(dest)} with --train-backend {args.train_backend} "
+                  "(a Megatron flag: use --train-backend megatron)")
+        return
+    _positive(args, p, "recompute_num_layers")
+    _recompute(args, p)
+    if args.overlap_cpu_optimizer_d2h_h2d and not args.optimizer_cpu_offload:
+        p.add("--overlap-cpu-optimizer-d2h-h2d has no effect without --optimizer-cpu-offload")
+    if args.optimizer_cpu_offload and not args.use_precision_aware_optimizer:
+        p.add("--optimizer-cpu-offload needs --use-precision-aware-optimizer (Megatron-LM's rule: the "
+              "hybrid device optimizer runs on that code path)")
+    if args.use_precision_aware_optimizer:
+        if not args.use_distributed_optimizer:
+            p.add("--use-precision-aware-optimizer needs --use-distributed-optimizer (megatron-core's OptimizerConfig)")
+        if not args.optimizer_cpu_offload and not memory_flags.te_available():
+            p.add("not supported yet: --use-precision-aware-optimizer without --optimizer-cpu-offload "
+                  "(megatron-core runs it on Transformer Engine's FusedAdam; transformer_engine is not installed)")
+    if args.optimizer_cpu_offload and args.save and not args.no_save_optim:
+        p.add("not supported yet: saving the --optimizer-cpu-offload optimizer state (distributed "
+              "optimizer shards): pass --no-save-optim with --save")
+
+
+def _recompute(args: Namespace, p: Problems) -> None:
     granularity = args.recompute_granularity
     knobs = [dest for dest in ("recompute_method", "recompute_num_layers") if getattr(args, dest) is not None]
     if granularity is None and knobs:
-        raise ConfigError(f"{_flag(knobs[0])} has no effect without --recompute-granularity full")
+        p.add(f"{_flag(knobs[0])} has no effect without --recompute-granularity full")
     if granularity == "selective" and knobs:
-        raise ConfigError(f"{_flag(knobs[0])} has no effect with --recompute-granularity selective (it recomputes "
-                          "core attention in every layer; megatron-core requires recompute_num_layers None)")
+        p.add(f"{_flag(knobs[0])} has no effect with --recompute-granularity selective (it recomputes "
+              "core attention in every layer; megatron-core requires recompute_num_layers None)")
     if granularity == "full":
         if args.recompute_method is None:
-            raise ConfigError("--recompute-granularity full needs --recompute-method (uniform or block)")
+            p.add("--recompute-granularity full needs --recompute-method (uniform or block)")
         if args.recompute_num_layers is None:
-            raise ConfigError("--recompute-granularity full needs --recompute-num-layers N (uniform: layers per "
-                              "checkpointed chunk; block: how many layers are checkpointed)")
-    if args.overlap_cpu_optimizer_d2h_h2d and not args.optimizer_cpu_offload:
-        raise ConfigError("--overlap-cpu-optimizer-d2h-h2d has no effect without --optimizer-cpu-offload")
-    if args.optimizer_cpu_offload and not args.use_precision_aware_optimizer:
-        raise ConfigError("--optimizer-cpu-offload needs --use-precision-aware-optimizer (Megatron-LM's rule: the "
-                          "hybrid device optimizer runs on that code path)")
-    if args.use_precision_aware_optimizer:
-        if not args.use_distributed_optimizer:
-            raise ConfigError("--use-precision-aware-optimizer needs --use-distributed-optimizer "
-                              "(megatron-core's OptimizerConfig)")
-        if not args.optimizer_cpu_offload and not memory_flags.te_available():
-            raise ConfigError("not supported yet: --use-precision-aware-optimizer without --optimizer-cpu-offload "
-                              "(megatron-core runs it on Transformer Engine's FusedAdam; transformer_engine is "
-                              "not installed)")
-    if args.optimizer_cpu_offload and args.save and not args.no_save_optim:
-        raise ConfigError("not supported yet: saving the --optimizer-cpu-offload optimizer state (distributed "
-                          "optimizer shards): pass --no-save-optim with --save")
+            p.add("--recompute-granularity full needs --recompute-num-layers N (uniform: layers per "
+                  "checkpointed chunk; block: how many layers are checkpointed)")
 
 
-def _partial_rollout(args: Namespace) -> None:
+@rule
+def _partial_rollout(args: Namespace, p: Problems) -> None:
     """--partial-rollout's companions, and the modes it does not combine with yet."""
     if not args.partial_rollout:
         for dest in ("partial_rollout_max_aborted_count", "mask_offpolicy_in_partial_rollout"):
             if getattr(args, dest) not in (None, False):
-                raise ConfigError(f"{_flag(dest)} has no effect without --partial-rollout")
+                p.add(f"{_flag(dest)} has no effect without --partial-rollout")
         return
     if args.partial_rollout_max_aborted_count is not None and args.partial_rollout_max_aborted_count < 0:
-        raise ConfigError(f"--partial-rollout-max-aborted-count must be >= 0, got {args.partial_rollout_max_aborted_count}")
+        p.add(f"--partial-rollout-max-aborted-count must be >= 0, got {args.partial_rollout_max_aborted_count}")
     # fully-async: a weight sync may land inside a request, so its tokens' versions are unknown;
     # the other two send requests the partial-rollout loop cannot abort or resend
     for dest in ("fully_async", "use_fault_tolerance", "custom_generate_function_path"):
         if getattr(args, dest):
-            raise ConfigError(f"not supported yet: --partial-rollout with {_flag(dest)}")
+            p.add(f"not supported yet: --partial-rollout with {_flag(dest)}")
 
 
-def _transfer_queue(args: Namespace) -> None:
+@rule
+def _transfer_queue(args: Namespace, p: Problems) -> None:
     """The TransferQueue knobs configure the fully-async loop's storage units (relax/core/transfer_queue.py)."""
-    _positive(args, "num_data_storage_units")
+    _positive(args, p, "num_data_storage_units")
     if args.max_staleness < 0:
-        raise ConfigError(f"--max-staleness must be >= 0, got {args.max_staleness}")
+        p.add(f"--max-staleness must be >= 0, got {args.max_staleness}")
     if not args.fully_async:
         for dest in ("num_data_storage_units", "polling_mode"):
             if getattr(args, dest) != FLAGS_BY_NAME[dest.replace("_", "-")].default:
-                raise ConfigError(f"{_flag(dest)} has no effect without --fully-async "
-                                  "(the colocate loop hands samples to the trainer directly)")
+                p.add(f"{_flag(dest)} has no effect without --fully-async "
+                      "(the colocate loop hands samples to the trainer directly)")
 
 
-def _weight_sync(args: Namespace) -> None:
+@rule
+def _weight_sync(args: Namespace, p: Problems) -> None:
     """``--weight-sync-transport`` rules the per-sync choice cannot fix later (relax/weights/transports/)."""
     if args.weight_sync_transport != "tensor":
         return
     if args.rollout_external:
-        raise ConfigError("--weight-sync-transport tensor with --rollout-external: a server the run did not start "
-                          "shares no memory with the trainer (use auto or distributed)")
+        p.add("--weight-sync-transport tensor with --rollout-external: a server the run did not start shares no "
+              "memory with the trainer (use auto or distributed)")
     if args.device == "cuda" and not args.colocate:
-        raise ConfigError("--weight-sync-transport tensor on GPUs needs --colocate (the engines must share the "
-                          "trainer's GPU); use auto or distributed")
-    if args.offload_train and args.device == "cuda":
-        raise ConfigError("--weight-sync-transport tensor with --offload-train: the trainer's weights are on the "
-                          "host at sync time (use auto: it picks distributed then)")
+        p.add("--weight-sync-transport tensor on GPUs needs --colocate (the engines must share the trainer's GPU); "
+              "use auto or distributed")
+    elif args.offload_train and args.device == "cuda":
+        p.add("--weight-sync-transport tensor with --offload-train: the trainer's weights are on the host at sync "
+              "time (use auto: it picks distributed then)")
 
 
-def _rollout_engines(args: Namespace) -> None:
+@rule
+def _rollout_engines(args: Namespace, p: Problems) -> None:
     """``--rollout-backend``, ``--sglang-*``, ``--rollout-external*`` and ``--rollout-num-gpus-per-engine``
     (relax/core/engine_launchers.py, relax/backends/sglang/)."""
-    _positive(args, "rollout_num_gpus_per_engine")
+    _positive(args, p, "rollout_num_gpus_per_engine")
     sglang_flags = [f"--sglang-{k.replace('_', '-')}" for k in args.sglang_passthrough]
     if args.sglang_mem_fraction_static is not None:
         sglang_flags.insert(0, "--sglang-mem-fraction-static")
     if args.rollout_external:
-        _external_engines(args, sglang_flags)
-        return
-    if args.rollout_external_engine_addrs:
-        raise ConfigError("--rollout-external-engine-addrs has no effect without --rollout-external")
-    if args.rollout_backend == "sglang":
-        _sglang_engines(args)
-        return
-    if sglang_flags:
-        raise ConfigError(f"{sglang_flags[0]} configures SGLang servers: it needs --rollout-backend sglang")
-    if args.rollout_num_gpus_per_engine != 1:
-        raise ConfigError(f"not supported yet: --rollout-num-gpus-per-engine {args.rollout_num_gpus_per_engine} with "
-                          "--rollout-backend embedded (the embedded engine has one tensor-parallel rank; use "
-                          "--rollout-backend sglang)")
+        _external_engines(args, p, sglang_flags)
+    elif args.rollout_external_engine_addrs:
+        p.add("--rollout-external-engine-addrs has no effect without --rollout-external")
+    elif args.rollout_backend == "sglang":
+        _sglang_engines(args, p)
+    elif sglang_flags:
+        p.add(f"{sglang_flags[0]} configures SGLang servers: it needs --rollout-backend sglang")
+    elif args.rollout_num_gpus_per_engine not in (None, 1):
+        p.add(f"not supported yet: --rollout-num-gpus-per-engine {args.rollout_num_gpus_per_engine} with "
+              "--rollout-backend embedded (the embedded engine has one tensor-parallel rank; use "
+              "--rollout-backend sglang)")
 
 
-def _external_engines(args: Namespace, sglang_flags: list[str]) -> None:
+def _external_engines(args: Namespace, p: Problems, sglang_flags: list[str]) -> None:
     from urllib.parse import urlsplit
 
     from relax.distributed.resources import rollout_role_given
 
     addrs = args.rollout_external_engine_addrs or []
     if not addrs:
-        raise ConfigError("--rollout-external needs --rollout-external-engine-addrs HOST:PORT [HOST:PORT ...]")
+        p.add("--rollout-external needs --rollout-external-engine-addrs HOST:PORT [HOST:PORT ...]")
     for addr in addrs:
         parts = urlsplit(addr if "://" in addr else f"http://{addr}")
         try:
@@ -249,39 +271,42 @@ def _external_engines(args: Namespace, sglang_flags: list[str]) -> None:
         except ValueError:
             port = None
         if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
-            raise ConfigError(f"--rollout-external-engine-addrs {addr!r}: expected HOST:PORT or http://HOST:PORT")
+            p.add(f"--rollout-external-engine-addrs {addr!r}: expected HOST:PORT or http://HOST:PORT")
     if len(set(addrs)) != len(addrs):
-        raise ConfigError("--rollout-external-engine-addrs names an engine twice")
+        p.add("--rollout-external-engine-addrs names an engine twice")
     if sglang_flags:
-        raise ConfigError(f"{sglang_flags[0]} with --rollout-external: the run does not start those servers (pass "
-                          "SGLang's flags where you start them)")
-    if rollout_role_given(args):
-        raise ConfigError("--resource role 'rollout' with --rollout-external: the engines are the servers at "
-                          "--rollout-external-engine-addrs")
+        p.add(f"{sglang_flags[0]} with --rollout-external: the run does not start those servers (pass SGLang's "
+              "flags where you start them)")
+    if p.run(rollout_role_given, args):
+        p.add("--resource role 'rollout' with --rollout-external: the engines are the servers at "
+              "--rollout-external-engine-addrs")
 
 
-def _sglang_engines(args: Namespace) -> None:
+def _sglang_engines(args: Namespace, p: Problems) -> None:
     from relax.backends.sglang.launcher import INSTALL_HINT, sglang_available
     from relax.backends.sglang.server_args import server_arg_tokens
 
     if args.device == "cpu":
-        raise ConfigError("--rollout-backend sglang runs SGLang servers on CUDA GPUs; --device cpu has none "
-                          "(use --rollout-backend embedded)")
-    server_arg_tokens(args.sglang_passthrough)  # every --sglang-* flag is one of SGLang's options
+        p.add("--rollout-backend sglang runs SGLang servers on CUDA GPUs; --device cpu has none (use "
+              "--rollout-backend embedded)")
+    p.run(server_arg_tokens, args.sglang_passthrough)  # every --sglang-* flag is one of SGLang's options
     if not sglang_available():
-        raise ConfigError(INSTALL_HINT)
+        p.add(INSTALL_HINT)
 
 
-def _trainer_ranks(args: Namespace) -> None:
+@rule
+def _trainer_ranks(args: Namespace, p: Problems) -> None:
     """Data-parallel trainer ranks (relax/distributed/trainer_group.py) are built for the torch backend only."""
     from relax.distributed.resources import trainer_ranks
 
-    if trainer_ranks(args) > 1 and args.train_backend != "torch":
-        raise ConfigError(f"not supported yet: --resource actor replicas > 1 (data-parallel training) with "
-                          f"--train-backend {args.train_backend}")
+    ranks = p.run(trainer_ranks, args) or 1
+    if ranks > 1 and args.train_backend != "torch":
+        p.add(f"not supported yet: --resource actor replicas > 1 (data-parallel training) with "
+              f"--train-backend {args.train_backend}")
 
 
-def _services(args: Namespace) -> None:
+@rule
+def _services(args: Namespace, p: Problems) -> None:
     """Seed 004's fully-async service roles in --resource and their --ref-actor-config (relax/core/services.py).
 
     A ``reference`` role without a reference model is refused, not ignored: it would hold a model
@@ -289,49 +314,55 @@ def _services(args: Namespace) -> None:
     """
     from relax.distributed.resources import parse_ref_actor_config, service_roles
 
-    roles = service_roles(args)
+    roles = p.run(service_roles, args)
+    if roles is None:
+        return
     if args.ref_actor_config is not None and not roles & {"reference", "actor_fwd"}:
-        raise ConfigError("--ref-actor-config needs a reference or actor_fwd role in --resource")
+        p.add("--ref-actor-config needs a reference or actor_fwd role in --resource")
     if not roles:
         return
-    args.ref_actor_config = parse_ref_actor_config(args.ref_actor_config)
+    config = p.run(parse_ref_actor_config, args.ref_actor_config)
+    if config is not None:
+        args.ref_actor_config = config
     named = ", ".join(sorted(roles))
     if not args.fully_async:
-        raise ConfigError(f"--resource roles {named} need --fully-async (the services feed the fully-async trainer)")
+        p.add(f"--resource roles {named} need --fully-async (the services feed the fully-async trainer)")
     if args.train_backend != "torch":
-        raise ConfigError(f"not supported yet: --resource roles {named} with --train-backend {args.train_backend}")
+        p.add(f"not supported yet: --resource roles {named} with --train-backend {args.train_backend}")
     needs_ref = needs_reference_model(args)
     if "reference" in roles and not needs_ref:
-        raise ConfigError("--resource role 'reference' needs a reference model (--use-kl-loss, --kl-loss-coef or "
-                          "--kl-coef); without one nothing uses it")
-    if "advantages" not in roles:
-        return
+        p.add("--resource role 'reference' needs a reference model (--use-kl-loss, --kl-loss-coef or "
+              "--kl-coef); without one nothing uses it")
+    if "advantages" in roles:
+        _advantages_service(args, p, roles, needs_ref)
+
+
+def _advantages_service(args: Namespace, p: Problems, roles: Set[str], needs_ref: bool) -> None:
     if args.advantage_estimator == "ppo":
-        raise ConfigError("not supported yet: --resource role 'advantages' with --advantage-estimator ppo "
-                          "(the critic's values live in the trainer)")
+        p.add("not supported yet: --resource role 'advantages' with --advantage-estimator ppo "
+              "(the critic's values live in the trainer)")
     if args.use_opd and args.opd_type == "megatron":
-        raise ConfigError("not supported yet: --resource role 'advantages' with --opd-type megatron "
-                          "(the teacher's log-probs live in the trainer)")
+        p.add("not supported yet: --resource role 'advantages' with --opd-type megatron "
+              "(the teacher's log-probs live in the trainer)")
     if "actor_fwd" not in roles:
-        raise ConfigError("--resource role 'advantages' needs 'actor_fwd' (it takes the old log-probs from it)")
+        p.add("--resource role 'advantages' needs 'actor_fwd' (it takes the old log-probs from it)")
     if needs_ref and "reference" not in roles:
-        raise ConfigError("--resource role 'advantages' needs 'reference' with a KL term (it takes the reference "
-                          "log-probs from it)")
+        p.add("--resource role 'advantages' needs 'reference' with a KL term (it takes the reference "
+              "log-probs from it)")
 
 
-def _placement(args: Namespace) -> None:
+@rule
+def _placement(args: Namespace, p: Problems) -> None:
     """``--resource`` with ``--num-gpus-per-node`` / ``--rollout-num-gpus-per-engine`` must make a plan
     (relax/distributed/resources.py); ``--device auto`` is checked as a CPU run here and planned again
     on the resolved device at start."""
     from relax.distributed.resources import plan_resources
 
-    plan_resources(args, "cuda" if args.device == "cuda" else "cpu")
-    if args.rollout_num_gpus_per_engine > 1 and args.rollout_backend == "embedded":
-        raise ConfigError(f"not supported yet: --rollout-num-gpus-per-engine {args.rollout_num_gpus_per_engine} "
-                          "with --rollout-backend embedded (an embedded engine runs on one device)")
+    p.run(plan_resources, args, "cuda" if args.device == "cuda" else "cpu")
 
 
-def _offload(args: Namespace) -> None:
+@rule
+def _offload(args: Namespace, p: Problems) -> None:
     """Seed 000: ``--colocate`` sets both offloads; otherwise an unset one equals ``--offload``.
 
     Two cases have nothing that can be offloaded, and refuse an explicit request (``--colocate``'s
@@ -343,12 +374,12 @@ def _offload(args: Namespace) -> None:
     if args.fully_async:
         for dest, on in requested.items():
             if on:
-                raise ConfigError(f"{_flag(dest)} has no effect with --fully-async (rollout and training overlap)")
+                p.add(f"{_flag(dest)} has no effect with --fully-async (rollout and training overlap)")
         args.offload_train = args.offload_rollout = False
         return
     megatron = args.train_backend == "megatron"
     if megatron and (requested["offload"] or requested["offload_train"]):
-        raise ConfigError("not supported yet: --offload-train with --train-backend megatron")
+        p.add("not supported yet: --offload-train with --train-backend megatron")
     if args.colocate:
         args.offload_train = not megatron
         args.offload_rollout = True
@@ -358,20 +389,69 @@ def _offload(args: Namespace) -> None:
         args.offload_rollout = args.offload
 
 
-def _implied(args: Namespace) -> None:
+@rule
+def _implied(args: Namespace, p: Problems) -> None:
     """Flags that switch other flags on (seed: 'Automatically enables / sets ...')."""
     if args.load_debug_rollout_data:
         args.debug_train_only = True
-    debug_modes.check_offload(args)  # before --colocate turns the offloads on
-    _offload(args)
+    p.run(debug_modes.check_offload, args)  # before --colocate turns the offloads on
+    _offload(args, p)
     if args.debug_train_only or args.debug_rollout_only:  # one side is missing: nothing to offload for it
         args.offload_train = args.offload_rollout = False
     if args.use_rollout_routing_replay:
         args.use_routing_replay = True
+    if args.train_backend == "megatron":
+        args.bf16 = True  # the Megatron backend always trains bf16 weights with fp32 master weights
+
+
+@rule
+def _checkpoints(args: Namespace, p: Problems) -> None:
+    """``--ref-load`` naming the ``--hf-checkpoint`` directory is how seed 004 passes the model (verl's
+    ``model.path`` maps to both): the reference model is then the initial policy, which it is anyway.
+    A different reference checkpoint is not built yet."""
+    from pathlib import Path
+
+    if args.ref_load is None:
+        return
+    if args.hf_checkpoint is None or Path(args.ref_load).resolve() != Path(args.hf_checkpoint).resolve():
+        p.add(f"not supported yet: --ref-load {args.ref_load} other than the --hf-checkpoint directory "
+              f"({args.hf_checkpoint}); the reference model is the initial --hf-checkpoint policy")
+
+
+@rule
+def _balance_data(args: Namespace, p: Problems) -> None:
+    if not args.balance_data:
+        return
+    if args.fully_async:
+        p.add("--balance-data is not available with --fully-async (seed 000: colocate mode only)")
+    if args.train_backend != "torch":
+        p.add(f"not supported yet: --balance-data with --train-backend {args.train_backend}")
+
+
+@rule
+def _prompt_data(args: Namespace, p: Problems) -> None:
+    """``--prompt-data`` is one path or a list of them (seed 004: ``"['a.parquet', 'b.parquet']"``)."""
+    from relax.data.dataset import prompt_files
+
+    if args.prompt_data:
+        p.run(prompt_files, args.prompt_data, catch=(ValueError,))
+
+
+@rule
+def _inputs(args: Namespace, p: Problems) -> None:
+    """What every run needs: data (unless it trains on saved rollouts) and a length."""
+    if not args.prompt_data and not args.debug_train_only:
+        p.add("--prompt-data is required")
+    if args.num_rollout is None and args.num_epoch is None and not args.debug_train_only:  # replays count files
+        p.add("set --num-rollout or --num-epoch")
 
 
 def _when_none(args: Namespace) -> None:
-    """'When None, equals --x' defaults from the seed's tables."""
+    """'When None, equals --x' defaults from the seed's tables (and a dict-returning grader's reward key)."""
+    from relax.engine.rewards.graders import GRADER_REWARD_KEYS
+
+    if args.reward_key is None and not args.custom_rm_path and args.rm_type in GRADER_REWARD_KEYS:
+        args.reward_key = GRADER_REWARD_KEYS[args.rm_type]
     pairs = {
         "eps_clip_high": "eps_clip",
         "critic_lr": "lr",
@@ -389,23 +469,24 @@ def _when_none(args: Namespace) -> None:
         args.rollout_max_response_len = 128  # SGLang's own default for max_new_tokens
 
 
-def resolve_and_validate(args: Namespace, explicit: Set[str] = frozenset()) -> None:
-    """Fill derived defaults and check cross-flag rules. ``explicit``: dests given on the command line."""
-    _implied(args)
-    if not args.prompt_data and not args.debug_train_only:
-        raise ConfigError("--prompt-data is required")
-    if args.num_rollout is None and args.num_epoch is None and not args.debug_train_only:
-        raise ConfigError("set --num-rollout or --num-epoch")
-    _batch_sizes(args, explicit)
-    _requirements(args)
-    _train_loop(args)
-    _megatron_memory(args)
-    _partial_rollout(args)
-    _transfer_queue(args)
-    _rollout_engines(args)
-    _weight_sync(args)
-    _trainer_ranks(args)
-    _services(args)
-    _placement(args)
-    debug_modes.check(args)
+# The rules in the order they run; each reports into the collector and never raises.
+RULES = (_inputs, _prompt_data, _checkpoints, _requirements, _train_loop, _megatron_memory, _partial_rollout,
+         _transfer_queue, _rollout_engines, _weight_sync, _trainer_ranks, _services, _balance_data, _placement)
+
+
+def resolve_and_validate(args: Namespace, explicit: Set[str] = frozenset(), p: Problems | None = None) -> None:
+    """Fill derived defaults and check cross-flag rules. ``explicit``: dests given on the command line.
+
+    Problems go into ``p`` when given (the caller raises them with its own); otherwise every problem
+    found is raised at the end as one `ConfigError` (one line per problem).
+    """
+    own = p is None
+    p = Problems() if own else p
+    p.run(_implied, args, p)
+    p.run(_batch_sizes, args, p, explicit)
+    for rule in RULES:
+        p.run(rule, args, p)
+    p.run(debug_modes.check, args)
     _when_none(args)
+    if own:
+        p.raise_if_any()

@@ -50,7 +50,7 @@ def launch_command(args: Namespace, *, engine_index: int, host: str, port: int, 
     from relax.backends.sglang.server_args import server_arg_tokens
     from relax.backends.train_registry import weight_dtype
 
-    dtype = str(weight_dtype(args.train_backend)).removeprefix("torch.")
+    dtype = str(weight_dtype(args.train_backend, args.bf16)).removeprefix("torch.")
     cmd = [python, "-m", "sglang.launch_server", "--model-path", str(args.hf_checkpoint), "--host", host,
            "--port", str(port), "--tp-size", str(args.rollout_num_gpus_per_engine),
            "--random-seed", str(args.seed + engine_index), "--base-gpu-id", "0", "--nccl-port", str(nccl_port),

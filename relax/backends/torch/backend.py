@@ -43,6 +43,7 @@ from relax.backends.torch.batch import (
 from relax.backends.torch.data_parallel import DataParallel
 from relax.backends.torch.freezing import apply_param_freezing
 from relax.backends.torch.logprobs import response_log_probs
+from relax.backends.torch.master_weights import MasterWeights
 from relax.backends.torch.micro_batches import fixed_micro_batches, micro_batches
 from relax.backends.torch.rollout_postprocess import postprocess_rollout_data
 from relax.distributed.resources import service_roles
@@ -61,12 +62,15 @@ class TorchTrainBackend:
     ``only_load_weight``): the policy model without grads, optimizer, reference, teacher or critic.
     """
 
+    master: MasterWeights | None = None  # fp32 master weights with --bf16 (master_weights.py)
+
     def __init__(self, args: Namespace, device: str, *, inference_only: bool = False):
         self.args = args
         self.device = torch.device(device)
         self.dp = DataParallel.current()  # the trainer group's ranks (relax/backends/torch/data_parallel.py)
         torch.manual_seed(args.seed)
-        self.model = build_model(args.hf_checkpoint, dtype=torch.float32, seed=args.seed).to(self.device)
+        self.dtype = torch.bfloat16 if args.bf16 else torch.float32
+        self.model = self._build(args.hf_checkpoint).to(self.device)
         self.model.train()
         self.ref_model = None
         if inference_only:
@@ -76,8 +80,11 @@ class TorchTrainBackend:
         if needs_reference_model(args) and "reference" not in service_roles(args):
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.frozen_params = apply_param_freezing(self.model, args)
+        trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        if args.bf16:
+            self.master = MasterWeights(trainable)
         self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
+            list(self.master.params) if self.master is not None else [p for _, p in trainable],
             lr=args.lr,
             betas=(args.adam_beta1, args.adam_beta2),
             eps=1e-8,
@@ -90,7 +97,7 @@ class TorchTrainBackend:
         # With --opd-type sglang the teacher's log-probs arrive with the samples (relax.engine.rollout.opd_teacher).
         self.teacher = None
         if args.use_opd and args.opd_type == "megatron":
-            self.teacher = build_model(args.opd_teacher_load, dtype=torch.float32, seed=args.seed)
+            self.teacher = self._build(args.opd_teacher_load)
             self.teacher = self.teacher.to(self.device).eval().requires_grad_(False)
             if self.teacher.config.vocab_size != self.model.config.vocab_size:
                 raise ValueError(f"--opd-teacher-load {args.opd_teacher_load}: vocab {self.teacher.config.vocab_size} "
@@ -101,6 +108,11 @@ class TorchTrainBackend:
 
             self.critic = Critic(args, self.device, self.pad_id, self.algo, self.dp)
         self._train_offloader = None  # built on the first --offload-train call
+
+    def _build(self, name_or_path: str) -> torch.nn.Module:
+        """A model in the training dtype; ``--attention-backend flash`` asks torch SDPA for the flash kernel."""
+        attn = "sdpa" if self.args.attention_backend == "flash" else None
+        return build_model(name_or_path, dtype=self.dtype, seed=self.args.seed, attn_implementation=attn)
 
     def _init_inference_only(self) -> None:
         self.model.requires_grad_(False)
@@ -121,14 +133,19 @@ class TorchTrainBackend:
         With ``--use-dynamic-batch-size`` they are packed by token count: ``--max-tokens-per-gpu``
         for the train forward, ``--log-probs-max-tokens-per-gpu`` for the no-grad log-prob passes
         (equal by default, and then the same split, which keeps step-0 ``ppo_kl`` exactly 0).
+        Without it the train forward takes ``--micro-batch-size`` samples, and a given
+        ``--max-tokens-per-gpu`` (seed 004's template passes it so) still budgets the no-grad
+        log-prob passes, which keep no activations and so fit more samples per pass.
         """
         args = self.args
-        max_tokens = None
+        max_tokens = args.log_probs_max_tokens_per_gpu if log_probs else None
         if args.use_dynamic_batch_size:
             max_tokens = args.log_probs_max_tokens_per_gpu if log_probs else args.max_tokens_per_gpu
         lengths = [len(s.tokens) for s in samples]
-        return self.dp.mine(micro_batches(lengths, gsl.start, gsl.stop, micro_batch_size=args.micro_batch_size,
-                                          max_tokens=max_tokens))
+        slices = micro_batches(lengths, gsl.start, gsl.stop, micro_batch_size=args.micro_batch_size,
+                               max_tokens=max_tokens)
+        costs = [(sl.stop - sl.start) * max(lengths[sl]) for sl in slices] if args.balance_data else None
+        return self.dp.mine(slices, costs)
 
     def _all_micro_batches(self, samples: list[TrainSample], *, log_probs: bool = False) -> list[slice]:
         return [sl for gsl in self._global_batches(len(samples))
@@ -254,6 +271,8 @@ class TorchTrainBackend:
             if fault_at("NAN_LOSS", self._step):
                 loss = loss * float("nan")
             loss.backward()
+            if self.master is not None:  # --bf16: this micro-batch's gradients into the fp32 masters
+                self.master.accumulate()
             sums = merge_metrics(sums, {k: v.detach().cpu() for k, v in m.items()})
         out = {k: float(v) for k, v in self.dp.merge_metrics(sums).items()}
         out["grad_norm"] = self._apply_gradients(out.get("loss"))
@@ -265,12 +284,17 @@ class TorchTrainBackend:
     def _apply_gradients(self, loss: float | None) -> float:
         """Sum the ranks' gradients, clip, refuse a non-finite gradient (before touching the weights), step;
         returns the grad norm."""
-        self.dp.reduce_gradients(p for p in self.model.parameters() if p.requires_grad)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad)
+        params = list(self.master.params) if self.master is not None else [p for p in self.model.parameters()
+                                                                              if p.requires_grad]
+        self.dp.reduce_gradients(params)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.args.clip_grad)
         if not torch.isfinite(grad_norm):
-            raise nonfinite_gradient_error(((n, p.grad) for n, p in self.model.named_parameters()), float(grad_norm),
-                                           loss)
+            named = self.master.named_grads() if self.master is not None else (
+                (n, p.grad) for n, p in self.model.named_parameters())
+            raise nonfinite_gradient_error(named, float(grad_norm), loss)
         self.optimizer.step()
+        if self.master is not None:
+            self.master.copy_to_model()
         return float(grad_norm)
 
     # ------------------------------------------------------------------ --offload-train
@@ -280,7 +304,7 @@ class TorchTrainBackend:
         if self._train_offloader is None:
             critic = self.critic
             self._train_offloader = TrainOffloader(
-                self.device, [self.model, self.ref_model, self.teacher, critic and critic.model],
+                self.device, [self.model, self.master, self.ref_model, self.teacher, critic and critic.model],
                 [self.optimizer, critic and critic.optimizer])
         return self._train_offloader
 
@@ -328,6 +352,8 @@ class TorchTrainBackend:
         save_file({k: v.clone() for k, v in state.items()}, str(path / "model.safetensors"))
         if save_optimizer:
             torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
+        if self.master is not None:  # --bf16: the fp32 weights the optimizer steps (the model holds them rounded)
+            save_file(self.master.state(), str(path / "master.safetensors"))
         if self.critic is not None:
             save_file({k: v.detach().cpu().contiguous().clone() for k, v in self.critic.model.state_dict().items()},
                       str(path / "critic.safetensors"))
@@ -344,6 +370,10 @@ class TorchTrainBackend:
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         if unexpected or [m for m in missing if m not in state]:
             raise ValueError(f"checkpoint {path} does not match the model: missing={missing} unexpected={unexpected}")
+        if self.master is not None:
+            if not (path / "master.safetensors").exists():
+                raise ValueError(f"checkpoint {path} has no master.safetensors: it was not saved with --bf16")
+            self.master.load(load_file(str(path / "master.safetensors")))
         if (path / "optimizer.pt").exists():
             self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
         if self.critic is not None:
@@ -362,4 +392,4 @@ class TorchTrainBackend:
 
     def describe(self) -> dict[str, Any]:
         return {"num_params": sum(p.numel() for p in self.model.parameters()), "device": str(self.device),
-                "frozen_params": len(self.frozen_params)}
+                "frozen_params": len(self.frozen_params), "dtype": str(self.dtype).removeprefix("torch.")}

@@ -39,9 +39,14 @@ class DataParallel:
             return cls()
         return cls(dist.get_rank(), dist.get_world_size())
 
-    def mine(self, micro_batches: list[slice]) -> list[slice]:
-        """This rank's share of one optimizer step's micro-batches (round robin)."""
-        return micro_batches[self.rank::self.size]
+    def mine(self, micro_batches: list[slice], costs: list[float] | None = None) -> list[slice]:
+        """This rank's share of one optimizer step's micro-batches: round robin, or with ``costs``
+        (``--balance-data``) the rank's subset of a Karmarkar-Karp split of those costs (balance.py)."""
+        if costs is None or self.size == 1:
+            return micro_batches[self.rank::self.size]
+        from relax.backends.torch.balance import karmarkar_karp
+
+        return [micro_batches[i] for i in karmarkar_karp(costs, self.size)[self.rank]]
 
     def sum_rows(self, tensor: torch.Tensor) -> torch.Tensor:
         """All-reduce (sum) a per-row tensor that holds this rank's rows and zeros elsewhere, in place.

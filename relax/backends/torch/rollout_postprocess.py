@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from relax.backends.torch.batch import RolloutTensors
-from relax.utils.plugins import PluginError, load_function
+from relax.utils.plugins import PluginError, culprit, load_function
 
 FLAG = "--rollout-data-postprocess-path"
 SIGNATURE = "rollout_data_postprocess(args, rollout_id, rollout_data: dict) -> dict | None"
@@ -39,7 +39,8 @@ def postprocess_rollout_data(args: Namespace, rollout_id: int, batch: RolloutTen
         "advantages": adv.advantages,
         "returns": adv.returns,
     }
-    out = fn(args, rollout_id, data)
+    with culprit(FLAG, args.rollout_data_postprocess_path, f"rollout {rollout_id}"):
+        out = fn(args, rollout_id, data)
     if out is not None and not isinstance(out, dict):
         raise PluginError(f"{FLAG} returned {type(out).__name__}; expected {SIGNATURE}")
     result = data if out is None else out

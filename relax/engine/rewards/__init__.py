@@ -77,29 +77,41 @@ def _per_group(fn: Callable[..., Any], name: str) -> Scorer:
     return score
 
 
+def reward_source(args: Namespace) -> str:
+    """The flag and value that name the run's reward function (for messages)."""
+    return f"--custom-rm-path {args.custom_rm_path}" if args.custom_rm_path else f"--rm-type {args.rm_type}"
+
+
 def _scorer(args: Namespace) -> Scorer:
     if args.group_rm:
         if not args.custom_rm_path:
             raise ConfigError("--group-rm needs --custom-rm-path (a function scoring a whole group)")
         fn = load_function(args.custom_rm_path, flag="--custom-rm-path", signature=GROUP_RM_SIGNATURE, min_args=2)
-        return _per_group(fn, f"--custom-rm-path {args.custom_rm_path}")
+        return _per_group(fn, reward_source(args))
     if args.custom_rm_path:
         fn = load_function(args.custom_rm_path, flag="--custom-rm-path", signature=CUSTOM_RM_SIGNATURE, min_args=2)
-        return _per_sample(fn, f"--custom-rm-path {args.custom_rm_path}")
+        return _per_sample(fn, reward_source(args))
     if args.rm_type is None:
         raise ConfigError("no reward: set --rm-type (built-in: " + ", ".join(sorted(GRADERS)) + ") or --custom-rm-path")
-    return _per_sample(get_reward_fn(args.rm_type), f"--rm-type {args.rm_type}")
+    return _per_sample(get_reward_fn(args.rm_type), reward_source(args))
 
 
 async def compute_rewards(args: Namespace, samples: list[Sample]) -> list[float]:
     """Score every sample, store the raw result (float or dict) on ``sample.reward``, return the floats.
 
     A dict result needs ``--reward-key`` naming the value to train on; the full dict stays on
-    the sample for logging.
+    the sample for logging (its other numeric keys become ``rollout/reward_extra/<key>`` metrics).
+    A key the dict lacks fails here, at the first sample, naming the sample and the reward function.
     """
     raw = await _scorer(args)(args, samples)
     if len(raw) != len(samples):
         raise RuntimeError(f"reward scorer returned {len(raw)} rewards for {len(samples)} samples")
+    out = []
     for s, r in zip(samples, raw, strict=True):
         s.reward = r
-    return [extract_reward(r, args.reward_key) for r in raw]
+        try:
+            out.append(extract_reward(r, args.reward_key))
+        except (TypeError, ValueError) as exc:
+            exc.add_note(f"reward of sample index {s.index} (group {s.group_index}) from {reward_source(args)}")
+            raise
+    return out

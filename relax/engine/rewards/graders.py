@@ -1,10 +1,10 @@
 """Built-in rule-based graders for ``--rm-type``, registered by name in `GRADERS`.
 
-Each grader is ``reward_fn(args, sample) -> float`` (sync). ``math`` extracts a final answer
-(the last ``\\boxed{...}``, nested braces allowed, else the last number in the response) and
-compares it with the label numerically: ``"1/2"``, ``"0.5"``, ``"\\frac{1}{2}"``,
-``"\\boxed{3}"``, ``"1,000"`` and ``"-7"`` are all understood. Answers that are not numbers
-are compared as normalized strings.
+Each grader is ``reward_fn(args, sample) -> float | dict`` (sync or async); its docstring is what
+docs/rewards.md says about it (generated: ``python -m relax.engine.rewards.docs``). A grader that
+returns a dict names its training key in `GRADER_REWARD_KEYS` (``--reward-key`` defaults to it).
+``math``, ``deepscaler`` and ``dapo`` follow the public graders Relax recipes use
+(relax/engine/rewards/reference_graders.py).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
+from relax.engine.rewards.math_equiv import last_boxed
 from relax.utils.types import Sample
 
 RewardFn = Callable[[Namespace, Sample], float]
@@ -27,24 +28,6 @@ def exact(args: Namespace, sample: Sample) -> float:
 
 # a number: thousands-grouped ("1,000,000.5"), plain/decimal/fraction ("-12", "3.5", "1/2"), or ".5"
 _NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\d,])|-?\d+(?:\.\d+)?(?:/\d+)?|-?\.\d+")
-_BOX_COMMANDS = ("\\boxed", "\\fbox")
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), honouring nested braces."""
-    start = max(text.rfind(cmd + "{") for cmd in _BOX_COMMANDS)
-    if start < 0:
-        return None
-    open_at = text.index("{", start)
-    depth = 0
-    for j in range(open_at, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[open_at + 1 : j]
-    return None  # unbalanced: no answer
 
 
 def extract_answer(response: str) -> str | None:
@@ -52,7 +35,7 @@ def extract_answer(response: str) -> str | None:
 
     An unclosed box (a truncated response) is no answer, not a fallback to the last number.
     """
-    if any(cmd + "{" in response for cmd in _BOX_COMMANDS):
+    if any(cmd + "{" in response for cmd in ("\\boxed", "\\fbox")):
         return last_boxed(response)
     numbers = _NUMBER.findall(response)
     return numbers[-1] if numbers else None
@@ -94,7 +77,9 @@ def to_number(text: str) -> Fraction | None:
 
 
 def math_answer(args: Namespace, sample: Sample) -> float:
-    """1.0 when the response's final answer equals the label (numerically when both are numbers)."""
+    """1.0 when the response's final answer (the last ``\\boxed{}``, else the last number) equals the label,
+    numerically when both are numbers (``1/2``, ``0.5``, ``\\frac{1}{2}``, ``1,000``), else as normalized strings.
+    Lenient: an unboxed answer counts (``math`` requires the box)."""
     if sample.label is None:
         return 0.0
     predicted = extract_answer(sample.response)
@@ -113,6 +98,9 @@ def _label_text(label: Any) -> str:
     return boxed if boxed is not None else text
 
 
-from relax.engine.rewards.remote import remote_rm  # noqa: E402 - registered below
+from relax.engine.rewards.reference_graders import dapo, deepscaler, math_verl  # noqa: E402 - registered below
+from relax.engine.rewards.remote import remote_rm  # noqa: E402
 
-GRADERS: dict[str, RewardFn] = {"remote_rm": remote_rm, "exact": exact, "math": math_answer}
+GRADERS: dict[str, RewardFn] = {"remote_rm": remote_rm, "exact": exact, "math": math_verl, "deepscaler": deepscaler,
+                                "dapo": dapo, "math_lenient": math_answer}
+GRADER_REWARD_KEYS: dict[str, str] = {"dapo": "score"}  # graders that return a dict: the key trained on

@@ -16,6 +16,8 @@ RETRIES = 3
 
 
 async def remote_rm(args: Namespace, sample: Sample) -> Any:
+    """POST {prompt, response, label, metadata} to ``--rm-url``; its JSON answer (a number, or an object for
+    ``--reward-key``) is the reward. Connection errors and 5xx answers are retried."""
     from relax.utils.http_utils import post
 
     payload = {"prompt": sample.prompt, "response": sample.response, "label": sample.label,

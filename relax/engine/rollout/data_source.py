@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from relax.data.dataset import DataError, read_records
+from relax.data.dataset import DataError, prompt_files, read_records
 from relax.data.prompts import CUSTOM_PROMPT_SIGNATURE, build_samples
 from relax.utils.plugins import PluginError, load_function
 from relax.utils.types import Sample
@@ -43,14 +43,19 @@ class RolloutDataSourceWithBuffer:
         if args.custom_prompt_path:
             prompt_fn = load_function(args.custom_prompt_path, flag="--custom-prompt-path",
                                       signature=CUSTOM_PROMPT_SIGNATURE, min_args=2)
-        records = read_records(args.prompt_data, required_keys=[args.input_key])
-        self.num_records = len(records)
-        self.prompts, self.num_filtered = build_samples(
-            records, tokenizer, path=args.prompt_data, input_key=args.input_key, label_key=args.label_key,
-            metadata_key=args.metadata_key, apply_chat_template=args.apply_chat_template,
-            apply_chat_template_kwargs=args.apply_chat_template_kwargs, system_prompt=args.system_prompt,
-            tool_key=args.tool_key, max_prompt_len=args.rollout_max_prompt_len, prompt_fn=prompt_fn,
-        )
+        self.num_records, self.num_filtered, self.prompts = 0, 0, []
+        for path in prompt_files(args.prompt_data):  # one file, or several read in order (seed 004)
+            records = read_records(path, required_keys=[args.input_key])
+            prompts, filtered = build_samples(
+                records, tokenizer, path=path, input_key=args.input_key, label_key=args.label_key,
+                metadata_key=args.metadata_key, apply_chat_template=args.apply_chat_template,
+                apply_chat_template_kwargs=args.apply_chat_template_kwargs, system_prompt=args.system_prompt,
+                tool_key=args.tool_key, max_prompt_len=args.rollout_max_prompt_len, prompt_fn=prompt_fn,
+                first_index=self.num_records,
+            )
+            self.prompts += prompts
+            self.num_records += len(records)
+            self.num_filtered += filtered
         if not self.prompts:
             raise DataError(
                 f"{args.prompt_data}: no prompts left (empty file, or all longer than --rollout-max-prompt-len)"

@@ -7,7 +7,9 @@ into that step's metrics.jsonl record as ``eval/<name>/reward_mean`` and ``eval/
 (the share of prompts with at least one correct sample among ``--n-samples-per-eval-prompt``;
 labels come from ``--eval-label-key``, else ``--label-key``);
 ``--log-passrate`` adds the unbiased pass@k for every power of two k < n.
-Seeds depend on (rollout seed, step, dataset, sample), so an eval is reproducible.
+Seeds depend on (rollout seed, step, dataset, sample), so an eval is reproducible. With
+``--custom-generate-function-path`` the recipe's function generates the eval samples too, and a
+function that declares seed 001's optional ``evaluation`` parameter gets ``evaluation=True``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from relax.algorithms import extract_reward
 from relax.data.dataset import read_records
 from relax.data.prompts import build_samples
 from relax.engine.rewards import compute_rewards
-from relax.engine.rollout.sglang_rollout import GenerateState, apply_response, sample_seed
+from relax.engine.rollout.sglang_rollout import GenerateState, apply_response, custom_generate, sample_seed
 from relax.utils.arguments import ConfigError
 from relax.utils.types import Sample
 
@@ -87,13 +89,15 @@ async def _evaluate_set(args: Namespace, step: int, set_index: int, eval_set: Ev
     n = args.n_samples_per_eval_prompt
     samples = [copy.deepcopy(p) for p in eval_set.prompts for _ in range(n)]
     params = eval_sampling_params(args)
-    requests = [{"input_ids": list(s.tokens), "return_logprob": True,
-                 "sampling_params": dict(params, sampling_seed=sample_seed(args.rollout_seed + EVAL_SEED_OFFSET + set_index,
-                                                                  step, i))}
-                for i, s in enumerate(samples)]
-    responses = await GenerateState(args).pool.generate_batch(requests, n)
-    for s, resp in zip(samples, responses, strict=True):
-        apply_response(s, resp)
+    seeds = [sample_seed(args.rollout_seed + EVAL_SEED_OFFSET + set_index, step, i) for i in range(len(samples))]
+    if args.custom_generate_function_path:  # the recipe's own rollout, told it is evaluating (seed 001)
+        await custom_generate(args, samples, params, seeds, evaluation=True)
+    else:
+        requests = [{"input_ids": list(s.tokens), "return_logprob": True,
+                     "sampling_params": dict(params, sampling_seed=seed)} for s, seed in zip(samples, seeds, strict=True)]
+        responses = await GenerateState(args).pool.generate_batch(requests, n)
+        for s, resp in zip(samples, responses, strict=True):
+            apply_response(s, resp)
     await compute_rewards(args, samples)
     rewards = [extract_reward(s.reward, args.eval_reward_key) for s in samples]
     correct = [sum(r > 0 for r in rewards[i : i + n]) for i in range(0, len(rewards), n)]

@@ -61,8 +61,10 @@ class GenerateState(metaclass=_Singleton):
         self._metrics: dict[int, dict[str, float]] = {}  # per rollout id, merged into that step's metrics
 
     def record(self, step: int, group: list[Sample], fate: str, reason: str) -> None:
+        from relax.metrics.sample_records import sample_fields
+
         self._fates += [{"step": step, "group_index": s.group_index, "index": s.index, "attempts": s.abort_count + 1,
-                         "fate": fate, "reason": reason} for s in group]
+                         "fate": fate, "reason": reason, **sample_fields(s, self.args.reward_key)} for s in group]
 
     def drain_fates(self) -> list[dict[str, Any]]:
         fates, self._fates = self._fates, []
@@ -150,13 +152,15 @@ async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: 
 def dynamic_filter(args: Namespace):
     if not args.dynamic_sampling_filter_path:
         return lambda a, g: (True, None)
-    from relax.utils.plugins import load_function
+    from relax.utils.plugins import culprit, load_function
 
     fn = load_function(args.dynamic_sampling_filter_path, flag="--dynamic-sampling-filter-path",
                        signature=FILTER_SIGNATURE, min_args=2)
 
     def keep(a: Namespace, group: list[Sample]) -> tuple[bool, str | None]:
-        out = fn(a, group)
+        with culprit("--dynamic-sampling-filter-path", args.dynamic_sampling_filter_path,
+                     f"group {group[0].group_index if group else None}"):
+            out = fn(a, group)
         return (bool(out), None) if isinstance(out, bool) else (bool(out.keep), out.reason)
 
     return keep
@@ -186,29 +190,60 @@ async def _generate_and_score(args: Namespace, rollout_id: int, state: GenerateS
     await compute_rewards(args, flat)
 
 
-GENERATE_SIGNATURE = "async generate(args, sample: Sample, sampling_params: dict) -> Sample"
+GENERATE_SIGNATURE = "async generate(args, sample: Sample, sampling_params: dict[, evaluation: bool]) -> Sample"
 
 
-async def _custom_generate(args: Namespace, rollout_id: int, state: GenerateState, flat: list[Sample]) -> None:
-    """Relax's custom generate hook (multi-turn, tools): one call per sample, talking HTTP to the engine."""
+def load_generate_function(args: Namespace) -> tuple[Any, bool]:
+    """The ``--custom-generate-function-path`` function, and whether it takes seed 001's optional ``evaluation``."""
+    import inspect
+
     from relax.utils.plugins import load_function
 
     fn = load_function(args.custom_generate_function_path, flag="--custom-generate-function-path",
                        signature=GENERATE_SIGNATURE, min_args=3)
-    results = await asyncio.gather(*(
-        fn(args, s, dict(state.sampling_params, sampling_seed=sample_seed(args.rollout_seed, rollout_id, s.index)))
-        for s in flat
-    ))
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return fn, False
+    return fn, "evaluation" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+
+
+async def custom_generate(args: Namespace, flat: list[Sample], params: dict[str, Any], seeds: list[int], *,
+                          evaluation: bool = False) -> None:
+    """Relax's custom generate hook (multi-turn, tools): one call per sample, talking HTTP to the engine.
+
+    Each call gets the rollout's sampling params with the sample's own ``sampling_seed``; during
+    evaluation a function that declares ``evaluation`` gets ``evaluation=True`` (seed 001).
+    """
+    fn, takes_evaluation = load_generate_function(args)
+    extra = {"evaluation": True} if evaluation and takes_evaluation else {}
+
+    async def call(i: int, s: Sample, seed: int) -> Any:
+        try:
+            return await fn(args, s, dict(params, sampling_seed=seed), **extra)
+        except Exception as exc:
+            which = f"eval sample {i}" if evaluation else f"sample index {s.index} (group {s.group_index})"
+            exc.add_note(f"in --custom-generate-function-path {args.custom_generate_function_path} ({which})")
+            raise
+
+    results = await asyncio.gather(*(call(i, s, seed) for i, (s, seed) in enumerate(zip(flat, seeds, strict=True))))
     for s, out in zip(flat, results, strict=True):
         if out is not s and not isinstance(out, Sample):
-            raise TypeError(f"--custom-generate-function-path returned {type(out).__name__}; expected {GENERATE_SIGNATURE}")
+            raise TypeError(f"--custom-generate-function-path {args.custom_generate_function_path} returned "
+                            f"{type(out).__name__} for sample {s.index}; expected {GENERATE_SIGNATURE}")
         if isinstance(out, Sample) and out is not s:
             s.__dict__.update(out.__dict__)
         if isinstance(s.weight_version, str):  # copied from an engine's meta_info, where SGLang reports a string
             s.weight_version = parse_weight_version(s.weight_version)
         if s.loss_mask is not None and len(s.loss_mask) != s.response_length:
-            raise ValueError(f"custom generate: sample {s.index} has {len(s.loss_mask)} loss-mask entries for "
-                             f"{s.response_length} response tokens")
+            raise ValueError(f"--custom-generate-function-path {args.custom_generate_function_path}: sample "
+                             f"{s.index} has {len(s.loss_mask)} loss-mask entries for {s.response_length} "
+                             "response tokens")
+
+
+async def _custom_generate(args: Namespace, rollout_id: int, state: GenerateState, flat: list[Sample]) -> None:
+    seeds = [sample_seed(args.rollout_seed, rollout_id, s.index) for s in flat]
+    await custom_generate(args, flat, state.sampling_params, seeds)
 
 
 async def _batch_generate(args: Namespace, rollout_id: int, state: GenerateState, flat: list[Sample]) -> None:
