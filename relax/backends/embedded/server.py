@@ -71,8 +71,20 @@ def split_generate(body: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
     return out, True
 
 
-def _checked(path: str, body: dict[str, Any], implemented: frozenset[str]) -> dict[str, Any]:
-    check_fields(body, ENDPOINTS_BY_PATH[path].fields, implemented, path.lstrip("/"))
+# The fields this server implements, per control endpoint (weight endpoints: weight_routes.IMPLEMENTED;
+# /generate: engine.IMPLEMENTED_REQUEST_FIELDS and sampling.IMPLEMENTED); docs/engine_api.md lists them.
+IMPLEMENTED: dict[str, frozenset[str]] = {
+    "/abort_request": frozenset({"rid", "abort_all", "abort_message"}),
+    "/pause_generation": frozenset({"mode"}),
+    "/continue_generation": frozenset(),
+    "/flush_cache": frozenset(),
+    "/release_memory_occupation": frozenset({"tags"}),
+    "/resume_memory_occupation": frozenset({"tags"}),
+}
+
+
+def _checked(path: str, body: dict[str, Any]) -> dict[str, Any]:
+    check_fields(body, ENDPOINTS_BY_PATH[path].fields, IMPLEMENTED[path], path.lstrip("/"))
     return body
 
 
@@ -159,7 +171,7 @@ class EngineServer:
         return web.json_response(list(results) if is_batch else results[0])
 
     async def abort_request(self, request: web.Request) -> web.Response:
-        body = _checked("/abort_request", await self.body(request), frozenset({"rid", "abort_all", "abort_message"}))
+        body = _checked("/abort_request", await self.body(request))
         if not body.get("abort_all") and not body.get("rid"):
             raise BadRequest("abort_request needs rid or abort_all=true")
         self.scheduler.abort(body.get("rid"), abort_all=bool(body.get("abort_all")),
@@ -167,7 +179,7 @@ class EngineServer:
         return web.Response(status=200)  # SGLang answers an empty 200
 
     async def pause_generation(self, request: web.Request) -> web.Response:
-        body = _checked("/pause_generation", await self.body(request), frozenset({"mode"}))
+        body = _checked("/pause_generation", await self.body(request))
         mode = body.get("mode", "abort")
         if mode not in PAUSE_MODES:
             raise BadRequest(f"pause_generation mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}")
@@ -179,24 +191,27 @@ class EngineServer:
         return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
 
     async def continue_generation(self, request: web.Request) -> web.Response:
-        _checked("/continue_generation", await self.body(request), frozenset())
+        _checked("/continue_generation", await self.body(request))
         self.scheduler.resume()
         return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         """Nothing is cached across requests (no prefix cache): succeeds when idle, as SGLang's does."""
+        _checked("/flush_cache", await self.body(request))
+        if request.query.get("timeout") not in (None, "0", "0.0"):
+            raise BadRequest("flush_cache ?timeout= is not implemented by this engine (it flushes at once or refuses)")
         ok = await self.exclusive(self.engine.flush_cache)
         return web.Response(text="Cache flushed.\n" if ok else "Cache not flushed: requests are running.\n",
                             status=200 if ok else 400)
 
     # ------------------------------------------------------------------ memory, health, info
     async def release_memory(self, request: web.Request) -> web.Response:
-        body = _checked("/release_memory_occupation", await self.body(request), frozenset({"tags"}))
+        body = _checked("/release_memory_occupation", await self.body(request))
         await self.exclusive(lambda: self.engine.release_memory_occupation(body.get("tags")))
         return web.json_response(None)
 
     async def resume_memory(self, request: web.Request) -> web.Response:
-        body = _checked("/resume_memory_occupation", await self.body(request), frozenset({"tags"}))
+        body = _checked("/resume_memory_occupation", await self.body(request))
         await self.exclusive(lambda: self.engine.resume_memory_occupation(body.get("tags")))
         return web.json_response(None)
 
