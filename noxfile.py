@@ -94,6 +94,24 @@ def docker_scenarios(session: nox.Session) -> None:
         session.run("bash", "containers/dockerd.sh", "stop", state, external=True)
 
 
+@nox.session(venv_backend="none")
+def sglang_conformance(session: nox.Session) -> None:
+    """Build the GPU image on this (CPU) machine and run the SGLang conformance tests inside it, against the
+    real sglang package (tests/sglang/): starts a private dockerd (root), builds the offline base, then relax:gpu
+    with packages from the registry. Prints the image's size and the sglang version. Not part of the default run."""
+    state = os.environ.get("RELAX_DOCKERD_DIR", "/tmp/relax-dockerd")
+    env_file = f"{state}/env"
+    session.run("bash", "-c", f"mkdir -p {state} && containers/dockerd.sh start {state} > {env_file}", external=True)
+    try:
+        session.run("bash", "-c", f"set -a; . {env_file}; time containers/build_images.sh gpu --offline", external=True)
+        session.run("bash", "-c", f"set -a; . {env_file}; docker image inspect relax:gpu --format "
+                    "'relax:gpu {{.Size}} bytes'", external=True)
+        session.run("bash", "-c", f"set -a; . {env_file}; docker run --rm --network host relax:gpu "
+                    "python -m pytest -p no:cacheprovider -m sglang tests/sglang -q", external=True)
+    finally:
+        session.run("bash", "containers/dockerd.sh", "stop", state, external=True)
+
+
 BENCHES = {"engine": "ci/bench_engine.py", "megatron": "ci/bench_megatron.py", "grpo": "ci/bench_grpo_e2e.py"}
 
 

@@ -14,5 +14,7 @@ if [ "$WHAT" = cpu ] || [ "$WHAT" = all ]; then
   docker build --network host "${args[@]}" -f containers/Dockerfile.cpu -t relax:cpu .
 fi
 if [ "$WHAT" = gpu ] || [ "$WHAT" = all ]; then
+  # the build machine's CA bundle goes in: its package registry may sit behind a TLS-intercepting proxy
+  mkdir -p containers/.build && cp /etc/ssl/certs/ca-certificates.crt containers/.build/ca-certificates.crt
   docker build --network host "${args[@]}" -f containers/Dockerfile.gpu -t relax:gpu .
 fi
