@@ -69,9 +69,9 @@ def _sglang_parser(sgl) -> argparse.ArgumentParser:
 
 
 def test_pinned_option_list_is_the_installed_server_args(sgl) -> None:
-    from relax.backends.sglang.server_args import PINNED
-
     import sglang
+
+    from relax.backends.sglang.server_args import PINNED
 
     pinned = json.loads(PINNED.read_text())
     assert pinned["sglang_version"] == sglang.__version__, "re-pin: python ci/pin_sglang_server_args.py <sglang dir>"
@@ -161,7 +161,7 @@ def test_every_client_request_constructs_its_io_struct(sgl, monkeypatch) -> None
 
     asyncio.run(calls())
     assert len(sent) == 12
-    for method, path, body in sent:
+    for _method, path, body in sent:
         cls = getattr(sgl.io, ENDPOINTS_BY_PATH["/" + path].request)
         obj = cls(**body)  # the dataclass SGLang's FastAPI handler builds from the body
         for key, value in body.items():
