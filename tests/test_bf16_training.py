@@ -83,7 +83,7 @@ def _engine_vs_trainer(device: str, tmp_path: Path) -> float:
     """Train a Qwen2 HF directory one step in bf16, push its weights to an engine built the way engine actors
     build theirs (the export dtype), sample, and return the mean |engine - trainer| log-prob of those tokens."""
     from relax.backends.torch.batch import TrainSample, build_rollout_tensors
-    from relax.distributed.actors import build_engine
+    from relax.distributed.engine_actor import build_engine
     from tests.hf_dirs import arithmetic_corpus, bpe_tokenizer, hf_dir
 
     path = hf_dir(tmp_path / "qwen2", "qwen2", bpe_tokenizer(arithmetic_corpus()), seed=4)

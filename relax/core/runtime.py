@@ -283,7 +283,7 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
 
         rt.supervisor = EngineSupervisor(rt)
     pool = HttpEnginePool(EngineClient(fleet.router.url, timeout=None), supervisor=rt.supervisor,
-                          on_failure=fleet.failure) if len(fleet) else None
+                          on_failure=fleet.failure, engines=lambda: len(fleet.live_records())) if len(fleet) else None
     GenerateState.install(args, tokenizer=run.tokenizer, pool=pool)
     if args.load:
         directory = ckpt.find_latest(args.load)

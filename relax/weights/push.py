@@ -71,11 +71,20 @@ class WeightPusher:
         self._buffer: torch.Tensor | None = None
         self._open: dict[str, tuple[tuple[SyncTarget, ...], Transport]] = {}
         self.snapshot: Snapshot | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # one loop for every push: its HTTP connections persist
+
+    def _run(self, coro):
+        """Run ``coro`` on the pusher's own event loop thread (started on first use) and wait for it."""
+        if self._loop is None:
+            import threading
+
+            self._loop = asyncio.new_event_loop()
+            threading.Thread(target=self._loop.run_forever, name="relax-weight-push", daemon=True).start()
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def push(self, buckets: Iterable[NamedTensors], targets: list[SyncTarget], version: int, *, requested: str,
              weights_device: torch.device, keep_snapshot: bool = False) -> PushReport:
-        return asyncio.run(self._push(buckets, targets, version, requested, torch.device(weights_device),
-                                      keep_snapshot))
+        return self._run(self._push(buckets, targets, version, requested, torch.device(weights_device), keep_snapshot))
 
     def resync(self, targets: list[SyncTarget]) -> PushReport:
         """Bring (restarted) ``targets`` to the snapshot's version with the snapshot's own bytes."""
@@ -84,36 +93,41 @@ class WeightPusher:
         snap = self.snapshot
         buckets = [unflatten(flat, entries) for flat, entries in snap.buckets]
         helper = WeightPusher(self.timeout_s)  # its own host buffer: the live GPU buffer keeps its IPC handle
-        report = asyncio.run(helper._push(buckets, targets, snap.version, "distributed", torch.device("cpu"),
-                                          keep_snapshot=False, persistent=False))
+        report = self._run(helper._push(buckets, targets, snap.version, "distributed", torch.device("cpu"),
+                                        keep_snapshot=False, persistent=False))
         report.trainer_checksums = snap.trainer_checksums
         return report
 
     def close(self) -> None:
-        asyncio.run(self._close_all())
+        if self._loop is None:
+            return
+        from relax.utils.http_utils import close_session
+
+        async def closing() -> None:
+            await self._close_all()
+            await close_session()
+
+        self._run(closing())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._loop = None
 
     # ------------------------------------------------------------------ internals
     async def _push(self, buckets: Iterable[NamedTensors], targets: list[SyncTarget], version: int, requested: str,
                     device: torch.device, keep_snapshot: bool, persistent: bool = True) -> PushReport:
-        from relax.utils.http_utils import close_session
-
         start = time.perf_counter()
         report = PushReport(version)
-        try:
-            plan = choose(requested, device_identity(device), targets)
-            transports = [await self._transport(name, group, device, persistent) for name, group in plan.items()]
-            report.transports = {name: [t.side for t in group] for name, group in plan.items()}
-            prepared = time.perf_counter()
-            kept = await self._send_all(buckets, transports, device, str(version), report, keep_snapshot)
-            transferred = time.perf_counter()
-            report.target_checksums, report.unverified = await _target_checksums(targets, self.timeout_s)
-            if keep_snapshot:
-                self.snapshot = Snapshot(version, tuple(kept), report.trainer_checksums)
-            if not persistent:
-                for transport in transports:
-                    await transport.close()
-        finally:
-            await close_session()
+        plan = choose(requested, device_identity(device), targets)
+        transports = [await self._transport(name, group, device, persistent) for name, group in plan.items()]
+        report.transports = {name: [t.side for t in group] for name, group in plan.items()}
+        prepared = time.perf_counter()
+        kept = await self._send_all(buckets, transports, device, str(version), report, keep_snapshot)
+        transferred = time.perf_counter()
+        report.target_checksums, report.unverified = await _target_checksums(targets, self.timeout_s)
+        if keep_snapshot:
+            self.snapshot = Snapshot(version, tuple(kept), report.trainer_checksums)
+        if not persistent:
+            for transport in transports:
+                await transport.close()
         end = time.perf_counter()
         report.phases = {"prepare_s": prepared - start, "transfer_s": transferred - prepared,
                          "checksums_s": end - transferred}
@@ -131,8 +145,10 @@ class WeightPusher:
             flat, entries = self._pack(bucket, device)
             bucket = next(pending, None)
             packed = PackedBucket(flat, entries, last=bucket is None)
-            await asyncio.gather(*(t.send(packed, version) for t in transports))
-            report.trainer_checksums.update(state_checksums(unflatten(packed.flat, packed.entries)))
+            # the trainer digests the bytes it sends while the targets copy them (the buffer is read-only here)
+            sums, *_ = await asyncio.gather(asyncio.to_thread(state_checksums, unflatten(packed.flat, packed.entries)),
+                                            *(t.send(packed, version) for t in transports))
+            report.trainer_checksums.update(sums)
             if keep_snapshot:
                 kept.append((packed.flat.to("cpu", copy=True), packed.entries))
             report.buckets += 1

@@ -1,8 +1,10 @@
 """How rollout code reaches the engines: SGLang's ``/generate`` through the run's router.
 
-A batch goes as one batched request per group (SGLang's lists of ``input_ids`` and
-``sampling_params``), so a group's samples share an engine and are admitted together; the router
-spreads the groups over the engines. With a supervisor (``--use-fault-tolerance``) a request that
+A batch is cut into one share of whole groups per engine, and each share goes as one batched
+request (SGLang's lists of ``input_ids`` and ``sampling_params``): the router sends each to the
+engine with the fewest outstanding requests, so every engine gets one share and admits it at once
+(one prefill, one decode batch size: a CUDA-graph runner captures one graph, not one per arriving
+group), and a group's samples always share an engine. With a supervisor (``--use-fault-tolerance``) a request that
 failed because an engine died or hung is retried once the supervisor has replaced the engine (the
 router also retries it on another live engine); without one the first failure ends the run with
 one line naming the engine.
@@ -29,13 +31,17 @@ class HttpEnginePool:
     MAX_RETRIES = 3
 
     def __init__(self, client: EngineClient, supervisor: Any = None,
-                 on_failure: Callable[[BaseException], BaseException] | None = None):
+                 on_failure: Callable[[BaseException], BaseException] | None = None,
+                 engines: Callable[[], int] = lambda: 1):
         self.client = client  # the router (or one engine)
         self.supervisor = supervisor
         self.on_failure = on_failure  # names the failed engine (EngineFleet.failure) when there is no supervisor
+        self.engines = engines  # how many engines stand behind the router now
 
     async def generate_batch(self, requests: list[dict[str, Any]], group_size: int = 1) -> list[dict[str, Any]]:
-        size = max(1, group_size)
+        group = max(1, group_size)
+        groups = -(-len(requests) // group)  # ceil
+        size = -(-groups // max(1, self.engines())) * group  # whole groups per engine share
         chunks = [requests[i:i + size] for i in range(0, len(requests), size)]
         answers = await asyncio.gather(*(self._generate(_batched(chunk)) for chunk in chunks))
         return [resp for chunk, answer in zip(chunks, answers, strict=True)
