@@ -99,6 +99,7 @@ def run_json(args: Namespace, device: str, status: str, **extra: Any) -> dict[st
             "platform": platform.platform(),
         },
         "device": device,
+        "dtypes": run_dtypes(args),
         "seeds": {"seed": args.seed, "rollout_seed": args.rollout_seed},
         "output_dir": str(args.output_dir),
         "start_time": time.time(),
@@ -107,3 +108,13 @@ def run_json(args: Namespace, device: str, status: str, **extra: Any) -> dict[st
         "error": None,
         **extra,
     }
+
+
+def run_dtypes(args: Namespace) -> dict[str, str]:
+    """The dtypes the trainer computes log-probs in and the engines hold weights in (the harness picks its
+    numeric tolerances by them). Both are the train backend's export dtype (relax/backends/train_registry.py):
+    the torch backend trains and exports fp32, Megatron bf16, and engines hold what the trainer exports."""
+    from relax.backends.train_registry import weight_dtype
+
+    dtype = str(weight_dtype(args.train_backend)).removeprefix("torch.")
+    return {"trainer": dtype, "engine": dtype}

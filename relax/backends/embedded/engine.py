@@ -31,6 +31,7 @@ from relax.backends.embedded.lean_runner import LeanRunner
 from relax.backends.embedded.rows import Fetch, RowState
 from relax.backends.embedded.runners import HFRunner, StaticRunner
 from relax.backends.embedded.sampling import SamplingParams
+from relax.utils.fault_hooks import EngineHooks
 from relax.weights.checksum import state_checksums
 
 # Top-level /generate fields we accept; the second set is SGLang's and ignored (defaults apply).
@@ -100,6 +101,7 @@ class EmbeddedEngine:
             raise ValueError(f"unknown runner {runner!r} (hf, static or lean)")
         self.released = False
         self._parking: list[torch.Tensor] = []  # pinned host copies of the weights, reused by every release
+        self.hooks = EngineHooks.from_env()  # the harness's planted defects (relax/utils/fault_hooks.py); off by default
 
     # ------------------------------------------------------------------ properties
     @property
@@ -224,6 +226,7 @@ class EmbeddedEngine:
         In overlap mode the tokens of a decode step are applied during the next ``step`` call
         (after launching the following decode), so requests finish one call later.
         """
+        started = time.perf_counter()
         finished: list[Request] = self._score_prompts() if self.waiting else []
         room = self.max_running_requests - len(self.reqs)
         if self.waiting and room > 0:
@@ -237,6 +240,7 @@ class EmbeddedEngine:
         if self._inflight and (not self.overlap or len(self._inflight) > 1 or not self.reqs):
             reqs, fetch = self._inflight.pop(0)
             finished += self._apply(reqs, fetch)
+        self.hooks.after_step(started)
         return finished
 
     def _score_prompts(self) -> list[Request]:
@@ -294,7 +298,7 @@ class EmbeddedEngine:
             if r.done:  # finished or aborted since this step was launched: a wasted row
                 continue
             r.output_ids.append(tok)
-            r.logprobs.append(lp)
+            r.logprobs.append(self.hooks.logprob(lp, len(r.output_ids)))
             self._check_finish(r, tok)
             if r.done:
                 finished.append(r)
