@@ -168,9 +168,9 @@ class HarnessSession:
                     res.test["outcome"] = "xfailed" if report.skipped else "xpassed"
                 else:
                     res.test["outcome"] = report.outcome
-                if report.passed and res.no_baseline():
-                    report.user_properties += [("relax_outcome", "no_baseline"),
-                                               ("relax_throughput", res.no_baseline()[0].message)]
+                if report.passed and res.no_baseline():  # JUnit writes the item's properties at teardown
+                    item.user_properties += [("relax_outcome", "no_baseline"),
+                                             ("relax_throughput", res.no_baseline()[0].message)]
         return report
 
     def _record_skip(self, item: pytest.Item, report: pytest.TestReport) -> None:
@@ -184,7 +184,7 @@ class HarnessSession:
             spec = self.catalog[name]
             res.family, res.profile = spec.family, spec.profile.value
         self.results.append(res)
-        report.user_properties.append(("relax_outcome", "skipped"))
+        item.user_properties.append(("relax_outcome", "skipped"))
 
     def _merged(self) -> list[dict[str, Any]]:
         mine = [r.model_dump(mode="json") for r in self.results]

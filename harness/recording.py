@@ -39,46 +39,59 @@ def select(catalog: dict[str, ScenarioSpec], names: list[str], profile: Profile)
     return [catalog[n] for n in names]
 
 
-def run_for_baseline(specs: list[ScenarioSpec], runs: int, results_dir: Path, engine_cmd: list[str] | None,
+def run_for_baseline(spec: ScenarioSpec, runs: int, results_dir: Path, engine_cmd: list[str] | None,
                      log=print) -> list[ScenarioResult]:
-    """``runs`` passing runs of each spec, in a row (a failing run stops the recording: it is no baseline)."""
+    """``runs`` passing runs of ``spec``, in a row (a failing run stops the recording: it is no baseline)."""
     out = []
-    for spec in specs:
-        for i in range(1, runs + 1):
-            cfg = HarnessConfig(executor=LocalExecutor(engine_cmd), results_dir=results_dir / f"{spec.name}-{i}")
-            res = run_scenario(spec, cfg)
-            res.name = f"{spec.name}[run {i}]"
-            out.append(res)
-            if res.failures():
-                raise RecordError(f"{spec.name} run {i} failed, so it cannot be a baseline: {res.failures()[0]}")
-            value = next(c.measurements["value"] for c in res.checks if c.kind == "throughput")
-            log(f"  {spec.name} run {i}/{runs}: {value:.4g} ({res.duration_s:.1f} s)")
+    for i in range(1, runs + 1):
+        cfg = HarnessConfig(executor=LocalExecutor(engine_cmd), results_dir=results_dir / f"{spec.name}-{i}")
+        res = run_scenario(spec, cfg)
+        res.name = f"{spec.name}[run {i}]"
+        out.append(res)
+        if res.failures():
+            raise RecordError(f"{spec.name} run {i} failed, so it cannot be a baseline: {res.failures()[0]}")
+        value = next(c.measurements["value"] for c in res.checks if c.kind == "throughput")
+        log(f"  {spec.name} run {i}/{runs}: {value:.4g} ({res.duration_s:.1f} s)")
     return out
 
 
-def record_baselines(args: Namespace, log=print) -> tuple[Path, str]:
-    if args.runs < baselines.MIN_RUNS:
-        raise RecordError(f"--runs {args.runs}: a baseline needs at least {baselines.MIN_RUNS} runs")
-    if args.from_results:
-        data = [load_results(Path(p)) for p in args.from_results]
-    else:
-        profile = Profile(args.profile)
-        if profile is Profile.GPU and not cuda_available():
-            raise RecordError("--profile gpu: no CUDA device here; record GPU baselines on the GPU machine")
-        specs = select(load_catalog(args.specs), list(args.names), profile)
-        engine_cmd = args.engine_cmd.split() if args.engine_cmd else None
-        log(f"recording {', '.join(s.name for s in specs)} on {machine_class(profile)}: {args.runs} runs each")
-        results = run_for_baseline(specs, args.runs, Path(args.results).resolve(), engine_cmd, log)
-        path = write_results(Path(args.results).resolve() / "results.json", results)
-        data = [load_results(path)]
+def _store(data: list[dict[str, Any]], directory: Path, keys: list[str] | None) -> tuple[str, dict, Path]:
     try:
         machine, measured = baselines.measurements_from_results(data)
-        if args.names:
-            measured = {k: v for k, v in measured.items() if k in args.names}
-        path = baselines.record(Path(args.baselines), machine, measured, baselines.git_commit(Path(__file__).parents[1]))
+        if keys:
+            measured = {k: v for k, v in measured.items() if k in keys}
+        path = baselines.record(directory, machine, measured, baselines.git_commit(Path(__file__).parents[1]))
     except ValueError as exc:
         raise RecordError(str(exc)) from None
-    return path, summary(machine, measured, baselines.load(Path(args.baselines), machine) or {})
+    return machine, measured, path
+
+
+def record_baselines(args: Namespace, log=print) -> tuple[Path, str]:
+    """Record from ``--from`` results, or run each scenario ``--runs`` times and store its baseline as soon as
+    its runs are done (a session cut short keeps the scenarios it finished); every run lands in
+    ``--results``/results.json."""
+    if args.runs < baselines.MIN_RUNS:
+        raise RecordError(f"--runs {args.runs}: a baseline needs at least {baselines.MIN_RUNS} runs")
+    directory = Path(args.baselines)
+    if args.from_results:
+        machine, measured, path = _store([load_results(Path(p)) for p in args.from_results], directory, args.names)
+        return path, summary(machine, measured, baselines.load(directory, machine) or {})
+    profile = Profile(args.profile)
+    if profile is Profile.GPU and not cuda_available():
+        raise RecordError("--profile gpu: no CUDA device here; record GPU baselines on the GPU machine")
+    specs = select(load_catalog(args.specs), list(args.names), profile)
+    engine_cmd = args.engine_cmd.split() if args.engine_cmd else None
+    results_dir = Path(args.results).resolve()
+    log(f"recording {', '.join(s.name for s in specs)} on {machine_class(profile)}: {args.runs} runs each")
+    results: list[ScenarioResult] = []
+    recorded: dict[str, list[dict[str, Any]]] = {}
+    for spec in specs:
+        results += run_for_baseline(spec, args.runs, results_dir, engine_cmd, log)
+        written = write_results(results_dir / "results.json", results)
+        machine, measured, path = _store([load_results(written)], directory, [spec.baseline_key or spec.name])
+        recorded |= measured
+        log(summary(machine, measured, baselines.load(directory, machine) or {}))
+    return path, summary(machine, recorded, baselines.load(directory, machine) or {})
 
 
 def summary(machine: str, measured: dict[str, list[dict[str, Any]]], stored: dict[str, Any]) -> str:

@@ -18,6 +18,18 @@ COLORS = {"passed": "#1a7f37", "failed": "#cf222e", "unsupported": "#9a6700", "x
           "skipped": "#57606a", "xpassed": "#cf222e", "no_baseline": "#8250df"}
 
 
+NO_MATPLOTLIB = "<p><em>plots need matplotlib (a dev dependency), which this Python lacks</em></p>"
+
+
+def have_matplotlib() -> bool:
+    """The GPU machine's Python has no package index and may lack matplotlib: the report then says so."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _pyplot():
     import matplotlib
 
@@ -107,6 +119,15 @@ def _img(png: str | None, alt: str) -> str:
     return f"<img alt='{html.escape(alt)}' src='data:image/png;base64,{png}'/>" if png else ""
 
 
+def _plots(sc: dict[str, Any], throughput: dict[str, dict[str, Any]]) -> str:
+    key = next((c["measurements"].get("baseline_key") for c in sc.get("checks", [])
+                if c.get("kind") == "throughput" and "value" in (c.get("measurements") or {})), None)
+    if not have_matplotlib():
+        return NO_MATPLOTLIB if key or sc.get("series") else ""
+    tput = _img(throughput_png(key, throughput[key]), f"throughput {key}") if key in throughput else ""
+    return _img(plot_png(sc.get("series", {})), f"plots {sc['name']}") + tput
+
+
 def _scenario_html(sc: dict[str, Any], throughput: dict[str, dict[str, Any]]) -> str:
     out = outcome(sc)
     esc = html.escape
@@ -114,9 +135,6 @@ def _scenario_html(sc: dict[str, Any], throughput: dict[str, dict[str, Any]]) ->
         f"<tr><td>{esc(c['name'])}</td><td style='color:{COLORS.get(c['status'], '#000')}'>{esc(c['status'])}</td>"
         f"<td>{esc(c['message'])}</td></tr>" for c in sc.get("checks", []))
     problems = "".join(f"<li>{esc(p)}</li>" for p in sc.get("problems", []))
-    key = next((c["measurements"].get("baseline_key") for c in sc.get("checks", [])
-                if c.get("kind") == "throughput" and "value" in (c.get("measurements") or {})), None)
-    tput = _img(throughput_png(key, throughput[key]), f"throughput {key}") if key in throughput else ""
     reason = (sc.get("test") or {}).get("reason")
     tline = throughput_text(sc)
     return (f"<section id='{esc(sc['name'])}'><h2>{esc(sc['name'])} "
@@ -126,7 +144,7 @@ def _scenario_html(sc: dict[str, Any], throughput: dict[str, dict[str, Any]]) ->
             + (f"<p><em>{esc(reason)}</em></p>" if reason else "")
             + (f"<p>throughput: {esc(tline)}</p>" if tline else "")
             + (f"<ul>{problems}</ul>" if problems else "")
-            + _img(plot_png(sc.get("series", {})), f"plots {sc['name']}") + tput
+            + _plots(sc, throughput)
             + (f"<table><tr><th>check</th><th>status</th><th>message</th></tr>{rows}</table>" if rows else "")
             + "</section>")
 
@@ -136,7 +154,8 @@ def _ab_html(ab: dict[str, Any]) -> str:
     color = COLORS["passed"] if ab["ok"] else COLORS["failed"]
     return (f"<section id='ab'><h2>A/B {esc(ab['scenario'])} <span style='color:{color}'>"
             f"{'PASS' if ab['ok'] else 'FAIL'}</span></h2><p>{esc(ab['verdict'])}</p>"
-            f"<p>{esc(ab['statistic'])}</p>{_img(ab_png(ab), 'A/B runs')}</section>")
+            f"<p>{esc(ab['statistic'])}</p>{_img(ab_png(ab), 'A/B runs') if have_matplotlib() else NO_MATPLOTLIB}"
+            "</section>")
 
 
 def write_html(results: dict[str, Any], path: str | Path) -> Path:

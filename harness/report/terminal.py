@@ -59,7 +59,9 @@ def render_summary(scenarios: list[dict[str, Any]], width: int = 110, color: boo
         out = outcome(sc)
         detail = throughput_text(sc) if out == "no_baseline" else sc.get("message", "")
         reason = (sc.get("test") or {}).get("reason")
-        if out in ("xfailed", "skipped") and reason:
+        if out == "skipped":
+            detail = reason or detail
+        elif out == "xfailed" and reason:
             detail = f"{reason} | {detail}" if detail else reason
         table.add_row(sc["name"], f"[{STYLE.get(out, '')}]{out.replace('_', ' ')}[/]", f"{ok}/{len(checks)}",
                       f"{sc.get('duration_s', 0):.1f}s", detail)
