@@ -83,8 +83,8 @@ def gpu_scenarios(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def baselines(session: nox.Session) -> None:
     """Record this machine class's CPU throughput baselines (5 runs of each scenario with a throughput check)
-    into ci/baselines/. ``nox -s baselines -- --profile gpu`` on a GPU machine; arguments go to
-    `relax-harness baseline record`."""
+    into ci/baselines/; arguments go to `relax-harness baseline record`. On the GPU machine (no nox there):
+    ``python3 -m harness baseline record --profile gpu`` (ci/gpu_session.sh ``baselines``)."""
     _install(session)
     session.run("relax-harness", "baseline", "record", "--results", BASELINE_RUNS, *session.posargs,
                 env=SINGLE_THREAD)

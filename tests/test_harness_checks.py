@@ -356,6 +356,16 @@ def test_fault_recovered_passes_and_not_survived_fails(tmp_path: Path) -> None:
     assert res.status is Status.FAILED and "3 restarts > allowed 1" in res.message
 
 
+def test_fault_without_a_restart_fails_min_restarts(tmp_path: Path) -> None:
+    """The old engine-hang scenario: the fault fired, the run completed, but nothing noticed it."""
+    quiet = make_run(tmp_path / "quiet")
+    _events(quiet, {"event": "fault_injected", "role": "engine:0", "signal": "SIGSTOP"})
+    res = check({"kind": "fault_outcome", "expect": "recovered", "max_restarts": 1, "min_restarts": 1},
+                ctx(tmp_path, main=quiet))
+    assert res.status is Status.FAILED
+    assert res.message == "no recovery recorded: 0 restart event(s), expected at least 1"
+
+
 def test_fault_never_happened_fails(tmp_path: Path, good: Path) -> None:
     res = check({"kind": "fault_outcome", "expect": "recovered"}, ctx(tmp_path, main=good))
     assert res.status is Status.FAILED and "the fault never happened" in res.message
