@@ -8,6 +8,7 @@ The same measurement drives the stored baselines (`harness.baselines`) and the A
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field
@@ -20,6 +21,16 @@ from harness.profiles import THROUGHPUT_MIN_TOLERANCE
 COUNT_KEYS = {"samples": ("rollout/num_samples",), "tokens": ("rollout/num_samples", "rollout/response_len_mean")}
 
 
+def _window_start(run: RunArtifacts, ends: dict[int, float], steps: list[int], skip_steps: int) -> float:
+    """The end of the last warm-up step, or the first step's start when there is no warm-up."""
+    if skip_steps:
+        return ends[steps[skip_steps - 1]]
+    starts = [float(e["time"]) for e in run.events_named("step_start") if e.get("step") == steps[0]]
+    if not starts:
+        raise ValueError(f"no step_start event for step {steps[0]}")
+    return starts[-1]
+
+
 def measure(run: RunArtifacts, unit: str, skip_steps: int, min_steps: int) -> dict[str, float]:
     """``{"value": per second, "steps": measured steps, "window_s": seconds}`` (ValueError when it cannot)."""
     ends: dict[int, float] = {}
@@ -29,24 +40,14 @@ def measure(run: RunArtifacts, unit: str, skip_steps: int, min_steps: int) -> di
     steps = sorted(ends)
     if len(steps) < skip_steps + min_steps:
         raise ValueError(f"{len(steps)} step_end events; need {skip_steps} warm-up + {min_steps} measured steps")
+    t0, window = _window_start(run, ends, steps, skip_steps), steps[skip_steps:]
     series = [run.metric_series(k) for k in COUNT_KEYS[unit]]
-    start, window = steps[skip_steps - 1] if skip_steps else None, steps[skip_steps:]
-    if start is None:  # no warm-up: the window opens at the first step_start
-        starts = [float(e["time"]) for e in run.events_named("step_start") if e.get("step") == steps[0]]
-        if not starts:
-            raise ValueError(f"no step_start event for step {steps[0]}")
-        t0 = starts[-1]
-    else:
-        t0 = ends[start]
     count = 0.0
     for step in window:
         missing = [k for k, s in zip(COUNT_KEYS[unit], series, strict=True) if step not in s]
         if missing:
             raise ValueError(f"step {step}: no {', '.join(missing)} in metrics.jsonl")
-        product = 1.0
-        for s in series:
-            product *= s[step]
-        count += product
+        count += math.prod(s[step] for s in series)
     seconds = ends[window[-1]] - t0
     if seconds <= 0:
         raise ValueError(f"steps {window[0]}..{window[-1]} took {seconds:.3g} s of wall time")

@@ -94,7 +94,12 @@ def throughput_png(key: str, point: dict[str, Any]) -> str:
         ax.axhline(base["median"], color="#8250df", lw=1, label=f"baseline median {base['median']:.4g}")
         if stored:
             ax.plot(range(1, len(stored) + 1), stored, "x", color="#57606a", label="baseline runs")
-    ax.plot(runs, point["values"], "o", color="#0969da", label="this run" if len(runs) == 1 else "these runs")
+    lower = base["lower"] if base else float("-inf")
+    ok = [(r, v) for r, v in zip(runs, point["values"], strict=True) if v >= lower]
+    low = [(r, v) for r, v in zip(runs, point["values"], strict=True) if v < lower]
+    for pts, color, label in ((ok, "#0969da", "measured"), (low, "#cf222e", "below the band")):
+        if pts:
+            ax.plot(*zip(*pts, strict=True), "o", color=color, label=label)
     ax.set_title(f"{key}: {point['metric']} ({point['machine']})" + ("" if base else ", no baseline"), fontsize=9)
     ax.set_xlabel("run", fontsize=8)
     ax.tick_params(labelsize=7)
