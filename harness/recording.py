@@ -90,7 +90,7 @@ def record_baselines(args: Namespace, log=print) -> tuple[Path, str]:
         written = write_results(results_dir / "results.json", results)
         machine, measured, path = _store([load_results(written)], directory, [spec.baseline_key or spec.name])
         recorded |= measured
-        log(summary(machine, measured, baselines.load(directory, machine) or {}))
+        log(f"  stored {spec.name} in {path}")
     return path, summary(machine, recorded, baselines.load(directory, machine) or {})
 
 
