@@ -57,7 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     ab.add_argument("--scenario", default="colocate-cpu", help="a scenario with a throughput check")
     ab.add_argument("--runs", type=int, default=5, help="runs per side (interleaved ABBA)")
     ab.add_argument("--alpha", type=float, default=0.05, help="significance level of the one-sided test")
-    ab.add_argument("--min-effect", type=float, default=0.10, help="smallest median slowdown that fails")
+    ab.add_argument("--min-effect", type=float, default=0.10,
+                    help="the slowdown that may fail: the candidate is tested against the base x (1 - this)")
     ab.add_argument("--results", default="harness-results/ab")
     ab.add_argument("--specs", default=None)
     ab.add_argument("--engine-cmd", default=None)

@@ -60,12 +60,27 @@ def test_matches_scipy_exact_without_ties() -> None:
     assert u == ref.statistic and p == pytest.approx(ref.pvalue, rel=1e-12)
 
 
-def test_decision_needs_significance_and_the_minimum_effect() -> None:
+def test_decision_is_non_inferiority_at_the_minimum_effect() -> None:
     base = [100.0, 101.0, 99.0, 100.5, 99.5]
-    tiny = decide([x * 0.98 for x in base[::-1]], base, alpha=0.05, min_effect=0.10)  # a significant 2%
-    assert tiny.ok and tiny.slowdown == pytest.approx(0.02) and tiny.p < 0.05
+    tiny = decide([x * 0.98 for x in base[::-1]], base, alpha=0.05, min_effect=0.10)  # 2% slower, every run
+    assert tiny.ok and tiny.slowdown == pytest.approx(0.02)
+    assert mann_whitney_less([x * 0.98 for x in base], base)[1] < 0.05  # "slower at all" would be significant
     big = decide([x * 0.7 for x in base], base, alpha=0.05, min_effect=0.10)
     assert not big.ok and big.p == pytest.approx(1 / 252) and big.slowdown == pytest.approx(0.3)
-    noisy = decide([70.0, 130.0, 72.0, 128.0, 71.0], base, alpha=0.05, min_effect=0.10)  # slower median, not significant
-    assert noisy.ok and noisy.slowdown > 0.10 and noisy.p >= 0.05
-    assert "one-sided Mann-Whitney U = 0, exact p = 0.003968" in big.statistic()
+    assert big.statistic() == ("one-sided exact Mann-Whitney test of the candidate against the base's runs x 0.90: "
+                               "U = 0, p = 0.003968 (fails when p < 0.05: slower than 90% of the base beyond the noise)")
+    edge = decide([x * 0.85 for x in base], base, alpha=0.05, min_effect=0.10)  # 15% slower, no noise: fails
+    assert not edge.ok
+    noisy = decide([70.0, 130.0, 72.0, 128.0, 71.0], base, alpha=0.05, min_effect=0.10)  # slower median, not beyond noise
+    assert noisy.ok and noisy.slowdown > 0.10
+    with pytest.raises(ValueError, match="min_effect"):
+        decide(base, base, alpha=0.05, min_effect=1.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(values=st.lists(st.floats(50, 150), min_size=10, max_size=10))
+def test_a_commit_never_fails_against_runs_within_the_minimum_effect(values: list[float]) -> None:
+    """Whatever the noise, candidate runs that are each at least 90% of some base run cannot all be shown slower
+    than 90% of the base: the self-comparison of equal multisets always passes."""
+    cand, base = values[:5], values[:5]
+    assert decide(cand, base, alpha=0.05, min_effect=0.10).ok
