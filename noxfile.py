@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import nox
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # ci.sessions: what the scenario sessions run and write
+from ci.sessions import AB_RESULTS, BASELINE_RUNS, SESSIONS, TESTS_JUNIT  # noqa: E402
 
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
@@ -34,7 +38,7 @@ def _pytest(session: nox.Session, *args: str) -> None:
 def tests(session: nox.Session) -> None:
     """Unit and integration tests of relax/ and harness/ (CPU, 2 workers)."""
     _install(session)
-    _pytest(session, "-n", "2", "tests", "-m", "not gpu and not multi_gpu", "--junitxml=harness-results/tests-junit.xml")
+    _pytest(session, "-n", "2", "tests", "-m", "not gpu and not multi_gpu", f"--junitxml={TESTS_JUNIT}")
 
 
 @nox.session(python=PYTHON)
@@ -53,29 +57,47 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", "relax", "harness", "tests", "scenarios", "ci", "noxfile.py")
 
 
-def _gate(session: nox.Session, results: str, python: str = "python") -> None:
-    session.run(python, "-m", "ci.gate", f"{results}/results.json", "--baselines", "ci/baselines",
-                "--summary", f"{results}/summary.md")
+def _scenario_session(session: nox.Session, name: str, python: str = "python", extra: tuple[str, ...] = ()) -> None:
+    """pytest over scenarios/ with the harness plugin, then the regression gate (ci/sessions.py says how)."""
+    spec = SESSIONS[name]
+    _pytest(session, *spec.pytest_args(), *extra)
+    session.run(python, *spec.gate_args())
 
 
 @nox.session(python=PYTHON)
 def scenarios(session: nox.Session) -> None:
-    """CPU variants of every scenario family (local executor), then the regression gate."""
+    """CPU variants of every scenario family (local executor), then the regression gate. Throughput without
+    a baseline for this machine class is reported as such (`nox -s baselines` records one)."""
     _install(session)
-    results = "harness-results/cpu"
-    _pytest(session, "scenarios", "-n", "2", "--harness-profile", "cpu", "--harness-results", results,
-            f"--junitxml={results}/junit.xml")
-    _gate(session, results)
+    _scenario_session(session, "scenarios")
 
 
 @nox.session(venv_backend="none")
 def gpu_scenarios(session: nox.Session) -> None:
-    """GPU variants in this machine's own Python (CUDA torch preinstalled; ray etc. via ci/wheelhouse)."""
-    results = "harness-results/gpu"
-    executor = "docker" if os.environ.get("RELAX_HARNESS_DOCKER_GPU") else "local"
-    _pytest(session, "scenarios", "-m", "gpu", "--harness-profile", "gpu", "--harness-executor", executor,
-            "--harness-results", results, f"--junitxml={results}/junit.xml")
-    _gate(session, results, python=sys.executable)
+    """GPU variants in this machine's own Python (CUDA torch preinstalled; ray etc. via ci/wheelhouse); a
+    throughput check without a stored baseline for this GPU class fails (--harness-require-baselines)."""
+    docker = ("--harness-executor", "docker") if os.environ.get("RELAX_HARNESS_DOCKER_GPU") else ()
+    _scenario_session(session, "gpu_scenarios", python=sys.executable, extra=docker)
+
+
+@nox.session(python=PYTHON)
+def baselines(session: nox.Session) -> None:
+    """Record this machine class's CPU throughput baselines (5 runs of each scenario with a throughput check)
+    into ci/baselines/; arguments go to `relax-harness baseline record`. On the GPU machine (no nox there):
+    ``python3 -m harness baseline record --profile gpu`` (ci/gpu_session.sh ``baselines``)."""
+    _install(session)
+    session.run("relax-harness", "baseline", "record", "--results", BASELINE_RUNS, *session.posargs,
+                env=SINGLE_THREAD)
+
+
+@nox.session(python=PYTHON)
+def ab(session: nox.Session) -> None:
+    """Same-machine A/B throughput gate of this checkout against a base commit:
+    ``nox -s ab -- --base origin/main [--scenario NAME --runs N]`` (arguments go to `relax-harness ab`)."""
+    _install(session)
+    if not any(a == "--base" or a.startswith("--base=") for a in session.posargs):
+        session.error("nox -s ab needs -- --base REF (a git ref to compare against)")
+    session.run("relax-harness", "ab", "--results", AB_RESULTS, *session.posargs, env=SINGLE_THREAD)
 
 
 @nox.session(python=PYTHON)
@@ -87,9 +109,10 @@ def docker_scenarios(session: nox.Session) -> None:
     session.run("bash", "-c", f'mkdir -p {state} && containers/dockerd.sh start {state} > {env_file}', external=True)
     try:
         session.run("bash", "-c", f"set -a; . {env_file}; containers/build_images.sh cpu --offline", external=True)
-        session.run("bash", "-c", f"set -a; . {env_file}; pytest tests/test_harness_docker.py scenarios "
-                    "--harness-executor docker --harness-profile cpu --harness-results harness-results/docker",
-                    external=True, env=SINGLE_THREAD)
+        spec = SESSIONS["docker_scenarios"]
+        args = " ".join(["tests/test_harness_docker.py", *spec.pytest_args(), *session.posargs])
+        session.run("bash", "-c", f"set -a; . {env_file}; pytest {args}", external=True, env=SINGLE_THREAD)
+        session.run("python", *spec.gate_args())
     finally:
         session.run("bash", "containers/dockerd.sh", "stop", state, external=True)
 

@@ -2,6 +2,11 @@
 # One GPU session on the air-gapped GPU machine (see ci/wheelhouse/): install the carried
 # wheels, then run the GPU measurements and write everything under $OUT.
 #   ci/gpu_session.sh PART1_DIR [what ...]      what: bench | colocate | scenarios | megatron | grpo (default: all)
+#                                                or baselines | gpu_scenarios (only when named):
+#   baselines      records this GPU class's throughput baselines (5 runs of each GPU scenario with a throughput
+#                  check) into $OUT/baselines/<class>.json; commit that file to ci/baselines/
+#   gpu_scenarios  what `nox -s gpu_scenarios` runs (ci/sessions.py): every GPU scenario, throughput against
+#                  ci/baselines (required), then the gate; results, JUnit, report and summary in $OUT/gpu_scenarios
 # grpo also needs .whl4/ (TRL's wheels, ci/wheelhouse/build.sh); without it the TRL row is skipped.
 set -uo pipefail
 PART1="$1"; shift
@@ -23,6 +28,12 @@ for w in $WHAT; do
     megatron) timeout 330 python3 ci/bench_megatron.py --json "$OUT/bench_megatron.json" 2>&1 | tee "$OUT/bench_megatron.txt"
               timeout 540 python3 -m pytest scenarios -p harness.pytest_plugin --harness-profile gpu -k megatron \
                 --harness-results "$OUT/megatron_scenarios" -q 2>&1 | tail -30 | tee "$OUT/megatron_scenarios.txt" ;;
+    baselines) timeout 585 python3 -m harness baseline record --profile gpu --runs 5 --baselines "$OUT/baselines" \
+                 --results /tmp/baseline-runs 2>&1 | tee "$OUT/baselines.txt"
+               cp /tmp/baseline-runs/results.json "$OUT/baseline-runs.json" 2>/dev/null ;;
+    gpu_scenarios) timeout 585 python3 -m ci.sessions gpu_scenarios -q --durations=0 2>&1 | tail -80 \
+                     | tee "$OUT/gpu_scenarios.txt"
+                   mkdir -p "$OUT/gpu_scenarios" && cp harness-results/gpu/*.* "$OUT/gpu_scenarios/" ;;
     grpo) [ -d "$TRL_SITE/trl" ] || [ ! -d .whl4 ] || python3 -m pip install -q --no-index --no-deps --no-compile \
             --target "$TRL_SITE" .whl4/*.whl
           timeout 580 python3 ci/bench_grpo_e2e.py --json "$OUT/bench_grpo_e2e.json" --workdir /tmp/grpo_runs 2>&1 \

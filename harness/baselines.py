@@ -1,91 +1,157 @@
-"""Throughput baselines in ``ci/baselines/<key>.json``. Only an explicit command updates them.
+"""Stored throughput baselines, one file per machine class: ``ci/baselines/<class slug>.json``.
 
-File shape::
+Only ``relax-harness baseline record`` writes them, from at least `MIN_RUNS` runs of each scenario on
+that machine class. File shape::
 
-    {"key": "colocate-cpu",
-     "cpu": {"calibration_s": 0.021, "updated": "...",
-             "metrics": {"perf/tokens_per_s": {"normalized": 183.0, "raw": 8700.0, "higher_is_better": true}}},
-     "gpu": {"H100": {"updated": "...", "metrics": {...}}}}
+    {"schema": "relax-harness-baselines/2", "machine_class": "gpu: NVIDIA H100 80GB HBM3 x1",
+     "scenarios": {"colocate-gpu": {"metric": "samples_per_s", "values": [...], "median": 212.0,
+                                    "spread": 0.021, "tolerance": 0.063, "spec": "<digest>",
+                                    "recorded": "2026-11-25T10:00:00Z", "commit": "abc123"}}}
 
-CPU numbers are normalized by the in-run calibration (``harness.calibration``); GPU numbers
-are kept per device class and compared raw.
+A measurement fails only when it is below ``median * (1 - allowed)``, where ``allowed`` is the larger of
+the baseline's own ``tolerance`` (3 x the relative standard deviation of its runs: the noise measured on
+that machine) and the check's minimum (its ``tolerance``, else the profile's). A class without an entry,
+or with an entry recorded for other scenario flags (``spec`` differs), has *no baseline*: that is its
+own outcome, never a pass.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
+import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.profiles import Profile
+from harness.profiles import class_slug
+
+SCHEMA = "relax-harness-baselines/2"
+MIN_RUNS = 5
+SPREAD_SIGMAS = 3.0
 
 
-def baseline_path(directory: Path, key: str) -> Path:
-    return Path(directory) / f"{key}.json"
+def baseline_path(directory: Path, machine: str) -> Path:
+    return Path(directory) / f"{class_slug(machine)}.json"
 
 
-def load(directory: Path, key: str) -> dict[str, Any] | None:
-    path = baseline_path(directory, key)
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def entry(data: dict[str, Any] | None, profile: Profile | str, device_class: str) -> dict[str, Any] | None:
-    if not data:
+def load(directory: Path, machine: str) -> dict[str, Any] | None:
+    path = baseline_path(directory, machine)
+    if not path.exists():
         return None
-    if Profile(profile) is Profile.CPU:
-        return data.get("cpu")
-    return (data.get("gpu") or {}).get(device_class)
+    data = json.loads(path.read_text())
+    if data.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: schema {data.get('schema')!r}, expected {SCHEMA!r}; re-record it with "
+                         "`relax-harness baseline record`")
+    return data
 
 
-def normalize(value: float, higher_is_better: bool, calibration_s: float | None) -> float:
-    """Machine-independent figure: rates x calibration seconds, durations / calibration seconds."""
-    if not calibration_s:
-        return value
-    return value * calibration_s if higher_is_better else value / calibration_s
+def entry(directory: Path | None, machine: str, key: str) -> dict[str, Any] | None:
+    data = load(directory, machine) if directory is not None else None
+    return ((data or {}).get("scenarios") or {}).get(key)
 
 
-def compare(metric: str, value: float, base: dict[str, Any], tolerance: float) -> tuple[bool, str]:
-    """``value`` is normalized; ``base`` is the baseline's entry for this metric."""
-    ref = float(base["normalized"])
-    higher = bool(base.get("higher_is_better", True))
-    change = (value - ref) / ref if ref else 0.0
-    if higher:
-        ok = value >= ref * (1 - tolerance)
-    else:
-        ok = value <= ref * (1 + tolerance)
-    word = "ok" if ok else "REGRESSION"
-    return ok, f"{metric}: {value:.4g} vs baseline {ref:.4g} ({change:+.1%}, tolerance {tolerance:.0%}) {word}"
+def spread_tolerance(values: list[float]) -> float:
+    """3 x the relative (sample) standard deviation of the recorded runs."""
+    if len(values) < 2:
+        return 0.0
+    return SPREAD_SIGMAS * statistics.stdev(values) / statistics.median(values)
 
 
-def update(directory: Path, key: str, profile: Profile | str, device_class: str,
-           calibration_s: float | None, measurements: dict[str, dict[str, Any]]) -> Path:
-    """Write this job's measurements as the new baseline for (key, profile, device class)."""
+@dataclass(frozen=True)
+class Judgement:
+    ok: bool
+    median: float
+    allowed: float  # relative drop allowed
+    change: float  # (value - median) / median
+
+    @property
+    def lower(self) -> float:
+        return self.median * (1 - self.allowed)
+
+    def line(self, metric: str, value: float) -> str:
+        word = "ok" if self.ok else "REGRESSION"
+        return (f"{metric} {value:.4g} vs baseline median {self.median:.4g} ({self.change:+.1%}; fails below "
+                f"{self.lower:.4g}, -{self.allowed:.0%}) {word}")
+
+
+def judge(value: float, base: dict[str, Any], min_tolerance: float) -> Judgement:
+    median = float(base["median"])
+    allowed = max(float(base.get("tolerance", 0.0)), min_tolerance)
+    change = (value - median) / median if median else 0.0
+    return Judgement(value >= median * (1 - allowed), median, allowed, change)
+
+
+def missing_reason(base: dict[str, Any] | None, machine: str, key: str, spec_digest: str | None) -> str | None:
+    """Why there is no usable baseline for ``key`` on ``machine`` (None: there is one)."""
+    if base is None:
+        return f"no baseline for {machine} (scenario {key}); record one with `relax-harness baseline record`"
+    if spec_digest is not None and base.get("spec") not in (None, spec_digest):
+        return (f"no baseline for {machine} (scenario {key}): the stored one was recorded for other scenario flags "
+                f"(spec {base.get('spec')} != {spec_digest}); re-record it with `relax-harness baseline record`")
+    return None
+
+
+def git_commit(root: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def record(directory: Path, machine: str, measured: dict[str, list[dict[str, Any]]], commit: str | None) -> Path:
+    """Write ``measured`` (scenario key -> one measurement per run: value, metric, spec) as the baselines of
+    ``machine``, keeping the file's other scenarios. Needs `MIN_RUNS` runs per scenario."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    data = load(directory, key) or {"key": key}
+    path = baseline_path(directory, machine)
+    data = load(directory, machine) or {"schema": SCHEMA, "machine_class": machine, "scenarios": {}}
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    new = {"updated": stamp, "metrics": measurements}
-    if Profile(profile) is Profile.CPU:
-        new["calibration_s"] = calibration_s
-        data["cpu"] = new
-    else:
-        data.setdefault("gpu", {})[device_class] = new
-    path = baseline_path(directory, key)
+    for key, runs in measured.items():
+        if len(runs) < MIN_RUNS:
+            raise ValueError(f"{key}: a baseline needs at least {MIN_RUNS} runs, got {len(runs)}")
+        metrics = {r["metric"] for r in runs}
+        specs = {r.get("spec") for r in runs}
+        if len(metrics) != 1 or len(specs) != 1:
+            raise ValueError(f"{key}: runs disagree on the metric {sorted(metrics)} or the scenario spec "
+                             f"{sorted(map(str, specs))}; record runs of one scenario version")
+        values = [float(r["value"]) for r in runs]
+        data["scenarios"][key] = {"metric": metrics.pop(), "values": values, "median": statistics.median(values),
+                                  "spread": spread_tolerance(values) / SPREAD_SIGMAS,
+                                  "tolerance": spread_tolerance(values), "spec": specs.pop(), "runs": len(values),
+                                  "recorded": stamp, "commit": commit}
+    directory.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return path
 
 
-def update_from_results(results: dict[str, Any], directory: Path) -> list[Path]:
-    """Update every baseline a results JSON measured (``relax-harness baseline update``)."""
-    written = []
-    for sc in results.get("scenarios", []):
-        for check in sc.get("checks", []):
-            if check.get("kind") != "throughput" or not check.get("measurements"):
-                continue
-            key = check["details"].get("baseline_key") or sc.get("baseline_key")
-            if not key:
-                continue
-            written.append(update(directory, key, sc.get("profile", "cpu"), sc.get("device_class", "cpu"),
-                                  sc.get("calibration_s"), check["measurements"]))
-    return written
+def measurements_from_results(results: list[dict[str, Any]]) -> tuple[str, dict[str, list[dict[str, Any]]]]:
+    """(machine class, scenario key -> measurements) from results JSONs (``baseline record --from``).
+
+    Only passed scenarios count: a failing run's throughput is no baseline."""
+    machines: set[str] = set()
+    measured: dict[str, list[dict[str, Any]]] = {}
+    for data in results:
+        for sc in data.get("scenarios", []):
+            for check in sc.get("checks", []):
+                m = check.get("measurements") or {}
+                if check.get("kind") != "throughput" or "value" not in m:
+                    continue
+                if sc.get("status") != "passed" and not _only_throughput_failed(sc):
+                    raise ValueError(f"{sc['name']}: the run did not pass ({sc.get('message')}); its throughput "
+                                     "is no baseline")
+                machines.add(sc["machine_class"])
+                measured.setdefault(m["baseline_key"], []).append(m)
+    if len(machines) > 1:
+        raise ValueError(f"results come from several machine classes: {sorted(machines)}")
+    if not machines:
+        raise ValueError("no throughput measurements in the results")
+    return machines.pop(), measured
+
+
+def _only_throughput_failed(sc: dict[str, Any]) -> bool:
+    """A run that failed only its throughput comparison (e.g. against an old baseline) still measured."""
+    failed = [c for c in sc.get("checks", []) if c.get("status") == "failed"]
+    return not sc.get("problems") and bool(failed) and all(c.get("kind") == "throughput" for c in failed)

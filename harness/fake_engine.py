@@ -3,7 +3,9 @@
 ``python -m harness.fake_engine [relax flags] --output-dir DIR [--fake-* knobs]``. It starts
 real child processes (roles ``trainer:0``, ``engine:<i>``) and logs their pids the way the engine
 does, sleeps per step, and can hang, ignore SIGTERM, leave an escaped grandchild, fail, recover
-from a killed engine, or claim a flag is "not supported yet".
+from a killed engine, or claim a flag is "not supported yet". Each step is an "engine step" for the
+planted-slowdown hook (``RELAX_FAULT_ENGINE_SLOWDOWN``, relax/utils/fault_hooks.py), read through the
+same code as the embedded engine's, so the A/B gate can be tested in seconds.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import relax
+from relax.utils.fault_hooks import EngineHooks
 
 SLEEPER = [sys.executable, "-c", "import time\nwhile True: time.sleep(1)"]
 
@@ -75,8 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     w = Writer(Path(args.output_dir))
     config = {"num_rollout": args.num_rollout, "rollout_batch_size": args.rollout_batch_size,
               "n_samples_per_prompt": args.n_samples_per_prompt}
-    info = {"status": "running", "exit_code": None, "error": None, "config": config, "versions": {"relax": "fake"},
-            "device": "cpu", "seeds": {"seed": 1, "rollout_seed": 42}, "start_time": time.time(),
+    info = {"status": "running", "exit_code": None, "error": None, "config": config, "versions": {"relax": "fake", "relax_path": relax.__file__},
+            "device": "cpu", "dtypes": {"trainer": "float32", "engine": "float32"},
+            "seeds": {"seed": 1, "rollout_seed": 42}, "start_time": time.time(),
             "end_time": None, "output_dir": args.output_dir}
     w.run_json(**info)
     w.event("run_start")
@@ -95,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         start = args.num_rollout // 2
         w.event("resume", step=start, path=args.load)
     error = None
+    hooks = EngineHooks.from_env()
     for step in range(start, args.num_rollout):
+        started = time.perf_counter()
         w.event("step_start", step=step)
         for phase in ("rollout", "train", "sync"):
             w.event("phase", step=step, phase=phase)
@@ -119,16 +127,19 @@ def main(argv: list[str] | None = None) -> int:
         for side in ["trainer"] + [f"engine:{i}" for i in range(args.engines)]:
             w.write("weights", {"version": step + 1, "side": side, "step": step, "time": time.time(),
                                 "checksums": checksums})
-        for g in range(args.rollout_batch_size):
-            for i in range(args.n_samples_per_prompt):
-                w.write("samples", {"step": step, "group_index": step * 100 + g, "index": i, "attempts": 1,
-                                    "fate": "trained", "reason": None})
+        hooks.after_step(started)
+        ids = [(step * 100 + g, i) for g in range(args.rollout_batch_size) for i in range(args.n_samples_per_prompt)]
+        for fate in ("trained", "consumed"):
+            for g, i in ids:
+                extra = {"attempts": 1} if fate == "trained" else {"passes": 1}
+                w.write("samples", {"step": step, "group_index": g, "index": i, "fate": fate, "reason": None, **extra})
         w.write("metrics", {"step": step, "weight_version": step, "time": time.time(),
                             "rollout/reward_mean": 0.1 + args.fake_reward_slope * step,
-                            "rollout/num_samples": per_step,
+                            "rollout/num_samples": per_step, "rollout/response_len_mean": 16.0,
                             "train/loss": 1.0 / (step + 1) + args.fake_loss_offset, "train/grad_norm": 0.5,
-                            "train/ppo_kl": 0.0, "train/train_rollout_logprob_abs_diff": 1e-6,
-                            "perf/tokens_per_s": 1000.0, "perf/step_time_s": args.fake_step_s})
+                            "train/ppo_kl": 0.0, "train/train_rollout_logprob_abs_diff": 1e-7,
+                            "train/train_rollout_logprob_abs_diff_max": 1e-6, "train/train_rollout_kl": 0.0,
+                            "perf/step_time_s": time.perf_counter() - started})
         w.event("step_end", step=step)
     if args.fake_fail:
         error = error or args.fake_fail

@@ -1,8 +1,10 @@
 """CI gate: a results JSON + the baselines dir -> pass/fail with reasons and a markdown summary.
 
-Scenario failures fail the gate; an xfailed scenario (a feature that waits for an issue) does
-not, an xpassed one does (remove its xfail). Throughput is re-judged here against the baselines
-given on the command line, from the normalized measurements stored in the results.
+Scenario failures fail the gate; an xfailed scenario (a feature that waits for an issue) does not, an
+xpassed one does (remove its xfail); a skipped one is listed as skipped. Throughput is re-judged here
+against the baselines given on the command line, from the measurements stored in the results, with the
+same rule as the check (`harness.baselines.judge`, the check's own minimum tolerance). A machine class
+without a baseline is listed as "no baseline for <class>", and fails only with ``--require-baselines``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from harness import baselines
-from harness.profiles import tolerances
 from harness.report.terminal import outcome
 
 
@@ -24,33 +25,38 @@ class Verdict:
     rows: list[tuple[str, str, str]] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     throughput: list[str] = field(default_factory=list)
+    no_baseline: list[str] = field(default_factory=list)
 
     def fail(self, reason: str) -> None:
         self.ok = False
         self.reasons.append(reason)
 
 
-def _throughput(sc: dict[str, Any], directory: Path, require: bool, verdict: Verdict) -> None:
+def _throughput(sc: dict[str, Any], directory: Path, require: bool, verdict: Verdict) -> str:
+    """Re-judge the scenario's throughput; returns its row's result word."""
+    word = "passed"
     for check in sc.get("checks", []):
-        if check.get("kind") != "throughput" or not check.get("measurements"):
+        m = check.get("measurements") or {}
+        if check.get("kind") != "throughput" or "value" not in m:
             continue
-        key = (check.get("details") or {}).get("baseline_key") or sc.get("baseline_key") or sc["name"]
-        base = baselines.entry(baselines.load(directory, key), sc.get("profile", "cpu"), sc.get("device_class", "cpu"))
-        if not base:
-            msg = f"{sc['name']}: no baseline {key!r} for {sc.get('profile')}/{sc.get('device_class')}"
-            verdict.throughput.append(msg)
+        machine, key = sc.get("machine_class", ""), m.get("baseline_key") or sc["name"]
+        base = baselines.entry(directory, machine, key)
+        missing = baselines.missing_reason(base, machine, key, m.get("spec"))
+        if missing:
+            verdict.no_baseline.append(f"{sc['name']}: {m['value']:.4g} {m['metric']}; {missing}")
             if require:
-                verdict.fail(msg)
+                verdict.fail(f"{sc['name']}: {missing} (--require-baselines)")
+                word = "failed"
+            elif word == "passed":
+                word = "no baseline"
             continue
-        tol = tolerances(sc.get("profile", "cpu")).throughput_tolerance
-        for metric, m in check["measurements"].items():
-            ref = (base.get("metrics") or {}).get(metric)
-            if ref is None or m.get("normalized") is None:
-                continue
-            ok, line = baselines.compare(metric, float(m["normalized"]), ref, tol)
-            verdict.throughput.append(f"{sc['name']}: {line}")
-            if not ok:
-                verdict.fail(f"{sc['name']}: throughput regression: {line}")
+        judged = baselines.judge(float(m["value"]), base, float(m["min_tolerance"]))
+        line = judged.line(m["metric"], float(m["value"]))
+        verdict.throughput.append(f"{sc['name']}: {line}")
+        if not judged.ok:
+            verdict.fail(f"{sc['name']}: throughput regression: {line}")
+            word = "failed"
+    return word
 
 
 def judge(results: dict[str, Any], directory: Path, require_baselines: bool = False) -> Verdict:
@@ -66,15 +72,14 @@ def judge(results: dict[str, Any], directory: Path, require_baselines: bool = Fa
             verdict.rows.append((sc["name"], "xfailed (expected)", reason or message))
             continue
         if out == "skipped":
-            verdict.rows.append((sc["name"], "skipped", message))
+            verdict.rows.append((sc["name"], "skipped", reason or message))
             continue
         if out in ("failed", "unsupported", "xpassed"):
             why = "passed although marked xfail: remove the marker" if out == "xpassed" else message
             verdict.fail(f"{sc['name']}: {why}")
             verdict.rows.append((sc["name"], out, why))
             continue
-        verdict.rows.append((sc["name"], out, message))
-        _throughput(sc, directory, require_baselines, verdict)
+        verdict.rows.append((sc["name"], _throughput(sc, directory, require_baselines, verdict), message))
     return verdict
 
 
@@ -87,6 +92,8 @@ def markdown(verdict: Verdict) -> str:
         lines += ["", "### Failures", *[f"- {esc(r)}" for r in verdict.reasons]]
     if verdict.throughput:
         lines += ["", "### Throughput", *[f"- {esc(t)}" for t in verdict.throughput]]
+    if verdict.no_baseline:
+        lines += ["", "### Throughput without a baseline (not judged)", *[f"- {esc(t)}" for t in verdict.no_baseline]]
     return "\n".join(lines) + "\n"
 
 

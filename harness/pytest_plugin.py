@@ -4,7 +4,12 @@ It owns its options (group "relax-harness"), registers its markers, keeps per-te
 stash key, gives tests a ``scenario`` fixture (run a spec by name or object, get a
 :class:`~harness.results.ScenarioResult` to assert on), and at the end of the session writes
 ``results.json`` + ``report.html`` to ``--harness-results`` and prints a one-screen summary.
-Under pytest-xdist each worker writes a partial file; the controller merges them.
+Under pytest-xdist each worker writes a partial file; the controller merges them, and scenarios that
+measure throughput take the session's machine lock exclusively (`harness.machine_lock`).
+
+Passed, skipped and no-baseline are three outcomes: a skipped scenario test is recorded in results.json
+(status ``skipped`` and the reason), and a passing one whose throughput had no baseline for this machine
+class carries JUnit properties ``relax_outcome=no_baseline`` and ``relax_throughput=<why>``.
 """
 
 from __future__ import annotations
@@ -42,10 +47,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="device profile; gpu scenarios are skipped unless 'gpu' and CUDA is present")
     group.addoption("--harness-results", default="harness-results", metavar="DIR",
                     help="where run dirs, results.json and report.html go (default: harness-results)")
-    group.addoption("--harness-update-baselines", action="store_true", default=False,
-                    help="write measured throughput into the baselines (explicit opt-in)")
     group.addoption("--harness-baselines", default=None, metavar="DIR",
-                    help="throughput baselines dir (default: ci/baselines of the repository)")
+                    help="throughput baselines dir (default: ci/baselines of the repository; written only by "
+                         "`relax-harness baseline record`)")
+    group.addoption("--harness-require-baselines", action="store_true", default=False,
+                    help="a throughput check without a baseline for this machine class fails (default: it "
+                         "reports 'no baseline for <class>')")
     group.addoption("--harness-specs", default=None, metavar="DIR",
                     help="scenario spec dir (default: scenarios/specs of the repository)")
     group.addoption("--harness-engine-cmd", default=None, metavar="CMD",
@@ -75,7 +82,7 @@ class HarnessSession:
         self.executor_name = opt("--harness-executor")
         self.engine_cmd = shlex.split(opt("--harness-engine-cmd")) if opt("--harness-engine-cmd") else None
         self.image = opt("--harness-image")
-        self.update_baselines = bool(opt("--harness-update-baselines"))
+        self.require_baselines = bool(opt("--harness-require-baselines"))
         self.results: list[ScenarioResult] = []
         self._executor: Executor | None = None
         self._cfg: HarnessConfig | None = None
@@ -97,7 +104,8 @@ class HarnessSession:
                 kwargs["image"] = self.image
             self._executor = make_executor(self.executor_name, **kwargs)
             self._cfg = HarnessConfig(executor=self._executor, results_dir=self.results_dir,
-                                      baselines_dir=self.baselines_dir, update_baselines=self.update_baselines)
+                                      baselines_dir=self.baselines_dir, require_baselines=self.require_baselines,
+                                      lock_dir=self.results_dir)
         return self._cfg
 
     def resolve(self, spec: str | ScenarioSpec | dict) -> ScenarioSpec:
@@ -148,8 +156,11 @@ class HarnessSession:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
         report = yield
+        ran = item.stash.get(RESULTS_KEY, [])
+        if report.skipped and not ran and report.when in ("setup", "call") and not hasattr(report, "wasxfail"):
+            self._record_skip(item, report)
         if report.when == "call":
-            for res in item.stash.get(RESULTS_KEY, []):
+            for res in ran:
                 wasxfail = getattr(report, "wasxfail", None)
                 if wasxfail is not None or "[XPASS(strict)]" in str(report.longrepr or ""):
                     marker = item.get_closest_marker("xfail")
@@ -157,7 +168,23 @@ class HarnessSession:
                     res.test["outcome"] = "xfailed" if report.skipped else "xpassed"
                 else:
                     res.test["outcome"] = report.outcome
+                if report.passed and res.no_baseline():  # JUnit writes the item's properties at teardown
+                    item.user_properties += [("relax_outcome", "no_baseline"),
+                                             ("relax_throughput", res.no_baseline()[0].message)]
         return report
+
+    def _record_skip(self, item: pytest.Item, report: pytest.TestReport) -> None:
+        """A skipped scenario test still gets a results entry: skipped is not passed."""
+        marker = item.get_closest_marker("scenario")
+        name = marker.args[0] if marker and marker.args else item.name
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr or "")
+        res = ScenarioResult(name=name, status="skipped", message=reason.removeprefix("Skipped: "),
+                             test={"nodeid": item.nodeid, "outcome": "skipped", "reason": reason.removeprefix("Skipped: ")})
+        if name in self.catalog:
+            spec = self.catalog[name]
+            res.family, res.profile = spec.family, spec.profile.value
+        self.results.append(res)
+        item.user_properties.append(("relax_outcome", "skipped"))
 
     def _merged(self) -> list[dict[str, Any]]:
         mine = [r.model_dump(mode="json") for r in self.results]
@@ -167,7 +194,8 @@ class HarnessSession:
         return mine
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        meta = {"executor": self.executor_name, "profile": self.profile.value}
+        meta = {"executor": self.executor_name, "profile": self.profile.value,
+                "require_baselines": self.require_baselines}
         if self.worker is not None:
             write_results(self.results_dir / "partial" / f"{self.worker}.json", self.results, **meta)
             return

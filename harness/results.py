@@ -13,8 +13,8 @@ from pydantic import BaseModel
 
 from harness.checks import CheckResult, Status
 
-SERIES_KEYS = ("train/loss", "train/grad_norm", "rollout/reward_mean", "perf/tokens_per_s", "perf/step_time_s")
-SCHEMA = "relax-harness-results/1"
+SERIES_KEYS = ("train/loss", "train/grad_norm", "rollout/reward_mean")
+SCHEMA = "relax-harness-results/2"
 
 
 class RunResult(BaseModel):
@@ -39,14 +39,13 @@ class ScenarioResult(BaseModel):
     family: str = "misc"
     profile: str = "cpu"
     executor: str = "local"
-    status: Literal["passed", "failed", "unsupported"] = "failed"
+    status: Literal["passed", "failed", "unsupported", "skipped"] = "failed"
     message: str = ""
     problems: list[str] = []
     runs: list[RunResult] = []
     checks: list[CheckResult] = []
     baseline_key: str | None = None
-    calibration_s: float | None = None
-    device_class: str = "cpu"
+    machine_class: str = ""  # what its throughput is comparable within (harness.profiles.machine_class)
     started: float = 0.0
     duration_s: float = 0.0
     series: dict[str, dict[str, list[list[float | None]]]] = {}  # run -> key -> [[step, value], ...]
@@ -72,6 +71,17 @@ class ScenarioResult(BaseModel):
         out = list(self.problems)
         out += [f"check {c.name}: {c.message}" for c in self.checks if c.status is Status.FAILED]
         return out
+
+    def no_baseline(self) -> list[CheckResult]:
+        return [c for c in self.checks if c.status is Status.NO_BASELINE]
+
+    def pass_message(self) -> str:
+        """For a scenario with no failure: how many checks passed, and what could not be judged."""
+        missing = self.no_baseline()
+        judged = len(self.checks) - len(missing)
+        if not missing:
+            return f"{judged} checks passed"
+        return f"{judged} checks passed; throughput: {missing[0].message}"
 
     def summary(self) -> str:
         lines = [f"scenario {self.name} [{self.profile}/{self.executor}]: {self.status.upper()} - {self.message}"]

@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import relax
-from harness import baselines
 from harness.artifacts import RunArtifacts
 from harness.checks import CheckContext
 from harness.executors import Executor, Launch, Outcome
 from harness.executors.base import tail
 from harness.faults import FaultParams, FaultRecorder, FaultWatcher
-from harness.profiles import Profile, detect_device_class
+from harness.machine_lock import machine_lock
+from harness.profiles import machine_class
 from harness.results import SERIES_KEYS, RunResult, ScenarioResult
 from harness.spec import RunSpec, ScenarioSpec, substitute
 
@@ -31,17 +31,9 @@ class HarnessConfig:
     results_dir: Path = Path("harness-results")
     baselines_dir: Path | None = None
     root: Path = field(default_factory=lambda: Path(__file__).resolve().parents[1])
-    update_baselines: bool = False
-    device_class: str | None = None
-    _calibration: float | None = None
-
-    def calibration(self) -> float:
-        """Measured right before each scenario that needs it: on a shared machine load drifts."""
-        if self._calibration is not None:
-            return self._calibration
-        from harness.calibration import measure
-
-        return measure()
+    require_baselines: bool = False
+    machine_class: str | None = None  # None: detected per profile (harness.profiles.machine_class)
+    lock_dir: Path | None = None  # the session's machine lock (timed scenarios run alone); None: no lock
 
 
 def execute(executor: Executor, launch: Launch, faults: list[FaultParams], recorder: FaultRecorder,
@@ -120,26 +112,24 @@ def _problems(runs: list[RunResult], spec: ScenarioSpec) -> list[str]:
     return problems
 
 
-def evaluate(spec: ScenarioSpec, runs: dict[str, RunArtifacts], cfg: HarnessConfig,
-             calibration_s: float | None, device_class: str):
+def evaluate(spec: ScenarioSpec, runs: dict[str, RunArtifacts], cfg: HarnessConfig, machine: str):
     ctx = CheckContext(runs=runs, profile=spec.profile, baselines_dir=cfg.baselines_dir,
-                       baseline_key=spec.baseline_key or spec.name, calibration_s=calibration_s,
-                       device_class=device_class, root=cfg.root)
+                       baseline_key=spec.baseline_key or spec.name, machine_class=machine,
+                       require_baselines=cfg.require_baselines, spec_digest=spec.digest(), root=cfg.root)
     return [c.run_check(ctx) for c in spec.checks]
 
 
 def run_scenario(spec: ScenarioSpec, cfg: HarnessConfig) -> ScenarioResult:
-    started, t0 = time.time(), time.monotonic()
     scenario_dir = (cfg.results_dir / "runs" / spec.name).resolve()
     shutil.rmtree(scenario_dir, ignore_errors=True)
     scenario_dir.mkdir(parents=True)
-    device_class = cfg.device_class or detect_device_class(spec.profile)
-    needs_cal = spec.profile is Profile.CPU and any(c.kind == "throughput" for c in spec.checks)
-    calibration_s = cfg.calibration() if needs_cal else None
-    runs = [_run_one(spec, r, cfg, scenario_dir) for r in spec.runs]
+    machine = cfg.machine_class or machine_class(spec.profile)
+    with machine_lock(cfg.lock_dir, exclusive=spec.measures_throughput):
+        started, t0 = time.time(), time.monotonic()
+        runs = [_run_one(spec, r, cfg, scenario_dir) for r in spec.runs]
     res = ScenarioResult(name=spec.name, family=spec.family, profile=spec.profile.value,
                          executor=cfg.executor.name, runs=runs, baseline_key=spec.baseline_key or spec.name,
-                         calibration_s=calibration_s, device_class=device_class, started=started)
+                         machine_class=machine, started=started)
     unsupported = [r.unsupported for r in runs if r.unsupported]
     artifacts = {r.name: RunArtifacts.load(r.output_dir) for r in runs}
     res.series = {name: {k: [[s, v] for s, v in a.metric_series(k).items()] for k in SERIES_KEYS}
@@ -149,15 +139,9 @@ def run_scenario(spec: ScenarioSpec, cfg: HarnessConfig) -> ScenarioResult:
         res.problems = [res.message]
     else:
         res.problems = _problems(runs, spec)
-        res.checks = evaluate(spec, artifacts, cfg, calibration_s, device_class)
+        res.checks = evaluate(spec, artifacts, cfg, machine)
         failures = res.failures()
         res.status = "failed" if failures else "passed"
-        res.message = failures[0] if failures else f"{len(res.checks)} checks passed"
-        if cfg.update_baselines:
-            for c in res.checks:
-                if c.kind == "throughput" and c.measurements:
-                    baselines.update(cfg.baselines_dir or cfg.root / "ci" / "baselines",
-                                     c.details.get("baseline_key") or res.baseline_key, spec.profile,
-                                     device_class, calibration_s, c.measurements)
+        res.message = failures[0] if failures else res.pass_message()
     res.duration_s = time.monotonic() - t0
     return res

@@ -9,6 +9,8 @@ the runs' artifacts. Flags may use placeholders: ``{output_dir}`` (this run's di
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -88,6 +90,19 @@ class ScenarioSpec(BaseModel):
             self.resources = self.resources.model_copy(update={"gpus": 1})
         return self
 
+    @property
+    def measures_throughput(self) -> bool:
+        """Its runs are timed: they get the machine to themselves (`harness.machine_lock`)."""
+        return any(c.kind == "throughput" for c in self.checks)
+
+    def digest(self) -> str:
+        """A short hash of what the runs execute (flags, phases, env, faults): a throughput baseline recorded
+        for other flags is no baseline for these."""
+        what = {"engine_flags": self.engine_flags, "env": self.env, "resources": self.resources.model_dump(),
+                "runs": [r.model_dump(mode="json") for r in self.runs],
+                "faults": [f.model_dump(mode="json") for f in self.faults]}
+        return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
+
     def faults_for(self, run: str) -> list[FaultParams]:
         first = self.runs[0].name
         return [f for f in self.faults if (f.run or first) == run]
@@ -108,12 +123,20 @@ def substitute(flags: list[str], values: dict[str, str]) -> list[str]:
     return [one(f) for f in flags]
 
 
+FILE_KEYS = {"family", "defaults", "scenarios", "anchors"}
+
+
 def load_file(path: str | Path) -> list[ScenarioSpec]:
-    """A YAML file: ``{family: NAME, defaults: {...}, scenarios: [...]}`` or a single scenario mapping."""
+    """A YAML file: ``{family: NAME, defaults: {...}, scenarios: [...]}`` or a single scenario mapping.
+
+    ``anchors`` holds YAML anchors the scenarios reuse (shared flags, shared checks); it is not read."""
     path = Path(path)
     data = yaml.safe_load(path.read_text()) or {}
     if "scenarios" not in data:
         return [ScenarioSpec.model_validate(data)]
+    unknown = sorted(set(data) - FILE_KEYS)
+    if unknown:
+        raise ValueError(f"{path}: unknown top-level keys {unknown} (known: {sorted(FILE_KEYS)})")
     defaults = {"family": data.get("family", path.stem), **(data.get("defaults") or {})}
     specs = []
     for item in data["scenarios"]:

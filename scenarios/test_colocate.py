@@ -21,16 +21,19 @@ def test_colocate_learns_cpu(scenario):
 
 
 @pytest.mark.gpu
+@pytest.mark.scenario("colocate-gpu")
 def test_colocate_gpu(scenario):
     scenario("colocate-gpu").assert_ok()
 
 
 @pytest.mark.gpu
+@pytest.mark.scenario("colocate-megatron-gpu")
 def test_colocate_megatron_gpu(scenario):
     scenario("colocate-megatron-gpu").assert_ok()
 
 
 @pytest.mark.gpu
 @pytest.mark.slow
+@pytest.mark.scenario("colocate-megatron-0.5b-gpu")
 def test_colocate_megatron_05b_gpu(scenario):
     scenario("colocate-megatron-0.5b-gpu").assert_ok()

@@ -30,5 +30,6 @@ def test_checkpoint_write_failure_fails_fast_cpu(scenario):
 
 
 @pytest.mark.gpu
+@pytest.mark.scenario("fault-engine-kill-gpu")
 def test_engine_killed_recovers_gpu(scenario):
     scenario("fault-engine-kill-gpu").assert_ok()

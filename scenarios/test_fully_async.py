@@ -12,11 +12,13 @@ def test_fully_async_staleness0_equals_colocate_cpu(scenario):
 
 
 @pytest.mark.gpu
+@pytest.mark.scenario("fully-async-gpu")
 def test_fully_async_gpu(scenario):
     scenario("fully-async-gpu").assert_ok()
 
 
 @pytest.mark.gpu
 @pytest.mark.multi_gpu
+@pytest.mark.scenario("fully-async-megatron-2gpu")
 def test_fully_async_megatron_2gpu(scenario):
     scenario("fully-async-megatron-2gpu").assert_ok()

@@ -13,10 +13,12 @@ def test_opd_sglang_cpu(scenario):
 
 
 @pytest.mark.gpu
+@pytest.mark.scenario("opd-gpu")
 def test_opd_gpu(scenario):
     scenario("opd-gpu").assert_ok()
 
 
 @pytest.mark.gpu
+@pytest.mark.scenario("opd-sglang-gpu")
 def test_opd_sglang_gpu(scenario):
     scenario("opd-sglang-gpu").assert_ok()

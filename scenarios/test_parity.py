@@ -17,15 +17,18 @@ def test_dp1_vs_dp2_cpu(scenario):
 
 @pytest.mark.gpu
 @pytest.mark.multi_gpu
+@pytest.mark.scenario("parity-dp2-gpu")
 def test_dp1_vs_dp2_gpu(scenario):
     scenario("parity-dp2-gpu").assert_ok()
 
 
 @pytest.mark.gpu
+@pytest.mark.scenario("parity-microbatch-gpu")
 def test_microbatch_1_vs_n_gpu(scenario):
     scenario("parity-microbatch-gpu").assert_ok()
 
 
 @pytest.mark.gpu
+@pytest.mark.scenario("parity-torch-vs-megatron-gpu")
 def test_torch_vs_megatron_gpu(scenario):
     scenario("parity-torch-vs-megatron-gpu").assert_ok()

@@ -8,5 +8,6 @@ def test_partial_rollout_cpu(scenario):
 
 
 @pytest.mark.gpu
+@pytest.mark.scenario("partial-rollout-gpu")
 def test_partial_rollout_gpu(scenario):
     scenario("partial-rollout-gpu").assert_ok()

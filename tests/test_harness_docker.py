@@ -50,7 +50,7 @@ def test_docker_run_host_network_kill_fault_and_removal(client, image: str, tmp_
         "faults": [{"kind": "kill", "target_role": "engine:0", "at": {"step": 1, "phase": "train"}}],
         "checks": [{"kind": "fault_outcome", "expect": "recovered", "min_restarts": 1},
                    {"kind": "weight_equality"}, {"kind": "sample_accounting"}]})
-    res = run_scenario(spec, HarnessConfig(executor=_executor(client, image), results_dir=tmp_path, device_class="cpu"))
+    res = run_scenario(spec, HarnessConfig(executor=_executor(client, image), results_dir=tmp_path, machine_class="cpu: docker x2"))
     assert res.passed, res.summary()
     details = res.run().details
     assert details["network_mode"] == "host"
@@ -62,7 +62,7 @@ def test_docker_run_host_network_kill_fault_and_removal(client, image: str, tmp_
 def test_docker_timeout_removes_container(client, image: str, tmp_path: Path) -> None:
     spec = ScenarioSpec.model_validate({"name": "docker-hang", "engine_flags": ["--fake-hang"], "timeout_s": 3})
     t0 = time.monotonic()
-    res = run_scenario(spec, HarnessConfig(executor=_executor(client, image), results_dir=tmp_path, device_class="cpu"))
+    res = run_scenario(spec, HarnessConfig(executor=_executor(client, image), results_dir=tmp_path, machine_class="cpu: docker x2"))
     assert res.run().timed_out and time.monotonic() - t0 < 60
     assert not client.containers.list(all=True, filters={"id": res.run().details["container_id"]})
 
@@ -103,7 +103,7 @@ def test_docker_runs_a_real_relax_scenario(client, image: str, tmp_path: Path) -
                          "--global-batch-size", "32", "--micro-batch-size", "16", "--num-rollout", "3"],
         "checks": [{"kind": "weight_equality", "engines": 1, "min_versions": 4}, {"kind": "sample_accounting"},
                    {"kind": "logprob_mismatch"}]})
-    res = run_scenario(spec, HarnessConfig(executor=executor, results_dir=tmp_path, device_class="cpu"))
+    res = run_scenario(spec, HarnessConfig(executor=executor, results_dir=tmp_path, machine_class="cpu: docker x2"))
     assert res.passed, res.summary()
     details = res.run().details
     assert details["network_mode"] == "host"

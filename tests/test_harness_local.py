@@ -19,7 +19,7 @@ FAKE = [sys.executable, "-m", "harness.fake_engine"]
 
 def cfg(tmp_path: Path, grace_s: float = 2.0) -> HarnessConfig:
     return HarnessConfig(executor=LocalExecutor(engine_cmd=FAKE, grace_s=grace_s), results_dir=tmp_path / "res",
-                         baselines_dir=tmp_path / "baselines", device_class="cpu")
+                         baselines_dir=tmp_path / "baselines", machine_class="cpu: Test CPU x2")
 
 
 def spec(**kw) -> ScenarioSpec:

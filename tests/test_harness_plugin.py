@@ -16,8 +16,8 @@ FAKE = f"{sys.executable} -m harness.fake_engine"
 TESTS = '''
 import pytest
 
-GOOD = {"name": "good", "engine_flags": ["--num-rollout", "3"],
-        "checks": [{"kind": "weight_equality"}, {"kind": "sample_accounting"}, {"kind": "throughput"}]}
+GOOD = {"name": "good", "engine_flags": ["--num-rollout", "4"],
+        "checks": [{"kind": "weight_equality"}, {"kind": "sample_accounting"}, {"kind": "throughput", "skip_steps": 1}]}
 
 
 def test_good(scenario):
@@ -37,13 +37,15 @@ def test_waits(scenario):
 
 
 @pytest.mark.gpu
+@pytest.mark.scenario("gpu-one")
 def test_gpu(scenario):
     scenario({"name": "gpu-one", "profile": "gpu"}).assert_ok()
 '''
 
 
 @pytest.fixture
-def suite(pytester: pytest.Pytester):
+def suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("RELAX_HARNESS_MACHINE_CLASS", "cpu: Fake CPU x2")
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_scen=TESTS)
     return pytester
@@ -52,7 +54,8 @@ def suite(pytester: pytest.Pytester):
 def test_options_live_in_their_own_group(suite: pytest.Pytester) -> None:
     result = suite.runpytest_subprocess("--help")
     result.stdout.fnmatch_lines(["relax scenario harness:", "*--harness-executor*", "*--harness-profile*",
-                                 "*--harness-results*", "*--harness-update-baselines*"])
+                                 "*--harness-results*", "*--harness-require-baselines*"])
+    assert "--harness-update-baselines" not in result.stdout.str()  # only `relax-harness baseline record` writes
 
 
 def test_markers_registered_for_strict_markers(suite: pytest.Pytester) -> None:
@@ -68,34 +71,54 @@ def test_session_runs_scenarios_and_reports(suite: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines([
         "*scenario broken*FAILED - check learning: did not learn*",
         "*= relax scenarios =*",
-        "*good*passed*3/3*",
+        "*good*no baseline*2/3*no baseline for cpu: Fake CPU x2*",
         "*broken*failed*",
         "*waits*xfailed*",
+        "*gpu-one*skipped*gpu scenario: run with --harness-profile gpu*",
+        "1 failed, 1 no baseline, 1 skipped, 1 xfailed",
         "results: *results.json  report: *report.html",
-        "*gpu scenario: run with --harness-profile gpu*",
         "*XFAIL*test_waits*waits for issue 5*",
     ])
     data = json.loads((results / "results.json").read_text())
     by_name = {s["name"]: s for s in data["scenarios"]}
-    assert by_name["good"]["test"]["outcome"] == "passed"
+    assert by_name["good"]["test"]["outcome"] == "passed" and by_name["good"]["status"] == "passed"
+    assert by_name["good"]["checks"][2]["status"] == "no_baseline"
     assert by_name["broken"]["test"]["outcome"] == "failed"
     assert by_name["waits"]["status"] == "unsupported"
     assert by_name["waits"]["test"] == {"nodeid": "test_scen.py::test_waits", "outcome": "xfailed",
                                         "reason": "waits for issue 5: fully async"}
+    assert by_name["gpu-one"]["status"] == "skipped" and by_name["gpu-one"]["test"]["outcome"] == "skipped"
     html = (results / "report.html").read_text()
     assert "data:image/png;base64," in html and "good" in html
 
 
-def test_update_baselines_is_explicit(suite: pytest.Pytester) -> None:
-    baselines = suite.path / "bl"
+def test_passed_no_baseline_and_skipped_are_three_outcomes_everywhere(suite: pytest.Pytester) -> None:
+    """terminal (above), results.json, JUnit properties and the HTML report keep them apart."""
+    results = suite.path / "hres"
+    suite.runpytest_subprocess(f"--harness-results={results}", f"--harness-engine-cmd={FAKE}",
+                               f"--harness-baselines={suite.path / 'bl'}", f"--junitxml={results / 'junit.xml'}")
+    import xml.etree.ElementTree as ET
+
+    cases = {c.get("name"): c for c in ET.parse(results / "junit.xml").getroot().iter("testcase")}
+    props = {name: {p.get("name"): p.get("value") for p in c.iter("property")} for name, c in cases.items()}
+    assert props["test_good"]["relax_outcome"] == "no_baseline"
+    assert props["test_good"]["relax_throughput"].startswith("samples_per_s ") and \
+        "no baseline for cpu: Fake CPU x2" in props["test_good"]["relax_throughput"]
+    assert props["test_gpu"] == {"relax_outcome": "skipped"} and cases["test_gpu"].find("skipped") is not None
+    html = (results / "report.html").read_text()
+    assert ">no baseline</span>" in html and ">skipped</span>" in html and "1 no baseline, 1 skipped" in html
+
+
+def test_require_baselines_fails_the_scenario_without_one(suite: pytest.Pytester) -> None:
     args = [f"--harness-results={suite.path / 'r'}", f"--harness-engine-cmd={FAKE}",
-            f"--harness-baselines={baselines}", "-k", "test_good"]
-    suite.runpytest_subprocess(*args).assert_outcomes(passed=1, deselected=3)
-    assert not baselines.exists()
-    suite.runpytest_subprocess(*args, "--harness-update-baselines").assert_outcomes(passed=1, deselected=3)
-    stored = json.loads((baselines / "good.json").read_text())
-    assert stored["cpu"]["calibration_s"] > 0
-    assert stored["cpu"]["metrics"]["perf/tokens_per_s"]["raw"] == 1000.0
+            f"--harness-baselines={suite.path / 'bl'}", "-k", "test_good"]
+    result = suite.runpytest_subprocess(*args, "--harness-require-baselines")
+    result.assert_outcomes(failed=1, deselected=3)
+    (good,) = json.loads((suite.path / "r" / "results.json").read_text())["scenarios"]
+    assert good["status"] == "failed" and good["message"].startswith("check throughput: samples_per_s ")
+    assert good["message"].endswith("no baseline for cpu: Fake CPU x2 (scenario good); record one with "
+                                    "`relax-harness baseline record` (--require-baselines)")
+    assert not (suite.path / "bl").exists()  # a scenario run never writes a baseline
 
 
 def test_xdist_workers_results_are_merged(suite: pytest.Pytester) -> None:
@@ -105,5 +128,5 @@ def test_xdist_workers_results_are_merged(suite: pytest.Pytester) -> None:
                                         f"--harness-baselines={suite.path / 'bl'}")
     result.assert_outcomes(passed=1, failed=1, xfailed=1, skipped=1)
     names = {s["name"] for s in json.loads((results / "results.json").read_text())["scenarios"]}
-    assert names == {"good", "broken", "waits"}
+    assert names == {"good", "broken", "waits", "gpu-one"}
     assert not list((results / "partial").glob("*.json"))

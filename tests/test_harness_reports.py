@@ -18,21 +18,26 @@ from harness.results import ScenarioResult, write_results
 REPO = Path(__file__).resolve().parents[1]
 
 
-def throughput_check(tokens: float, key: str = "colocate-cpu") -> dict:
-    return {"kind": "throughput", "name": "throughput", "status": "passed", "message": "",
+MACHINE = "cpu: Test CPU x2"
+
+
+def throughput_check(value: float, status: str = "no_baseline", key: str = "colocate-cpu") -> dict:
+    return {"kind": "throughput", "name": "throughput", "status": status, "message": "throughput message",
             "details": {"baseline_key": key},
-            "measurements": {"perf/tokens_per_s": {"raw": tokens, "normalized": tokens * 0.01,
-                                                   "higher_is_better": True}}}
+            "measurements": {"value": value, "metric": "samples_per_s", "baseline_key": key, "spec": "abc",
+                             "min_tolerance": 0.35}}
 
 
-def results_file(tmp_path: Path, tokens: float = 1000.0, extra: list[dict] | None = None) -> Path:
+def results_file(tmp_path: Path, value: float = 100.0, extra: list[dict] | None = None) -> Path:
     scenarios = [
-        ScenarioResult(name="colocate-cpu", status="passed", message="5 checks passed", calibration_s=0.01,
-                       checks=[throughput_check(tokens)], test={"outcome": "passed"},
+        ScenarioResult(name="colocate-cpu", status="passed", message="5 checks passed", machine_class=MACHINE,
+                       checks=[throughput_check(value)], test={"outcome": "passed"},
                        series={"a": {"train/loss": [[0, 1.0], [1, 0.5]], "rollout/reward_mean": [[0, 0.1], [1, None]]},
                                "b": {"train/loss": [[0, 1.0], [1, 0.6]]}}),
         ScenarioResult(name="opd-cpu", status="unsupported", message="engine: not supported yet: --use-opd",
                        test={"outcome": "xfailed", "reason": "waits for issue 5 (Modes)"}),
+        ScenarioResult(name="colocate-gpu", status="skipped", message="gpu scenario: run with --harness-profile gpu",
+                       test={"outcome": "skipped", "reason": "gpu scenario: run with --harness-profile gpu"}),
     ]
     scenarios += [ScenarioResult.model_validate(e) for e in extra or []]
     return write_results(tmp_path / "results.json", scenarios)
@@ -41,8 +46,24 @@ def results_file(tmp_path: Path, tokens: float = 1000.0, extra: list[dict] | Non
 def test_html_report_embeds_plots_and_overlays(tmp_path: Path) -> None:
     path = write_html(json.loads(results_file(tmp_path).read_text()), tmp_path / "report.html")
     html = path.read_text()
-    assert html.count("data:image/png;base64,") == 1  # colocate has series; opd none
+    assert html.count("data:image/png;base64,") == 2  # colocate: loss/reward and throughput; the others none
     assert "waits for issue 5 (Modes)" in html and "xfailed" in html
+    assert ">no baseline</span>" in html and ">skipped</span>" in html
+    assert "throughput: 100 samples_per_s, no baseline for cpu: Test CPU x2" in html
+
+
+def test_html_plots_throughput_per_run_against_the_baseline_band(tmp_path: Path) -> None:
+    from harness.report.html import throughput_points
+
+    band = {"median": 100.0, "lower": 65.0, "values": [97.0, 99.0, 100.0, 101.0, 103.0]}
+    runs = [{"name": f"colocate-cpu[run {i}]", "status": "passed", "machine_class": MACHINE,
+             "checks": [dict(throughput_check(v, status="passed"),
+                             measurements={**throughput_check(v)["measurements"], "baseline": band})]}
+            for i, v in enumerate((98.0, 60.0, 101.0), start=1)]
+    points = throughput_points(runs)
+    assert points["colocate-cpu"]["values"] == [98.0, 60.0, 101.0] and points["colocate-cpu"]["baseline"] == band
+    html = write_html({"scenarios": runs}, tmp_path / "r.html").read_text()
+    assert "alt='throughput colocate-cpu'" in html
 
 
 def test_terminal_summary_fits_one_screen() -> None:
@@ -52,21 +73,27 @@ def test_terminal_summary_fits_one_screen() -> None:
     assert len(text.splitlines()) < 30 and "20 passed" in text
 
 
-def test_gate_passes_with_xfail_and_fails_on_regression(tmp_path: Path) -> None:
-    bl = tmp_path / "bl"
-    baselines.update(bl, "colocate-cpu", "cpu", "cpu", 0.01,
-                     {"perf/tokens_per_s": {"raw": 1000.0, "normalized": 10.0, "higher_is_better": True}})
+def test_terminal_summary_keeps_passed_no_baseline_and_skipped_apart(tmp_path: Path) -> None:
     data = json.loads(results_file(tmp_path).read_text())
-    verdict = judge(data, bl)
+    text = render_summary(data["scenarios"], width=140)
+    assert "│ colocate-cpu │ no baseline │" in text and "100 samples_per_s, no baseline for cpu: Test CPU x2" in text
+    assert "│ colocate-gpu │ skipped" in text and "1 no baseline, 1 skipped, 1 xfailed" in text
+
+
+def test_gate_passes_with_xfail_skip_and_no_baseline_and_fails_on_regression(tmp_path: Path) -> None:
+    data = json.loads(results_file(tmp_path).read_text())
+    verdict = judge(data, tmp_path / "bl")
     assert verdict.ok, verdict.reasons
     md = markdown(verdict)
     assert md.startswith("## relax scenario gate: PASS") and "| opd-cpu | xfailed (expected) |" in md
-
-    data = json.loads(results_file(tmp_path, tokens=500.0).read_text())
-    verdict = judge(data, bl)
+    assert "| colocate-cpu | no baseline |" in md and "| colocate-gpu | skipped |" in md
+    baselines.record(tmp_path / "bl", MACHINE, {"colocate-cpu": [
+        {"value": v, "metric": "samples_per_s", "spec": "abc"} for v in (100.0, 100.0, 100.0, 100.0, 100.0)]}, None)
+    assert judge(data, tmp_path / "bl").ok
+    verdict = judge(json.loads(results_file(tmp_path, value=50.0).read_text()), tmp_path / "bl")
     assert not verdict.ok
-    assert verdict.reasons == ["colocate-cpu: throughput regression: perf/tokens_per_s: 5 vs baseline 10 "
-                               "(-50.0%, tolerance 35%) REGRESSION"]
+    assert verdict.reasons == ["colocate-cpu: throughput regression: samples_per_s 50 vs baseline median 100 "
+                               "(-50.0%; fails below 65, -35%) REGRESSION"]
 
 
 def test_gate_fails_on_failure_xpass_and_missing_baseline_when_required(tmp_path: Path) -> None:
@@ -77,7 +104,7 @@ def test_gate_fails_on_failure_xpass_and_missing_baseline_when_required(tmp_path
     verdict = judge(data, tmp_path / "empty", require_baselines=True)
     assert "broken: check learning: did not learn" in verdict.reasons
     assert "fixed: passed although marked xfail: remove the marker" in verdict.reasons
-    assert any("no baseline 'colocate-cpu'" in r for r in verdict.reasons)
+    assert any("no baseline for cpu: Test CPU x2 (scenario colocate-cpu)" in r for r in verdict.reasons)
     assert not judge({"scenarios": []}, tmp_path).ok
 
 
@@ -89,19 +116,15 @@ def test_ci_gate_module_writes_summary(tmp_path: Path) -> None:
     assert "relax scenario gate: PASS" in summary.read_text()
 
 
-def test_cli_list_report_baseline_update(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_list_report_and_gate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli(["list", "--family", "parity"]) == 0
     out = capsys.readouterr().out
     assert "parity-resume-cpu" in out and "colocate-cpu" not in out
     results = results_file(tmp_path)
     assert cli(["report", str(results)]) == 1  # opd is unsupported: not all passed
     assert (tmp_path / "report.html").exists()
-    bl = tmp_path / "bl"
-    assert cli(["baseline", "update", str(results), "--baselines", str(bl)]) == 0
-    stored = json.loads((bl / "colocate-cpu.json").read_text())
-    assert stored["cpu"]["calibration_s"] == 0.01
-    assert stored["cpu"]["metrics"]["perf/tokens_per_s"]["normalized"] == 10.0
-    assert cli(["gate", str(results), "--baselines", str(bl)]) == 0
+    assert cli(["gate", str(results), "--baselines", str(tmp_path / "bl")]) == 0
+    assert cli(["gate", str(results), "--baselines", str(tmp_path / "bl"), "--require-baselines"]) == 1
 
 
 def test_cli_run_with_fake_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -118,7 +141,9 @@ def test_cli_run_with_fake_engine(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert cli(["run", "nope", "--specs", str(specs)]) == 2
 
 
-def test_calibration_is_positive_and_cached() -> None:
-    from harness.calibration import calibration_s
+def test_html_report_without_matplotlib_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.report import html as report_html
 
-    assert calibration_s() > 0 and calibration_s() == calibration_s()
+    monkeypatch.setattr(report_html, "have_matplotlib", lambda: False)
+    html = write_html(json.loads(results_file(tmp_path).read_text()), tmp_path / "report.html").read_text()
+    assert "data:image/png" not in html and "plots need matplotlib" in html and ">no baseline</span>" in html

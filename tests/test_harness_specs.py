@@ -40,6 +40,8 @@ def test_every_shipped_spec_is_valid_and_used(name: str) -> None:
     node, decorators = tests[name]
     if spec.profile is Profile.GPU:
         assert "pytest.mark.gpu" in decorators, f"{node} runs a gpu spec without @pytest.mark.gpu"
+        # skipped where there is no GPU, and recorded in results.json under the scenario's name
+        assert f"pytest.mark.scenario('{name}')" in decorators, f"{node} lacks @pytest.mark.scenario({name!r})"
         assert spec.resources.gpus >= 1
 
 
@@ -80,7 +82,7 @@ def test_gpu_profile_reserves_a_gpu_and_dumps_typed_checks() -> None:
                                                          "min_ratio": 1.0, "decrease": False}
 
 
-@pytest.mark.parametrize("name,jobs", [("cpu.yml", {"tests", "scenarios"}),
+@pytest.mark.parametrize("name,jobs", [("cpu.yml", {"tests", "scenarios", "ab"}),
                                        ("gpu.yml", {"gpu-scenarios", "docker-scenarios"})])
 def test_workflows_parse_with_expected_jobs(name: str, jobs: set[str]) -> None:
     data = yaml.safe_load((REPO / "ci" / "workflows" / name).read_text())
@@ -100,3 +102,51 @@ def test_relax_tasks_placeholder_names_the_bundled_prompt_files() -> None:
 
     (flag,) = substitute(["{relax_tasks}/maxdigit.jsonl"], {"relax_tasks": str(RELAX_TASKS)})
     assert Path(flag).is_file()
+
+
+# Scenarios that may stay on one-token responses, and why (everything else in these families is multi-token).
+ONE_TOKEN = {
+    "colocate-learns-cpu": "learning: a random-init tiny model learns only the one-token task by RL quickly",
+    "parity-torch-vs-megatron-gpu": "fp32 vs bf16 engines: longer responses would not be the same data",
+}
+MECHANICS_FAMILIES = ("colocate", "parity", "fully_async", "partial_rollout", "fault_injection")
+
+
+def _flag(flags: list[str], name: str) -> str | None:
+    return flags[flags.index(name) + 1] if name in flags else None
+
+
+@pytest.mark.parametrize("name", sorted(n for n, s in CATALOG.items() if s.family in MECHANICS_FAMILIES))
+def test_mechanics_scenarios_exercise_multi_token_decode(name: str) -> None:
+    spec = CATALOG[name]
+    for run in spec.runs:
+        for flags in run.launches(spec.engine_flags):
+            length = int(_flag(flags, "--rollout-max-response-len") or 1)
+            if name in ONE_TOKEN:
+                assert length == 1, name
+                continue
+            assert length >= 16 and "--custom-rm-path" in flags, f"{name}/{run.name}: {length}-token responses"
+            assert "--rollout-stop-token-ids" not in flags  # they end by EOS or by length
+    fails_fast = any(c.kind == "fault_outcome" and c.expect == "failed_fast" for c in spec.checks)
+    if name in ONE_TOKEN or fails_fast:
+        return
+    bounds = [c for c in spec.checks if c.kind == "metric_bound" and c.key == "rollout/response_len_mean"]
+    assert bounds and all(c.reduce == "min" and c.op == ">=" and c.value >= 16 for c in bounds), name
+
+
+def test_engine_hang_outlasts_the_health_check_timeout() -> None:
+    spec = CATALOG["fault-engine-hang-cpu"]
+    (hang,) = spec.faults
+    timeout = float(_flag(spec.runs[0].flags, "--rollout-health-check-timeout"))
+    assert hang.duration_s > 2 * timeout
+    (outcome,) = [c for c in spec.checks if c.kind == "fault_outcome"]
+    assert outcome.min_restarts >= 1
+
+
+def test_throughput_scenarios_and_spec_digest() -> None:
+    timed = sorted(n for n, s in CATALOG.items() if s.measures_throughput)
+    assert timed == ["colocate-cpu", "colocate-gpu", "colocate-megatron-gpu"]
+    spec = CATALOG["colocate-cpu"]
+    assert spec.digest() == ScenarioSpec.model_validate(spec.model_dump(mode="json")).digest()
+    assert spec.with_overrides(engine_flags=[*spec.engine_flags, "--lr", "1e-4"]).digest() != spec.digest()
+    assert spec.with_overrides(description="other words").digest() == spec.digest()

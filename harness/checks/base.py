@@ -10,14 +10,14 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from harness.artifacts import RunArtifacts
-from harness.profiles import Profile, Tolerances, tolerances
+from harness.profiles import Precision, Profile, Tolerances, precision_of, tolerances
 from harness.registry import Registry
 
 
 class Status(StrEnum):
     PASSED = "passed"
     FAILED = "failed"
-    SKIPPED = "skipped"  # could not be judged (e.g. no baseline yet); the reason says why
+    NO_BASELINE = "no_baseline"  # throughput measured, but this machine class has no baseline: never a pass
 
 
 class CheckResult(BaseModel):
@@ -30,7 +30,8 @@ class CheckResult(BaseModel):
 
     @property
     def passed(self) -> bool:
-        return self.status is not Status.FAILED
+        """Judged and good; a no-baseline check is not a pass (nor a failure)."""
+        return self.status is Status.PASSED
 
 
 @dataclass
@@ -41,13 +42,18 @@ class CheckContext:
     profile: Profile = Profile.CPU
     baselines_dir: Path | None = None
     baseline_key: str | None = None
-    calibration_s: float | None = None
-    device_class: str = "cpu"
+    machine_class: str = "cpu: unknown x1"
+    require_baselines: bool = False  # a missing throughput baseline fails instead of reporting no_baseline
+    spec_digest: str | None = None  # of the scenario's flags: a baseline recorded for other flags does not count
     root: Path = field(default_factory=Path.cwd)  # for relative golden paths
 
-    @property
-    def tol(self) -> Tolerances:
-        return tolerances(self.profile)
+    def precision(self, *names: str | None) -> Precision:
+        """The coarsest precision of the named runs (run.json ``dtypes``): what their numbers can agree to."""
+        found = [precision_of(self.run(n).run.get("dtypes")) for n in (names or (None,))]
+        return Precision.BF16 if Precision.BF16 in found else Precision.FP32
+
+    def tol(self, *names: str | None) -> Tolerances:
+        return tolerances(self.precision(*names))
 
     def run(self, name: str | None) -> RunArtifacts:
         if name is None:
@@ -77,8 +83,8 @@ class CheckParams(BaseModel):
         return CheckResult(kind=self.kind, name=self.label, status=Status.PASSED if ok else Status.FAILED,
                            message=message, **extra)
 
-    def skipped(self, message: str, **extra: Any) -> CheckResult:
-        return CheckResult(kind=self.kind, name=self.label, status=Status.SKIPPED, message=message, **extra)
+    def no_baseline(self, message: str, **extra: Any) -> CheckResult:
+        return CheckResult(kind=self.kind, name=self.label, status=Status.NO_BASELINE, message=message, **extra)
 
     def run_check(self, ctx: CheckContext) -> CheckResult:
         """``evaluate``, with a crash in the check reported as a failed check rather than an error."""

@@ -1,4 +1,5 @@
-"""Loss parity: two runs (or a run and a stored golden trajectory) agree step by step."""
+"""Loss parity: two runs (or a run and a stored golden trajectory) agree step by step, within the stated
+tolerance of the coarser precision of the two (fp32 pairs: atol 1e-6; a bf16 side: rtol 2e-2, atol 1e-2)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ class LossParity(CheckParams):
     runs: list[str] = []  # [a, b]; with ``golden``: [a] (or empty = the first run)
     golden: str | None = None  # path relative to the repository root
     keys: list[str] = DEFAULT_KEYS
-    rtol: float | None = None  # None: the profile's stated tolerance
+    rtol: float | None = None  # None: the stated tolerance of the runs' precision (run.json dtypes)
     atol: float | None = None
     from_step: int = 0
     to_step: int | None = None
@@ -55,8 +56,9 @@ class LossParity(CheckParams):
 
     def evaluate(self, ctx: CheckContext) -> CheckResult:
         (na, a), (nb, b) = self._sides(ctx)
-        rtol = ctx.tol.parity_rtol if self.rtol is None else self.rtol
-        atol = ctx.tol.parity_atol if self.atol is None else self.atol
+        runs = [n for n in (na, nb) if n in ctx.runs]  # a golden file has no dtypes: the run's decide
+        rtol = ctx.tol(*runs).parity_rtol if self.rtol is None else self.rtol
+        atol = ctx.tol(*runs).parity_atol if self.atol is None else self.atol
         problems: list[str] = []
         max_diff: dict[str, float] = {}
         compared_steps: set[int] = set()

@@ -1,22 +1,57 @@
-"""Throughput regression against ``ci/baselines/<key>.json`` (see harness.baselines)."""
+"""Throughput: one figure per scenario from wall time, judged against the machine class's stored baseline.
+
+The figure is samples (or response tokens) per second over the steps after ``skip_steps`` warm-up steps,
+timed between ``step_end`` events: ``sum(count of steps k+1..n) / (t_end(n) - t_end(k))``. The engine's
+own ``perf/*`` metrics are not used: they time parts of a step, and two of them were one number twice.
+The same measurement drives the stored baselines (`harness.baselines`) and the A/B gate (`harness.ab`).
+"""
 
 from __future__ import annotations
 
-import statistics
+import math
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import Field
 
 from harness import baselines
+from harness.artifacts import RunArtifacts
 from harness.checks.base import CheckContext, CheckParams, CheckResult, register
+from harness.profiles import THROUGHPUT_MIN_TOLERANCE
+
+COUNT_KEYS = {"samples": ("rollout/num_samples",), "tokens": ("rollout/num_samples", "rollout/response_len_mean")}
 
 
-class Metric(BaseModel):
-    key: str
-    higher_is_better: bool = True
+def _window_start(run: RunArtifacts, ends: dict[int, float], steps: list[int], skip_steps: int) -> float:
+    """The end of the last warm-up step, or the first step's start when there is no warm-up."""
+    if skip_steps:
+        return ends[steps[skip_steps - 1]]
+    starts = [float(e["time"]) for e in run.events_named("step_start") if e.get("step") == steps[0]]
+    if not starts:
+        raise ValueError(f"no step_start event for step {steps[0]}")
+    return starts[-1]
 
 
-DEFAULT_METRICS = [Metric(key="perf/tokens_per_s"), Metric(key="perf/step_time_s", higher_is_better=False)]
+def measure(run: RunArtifacts, unit: str, skip_steps: int, min_steps: int) -> dict[str, float]:
+    """``{"value": per second, "steps": measured steps, "window_s": seconds}`` (ValueError when it cannot)."""
+    ends: dict[int, float] = {}
+    for ev in run.events_named("step_end"):
+        if isinstance(ev.get("step"), int) and "time" in ev:
+            ends[ev["step"]] = float(ev["time"])  # the last one wins (a step redone after a restart)
+    steps = sorted(ends)
+    if len(steps) < skip_steps + min_steps:
+        raise ValueError(f"{len(steps)} step_end events; need {skip_steps} warm-up + {min_steps} measured steps")
+    t0, window = _window_start(run, ends, steps, skip_steps), steps[skip_steps:]
+    series = [run.metric_series(k) for k in COUNT_KEYS[unit]]
+    count = 0.0
+    for step in window:
+        missing = [k for k, s in zip(COUNT_KEYS[unit], series, strict=True) if step not in s]
+        if missing:
+            raise ValueError(f"step {step}: no {', '.join(missing)} in metrics.jsonl")
+        count += math.prod(s[step] for s in series)
+    seconds = ends[window[-1]] - t0
+    if seconds <= 0:
+        raise ValueError(f"steps {window[0]}..{window[-1]} took {seconds:.3g} s of wall time")
+    return {"value": count / seconds, "steps": float(len(window)), "window_s": seconds}
 
 
 @register("throughput")
@@ -24,47 +59,36 @@ class Throughput(CheckParams):
     kind: Literal["throughput"] = "throughput"
     run: str | None = None
     baseline_key: str | None = None  # None: the scenario's baseline key
-    metrics: list[Metric] = DEFAULT_METRICS
-    skip_steps: int = 1  # warm-up steps left out of the median
-    tolerance: float | None = None  # None: the profile's
+    unit: Literal["samples", "tokens"] = "samples"
+    skip_steps: int = Field(2, ge=0)  # warm-up steps before the measured window
+    min_steps: int = Field(3, ge=1)
+    tolerance: float | None = Field(None, gt=0, lt=1)  # smallest drop that may fail; None: the profile's
 
-    def measure(self, ctx: CheckContext) -> dict[str, dict]:
-        run = ctx.run(self.run)
-        out = {}
-        for m in self.metrics:
-            values = list(run.metric_series(m.key).values())
-            values = values[self.skip_steps :] if len(values) > self.skip_steps else values
-            if not values:
-                raise ValueError(f"no {m.key} in metrics.jsonl")
-            raw = statistics.median(values)
-            out[m.key] = {"raw": raw, "higher_is_better": m.higher_is_better,
-                          "normalized": baselines.normalize(raw, m.higher_is_better, ctx.calibration_s
-                                                            if ctx.device_class == "cpu" else None)}
-        return out
+    @property
+    def metric(self) -> str:
+        return f"{self.unit}_per_s"
+
+    def min_tolerance(self, ctx: CheckContext) -> float:
+        return THROUGHPUT_MIN_TOLERANCE[ctx.profile] if self.tolerance is None else self.tolerance
 
     def evaluate(self, ctx: CheckContext) -> CheckResult:
         key = self.baseline_key or ctx.baseline_key
-        measured = self.measure(ctx)
-        details = {"baseline_key": key, "device_class": ctx.device_class, "calibration_s": ctx.calibration_s}
-        if not key or ctx.baselines_dir is None:
-            return self.skipped("no baseline key or baselines dir; measured only", details=details,
-                                measurements=measured)
-        base = baselines.entry(baselines.load(ctx.baselines_dir, key), ctx.profile, ctx.device_class)
-        if not base:
-            return self.skipped(f"no baseline {key!r} for {ctx.profile.value}/{ctx.device_class} in "
-                                f"{ctx.baselines_dir}; record one with `relax-harness baseline update`",
-                                details=details, measurements=measured)
-        tol = ctx.tol.throughput_tolerance if self.tolerance is None else self.tolerance
-        lines, ok_all = [], True
-        for metric, m in measured.items():
-            ref = (base.get("metrics") or {}).get(metric)
-            if ref is None:
-                lines.append(f"{metric}: no baseline value")
-                continue
-            ok, line = baselines.compare(metric, m["normalized"], ref, tol)
-            ok_all &= ok
-            lines.append(line)
-        details["comparison"] = lines
-        bad = [line for line in lines if "REGRESSION" in line]
-        message = "; ".join(bad) if bad else "; ".join(lines)
-        return self.result(ok_all, message, details=details, measurements=measured)
+        got = measure(ctx.run(self.run), self.unit, self.skip_steps, self.min_steps)
+        m = {**got, "metric": self.metric, "baseline_key": key, "spec": ctx.spec_digest,
+             "min_tolerance": self.min_tolerance(ctx)}
+        details = {"machine_class": ctx.machine_class, "baseline_key": key}
+        base = baselines.entry(ctx.baselines_dir, ctx.machine_class, key) if key else None
+        missing = baselines.missing_reason(base, ctx.machine_class, key, ctx.spec_digest)
+        text = f"{self.metric} {got['value']:.4g} over {int(got['steps'])} steps"
+        if missing:
+            if ctx.require_baselines:
+                return self.result(False, f"{text}; {missing} (--require-baselines)", details=details, measurements=m)
+            return self.no_baseline(f"{text}; {missing}", details=details, measurements=m)
+        if base.get("metric") != self.metric:
+            return self.result(False, f"baseline {key} for {ctx.machine_class} measures {base.get('metric')}, the "
+                                      f"check {self.metric}; re-record it", details=details, measurements=m)
+        verdict = baselines.judge(got["value"], base, self.min_tolerance(ctx))
+        m["baseline"] = {"median": verdict.median, "lower": verdict.lower, "values": base.get("values", [])}
+        details["comparison"] = verdict.line(self.metric, got["value"])
+        return self.result(verdict.ok, f"{details['comparison']} [{ctx.machine_class}]", details=details,
+                           measurements=m)

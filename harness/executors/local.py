@@ -110,9 +110,12 @@ class LocalHandle(RunHandle):
 class LocalExecutor(Executor):
     name = "local"
 
-    def __init__(self, engine_cmd: list[str] | None = None, grace_s: float = 10.0):
+    def __init__(self, engine_cmd: list[str] | None = None, grace_s: float = 10.0, code_root: Path | None = None):
+        """``code_root``: the checkout whose ``relax`` the runs import (first on PYTHONPATH; default this one,
+        the A/B gate passes a worktree of the base commit)."""
         self.engine_cmd = list(engine_cmd or ENGINE_CMD)
         self.grace_s = grace_s
+        self.code_root = Path(code_root or REPO_ROOT)
 
     def command(self, launch: Launch) -> list[str]:
         return [*self.engine_cmd, *launch.argv, "--output-dir", str(launch.output_dir)]
@@ -122,7 +125,7 @@ class LocalExecutor(Executor):
         launch.work_dir.mkdir(parents=True, exist_ok=True)
         ray_dir = Path(tempfile.mkdtemp(prefix="rh", dir="/tmp"))  # AF_UNIX paths must stay short
         env = {**os.environ, **BASE_ENV, **launch.env, "RELAX_RAY_TEMP_DIR": str(ray_dir)}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.code_root), env.get("PYTHONPATH")) if p)
         log_fh = open(launch.log_path, "ab")  # noqa: SIM115 - closed by the handle's cleanup
         log_fh.write(f"$ {' '.join(self.command(launch))}\n".encode())
         log_fh.flush()

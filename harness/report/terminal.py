@@ -1,4 +1,4 @@
-"""One-screen terminal summary (rich)."""
+"""One-screen terminal summary (rich). Passed, no-baseline and skipped are three different outcomes."""
 
 from __future__ import annotations
 
@@ -7,13 +7,38 @@ from collections import Counter
 from typing import Any
 
 STYLE = {"passed": "green", "failed": "bold red", "unsupported": "yellow", "xfailed": "yellow",
-         "skipped": "dim", "xpassed": "bold red"}
+         "skipped": "dim", "xpassed": "bold red", "no_baseline": "magenta"}
 
 
 def outcome(sc: dict[str, Any]) -> str:
-    """The pytest view when there is one (xfailed is expected), else the scenario status."""
+    """The pytest view when there is one (xfailed is expected), else the scenario status; a scenario that
+    passed every judged check but whose throughput has no baseline on this machine class is ``no_baseline``."""
     test = sc.get("test") or {}
-    return test.get("outcome") or sc.get("status", "failed")
+    out = test.get("outcome") or sc.get("status", "failed")
+    if out == "passed" and any(c.get("status") == "no_baseline" for c in sc.get("checks", [])):
+        return "no_baseline"
+    return out
+
+
+def throughput_text(sc: dict[str, Any]) -> str:
+    """The throughput column: the figure and its verdict, '' when the scenario measures none."""
+    for c in sc.get("checks", []):
+        m = c.get("measurements") or {}
+        if c.get("kind") != "throughput" or "value" not in m:
+            continue
+        figure = f"{m['value']:.4g} {m.get('metric', '')}"
+        if c.get("status") == "no_baseline":
+            return f"{figure}, no baseline for {sc.get('machine_class', '?')}"
+        base = m.get("baseline") or {}
+        if base.get("median"):
+            return f"{figure} ({(m['value'] - base['median']) / base['median']:+.0%} vs baseline)"
+        return f"{figure}, {c.get('status')}"
+    return ""
+
+
+def counts_line(scenarios: list[dict[str, Any]]) -> str:
+    counts = Counter(outcome(sc) for sc in scenarios)
+    return ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in sorted(counts.items())) or "no scenarios ran"
 
 
 def render_summary(scenarios: list[dict[str, Any]], width: int = 110, color: bool = False) -> str:
@@ -30,15 +55,16 @@ def render_summary(scenarios: list[dict[str, Any]], width: int = 110, color: boo
     table.add_column("detail", overflow="ellipsis", no_wrap=True, ratio=1)
     for sc in scenarios:
         checks = sc.get("checks", [])
-        ok = sum(c.get("status") != "failed" for c in checks)
+        ok = sum(c.get("status") == "passed" for c in checks)
         out = outcome(sc)
-        detail = sc.get("message", "")
+        detail = throughput_text(sc) if out == "no_baseline" else sc.get("message", "")
         reason = (sc.get("test") or {}).get("reason")
-        if out == "xfailed" and reason:
-            detail = f"{reason} | {detail}"
-        table.add_row(sc["name"], f"[{STYLE.get(out, '')}]{out}[/]", f"{ok}/{len(checks)}",
+        if out == "skipped":
+            detail = reason or detail
+        elif out == "xfailed" and reason:
+            detail = f"{reason} | {detail}" if detail else reason
+        table.add_row(sc["name"], f"[{STYLE.get(out, '')}]{out.replace('_', ' ')}[/]", f"{ok}/{len(checks)}",
                       f"{sc.get('duration_s', 0):.1f}s", detail)
     console.print(table)
-    counts = Counter(outcome(sc) for sc in scenarios)
-    console.print(", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no scenarios ran")
+    console.print(counts_line(scenarios))
     return buf.getvalue()

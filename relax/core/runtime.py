@@ -18,6 +18,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from relax import checkpoint as ckpt
+from relax.backends.torch.step_report import CONSUMED_KEY
 from relax.core.engines import EngineFleet
 from relax.core.services import ServiceGroup
 from relax.core.setup import RunInputs
@@ -190,6 +191,9 @@ class Runtime:
                 artifacts.samples.write({"step": step, "group_index": s.group_index, "index": s.index,
                                          "attempts": s.abort_count + 1, "fate": "trained", "reason": None,
                                          **sample_fields(s, args.reward_key)})
+        for group_index, index, passes in train_metrics.pop(CONSUMED_KEY, []):  # the trainer's own report
+            artifacts.samples.write({"step": step, "group_index": group_index, "index": index, "fate": "consumed",
+                                     "passes": passes, "reason": None})
         if args.save and _due(args.save_interval, step, self.last_step):
             artifacts.event("phase", step=step, phase="checkpoint")
             directory = ckpt.iteration_dir(args.save, step)

@@ -182,6 +182,7 @@ def run_json(args: Namespace, device: str, status: str, **extra: Any) -> dict[st
             "platform": platform.platform(),
         },
         "device": device,
+        "dtypes": run_dtypes(args),
         "seeds": {"seed": args.seed, "rollout_seed": args.rollout_seed},
         "output_dir": str(args.output_dir),
         "start_time": time.time(),
@@ -190,3 +191,14 @@ def run_json(args: Namespace, device: str, status: str, **extra: Any) -> dict[st
         "error": None,
         **extra,
     }
+
+
+def run_dtypes(args: Namespace) -> dict[str, str]:
+    """The dtypes the trainer computes log-probs in and the engines hold weights in (the harness picks its
+    numeric tolerances by them). Both are the train backend's export dtype (relax/backends/train_registry.py):
+    the torch backend trains and exports fp32 (bf16 with --bf16), Megatron bf16, and engines hold what the
+    trainer exports."""
+    from relax.backends.train_registry import weight_dtype
+
+    dtype = str(weight_dtype(args.train_backend, getattr(args, "bf16", False))).removeprefix("torch.")
+    return {"trainer": dtype, "engine": dtype}

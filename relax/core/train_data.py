@@ -50,7 +50,8 @@ def to_train_samples(args: Namespace, groups: list[list[Sample]]) -> tuple[list[
             raise ValueError(f"--custom-reward-post-process-path returned {len(rewards)} rewards for {len(samples)} samples")
     train = [
         TrainSample(tokens=list(s.tokens), response_length=s.response_length, loss_mask=list(s.effective_loss_mask()),
-                    reward=float(r), rollout_log_probs=s.rollout_log_probs, teacher_log_probs=s.teacher_log_probs)
+                    reward=float(r), rollout_log_probs=s.rollout_log_probs, teacher_log_probs=s.teacher_log_probs,
+                    sample_id=_sample_id(s))
         for s, r in zip(samples, rewards, strict=True)
     ]
     return train, [float(r) for r in raw]
@@ -76,8 +77,16 @@ def _custom_convert(args: Namespace, samples: list[Sample]) -> tuple[list[TrainS
                     loss_mask=list(columns["loss_masks"][i]), reward=float(columns["rewards"][i]),
                     rollout_log_probs=columns["rollout_log_probs"][i] if "rollout_log_probs" in columns else None,
                     teacher_log_probs=(columns["teacher_log_probs"][i] if "teacher_log_probs" in columns
-                                       else samples[i].teacher_log_probs))
+                                       else samples[i].teacher_log_probs),
+                    sample_id=_sample_id(samples[i]))
         for i in range(len(samples))
     ]
     raw = columns.get("raw_reward", columns["rewards"])
     return train, [float(extract_reward(r, args.reward_key)) for r in raw]
+
+
+def _sample_id(sample: Sample) -> tuple[int, int] | None:
+    """``(group_index, index)``: what samples.jsonl names a sample by (None when a custom rollout left them unset)."""
+    if sample.group_index is None or sample.index is None:
+        return None
+    return (int(sample.group_index), int(sample.index))

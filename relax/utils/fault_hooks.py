@@ -1,16 +1,27 @@
 """Fault-injection hooks for the scenario harness (``RELAX_FAULT_<NAME>_AT_STEP=<step>``).
 
 Faults that cannot be injected from outside a process (a reward function raising, a NaN
-loss, a failing checkpoint write) are triggered here when the harness sets the matching
-environment variable; Ray workers inherit every ``RELAX_*`` variable. Unset, they cost a
-dictionary lookup and change nothing.
+loss, a failing checkpoint write, a trainer that drops a sample) are triggered here when the
+harness sets the matching environment variable; Ray workers inherit every ``RELAX_*`` variable.
+Unset, they cost a dictionary lookup and change nothing.
+
+`EngineHooks` plants defects in the rollout engine's decode loop, for the harness's own tests:
+a slowdown (each engine step sleeps a fraction of its own duration more, the A/B gate's planted
+regression) and a KV-cache decode bug (generated positions from N on report a skewed log-prob,
+which only a check over every response token catches). The engine reads them once, at start-up.
 """
 
 from __future__ import annotations
 
 import os
+import time
+from dataclasses import dataclass
 
-HOOKS = ("REWARD_RAISE", "NAN_LOSS", "CKPT_WRITE_FAIL")
+HOOKS = ("REWARD_RAISE", "NAN_LOSS", "CKPT_WRITE_FAIL", "TRAINER_DROP_SAMPLE")
+
+ENGINE_SLOWDOWN_ENV = "RELAX_FAULT_ENGINE_SLOWDOWN"  # fraction: 0.3 makes every engine step 1.3x as long
+DECODE_SKEW_ENV = "RELAX_FAULT_DECODE_LOGPROB_SKEW_FROM"  # generated position (0-based) the skew starts at
+DECODE_SKEW = 1e-3  # added to the reported log-prob of every skewed position
 
 
 def fault_at(name: str, step: int) -> bool:
@@ -18,3 +29,40 @@ def fault_at(name: str, step: int) -> bool:
         raise ValueError(f"unknown fault hook {name!r}; known: {', '.join(HOOKS)}")
     value = os.environ.get(f"RELAX_FAULT_{name}_AT_STEP")
     return value is not None and value.strip() == str(step)
+
+
+def _env_number(name: str, kind: type, minimum: float) -> float | int | None:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected a {kind.__name__} >= {minimum}") from None
+    if value < minimum:
+        raise ValueError(f"{name}={raw!r}: expected a {kind.__name__} >= {minimum}")
+    return value
+
+
+@dataclass(frozen=True)
+class EngineHooks:
+    """Planted engine defects (see the module docstring); both off unless their variable is set."""
+
+    slowdown: float = 0.0
+    skew_from: int | None = None
+
+    @classmethod
+    def from_env(cls) -> EngineHooks:
+        return cls(slowdown=float(_env_number(ENGINE_SLOWDOWN_ENV, float, 0.0) or 0.0),
+                   skew_from=_env_number(DECODE_SKEW_ENV, int, 0))
+
+    def after_step(self, started: float) -> None:
+        """End of one engine step that began at ``started`` (``time.perf_counter()``)."""
+        if self.slowdown:
+            time.sleep(self.slowdown * (time.perf_counter() - started))
+
+    def logprob(self, value: float, generated: int) -> float:
+        """The log-prob reported for the ``generated``-th token of a response (1-based count)."""
+        if self.skew_from is not None and generated - 1 >= self.skew_from:
+            return value + DECODE_SKEW
+        return value

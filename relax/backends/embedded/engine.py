@@ -32,6 +32,7 @@ from relax.backends.embedded.rows import Fetch, RowState
 from relax.backends.embedded.runners import HFRunner, StaticRunner
 from relax.backends.embedded.sampling import SamplingParams
 from relax.engine.protocol import GENERATE_REQ, MEMORY_TAGS, check_fields, weight_version_str
+from relax.utils.fault_hooks import EngineHooks
 from relax.weights.checksum import state_checksums
 
 # The top-level /generate fields this engine implements (relax.engine.protocol.GENERATE_REQ has all of SGLang's);
@@ -102,6 +103,7 @@ class EmbeddedEngine:
             raise ValueError(f"unknown runner {runner!r} (hf, static or lean)")
         self.released_tags: set[str] = set()  # SGLang's memory tags released (relax.engine.protocol.MEMORY_TAGS)
         self._parking: list[torch.Tensor] = []  # pinned host copies of the weights, reused by every release
+        self.hooks = EngineHooks.from_env()  # the harness's planted defects (relax/utils/fault_hooks.py); off by default
 
     # ------------------------------------------------------------------ properties
     @property
@@ -231,6 +233,7 @@ class EmbeddedEngine:
         In overlap mode the tokens of a decode step are applied during the next ``step`` call
         (after launching the following decode), so requests finish one call later.
         """
+        started = time.perf_counter()
         finished: list[Request] = self._score_prompts() if self.waiting else []
         room = self.max_running_requests - len(self.reqs)
         if self.waiting and room > 0:
@@ -244,6 +247,7 @@ class EmbeddedEngine:
         if self._inflight and (not self.overlap or len(self._inflight) > 1 or not self.reqs):
             reqs, fetch = self._inflight.pop(0)
             finished += self._apply(reqs, fetch)
+        self.hooks.after_step(started)
         return finished
 
     def _score_prompts(self) -> list[Request]:
@@ -301,7 +305,7 @@ class EmbeddedEngine:
             if r.done:  # finished or aborted since this step was launched: a wasted row
                 continue
             r.output_ids.append(tok)
-            r.logprobs.append(lp)
+            r.logprobs.append(self.hooks.logprob(lp, len(r.output_ids)))
             self._check_finish(r, tok)
             if r.done:
                 finished.append(r)

@@ -46,6 +46,7 @@ from relax.backends.torch.logprobs import response_log_probs
 from relax.backends.torch.master_weights import MasterWeights
 from relax.backends.torch.micro_batches import fixed_micro_batches, micro_batches
 from relax.backends.torch.rollout_postprocess import postprocess_rollout_data
+from relax.backends.torch.step_report import CONSUMED_KEY, consumed_samples, logprob_mismatch_metrics
 from relax.distributed.resources import service_roles
 from relax.models import build_model
 from relax.utils.fault_hooks import fault_at
@@ -198,17 +199,22 @@ class TorchTrainBackend:
             gap = (old_lp - teacher_lp) * batch.loss_mask
             metrics["train/opd_reverse_kl"] = float(gap.sum() / batch.loss_mask.sum().clamp(min=1))
         if batch.rollout_log_probs is not None:
-            diff = (old_lp - batch.rollout_log_probs).abs() * batch.loss_mask
-            metrics["train/train_rollout_logprob_abs_diff"] = float(diff.sum() / batch.loss_mask.sum().clamp(min=1))
+            metrics.update(logprob_mismatch_metrics(old_lp, batch.rollout_log_probs, batch.loss_mask))
         per_step: dict[str, list[float]] = defaultdict(list)
         update_actor = should_update_actor(self.algo, step)
         num_steps = 0
+        passes = torch.zeros(n)  # per row: how often the loss saw it (the consumed report)
         # PPO epochs: every iteration reuses the old/ref log-probs and advantages computed above
         for _ in range(args.num_iters_per_train_update):
             for gsl in self._global_batches(n):
-                step_metrics = self._optimizer_step(batch, gsl, old_lp, ref_lp, adv.advantages) if update_actor else {}
+                micro = self._micro_batches(samples, gsl)
+                if fault_at("TRAINER_DROP_SAMPLE", step) and micro and micro[-1].stop - micro[-1].start > 1:
+                    micro[-1] = slice(micro[-1].start, micro[-1].stop - 1)  # planted defect: a row never trains
+                for sl in micro if update_actor or self.critic is not None else ():
+                    passes[sl] += 1
+                step_metrics = (self._optimizer_step(batch, gsl, old_lp, ref_lp, adv.advantages, micro)
+                                if update_actor else {})
                 if self.critic is not None:
-                    micro = self._micro_batches(samples, gsl)
                     step_metrics.update(self.critic.train_step(batch, gsl, micro, old_values, adv.returns, step))
                 num_steps += int(update_actor or self.critic is not None)
                 for key, value in step_metrics.items():
@@ -216,6 +222,8 @@ class TorchTrainBackend:
         metrics.update({f"train/{k}": float(np.mean(v)) for k, v in per_step.items()})
         metrics["train/lr"] = float(self.optimizer.param_groups[0]["lr"])
         metrics["train/num_optimizer_steps"] = float(num_steps)
+        if any(s.sample_id is not None for s in samples):
+            metrics[CONSUMED_KEY] = consumed_samples([s.sample_id for s in samples], self.dp.sum_rows(passes))
         return metrics
 
     def _rollout_columns(self, batch: RolloutTensors, pre: Precomputed):
@@ -246,13 +254,17 @@ class TorchTrainBackend:
         old_lp: torch.Tensor,
         ref_lp: torch.Tensor | None,
         advantages: torch.Tensor,
+        micro: list[slice] | None = None,
     ) -> dict[str, float]:
+        """One optimizer step over the rows ``gsl``; ``micro``: this rank's micro-batches of them (default: the
+        usual split)."""
+        micro = self._micro_batches(batch.samples, gsl) if micro is None else micro
         width = batch.loss_mask.shape[1]
         num_samples = gsl.stop - gsl.start
         num_tokens = int(batch.loss_mask[gsl].sum().item())
         self._zero_grad()
         sums: dict[str, torch.Tensor] = {}
-        for sl in self._micro_batches(batch.samples, gsl):  # the loss divides by the step's totals, not sl's
+        for sl in micro:  # the loss divides by the step's totals, not sl's
             inputs = build_model_inputs(batch.samples[sl], width, self.pad_id, self.device)
             lp, entropy = self._forward_log_probs(self.model, inputs, with_entropy=True)
             dev = self.device

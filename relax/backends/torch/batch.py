@@ -26,6 +26,7 @@ class TrainSample:
     reward: float
     rollout_log_probs: list[float] | None = None
     teacher_log_probs: list[float] | None = None
+    sample_id: tuple[int, int] | None = None  # (group_index, index) of the rollout sample, for the consumed report
 
     @property
     def prompt_length(self) -> int:
