@@ -12,6 +12,7 @@ rank 0's result (a failure on any rank fails the test with that rank's traceback
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import socket
 import traceback
@@ -87,7 +88,6 @@ def install_cpu_shims() -> None:
     tracker.fork = lambda *args, **kwargs: contextlib.nullcontext()  # dropout is 0; no CUDA RNG on CPU
     tracker.add = lambda *args, **kwargs: None
     import megatron.core.transformer.moe.moe_utils as moe_utils
-
     import megatron.core.transformer.moe.token_dispatcher as token_dispatcher
 
     def to_host(tensor, as_numpy: bool = False, record_stream: bool = False):  # on CUDA the split sizes become numpy
@@ -111,7 +111,9 @@ def _worker(rank: int, world: int, port: int, fn, args: tuple, queue) -> None:
         install_cpu_shims()
         dist.init_process_group("gloo", rank=rank, world_size=world)
         result = fn(rank, *args)
-        queue.put((rank, "ok", result if rank == 0 else None))
+        payload = io.BytesIO()  # bytes, not shared-memory tensors: the worker exits before the parent reads
+        torch.save(result if rank == 0 else None, payload)
+        queue.put((rank, "ok", payload.getvalue()))
     except BaseException:  # noqa: BLE001 - reported to the parent with the traceback
         queue.put((rank, "error", traceback.format_exc()))
     finally:
@@ -137,7 +139,7 @@ def spawn(fn, world: int, *args, timeout: float = 600):
             if status == "error":
                 errors.append(f"rank {rank}:\n{payload}")
                 break
-            results[rank] = payload
+            results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
     finally:
         for p in procs:
             p.join(timeout=5 if errors else 60)

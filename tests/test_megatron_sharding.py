@@ -24,6 +24,7 @@ from relax.backends.megatron.layout import Param, Split, WeightLayout, catalogue
 from relax.backends.megatron.sharding import (
     ParallelLayout,
     RankPos,
+    global_name,
     holds,
     local_name,
     read_shard,
@@ -137,6 +138,10 @@ def test_pipeline_stages_and_expert_ranks_partition_the_model(models) -> None:
     expert = next(p for p in params if p.expert == 3 and p.layer == 2)
     assert holds(expert, wl, par, RankPos(pp=1, ep=1)) and not holds(expert, wl, par, RankPos(pp=1, ep=0))
     assert local_name(expert, wl, par) == "decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight"
+    for param in params:  # global_name inverts local_name on the rank that holds the parameter
+        for pos in _positions(par):
+            if holds(param, wl, par, pos):
+                assert global_name(local_name(param, wl, par), wl, par, pos) == param.name
     with pytest.raises(ValueError, match="does not split evenly"):
         local_name(expert, wl, ParallelLayout(pp=3))
 

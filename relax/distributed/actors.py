@@ -50,6 +50,16 @@ class TrainerActor:
     def attach_peers(self, peers: list) -> None:
         self._peers = list(peers)
 
+    @property
+    def _collective(self) -> bool:
+        """Whether the backend's weights are sharded over the ranks (Megatron), so that every rank takes part in
+        exporting, checkpointing and ``--save-hf``; replicated weights (torch) are rank 0's alone."""
+        return bool(getattr(self.backend, "collective_io", False))
+
+    def export_weights(self, bucket_bytes: int) -> int:
+        """A peer's part of rank 0's weight export: iterate the backend's buckets (its gathers), discard them."""
+        return sum(1 for _ in self.backend.weight_buckets(bucket_bytes))
+
     def _with_peers(self, method: str, args: tuple, local):
         """``local()`` here while the peers run ``method(*args)``; rank 0's result.
 
@@ -109,7 +119,12 @@ class TrainerActor:
     def prepare_sync(self, bucket_bytes: int) -> tuple[int, str, int]:
         """Split the weights into buckets: (how many, `device_identity` of where they are now (an offloaded
         trainer's weights are on the host even on a GPU run), bytes in all)."""
-        self._buckets, self._packed = self.backend.weight_buckets(bucket_bytes), None
+        def export() -> list:
+            return list(self.backend.weight_buckets(bucket_bytes))
+
+        # a sharded (Megatron) trainer gathers its buckets on rank 0 with every rank taking part
+        buckets = self._with_peers("export_weights", (bucket_bytes,), export) if self._collective else export()
+        self._buckets, self._packed = buckets, None
         tensors = [t for bucket in self._buckets for _, t in bucket]
         where = device_identity(tensors[0].device) if tensors else "cpu"
         return len(self._buckets), where, sum(t.numel() * t.element_size() for t in tensors)
@@ -147,13 +162,19 @@ class TrainerActor:
         return checksum.state_checksums(sent) if sent else self.backend.checksums()
 
     def save(self, directory: str, save_optimizer: bool) -> None:
-        self.backend.save(directory, save_optimizer=save_optimizer)
+        def local() -> None:
+            self.backend.save(directory, save_optimizer=save_optimizer)
+
+        return self._with_peers("save", (directory, save_optimizer), local) if self._collective else local()
 
     def load(self, directory: str) -> None:
         self._with_peers("load", (directory,), lambda: self.backend.load(directory))
 
     def save_hf(self, directory: str) -> None:
-        self.backend.save_hf(directory)
+        def local() -> None:
+            self.backend.save_hf(directory)
+
+        return self._with_peers("save_hf", (directory,), local) if self._collective else local()
 
 
 @ray.remote

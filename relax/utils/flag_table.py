@@ -49,7 +49,7 @@ SEED_FLAGS: list[FlagSpec] = [
     # --- Ray Launch Parameters
     F('rollout-num-gpus-per-engine', 'int', 1, 'Ray Launch Parameters', "GPUs per SGLang inference engine, equivalent to SGLang's tp_size"),
     F('num-gpus-per-node', 'int', 8, 'Ray Launch Parameters', 'GPUs per node. Set this if using fewer than 8 GPUs per node in colocate mode'),
-    F('resource', 'json', None, 'Ray Launch Parameters', 'Ray resource configuration in JSON format. Example: \'{"actor":[replicas, gpus], "rollout":[replicas, gpus]}\'. Here: actor replicas > 1 start that many data-parallel trainer ranks (--train-backend torch; one process group, NCCL on GPU, gloo on CPU; relax/distributed/trainer_group.py), each running its share of every optimizer step\'s micro-batches; rollout replicas are the engines', seed_default='-'),
+    F('resource', 'json', None, 'Ray Launch Parameters', 'Ray resource configuration in JSON format. Example: \'{"actor":[replicas, gpus], "rollout":[replicas, gpus]}\'. Here: actor replicas > 1 start that many trainer ranks (one process group, NCCL on GPU, gloo on CPU; relax/distributed/trainer_group.py), data-parallel for torch, the TP x PP x EP x DP grid for megatron (docs/megatron.md); rollout replicas are the engines', seed_default='-'),
     F('colocate', 'flag', False, 'Ray Launch Parameters', 'Whether to colocate inference engines and training Actors on the same GPUs. Automatically sets --offload to True'),
     F('offload', 'flag', False, 'Ray Launch Parameters', 'Equivalent to setting both --offload-train and --offload-rollout. Refused with --fully-async (rollout and training overlap: nothing is idle to offload)'),
     F('offload-train', 'flag', None, 'Ray Launch Parameters', 'Whether to offload training Actor to CPU during training. Always True when --colocate is enabled; otherwise None resolves to --offload. Moves parameters, gradients and optimizer state to CPU during rollout and back before training. With --fully-async, or --train-backend megatron (not supported yet), --colocate leaves it False and an explicit request is refused'),
@@ -63,7 +63,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('num-iters-per-train-update', 'int', 1, 'TransferQueue Data Queue', 'Number of iterations per global batch in fully async pipeline. Here: the trainer runs its optimizer steps over each rollout batch this many times (PPO epochs; old/ref log-probs and advantages stay the ones computed before the first iteration); Relax uses it with --fully-async (seed 004: 4-8), the colocate loop honours it too. train/num_optimizer_steps logs the count; must be >= 1'),
     # --- Training Backend and Mode
     F('train-backend', 'str', 'megatron', 'Training Backend and Mode', 'Training backend selection (torch: plain PyTorch on CPU or GPU, a Relax harness addition)', choices=('megatron', 'torch')),
-    F('qkv-format', 'str', 'thd', 'Training Backend and Mode', 'QKV layout for Megatron backend. Dynamic batching not supported in bshd mode; must specify --micro-batch-size', choices=('thd', 'bshd',)),
+    F('qkv-format', 'str', 'thd', 'Training Backend and Mode', 'QKV layout for Megatron backend. Dynamic batching not supported in bshd mode; must specify --micro-batch-size. Here: relax builds right-padded bshd micro-batches (dynamic batching included: each micro-batch is padded to its own longest sample); the default resolves to bshd, and an explicit thd (packed sequences) is refused: megatron-core runs packed_seq_params only in Transformer Engine\'s attention', choices=('thd', 'bshd',)),
     F('megatron-to-hf-mode', 'str', 'raw', 'Training Backend and Mode', 'Megatron to HF weight conversion method. bridge uses megatron bridge for automatic conversion', choices=('raw', 'bridge',)),
     F('true-on-policy-mode', 'flag', False, 'Training Backend and Mode', 'Whether to enable true on-policy mode'),
     F('fully-async', 'flag', False, 'Training Backend and Mode', 'Whether to use fully asynchronous training pipeline'),
@@ -171,12 +171,12 @@ SEED_FLAGS: list[FlagSpec] = [
     F('log-probs-max-tokens-per-gpu', 'int', None, 'Batch Configuration', 'Maximum tokens per GPU when computing log probs. When None, equals max-tokens-per-gpu'),
     F('balance-data', 'flag', False, 'Batch Configuration', 'Use karmarkar_karp algorithm to balance token count across data parallel ranks. Only available in colocate mode; not supported with --fully-async. Note: different responses for the same prompt may be assigned to different training steps'),
     # --- Parallelism Configuration
-    F('tensor-model-parallel-size', 'int', 1, 'Parallelism Configuration', 'Tensor parallelism size'),
-    F('pipeline-model-parallel-size', 'int', 1, 'Parallelism Configuration', 'Pipeline parallelism size'),
-    F('sequence-parallel', 'flag', False, 'Parallelism Configuration', 'Enable sequence parallelism'),
-    F('context-parallel-size', 'int', 1, 'Parallelism Configuration', 'Context parallelism size'),
-    F('expert-model-parallel-size', 'int', 1, 'Parallelism Configuration', 'Expert parallelism size (for MoE models)'),
-    F('expert-tensor-parallel-size', 'int', 1, 'Parallelism Configuration', 'Expert tensor parallelism size'),
+    F('tensor-model-parallel-size', 'int', 1, 'Parallelism Configuration', 'Tensor parallelism size. Here: --train-backend megatron; must divide the trainer\'s ranks (one per --resource actor GPU) together with the pipeline size, and the model\'s attention heads, key/value heads and FFN size; the vocabulary is padded to a multiple of it (docs/megatron.md)'),
+    F('pipeline-model-parallel-size', 'int', 1, 'Parallelism Configuration', 'Pipeline parallelism size. Here: --train-backend megatron; layers split evenly over the stages (it must divide the layer count), micro-batches run through megatron-core\'s 1F1B schedule'),
+    F('sequence-parallel', 'flag', False, 'Parallelism Configuration', 'Enable sequence parallelism. Here: --train-backend megatron with --tensor-model-parallel-size > 1 (refused otherwise); needed with expert and tensor parallelism together (megatron-core\'s rule)'),
+    F('context-parallel-size', 'int', 1, 'Parallelism Configuration', 'Context parallelism size. Here: only 1: megatron-core runs context parallelism only in Transformer Engine\'s attention (TEDotProductAttention), not installed on our machines; larger sizes are refused'),
+    F('expert-model-parallel-size', 'int', 1, 'Parallelism Configuration', 'Expert parallelism size (for MoE models). Here: --train-backend megatron with a Qwen3-MoE or Mixtral model; must divide the expert count'),
+    F('expert-tensor-parallel-size', 'int', 1, 'Parallelism Configuration', 'Expert tensor parallelism size. Here: --train-backend megatron with a MoE model; must divide the expert FFN size'),
     # --- Recomputation
     F('recompute-granularity', 'str', None, 'Recomputation', 'Recomputation granularity: full, selective (native Megatron parameter' + MEGATRON_DEFAULT + ': off). Here: --train-backend megatron only (refused with torch), the trainer\'s model only. full checkpoints whole transformer layers (megatron\'s tensor_parallel.checkpoint) and needs --recompute-method and --recompute-num-layers; selective checkpoints core attention in every layer (megatron\'s default recompute_modules core_attn) and takes neither. Same loss and gradients, less activation memory, one more forward of the checkpointed part in backward. Neither needs Transformer Engine. Selective saves little with the default sdpa (flash) core attention, which keeps no s x s scores; it matters for the unfused attention', choices=('full', 'selective'), seed_default='-'),
     F('recompute-method', 'str', None, 'Recomputation', 'Recomputation method: uniform, block (native Megatron parameter' + MEGATRON_DEFAULT + ': unset). Here: with --recompute-granularity full only (required there, refused otherwise). uniform: checkpoint the layers in chunks of --recompute-num-layers; block: checkpoint the first --recompute-num-layers layers, keep the rest\'s activations', choices=('uniform', 'block'), seed_default='-'),
@@ -434,7 +434,9 @@ SUPPORTED: frozenset[str] = frozenset({
     "use-dynamic-batch-size", "max-tokens-per-gpu", "log-probs-max-tokens-per-gpu", "log-probs-chunk-size",
     "only-train-params-name-list", "freeze-params-name-list",
     # megatron backend
-    "megatron-to-hf-mode", "use-distributed-optimizer",
+    "megatron-to-hf-mode", "use-distributed-optimizer", "qkv-format",
+    "tensor-model-parallel-size", "pipeline-model-parallel-size", "sequence-parallel", "context-parallel-size",
+    "expert-model-parallel-size", "expert-tensor-parallel-size",  # relax/backends/megatron/parallel.py
     "recompute-granularity", "recompute-method", "recompute-num-layers",  # relax/backends/megatron/memory_flags.py
     "optimizer-cpu-offload", "overlap-cpu-optimizer-d2h-h2d", "use-precision-aware-optimizer",
     "no-bias-swiglu-fusion", "no-bias-dropout-fusion",  # relax/backends/megatron/fusions.py
@@ -475,7 +477,7 @@ SUPPORTED_VALUES: dict[str, frozenset[Any]] = {
     # sglang: a teacher engine server at --rm-url, or an embedded one over --opd-teacher-load (opd_teacher.py)
     "advantage-estimator": frozenset({"grpo", "gspo", "sapo", "cispo", "rloo", "reinforce_plus_plus",
                                       "reinforce_plus_plus_baseline", "ppo", "on_policy_distillation"}),
-    "train-backend": frozenset({"torch", "megatron"}),  # megatron: one CUDA GPU (TP = PP = CP = 1)
+    "train-backend": frozenset({"torch", "megatron"}),  # megatron: TP x PP x EP x DP over the trainer's ranks
     "rollout-backend": frozenset({"embedded"}),
 }
 

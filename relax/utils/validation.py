@@ -210,13 +210,14 @@ def _weight_sync(args: Namespace) -> None:
                           "host at sync time (use auto: it picks object-store then)")
 
 
-def _trainer_ranks(args: Namespace) -> None:
-    """Data-parallel trainer ranks (relax/distributed/trainer_group.py) are built for the torch backend only."""
-    from relax.distributed.placement import trainer_ranks
-
-    if trainer_ranks(args) > 1 and args.train_backend != "torch":
-        raise ConfigError(f"not supported yet: --resource actor replicas > 1 (data-parallel training) with "
-                          f"--train-backend {args.train_backend}")
+def _qkv_format(args: Namespace, explicit: Set[str]) -> None:
+    """Both backends build right-padded (bshd) micro-batches; the seed's default thd resolves to it."""
+    if args.qkv_format != "thd":
+        return
+    if "qkv_format" in explicit:
+        raise ConfigError("not supported yet: --qkv-format thd (packed sequences: megatron-core runs packed_seq_params "
+                          "only in Transformer Engine's attention; relax builds padded micro-batches, --qkv-format bshd)")
+    args.qkv_format = "bshd"
 
 
 def _services(args: Namespace) -> None:
@@ -327,6 +328,6 @@ def resolve_and_validate(args: Namespace, explicit: Set[str] = frozenset()) -> N
     _partial_rollout(args)
     _transfer_queue(args)
     _weight_sync(args)
-    _trainer_ranks(args)
+    _qkv_format(args, explicit)
     _services(args)
     _when_none(args)

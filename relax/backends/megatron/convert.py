@@ -1,4 +1,4 @@
-"""Raw HF <-> megatron-core conversion of whole (unsharded) state dicts, and ``--megatron-to-hf-mode``.
+"""Raw HF <-> megatron-core conversion of whole (unsharded) state dicts (``--megatron-to-hf-mode raw`` at one rank).
 
 Only reshapes, concatenations and splits (relax/backends/megatron/layout.py): no arithmetic, so
 HF -> Megatron -> HF is bitwise exact in every dtype. The sharded versions (each rank's slice,
@@ -7,11 +7,10 @@ gathered back) are relax/backends/megatron/sharding.py; at one rank they give ex
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import torch
 
-from relax.backends.megatron.checks import module_available
 from relax.backends.megatron.layout import (
     EXTRA_STATE_SUFFIX,
     WeightLayout,
@@ -22,8 +21,7 @@ from relax.backends.megatron.layout import (
     unpack_qkv,
 )
 
-__all__ = ["EXTRA_STATE_SUFFIX", "WeightLayout", "converters", "hf_to_mcore", "mcore_to_hf", "pack_qkv",
-           "unpack_qkv"]
+__all__ = ["EXTRA_STATE_SUFFIX", "WeightLayout", "hf_to_mcore", "mcore_to_hf", "pack_qkv", "unpack_qkv"]
 
 
 def _unused(kind: str, names: set[str]) -> KeyError:
@@ -59,21 +57,3 @@ def mcore_to_hf(mc: Mapping[str, torch.Tensor], layout: WeightLayout) -> dict[st
     if weights:
         raise _unused("Megatron tensors with no HF counterpart", set(weights))
     return out
-
-
-# ---------------------------------------------------------------------- --megatron-to-hf-mode
-Converter = Callable[[Mapping[str, torch.Tensor], WeightLayout], dict[str, torch.Tensor]]
-
-
-def converters(mode: str) -> tuple[Converter, Converter]:
-    """(hf_to_mcore, mcore_to_hf) for ``--megatron-to-hf-mode raw``; ``bridge`` is relax/backends/megatron/bridge.py."""
-    if mode == "raw":
-        return hf_to_mcore, mcore_to_hf
-    if mode == "bridge":
-        raise ValueError("--megatron-to-hf-mode bridge converts through megatron-bridge's AutoBridge "
-                         "(relax/backends/megatron/bridge.py), not these raw converters")
-    raise ValueError(f"--megatron-to-hf-mode {mode!r}: expected raw or bridge")
-
-
-def bridge_available() -> bool:
-    return module_available("megatron.bridge")

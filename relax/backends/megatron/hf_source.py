@@ -1,5 +1,7 @@
 """HF weights under checkpoint names, readable a slice at a time: safetensors files or an in-memory model.
 
+`open_hf_weights` is what the Megatron backend loads ``--hf-checkpoint`` (and ``--opd-teacher-load``) with.
+
 The Megatron backend loads each rank's shard through `HFReader` (relax/backends/megatron/sharding.py):
 
 - `SafetensorsReader`: an HF directory's ``model.safetensors`` or sharded ``model-*.safetensors``
@@ -113,3 +115,17 @@ class SafetensorsReader:
             return part[:]
         rows = rows if rows is not None else slice(None)
         return part[rows, cols] if cols is not None else part[rows]
+
+
+def open_hf_weights(name_or_path: str, *, seed: int):
+    """(HF config, `HFReader`) for ``--hf-checkpoint``: a directory's safetensors, read slice by slice, or a
+    preset built in memory (random init from ``seed``, fp32; presets are small)."""
+    from relax.backends.megatron.config import McoreModelSpec
+    from relax.models import build_model, resolve_checkpoint
+
+    ckpt = resolve_checkpoint(name_or_path)
+    if ckpt.kind == "dir":
+        return ckpt.config, SafetensorsReader(name_or_path)
+    model = build_model(name_or_path, dtype=torch.float32, seed=seed)
+    wl = WeightLayout.from_spec(McoreModelSpec.from_hf(model.config))
+    return model.config, StateDictReader(checkpoint_state(model.state_dict(), wl))

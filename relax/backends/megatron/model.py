@@ -115,8 +115,7 @@ def build_gpt_model(spec: McoreModelSpec, *, sizes: ParallelSizes | None = None,
     use_te = transformer_engine_available() if use_te is None else use_te
     sizes = sizes or ParallelSizes()
     config = TransformerConfig(
-        **spec.transformer_config_kwargs(),
-        **parallel_config_kwargs(sizes),
+        **{**spec.transformer_config_kwargs(), **parallel_config_kwargs(sizes)},
         activation_func=F.silu,
         bf16=True,
         params_dtype=torch.bfloat16,
@@ -136,9 +135,31 @@ def build_gpt_model(spec: McoreModelSpec, *, sizes: ParallelSizes | None = None,
     kwargs = {**spec.gpt_model_kwargs(), "vocab_size": vocab}
     gpt = GPTModel(config=config, transformer_layer_spec=layer_spec, pre_process=ps.is_pipeline_first_stage(),
                    post_process=ps.is_pipeline_last_stage(), parallel_output=False, **kwargs)
+    _tag_tensor_parallel_params(gpt)
     gpt.to(_device(device))  # the local spec's torch.nn.RMSNorm is created on the default device
     module = Float16Module(config, gpt)
     return BuiltModel(gpt, module, config, WeightLayout.from_spec(spec, fused_norms=use_te), spec.vocab_size)
+
+
+def _tag_tensor_parallel_params(gpt) -> None:
+    """Mark tensor-parallel weights as such where megatron-core did not (0.16 skips it without initialisation).
+
+    megatron-core counts a parameter without ``tensor_model_parallel`` as a copy held by every TP rank
+    (its gradient norm takes it from TP rank 0 only). Its parallel layers set the attribute while
+    initialising their weights; megatron-core 0.19 also sets it with ``perform_initialization=False``
+    (how relax builds, the weights come from the checkpoint), 0.16 does not, which under TP dropped
+    the other ranks' shards from the norm (clipping by too small a norm). Same attributes as megatron's.
+    """
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+    from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+
+    dims = ((ColumnParallelLinear, "weight", 0), (ColumnParallelLinear, "bias", 0), (RowParallelLinear, "weight", 1),
+            (VocabParallelEmbedding, "weight", 0))
+    for module in gpt.modules():
+        for cls, name, dim in dims:
+            param = getattr(module, name, None) if isinstance(module, cls) else None
+            if isinstance(param, torch.nn.Parameter) and not hasattr(param, "tensor_model_parallel"):
+                set_tensor_model_parallel_attributes(param, is_parallel=True, dim=dim, stride=1)
 
 
 def _device(device: str) -> torch.device:

@@ -101,6 +101,9 @@ def check_model_fits(sizes: ParallelSizes, spec) -> None:
         (sizes.tp, spec.num_query_groups, "--tensor-model-parallel-size", "key/value heads (query groups)"),
         (sizes.pp, spec.num_layers, "--pipeline-model-parallel-size", "layers"),
     ]
+    if spec.is_moe and sizes.tp > 1 and not sizes.sequence_parallel:
+        raise ConfigError("a MoE model with --tensor-model-parallel-size > 1 needs --sequence-parallel "
+                          "(megatron-core's MoE layer refuses tensor parallelism without it)")
     if spec.is_moe:
         checks += [(sizes.ep, spec.num_experts, "--expert-model-parallel-size", "experts"),
                    (sizes.etp, spec.moe_ffn_hidden_size, "--expert-tensor-parallel-size", "expert FFN size")]

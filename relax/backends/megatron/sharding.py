@@ -23,6 +23,7 @@ full megatron tensor and join the ranks' pieces back, which is what the export's
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -108,6 +109,20 @@ def local_name(param: Param, wl: WeightLayout, par: ParallelLayout) -> str:
     if param.expert is not None:
         local = param.expert % _even(wl.num_experts, par.ep, "experts over expert-parallel ranks")
         name = name.replace(f"local_experts.{param.expert}.", f"local_experts.{local}.", 1)
+    return name
+
+
+_LOCAL_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+_LOCAL_EXPERT = re.compile(r"\.local_experts\.(\d+)\.")
+
+
+def global_name(name: str, wl: WeightLayout, par: ParallelLayout, pos: RankPos) -> str:
+    """A parameter name of this rank's model with global layer and expert indices (inverse of `local_name`)."""
+    layers = _even(wl.num_layers, par.pp, "layers over pipeline stages")
+    name = _LOCAL_LAYER.sub(lambda m: f"decoder.layers.{int(m.group(1)) + pos.pp * layers}.", name, count=1)
+    if wl.num_experts:
+        experts = _even(wl.num_experts, par.ep, "experts over expert-parallel ranks")
+        name = _LOCAL_EXPERT.sub(lambda m: f".local_experts.{int(m.group(1)) + pos.ep * experts}.", name, count=1)
     return name
 
 
