@@ -262,16 +262,18 @@ class MegatronTrainBackend(TorchTrainBackend):
         if save_optimizer and self.args.optimizer_cpu_offload:  # refused at parse time too (validation.py)
             raise RuntimeError("relax: not supported yet: saving the --optimizer-cpu-offload optimizer state "
                                "(save with --no-save-optim)")
-        sizes = self.sizes
-        meta = {"distributed_optimizer": bool(self.args.use_distributed_optimizer), "tp": sizes.tp, "pp": sizes.pp,
-                "ep": sizes.ep, "etp": sizes.etp, "dp": self.dp.size}
-        save_checkpoint(directory, self.model, self.optimizer, save_optimizer=save_optimizer, meta=meta)
+        save_checkpoint(directory, self.built.gpt, self.optimizer, save_optimizer=save_optimizer, meta=self._meta())
 
     def load(self, directory: str) -> None:
         from relax.backends.megatron.checkpoint import load_checkpoint
 
-        load_checkpoint(directory, self.model, self.optimizer,
-                        distributed_optimizer=bool(self.args.use_distributed_optimizer))
+        load_checkpoint(directory, self.built.gpt, self.optimizer, meta=self._meta())
+
+    def _meta(self) -> dict:
+        """What a checkpoint records about the run (relax/backends/megatron/checkpoint.py)."""
+        sizes = self.sizes
+        return {"distributed_optimizer": bool(self.args.use_distributed_optimizer), "tp": sizes.tp, "pp": sizes.pp,
+                "ep": sizes.ep, "etp": sizes.etp, "dp": self.dp.size}
 
     def save_hf(self, directory: str) -> None:
         from relax.backends.megatron.hf_export import write_hf_checkpoint

@@ -4,9 +4,9 @@
 by every rank at once: each parameter under its global name with its TP / PP / EP sharding
 metadata, and (unless ``--no-save-optim``) the optimizer's step, parameter groups, fp32 main
 params and Adam moments. With ``--use-distributed-optimizer`` the optimizer state is saved
-``fully_sharded_model_space`` (each rank's flattened slice of each parameter's state, placed in the
-parameter's own coordinates), which megatron-core loads under any data-parallel size, and under
-other tensor / pipeline sizes too. Saving and loading are spread over the data-parallel replicas
+``dp_reshardable`` (megatron-core's default: each rank writes its own contiguous slice of the
+gradient buckets' state, which any other data-parallel size can read back; the tensor / pipeline
+/ expert sizes must stay the same for it, while the model weights load under any layout). Saving and loading are spread over the data-parallel replicas
 (megatron's fully-parallel strategy wrappers), so no rank reads or writes more than its share.
 ``<iteration dir>/rng/rank_NNNNN.pt`` holds each rank's RNG states (a rank the old run did not
 have takes rank 0's), ``megatron.json`` what was saved (optimizer state or not, which optimizer, the
@@ -27,7 +27,7 @@ import torch.distributed as dist
 MCORE_DIR = "mcore"
 RNG_DIR = "rng"
 META_FILE = "megatron.json"
-OPTIMIZER_SHARDING = {"distrib_optim_sharding_type": "fully_sharded_model_space"}
+OPTIMIZER_SHARDING = {"distrib_optim_sharding_type": "dp_reshardable"}
 
 
 def _rank() -> int:
@@ -43,13 +43,14 @@ def _dp_group():
 def _sharded(model, optimizer, *, with_optimizer: bool, is_loading: bool) -> dict:
     sharded = {"model": model.sharded_state_dict()}
     if with_optimizer:
+        _init_adam_state(optimizer)
         sharded["optimizer"] = optimizer.sharded_state_dict(sharded["model"], is_loading=is_loading,
                                                             metadata=OPTIMIZER_SHARDING)
     return sharded
 
 
 def save_checkpoint(directory: str | Path, model, optimizer, *, save_optimizer: bool, meta: dict) -> None:
-    """Every rank writes its shards of ``model`` (the DDP-wrapped GPTModel) and, optionally, ``optimizer``.
+    """Every rank writes its shards of ``model`` (this rank's GPTModel) and, optionally, ``optimizer``.
 
     ``meta``: what the run looks like (``distributed_optimizer``, parallel sizes), kept in ``megatron.json``.
     """
@@ -68,12 +69,16 @@ def save_checkpoint(directory: str | Path, model, optimizer, *, save_optimizer: 
         (path / META_FILE).write_text(json.dumps({**meta, "optimizer_state": save_optimizer}, indent=1))
 
 
-def load_checkpoint(directory: str | Path, model, optimizer, *, distributed_optimizer: bool) -> bool:
+MODEL_PARALLEL_KEYS = ("tp", "pp", "ep", "etp")
+
+
+def load_checkpoint(directory: str | Path, model, optimizer, *, meta: dict) -> bool:
     """Load this rank's shards (any saved layout); the optimizer state too when the checkpoint has it.
 
     Returns whether it did; without it the optimizer's fp32 main params are refreshed from the loaded
-    weights (a weights-only resume). Optimizer state saved with the other ``--use-distributed-optimizer``
-    setting is refused.
+    weights (a weights-only resume). ``meta``: this run's, as saved by `save_checkpoint`. Optimizer state
+    saved with the other ``--use-distributed-optimizer`` setting, or the distributed optimizer's state
+    under other model-parallel sizes (it reshards over data-parallel ranks only), is refused.
     """
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
@@ -83,15 +88,19 @@ def load_checkpoint(directory: str | Path, model, optimizer, *, distributed_opti
     mcore = path / MCORE_DIR
     if not (mcore / "metadata.json").exists() or not (path / META_FILE).exists():
         raise FileNotFoundError(f"{path}: no Megatron checkpoint ({MCORE_DIR}/metadata.json and {META_FILE})")
-    meta = json.loads((path / META_FILE).read_text())
-    with_optimizer = bool(meta["optimizer_state"])
-    if with_optimizer and bool(meta["distributed_optimizer"]) != distributed_optimizer:
-        raise ValueError(f"{path}: the optimizer state was saved {'with' if meta['distributed_optimizer'] else 'without'}"
+    saved = json.loads((path / META_FILE).read_text())
+    with_optimizer = bool(saved["optimizer_state"])
+    if with_optimizer and saved["distributed_optimizer"] != meta["distributed_optimizer"]:
+        raise ValueError(f"{path}: the optimizer state was saved {'with' if saved['distributed_optimizer'] else 'without'}"
                          " --use-distributed-optimizer; resume with the same setting")
+    if with_optimizer and saved["distributed_optimizer"] and any(saved[k] != meta[k] for k in MODEL_PARALLEL_KEYS):
+        was = ", ".join(f"{k}={saved[k]}" for k in MODEL_PARALLEL_KEYS)
+        raise ValueError(f"{path}: the distributed optimizer's state was saved with {was}; it reshards over data-parallel "
+                         "ranks only: resume with those tensor / pipeline / expert sizes")
     strategy = FullyParallelLoadStrategyWrapper(get_default_load_sharded_strategy(str(mcore)), _dp_group())
     state = dist_checkpointing.load(_sharded(model, optimizer, with_optimizer=with_optimizer, is_loading=True),
                                     str(mcore), sharded_strategy=strategy)
-    model.load_state_dict(state["model"], strict=True)
+    model.load_state_dict(state["model"], strict=True)  # the GPTModel: its parameters are the DDP buffer's views
     if with_optimizer:
         with _adam_steps_set_aside(optimizer):
             optimizer.load_state_dict(state["optimizer"])
@@ -102,39 +111,74 @@ def load_checkpoint(directory: str | Path, model, optimizer, *, distributed_opti
     return with_optimizer
 
 
+def _torch_adams(optimizer) -> list:
+    """The torch Adam/AdamW optimizers inside megatron's (chained) distributed optimizer (its fallback without TE/Apex)."""
+    out = []
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        torch_opt = getattr(inner, "optimizer", None)
+        if hasattr(inner, "load_parameter_state_from_dp_reshardable") and isinstance(
+                torch_opt, (torch.optim.Adam, torch.optim.AdamW)):
+            out.append((inner, torch_opt))
+    return out
+
+
+def _init_adam_state(optimizer) -> None:
+    """Give a never-stepped torch Adam its state (step 0, zero moments), as its first step would.
+
+    Why: without Transformer Engine or Apex, megatron-core's `DistributedOptimizer.state_dict` reads the
+    step from the per-parameter states (distrib_optimizer.py:836-840 in 0.19.2) and asserts there is
+    exactly one, so building the sharded state dict to load into a fresh optimizer fails. The
+    checkpoint then overwrites every one of these values.
+    """
+    for _, torch_opt in _torch_adams(optimizer):
+        for group in torch_opt.param_groups:
+            on_device = group.get("fused") or group.get("capturable")
+            for p in group["params"]:
+                state = torch_opt.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32, device=p.device if on_device else "cpu")
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
 @contextlib.contextmanager
 def _adam_steps_set_aside(optimizer):
-    """Work around megatron-core 0.19.2's distributed-optimizer load without Transformer Engine or Apex.
+    """Work around megatron-core's distributed-optimizer load without Transformer Engine or Apex.
 
-    `DistributedOptimizer.load_state_dict` first puts a ``step`` tensor into every torch Adam state
-    (distrib_optimizer.py:1024-1032, its non-TE path), then `load_parameter_state_from_fs_model_space`
-    copies every key of that state from the checkpoint (``_set_main_param_and_optimizer_states``,
-    :1222), which holds no per-parameter ``step``: a KeyError. The step is restored from the
-    parameter groups already; here each distributed optimizer's parameter-state load runs with the
-    ``step`` entries taken out and put back after.
+    `DistributedOptimizer.load_state_dict` sets every torch Adam state's ``step`` from the checkpoint's
+    parameter groups, then copies each parameter's saved state with `_set_main_param_and_optimizer_states`
+    (0.19.2 distrib_optimizer.py:1193-1225), which copies every key of the live state, ``step`` included,
+    from the saved one: there the step is absent (KeyError) or the value the loading rank had before
+    the load (``dp_reshardable`` keeps it as a local object), which would undo the restored step. Here
+    that copy runs without ``step`` on either side; the step stays the checkpoint's. Megatron also gives
+    every parameter the same ``step`` tensor object, which a non-fused torch Adam (``step`` on the host)
+    would then advance once per parameter per step; each gets its own copy after the load.
     """
     patched = []
-    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
-        load = getattr(inner, "load_parameter_state_from_fs_model_space", None)
-        if load is None:  # not a distributed optimizer
-            continue
+    for inner, torch_opt in _torch_adams(optimizer):
+        original = inner._set_main_param_and_optimizer_states
 
-        def without_steps(state_dict, _load=load, _inner=inner):
-            states = [s for s in _inner.optimizer.state.values() if "step" in s]
-            steps = [s.pop("step") for s in states]
+        def set_states(model_param, tensors, _original=original, _inner=inner, _opt=torch_opt):
+            group_index, group_order = _inner.model_param_group_index_map[model_param]
+            state = _opt.state[_opt.param_groups[group_index]["params"][group_order]]
+            step = state.pop("step", None)
             try:
-                _load(state_dict)
+                _original(model_param, {k: v for k, v in tensors.items() if k != "step"})
             finally:
-                for s, step in zip(states, steps, strict=True):
-                    s["step"] = step
+                if step is not None:
+                    state["step"] = step
 
-        inner.load_parameter_state_from_fs_model_space = without_steps
+        inner._set_main_param_and_optimizer_states = set_states
         patched.append(inner)
     try:
         yield
     finally:
         for inner in patched:
-            del inner.load_parameter_state_from_fs_model_space
+            del inner._set_main_param_and_optimizer_states
+        for _, torch_opt in _torch_adams(optimizer):
+            for state in torch_opt.state.values():
+                if "step" in state:
+                    state["step"] = state["step"].clone()
 
 
 def _rng_state() -> dict:
