@@ -34,9 +34,9 @@ def _report(name: str, data: dict) -> None:
 
 @pytest.fixture(scope="module")
 def mcore():
-    from relax.backends.megatron.model import init_parallel_state
+    from tests.megatron_helpers import init_one_rank
 
-    init_parallel_state(1234)
+    init_one_rank()
 
 
 def _hf_models() -> dict[str, tf.PreTrainedModel]:
@@ -53,7 +53,7 @@ def _hf_models() -> dict[str, tf.PreTrainedModel]:
 def _built(hf_model, state):
     from relax.backends.megatron.config import McoreModelSpec
     from relax.backends.megatron.model import build_gpt_model
-    from relax.backends.megatron.weights import load_hf_state
+    from tests.megatron_helpers import load_hf_state
 
     built = build_gpt_model(McoreModelSpec.from_hf(hf_model.config))
     load_hf_state(built, state)
@@ -61,7 +61,7 @@ def _built(hf_model, state):
 
 
 def test_hf_megatron_hf_round_trip_is_bitwise(mcore) -> None:
-    from relax.backends.megatron.weights import export_hf_state
+    from tests.megatron_helpers import export_hf_state
     from relax.weights.checksum import state_checksums
 
     results = {}

@@ -22,17 +22,17 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from relax.backends.megatron.checks import module_available
+from relax.utils.modules import module_available
 
 INSTALL_HINT = ("pip install megatron-bridge in an environment of its own: 0.6.2 needs Python 3.12 and "
                 "transformers>=5.8,<=5.12.1; or use --megatron-to-hf-mode raw")
 
 
-def bridge_problem(hf_checkpoint: str) -> str | None:
+def bridge_problem(hf_checkpoint: str | None) -> str | None:
     """Why bridge mode cannot run here (one line), or None."""
     if not module_available("megatron.bridge"):
         return f"--megatron-to-hf-mode bridge needs megatron-bridge, which is not installed ({INSTALL_HINT})"
-    if not Path(hf_checkpoint).is_dir():
+    if not hf_checkpoint or not Path(hf_checkpoint).is_dir():
         return (f"--megatron-to-hf-mode bridge reads HF checkpoints from a directory; --hf-checkpoint {hf_checkpoint} "
                 "is a preset (use --megatron-to-hf-mode raw)")
     return None
