@@ -8,6 +8,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("relax.entrypoints.train", "train a policy with RL (flags: docs/flags.md)"),
     "serve-engine": ("relax.backends.embedded.server", "serve the embedded engine over SGLang's HTTP API"),
+    "convert": ("relax.entrypoints.convert", "convert checkpoints between HF and Megatron (TP/PP/EP layouts)"),
 }
 
 

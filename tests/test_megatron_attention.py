@@ -210,8 +210,8 @@ def test_gptmodel_with_sdpa_spec_matches_hf_logits(name: str) -> None:
     from relax.backends.megatron.config import McoreModelSpec
     from relax.backends.megatron.convert import WeightLayout
     from relax.backends.megatron.model import BuiltModel, local_layer_spec
-    from tests.megatron_helpers import load_hf_state
     from relax.models import build_model
+    from tests.megatron_helpers import load_hf_state
 
     hf = build_model(name, seed=7).eval()
     spec = McoreModelSpec.from_hf(hf.config)

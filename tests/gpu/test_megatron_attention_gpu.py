@@ -96,7 +96,8 @@ def _fp32_reference(hf: tf.PreTrainedModel, ids: torch.Tensor) -> tuple[torch.Te
 
 def _hf_named_grads(built) -> dict[str, torch.Tensor]:
     """The GPTModel's gradients under HF names (the raw converter is a pure re-layout: qkv / fc1 splits)."""
-    from relax.backends.megatron.convert import EXTRA_STATE_SUFFIX, mcore_to_hf as to_hf
+    from relax.backends.megatron.convert import EXTRA_STATE_SUFFIX
+    from relax.backends.megatron.convert import mcore_to_hf as to_hf
 
     params = built.gpt.state_dict(keep_vars=True)
     grads = {k: (p.grad if p.grad is not None else torch.zeros_like(p)).detach()

@@ -61,8 +61,8 @@ def _built(hf_model, state):
 
 
 def test_hf_megatron_hf_round_trip_is_bitwise(mcore) -> None:
-    from tests.megatron_helpers import export_hf_state
     from relax.weights.checksum import state_checksums
+    from tests.megatron_helpers import export_hf_state
 
     results = {}
     for name, hf_model in _hf_models().items():

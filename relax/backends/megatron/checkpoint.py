@@ -76,7 +76,8 @@ def load_checkpoint(directory: str | Path, model, optimizer, *, meta: dict) -> b
     """Load this rank's shards (any saved layout); the optimizer state too when the checkpoint has it.
 
     Returns whether it did; without it the optimizer's fp32 main params are refreshed from the loaded
-    weights (a weights-only resume). ``meta``: this run's, as saved by `save_checkpoint`. Optimizer state
+    weights (a weights-only resume). ``optimizer=None`` loads the weights alone (``relax convert``: no RNG
+    state either). ``meta``: this run's, as saved by `save_checkpoint`. Optimizer state
     saved with the other ``--use-distributed-optimizer`` setting, or the distributed optimizer's state
     under other model-parallel sizes (it reshards over data-parallel ranks only), is refused.
     """
@@ -89,7 +90,7 @@ def load_checkpoint(directory: str | Path, model, optimizer, *, meta: dict) -> b
     if not (mcore / "metadata.json").exists() or not (path / META_FILE).exists():
         raise FileNotFoundError(f"{path}: no Megatron checkpoint ({MCORE_DIR}/metadata.json and {META_FILE})")
     saved = json.loads((path / META_FILE).read_text())
-    with_optimizer = bool(saved["optimizer_state"])
+    with_optimizer = bool(saved["optimizer_state"]) and optimizer is not None
     if with_optimizer and saved["distributed_optimizer"] != meta["distributed_optimizer"]:
         raise ValueError(f"{path}: the optimizer state was saved {'with' if saved['distributed_optimizer'] else 'without'}"
                          " --use-distributed-optimizer; resume with the same setting")
@@ -101,6 +102,8 @@ def load_checkpoint(directory: str | Path, model, optimizer, *, meta: dict) -> b
     state = dist_checkpointing.load(_sharded(model, optimizer, with_optimizer=with_optimizer, is_loading=True),
                                     str(mcore), sharded_strategy=strategy)
     model.load_state_dict(state["model"], strict=True)  # the GPTModel: its parameters are the DDP buffer's views
+    if optimizer is None:
+        return False
     if with_optimizer:
         with _adam_steps_set_aside(optimizer):
             optimizer.load_state_dict(state["optimizer"])
