@@ -1,4 +1,4 @@
-"""The Megatron backend itself under TP / PP / EP / DP, on gloo CPU workers (megatron-core with tests/megatron_cpu.py's shims).
+"""The Megatron backend itself under TP / PP / EP / DP, on gloo CPU workers (megatron-core with tests/megatron_workers.py's shims).
 
 Each layout builds `MegatronTrainBackend` on every worker, computes the old log-probs of a fixed
 batch, takes one optimizer step and exports the weights; rank 0's numbers are compared with one
@@ -83,7 +83,7 @@ def moe_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def one_rank(moe_dir) -> dict:
-    from tests.megatron_cpu import spawn
+    from tests.megatron_workers import spawn
 
     return {"small-qwen3": spawn(_one_step, 1, "small-qwen3", 1, []), "moe": spawn(_one_step, 1, moe_dir, 1, [])}
 
@@ -100,7 +100,7 @@ LAYOUTS = [  # (model, world, flags, exact)
 @pytest.mark.parametrize("model, world, flags, exact", LAYOUTS, ids=["dp2-distopt", "pp2", "tp2-sp", "tp2-pp2", "moe-ep2"])
 def test_parallel_layout_matches_one_rank(one_rank, moe_dir, model: str, world: int, flags: list[str],
                                           exact: bool) -> None:
-    from tests.megatron_cpu import spawn
+    from tests.megatron_workers import spawn
 
     ref = one_rank[model]
     got = spawn(_one_step, world, moe_dir if model == "moe" else model, world, flags)
@@ -139,7 +139,7 @@ def _load_then_step(rank: int, world: int, flags: list[str], path: str) -> dict:
 
 
 def test_checkpoint_resumes_bitwise_on_another_data_parallel_size(tmp_path) -> None:
-    from tests.megatron_cpu import spawn
+    from tests.megatron_workers import spawn
 
     path = str(tmp_path / "iter")
     dist = ["--use-distributed-optimizer"]
@@ -165,7 +165,7 @@ def test_save_hf_writes_the_gathered_model_once(tmp_path) -> None:
     import transformers as tf
 
     from relax.weights.checksum import state_checksums
-    from tests.megatron_cpu import spawn
+    from tests.megatron_workers import spawn
 
     path = tmp_path / "hf"
     flags = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",

@@ -8,7 +8,7 @@ attention) with the parallel sizes, loads its slices of an HF model through rela
 - runs a forward pass: the logits must match the HF model's (bf16 weights; the tolerance is the
   bf16 floor, the same HF model in bf16 vs fp32, a layout mistake is orders of magnitude larger).
 
-Needs megatron-core (marker ``megatron``; CI without it skips). tests/megatron_cpu.py explains the
+Needs megatron-core (marker ``megatron``; CI without it skips). tests/megatron_workers.py explains the
 CPU shims.
 """
 
@@ -94,7 +94,7 @@ CASES = [
 @pytest.mark.parametrize("family, sizes, world", CASES, ids=[f"{f}-{'x'.join(map(str, s[:5]))}{'-sp' if s[5] else ''}"
                                                            for f, s, _ in CASES])
 def test_megatron_builds_the_layout_relax_shards(family: str, sizes: tuple, world: int) -> None:
-    from tests.megatron_cpu import spawn
+    from tests.megatron_workers import spawn
 
     result = spawn(_worker, world, family, sizes)
     assert result["unequal"] == [] and result["extra"] == [], result

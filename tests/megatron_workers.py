@@ -1,4 +1,4 @@
-"""Run megatron-core on CPU in several gloo processes, for tests of the Megatron backend's parallel code.
+"""Run megatron-core in several worker processes: on CPU over gloo (with shims), or one CUDA GPU per rank over NCCL.
 
 megatron-core hard-codes CUDA in places a CPU run passes through (``device="cuda"`` tensors in its
 schedules and optimizers, ``torch.cuda.current_device()`` for buffers, the CUDA RNG tracker,
@@ -6,7 +6,8 @@ schedules and optimizers, ``torch.cuda.current_device()`` for buffers, the CUDA 
 p2p). `install_cpu_shims` redirects exactly those to the CPU inside a spawned test worker (never in
 the pytest process itself); the tensor-parallel, pipeline and expert-parallel maths and their
 collectives are megatron's own, over gloo. `spawn` runs a function on N such workers and returns
-rank 0's result (a failure on any rank fails the test with that rank's traceback).
+rank 0's result (a failure on any rank fails the test with that rank's traceback); ``cuda=True``
+runs them on GPUs 0..N-1 over NCCL instead, with no shims (the multi-GPU tests).
 """
 
 from __future__ import annotations
@@ -104,12 +105,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, fn, args: tuple, queue) -> None:
+def _worker(rank: int, world: int, port: int, fn, args: tuple, queue, cuda: bool) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     try:
-        install_cpu_shims()
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        if cuda:
+            torch.cuda.set_device(rank)
+        else:
+            install_cpu_shims()
+        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
         result = fn(rank, *args)
         payload = io.BytesIO()  # bytes, not shared-memory tensors: the worker exits before the parent reads
         torch.save(result if rank == 0 else None, payload)
@@ -124,12 +128,12 @@ def _worker(rank: int, world: int, port: int, fn, args: tuple, queue) -> None:
             dist.destroy_process_group()
 
 
-def spawn(fn, world: int, *args, timeout: float = 600):
-    """Run ``fn(rank, *args)`` on ``world`` gloo CPU workers with megatron's shims; rank 0's return value."""
+def spawn(fn, world: int, *args, timeout: float = 600, cuda: bool = False):
+    """Run ``fn(rank, *args)`` on ``world`` workers (gloo CPU with megatron's shims, or NCCL GPUs); rank 0's result."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, fn, args, queue)) for r in range(world)]
+    procs = [ctx.Process(target=_worker, args=(r, world, port, fn, args, queue, cuda)) for r in range(world)]
     for p in procs:
         p.start()
     results, errors = {}, []
