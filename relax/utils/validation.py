@@ -238,7 +238,9 @@ def _services(args: Namespace) -> None:
     if not args.fully_async:
         raise ConfigError(f"--resource roles {named} need --fully-async (the services feed the fully-async trainer)")
     if args.train_backend != "torch":
-        raise ConfigError(f"not supported yet: --resource roles {named} with --train-backend {args.train_backend}")
+        raise ConfigError(f"not supported yet: --resource roles {named} with --train-backend {args.train_backend} "
+                          "(the services build a forward-only copy of the torch backend; a Megatron one, sharded "
+                          "by --ref-actor-config's tensor parallelism, is not built)")
     needs_ref = needs_reference_model(args)
     if "reference" in roles and not needs_ref:
         raise ConfigError("--resource role 'reference' needs a reference model (--use-kl-loss, --kl-loss-coef or "

@@ -200,9 +200,11 @@ def test_weight_export_matches_an_hf_engine_and_checkpoints_resume(mcore, tmp_pa
 
 
 def test_distributed_optimizer_checkpoint_resumes_bitwise(mcore, tmp_path) -> None:
-    """--use-distributed-optimizer: optimizer.pt plus the shards' state (fp32 main params, Adam moments);
+    """--use-distributed-optimizer: the sharded checkpoint holds the shards' state (fp32 main params, Adam moments);
     the step after loading equals the uninterrupted step, and differs without the optimizer state."""
-    from relax.backends.megatron.backend import DIST_OPTIMIZER_STATE, MegatronTrainBackend
+    import json
+
+    from relax.backends.megatron.backend import MegatronTrainBackend
 
     args = ("--use-distributed-optimizer",)
     backend = MegatronTrainBackend(_args(*args), "cuda")
@@ -212,7 +214,8 @@ def test_distributed_optimizer_checkpoint_resumes_bitwise(mcore, tmp_path) -> No
     backend.train_rollout(samples, 0)
     backend.save(str(tmp_path / "full"), save_optimizer=True)
     backend.save(str(tmp_path / "weights"), save_optimizer=False)
-    assert (tmp_path / "full" / DIST_OPTIMIZER_STATE).exists()
+    meta = json.loads((tmp_path / "full" / "megatron.json").read_text())
+    assert meta["optimizer_state"] and meta["distributed_optimizer"] and (tmp_path / "full" / "mcore").is_dir()
     backend.train_rollout(samples, 1)
     expected = backend.checksums()
     resumed = {}
