@@ -144,7 +144,14 @@ def init_parallel_state(sizes: ParallelSizes, seed: int, *, backend: str = "nccl
         dist.init_process_group(backend, rank=0, world_size=1)
     world = dist.get_world_size()
     check_parallel_flags(sizes, world, te_available=False)
-    if not parallel_state.model_parallel_is_initialized():
+    if parallel_state.model_parallel_is_initialized():
+        current = (parallel_state.get_tensor_model_parallel_world_size(),
+                   parallel_state.get_pipeline_model_parallel_world_size(),
+                   parallel_state.get_expert_model_parallel_world_size())
+        if current != (sizes.tp, sizes.pp, sizes.ep):
+            raise RuntimeError(f"megatron-core's parallel state is already set up with (TP, PP, EP) = {current}, "
+                               f"not {(sizes.tp, sizes.pp, sizes.ep)} (one layout per process)")
+    else:
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=sizes.tp, pipeline_model_parallel_size=sizes.pp,
             context_parallel_size=sizes.cp, expert_model_parallel_size=sizes.ep,
