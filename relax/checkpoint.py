@@ -1,8 +1,9 @@
 """Checkpoint layout, save and resume.
 
 ``<save>/iter_<step:07d>/`` holds the trainer's ``model.safetensors``, ``optimizer.pt`` (unless
-``--no-save-optim``) and ``rng.pt``, and the driver's ``driver_state.pkl`` (next step, data
-source position and buffer, weight version). ``<save>/latest_checkpointed_iteration.txt``
+``--no-save-optim``) and ``rng.pt`` (the Megatron backend: a sharded megatron-core checkpoint,
+relax/backends/megatron/checkpoint.py, marked by ``megatron.json``), and the driver's
+``driver_state.pkl`` (next step, data source position and buffer, weight version). ``<save>/latest_checkpointed_iteration.txt``
 names the newest complete one and is written last, atomically, so a crash mid-save never
 leaves a half-written checkpoint marked as latest.
 """
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
+TRAINER_FILES = ("model.safetensors", "megatron.json")  # torch backend / Megatron backend (written last by rank 0)
 
 
 class CheckpointError(RuntimeError):
@@ -53,9 +55,10 @@ def find_latest(root: str | Path) -> Path:
     if not marker.exists():
         raise CheckpointError(f"--load: no {LATEST_FILE} in {root} (no complete checkpoint)")
     directory = iteration_dir(root, int(marker.read_text().strip()))
-    for name in ("model.safetensors", "driver_state.pkl"):
-        if not (directory / name).exists():
-            raise CheckpointError(f"--load: checkpoint {directory} is incomplete: missing {name}")
+    if not any((directory / name).exists() for name in TRAINER_FILES):
+        raise CheckpointError(f"--load: checkpoint {directory} is incomplete: missing {' or '.join(TRAINER_FILES)}")
+    if not (directory / "driver_state.pkl").exists():
+        raise CheckpointError(f"--load: checkpoint {directory} is incomplete: missing driver_state.pkl")
     return directory
 
 

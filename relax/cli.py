@@ -9,6 +9,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("relax.entrypoints.train", "train a policy with RL (flags: docs/flags.md)"),
     "serve-engine": ("relax.backends.embedded.server", "serve the embedded engine over SGLang's HTTP API"),
     "convert-data": ("relax.data.convert_verl", "convert a verl parquet (prompt, reward_model, extra_info) to relax's"),
+    "convert": ("relax.entrypoints.convert", "convert checkpoints between HF and Megatron (TP/PP/EP layouts)"),
 }
 
 

@@ -141,12 +141,12 @@ def test_every_flag_parses_with_its_type(spec) -> None:
     assert vars(namespace).keys() == {spec.dest}, "absent flags must stay absent at the argparse layer"
 
 
-def test_data_parallel_trainer_ranks_are_torch_backend_only(monkeypatch) -> None:
-    dp2 = ["--resource", '{"actor": [2, 0]}']
-    assert parse_args([*BASE, *dp2]).resource == {"actor": [2, 0]}  # data-parallel torch trainer ranks
+def test_trainer_ranks_are_data_parallel_for_both_backends(monkeypatch) -> None:
+    dp2 = ["--resource", '{"actor": [2, 2]}']
+    assert parse_args([*BASE, *dp2]).resource == {"actor": [2, 2]}  # data-parallel torch trainer ranks
     pretend_gpu_machine(monkeypatch)
-    with pytest.raises(ConfigError, match=r"not supported yet: --resource actor replicas > 1 .* --train-backend megatron"):
-        parse_args([*BASE, *dp2, "--train-backend", "megatron", "--device", "cuda"])
+    args = parse_args([*BASE, *dp2, "--train-backend", "megatron", "--device", "cuda"])  # Megatron DP = 2
+    assert args.train_backend == "megatron" and args.tensor_model_parallel_size == 1
 
 
 def test_bad_values_name_the_flag() -> None:

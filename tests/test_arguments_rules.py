@@ -255,9 +255,10 @@ def test_defaults_reach_the_namespace_unchanged() -> None:
     args = parse_args(MINIMAL)
     resolved = {"train_backend", "prompt_data", "rollout_batch_size", "num_rollout", "output_dir", "eps_clip_high",
                 "critic_lr", "eval_input_key", "global_batch_size", "rollout_max_response_len", "offload_train",
-                "offload_rollout", "eval_function_path"}
+                "offload_rollout", "eval_function_path", "qkv_format"}
     for spec in FLAGS:
         if spec.dest not in resolved:
             assert getattr(args, spec.dest) == spec.default, spec.name
     assert args.global_batch_size == 2 and args.eps_clip_high == args.eps_clip and args.critic_lr == args.lr
     assert args.eval_function_path == args.rollout_function_path
+    assert args.qkv_format == "bshd"  # the seed's thd: what relax builds (padded micro-batches) instead

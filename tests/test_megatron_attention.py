@@ -210,8 +210,8 @@ def test_gptmodel_with_sdpa_spec_matches_hf_logits(name: str) -> None:
     from relax.backends.megatron.config import McoreModelSpec
     from relax.backends.megatron.convert import WeightLayout
     from relax.backends.megatron.model import BuiltModel, local_layer_spec
-    from relax.backends.megatron.weights import load_hf_state
     from relax.models import build_model
+    from tests.megatron_helpers import load_hf_state
 
     hf = build_model(name, seed=7).eval()
     spec = McoreModelSpec.from_hf(hf.config)
@@ -219,7 +219,7 @@ def test_gptmodel_with_sdpa_spec_matches_hf_logits(name: str) -> None:
                                use_cpu_initialization=True, perform_initialization=False)
     gpt = GPTModel(config, local_layer_spec(spec.qk_layernorm, "sdpa"), **spec.gpt_model_kwargs()).eval()
     assert all(isinstance(layer.self_attention.core_attention, SdpaCoreAttention) for layer in gpt.decoder.layers)
-    load_hf_state(BuiltModel(gpt, gpt, config, WeightLayout.from_spec(spec)), hf.state_dict())
+    load_hf_state(BuiltModel(gpt, gpt, config, WeightLayout.from_spec(spec), spec.vocab_size), hf.state_dict())
     ids = torch.randint(0, spec.vocab_size, (2, 13), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = hf(input_ids=ids).logits

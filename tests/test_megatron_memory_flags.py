@@ -286,13 +286,13 @@ def _gpt_grads(spec, hf_state, extra: dict, *, freeze_embedding: bool = False, h
 
     from relax.backends.megatron.convert import WeightLayout
     from relax.backends.megatron.model import BuiltModel
-    from relax.backends.megatron.weights import load_hf_state
+    from tests.megatron_helpers import load_hf_state
 
     config = TransformerConfig(**spec.transformer_config_kwargs(), activation_func=F.silu,
                                use_cpu_initialization=True, perform_initialization=False, **extra)
     gpt = GPTModel(config, get_gpt_layer_local_spec(qk_layernorm=spec.qk_layernorm, normalization="RMSNorm"),
                    **spec.gpt_model_kwargs()).train()
-    load_hf_state(BuiltModel(gpt, gpt, config, WeightLayout.from_spec(spec)), hf_state)
+    load_hf_state(BuiltModel(gpt, gpt, config, WeightLayout.from_spec(spec), spec.vocab_size), hf_state)
     if freeze_embedding:
         gpt.embedding.requires_grad_(False)
         if hook:

@@ -47,6 +47,16 @@ class TrainerActor:
     def attach_peers(self, peers: list) -> None:
         self._peers = list(peers)
 
+    @property
+    def _collective(self) -> bool:
+        """Whether the backend's weights are sharded over the ranks (Megatron), so that every rank takes part in
+        exporting, checkpointing and ``--save-hf``; replicated weights (torch) are rank 0's alone."""
+        return bool(getattr(self.backend, "collective_io", False))
+
+    def export_weights(self, bucket_bytes: int) -> int:
+        """A peer's part of rank 0's weight export: iterate the backend's buckets (its gathers), discard them."""
+        return sum(1 for _ in self.backend.weight_buckets(bucket_bytes))
+
     def _with_peers(self, method: str, args: tuple, local):
         """``local()`` here while the peers run ``method(*args)``; rank 0's result.
 
@@ -106,23 +116,37 @@ class TrainerActor:
     def push_weights(self, targets: list, version: int, options: PushOptions) -> PushReport:
         """Push the weights to ``targets`` (`relax.weights.transports.SyncTarget`) as ``version`` over SGLang's
         HTTP API (`relax.weights.push`); the weights leave from where they are now (an offloaded trainer's
-        are on the host even on a GPU run)."""
-        self._pusher.timeout_s = options.timeout_s
-        buckets = iter(self.backend.weight_buckets(options.bucket_bytes))
-        first = next(buckets, [])
-        where = first[0][1].device if first else self.backend.device
-        return self._pusher.push(itertools.chain([first], buckets), targets, version, requested=options.transport,
-                                 weights_device=where, keep_snapshot=options.keep_snapshot)
+        are on the host even on a GPU run). A sharded (Megatron) trainer streams its buckets from rank 0
+        while every peer runs the same export (its part of the gathers)."""
+
+        def local() -> PushReport:
+            self._pusher.timeout_s = options.timeout_s
+            buckets = iter(self.backend.weight_buckets(options.bucket_bytes))
+            first = next(buckets, [])
+            where = first[0][1].device if first else self.backend.device
+            return self._pusher.push(itertools.chain([first], buckets), targets, version,
+                                     requested=options.transport, weights_device=where,
+                                     keep_snapshot=options.keep_snapshot)
+
+        if self._collective:
+            return self._with_peers("export_weights", (options.bucket_bytes,), local)
+        return local()
 
     def resync(self, targets: list) -> PushReport:
         """Bring restarted ``targets`` to the last push's version with its kept bytes (fault tolerance)."""
         return self._pusher.resync(targets)
 
     def save(self, directory: str, save_optimizer: bool) -> None:
-        self.backend.save(directory, save_optimizer=save_optimizer)
+        def local() -> None:
+            self.backend.save(directory, save_optimizer=save_optimizer)
+
+        return self._with_peers("save", (directory, save_optimizer), local) if self._collective else local()
 
     def load(self, directory: str) -> None:
         self._with_peers("load", (directory,), lambda: self.backend.load(directory))
 
     def save_hf(self, directory: str) -> None:
-        self.backend.save_hf(directory)
+        def local() -> None:
+            self.backend.save_hf(directory)
+
+        return self._with_peers("save_hf", (directory,), local) if self._collective else local()

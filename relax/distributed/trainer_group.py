@@ -6,9 +6,12 @@ Collectives run over NCCL on GPU runs and gloo on CPU runs, and give up after
 ``--distributed-timeout-minutes`` instead of hanging on a dead rank.
 
 Rank 0 is the group's face: the driver calls only rank 0, and rank 0 hands what every rank must
-run (a training step, offload / onload, a resume) to its peers as well (relax/distributed/actors.py).
+run (a training step, offload / onload, a resume) to its peers as well (relax/distributed/actors.py);
+with a sharded backend (Megatron) also the weight export, ``--save`` and ``--save-hf``.
 With one rank no process group is made and nothing changes. What the ranks compute together is
-data parallelism (relax/backends/torch/data_parallel.py).
+data parallelism for the torch backend (relax/backends/torch/data_parallel.py), and for the Megatron
+backend megatron-core's grid of tensor, pipeline, expert and data parallelism laid over this same
+group (relax/backends/megatron/parallel.py).
 """
 
 from __future__ import annotations

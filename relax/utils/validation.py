@@ -294,15 +294,14 @@ def _sglang_engines(args: Namespace, p: Problems) -> None:
         p.add(INSTALL_HINT)
 
 
-@rule
-def _trainer_ranks(args: Namespace, p: Problems) -> None:
-    """Data-parallel trainer ranks (relax/distributed/trainer_group.py) are built for the torch backend only."""
-    from relax.distributed.resources import trainer_ranks
-
-    ranks = p.run(trainer_ranks, args) or 1
-    if ranks > 1 and args.train_backend != "torch":
-        p.add(f"not supported yet: --resource actor replicas > 1 (data-parallel training) with "
-              f"--train-backend {args.train_backend}")
+def _qkv_format(args: Namespace, p: Problems, explicit: Set[str]) -> None:
+    """Both backends build right-padded (bshd) micro-batches; the seed's default thd resolves to it."""
+    if args.qkv_format != "thd":
+        return
+    if "qkv_format" in explicit:
+        p.add("not supported yet: --qkv-format thd (packed sequences: megatron-core runs packed_seq_params only in "
+              "Transformer Engine's attention; relax builds padded micro-batches, --qkv-format bshd)")
+    args.qkv_format = "bshd"
 
 
 @rule
@@ -328,7 +327,9 @@ def _services(args: Namespace, p: Problems) -> None:
     if not args.fully_async:
         p.add(f"--resource roles {named} need --fully-async (the services feed the fully-async trainer)")
     if args.train_backend != "torch":
-        p.add(f"not supported yet: --resource roles {named} with --train-backend {args.train_backend}")
+        p.add(f"not supported yet: --resource roles {named} with --train-backend {args.train_backend} "
+              "(the services build a forward-only copy of the torch backend; a Megatron one, sharded by "
+              "--ref-actor-config's tensor parallelism, is not built)")
     needs_ref = needs_reference_model(args)
     if "reference" in roles and not needs_ref:
         p.add("--resource role 'reference' needs a reference model (--use-kl-loss, --kl-loss-coef or "
@@ -471,7 +472,7 @@ def _when_none(args: Namespace) -> None:
 
 # The rules in the order they run; each reports into the collector and never raises.
 RULES = (_inputs, _prompt_data, _checkpoints, _requirements, _train_loop, _megatron_memory, _partial_rollout,
-         _transfer_queue, _rollout_engines, _weight_sync, _trainer_ranks, _services, _balance_data, _placement)
+         _transfer_queue, _rollout_engines, _weight_sync, _services, _balance_data, _placement)
 
 
 def resolve_and_validate(args: Namespace, explicit: Set[str] = frozenset(), p: Problems | None = None) -> None:
@@ -484,6 +485,7 @@ def resolve_and_validate(args: Namespace, explicit: Set[str] = frozenset(), p: P
     p = Problems() if own else p
     p.run(_implied, args, p)
     p.run(_batch_sizes, args, p, explicit)
+    p.run(_qkv_format, args, p, explicit)
     for rule in RULES:
         p.run(rule, args, p)
     p.run(debug_modes.check, args)

@@ -53,9 +53,9 @@ LOSS_DIFF = 0.01
 
 @pytest.fixture(scope="module")
 def mcore():
-    from relax.backends.megatron.model import init_parallel_state
+    from tests.megatron_helpers import init_one_rank
 
-    init_parallel_state(1234)
+    init_one_rank()
 
 
 def _hf(cfg: dict) -> tf.PreTrainedModel:
@@ -66,7 +66,7 @@ def _hf(cfg: dict) -> tf.PreTrainedModel:
 def _built(hf_config, state: dict, attention: str):
     from relax.backends.megatron.config import McoreModelSpec
     from relax.backends.megatron.model import build_gpt_model
-    from relax.backends.megatron.weights import load_hf_state
+    from tests.megatron_helpers import load_hf_state
 
     built = build_gpt_model(McoreModelSpec.from_hf(hf_config), use_te=False, attention=attention)
     load_hf_state(built, state)
@@ -96,9 +96,9 @@ def _fp32_reference(hf: tf.PreTrainedModel, ids: torch.Tensor) -> tuple[torch.Te
 
 def _hf_named_grads(built) -> dict[str, torch.Tensor]:
     """The GPTModel's gradients under HF names (the raw converter is a pure re-layout: qkv / fc1 splits)."""
-    from relax.backends.megatron.convert import EXTRA_STATE_SUFFIX, converters
+    from relax.backends.megatron.convert import EXTRA_STATE_SUFFIX
+    from relax.backends.megatron.convert import mcore_to_hf as to_hf
 
-    _, to_hf = converters("raw")
     params = built.gpt.state_dict(keep_vars=True)
     grads = {k: (p.grad if p.grad is not None else torch.zeros_like(p)).detach()
              for k, p in params.items() if not k.endswith(EXTRA_STATE_SUFFIX)}

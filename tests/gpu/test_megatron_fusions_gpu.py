@@ -36,7 +36,7 @@ def test_fused_and_unfused_layers_agree_in_bf16(mcore) -> None:
     from relax.backends.megatron.config import McoreModelSpec
     from relax.backends.megatron.fusions import fusion_kwargs
     from relax.backends.megatron.model import build_gpt_model
-    from relax.backends.megatron.weights import load_hf_state
+    from tests.megatron_helpers import load_hf_state
 
     hf = _hf(SMALL)
     state = {k: v.to(torch.bfloat16) for k, v in hf.state_dict().items()}

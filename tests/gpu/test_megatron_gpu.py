@@ -34,9 +34,9 @@ def _report(name: str, data: dict) -> None:
 
 @pytest.fixture(scope="module")
 def mcore():
-    from relax.backends.megatron.model import init_parallel_state
+    from tests.megatron_helpers import init_one_rank
 
-    init_parallel_state(1234)
+    init_one_rank()
 
 
 def _hf_models() -> dict[str, tf.PreTrainedModel]:
@@ -53,7 +53,7 @@ def _hf_models() -> dict[str, tf.PreTrainedModel]:
 def _built(hf_model, state):
     from relax.backends.megatron.config import McoreModelSpec
     from relax.backends.megatron.model import build_gpt_model
-    from relax.backends.megatron.weights import load_hf_state
+    from tests.megatron_helpers import load_hf_state
 
     built = build_gpt_model(McoreModelSpec.from_hf(hf_model.config))
     load_hf_state(built, state)
@@ -61,8 +61,8 @@ def _built(hf_model, state):
 
 
 def test_hf_megatron_hf_round_trip_is_bitwise(mcore) -> None:
-    from relax.backends.megatron.weights import export_hf_state
     from relax.weights.checksum import state_checksums
+    from tests.megatron_helpers import export_hf_state
 
     results = {}
     for name, hf_model in _hf_models().items():
@@ -200,9 +200,11 @@ def test_weight_export_matches_an_hf_engine_and_checkpoints_resume(mcore, tmp_pa
 
 
 def test_distributed_optimizer_checkpoint_resumes_bitwise(mcore, tmp_path) -> None:
-    """--use-distributed-optimizer: optimizer.pt plus the shards' state (fp32 main params, Adam moments);
+    """--use-distributed-optimizer: the sharded checkpoint holds the shards' state (fp32 main params, Adam moments);
     the step after loading equals the uninterrupted step, and differs without the optimizer state."""
-    from relax.backends.megatron.backend import DIST_OPTIMIZER_STATE, MegatronTrainBackend
+    import json
+
+    from relax.backends.megatron.backend import MegatronTrainBackend
 
     args = ("--use-distributed-optimizer",)
     backend = MegatronTrainBackend(_args(*args), "cuda")
@@ -212,7 +214,8 @@ def test_distributed_optimizer_checkpoint_resumes_bitwise(mcore, tmp_path) -> No
     backend.train_rollout(samples, 0)
     backend.save(str(tmp_path / "full"), save_optimizer=True)
     backend.save(str(tmp_path / "weights"), save_optimizer=False)
-    assert (tmp_path / "full" / DIST_OPTIMIZER_STATE).exists()
+    meta = json.loads((tmp_path / "full" / "megatron.json").read_text())
+    assert meta["optimizer_state"] and meta["distributed_optimizer"] and (tmp_path / "full" / "mcore").is_dir()
     backend.train_rollout(samples, 1)
     expected = backend.checksums()
     resumed = {}

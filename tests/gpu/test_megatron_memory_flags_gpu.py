@@ -64,9 +64,9 @@ def _report(name: str, data: dict) -> None:
 
 @pytest.fixture(scope="module")
 def mcore():
-    from relax.backends.megatron.model import init_parallel_state
+    from tests.megatron_helpers import init_one_rank
 
-    init_parallel_state(1234)
+    init_one_rank()
 
 
 def _args(*extra: str, micro_batch: int = 2):

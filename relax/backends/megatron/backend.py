@@ -1,53 +1,56 @@
-"""The megatron-core training backend (``--train-backend megatron``), one GPU for now.
+"""The megatron-core training backend (``--train-backend megatron``): one rank of TP x PP x EP x DP.
 
-It keeps the torch backend's contract, so the trainer actor, weight sync and checkpoints do
-not care which backend runs: the RL step (`train_rollout`: old/ref/teacher log-probs,
-advantages, policy loss, micro-batch accumulation) is inherited from `TorchTrainBackend`
-unchanged; this class swaps the model (a bf16 GPTModel built from the HF config and loaded
-with the HF weights through the raw converter), the forward (`mcore_response_log_probs`),
-and the optimizer (megatron-core's, fp32 main params, optionally the distributed optimizer),
-and exports HF-named weights for the sync and the checksums. Dynamic batching, chunked
-log-probs and parameter freezing come with the inherited step; freezing matches megatron-core
-parameter names (``embedding``, ``output_layer``, ``decoder.layers.N...``) and runs before the
-DDP wrap, so frozen parameters get no grad buffer and no optimizer state.
+It keeps the torch backend's contract, so the trainer actor, weight sync and checkpoints do not
+care which backend runs: the RL step (`train_rollout`: old/ref/teacher log-probs, advantages,
+the policy loss per micro-batch, metrics) is inherited from `TorchTrainBackend`; this class swaps
+the model (this rank's part of a bf16 GPTModel, relax/backends/megatron/model.py, loaded slice by
+slice from the HF weights, weights.py), runs the forward and backward passes through megatron-core's
+pipeline schedules (schedule.py), steps megatron's optimizer (fp32 main params and Adam state,
+optionally sharded over the data-parallel ranks with ``--use-distributed-optimizer``), gathers the
+shards back into HF tensors for the sync, checksums and ``--save-hf`` (export.py), and checkpoints
+with megatron-core's dist_checkpointing (checkpoint.py).
 
-Precision: bf16 weights and activations, fp32 gradients (Megatron DDP buffers), fp32 Adam
-state and main params. The initial weights are the HF model that ``--hf-checkpoint`` names
-(a preset with ``--seed``, or a directory), so torch and Megatron runs start from the same
-weights up to the bf16 cast.
+Every rank of the trainer group builds this class; the actor runs `train_rollout`, `load`, `save`,
+`save_hf` and the weight export on every rank together (``collective_io``). Data-parallel ranks deal
+micro-batches round-robin (`DataParallel` over megatron's data-parallel group); tensor-parallel ranks
+run the same micro-batches; pipeline stages pass activations; the last stage computes the loss and
+its log-probs and metrics are shared with the other stages. Freezing matches megatron-core
+parameter names with global layer indices (``embedding``, ``output_layer``, ``decoder.layers.N``)
+and runs before the DDP wrap, so frozen parameters get no grad buffer and no optimizer state.
 """
 
 from __future__ import annotations
 
-import random
 from argparse import Namespace
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import torch
+import torch.distributed as dist
 
 from relax.algorithms import AlgorithmConfig
+from relax.algorithms.reducers import merge_metrics
+from relax.backends.megatron.bridge import BridgeWeights
 from relax.backends.megatron.config import McoreModelSpec
 from relax.backends.megatron.fusions import fusion_kwargs, use_fused_torch_adam
-from relax.backends.megatron.logprobs import mcore_response_log_probs
+from relax.backends.megatron.hf_source import open_hf_weights
+from relax.backends.megatron.logprobs import response_log_probs_from_logits
 from relax.backends.megatron.memory_flags import (
     make_embedding_output_differentiable,
     optimizer_offload_kwargs,
     recompute_kwargs,
 )
-from relax.backends.megatron.model import BuiltModel, build_gpt_model, init_parallel_state
-from relax.backends.megatron.weights import export_hf_state, load_hf_state
+from relax.backends.megatron.model import BuiltModel, build_gpt_model
+from relax.backends.megatron.parallel import ParallelSizes, check_model_fits, init_parallel_state, rank_pos
+from relax.backends.megatron.schedule import StageRunner
+from relax.backends.megatron.sharding import global_name
+from relax.backends.megatron.weights import ShardPlan, load_hf_weights
 from relax.backends.nonfinite import nonfinite_gradient_error
 from relax.backends.torch.backend import TorchTrainBackend, needs_reference_model
+from relax.backends.torch.batch import RolloutTensors, build_model_inputs
 from relax.backends.torch.data_parallel import DataParallel
 from relax.backends.torch.freezing import apply_param_freezing
-from relax.models import build_model
 from relax.weights.checksum import state_checksums
-
-# Megatron-LM's non-distributed checkpoint layout: optimizer.pt holds the step and the param groups,
-# this file the distributed optimizer's per-parameter state (fp32 main params, Adam moments).
-DIST_OPTIMIZER_STATE = "distrib_optim.pt"
 
 
 def _frozen(built: BuiltModel) -> BuiltModel:
@@ -55,46 +58,77 @@ def _frozen(built: BuiltModel) -> BuiltModel:
     return built
 
 
+def _data_parallel() -> DataParallel:
+    from megatron.core import parallel_state as ps
+
+    return DataParallel(ps.get_data_parallel_rank(with_context_parallel=True),
+                        ps.get_data_parallel_world_size(with_context_parallel=True),
+                        ps.get_data_parallel_group(with_context_parallel=True))
+
+
 class MegatronTrainBackend(TorchTrainBackend):
-    """Owns the bf16 GPTModel (DDP-wrapped), its reference/teacher copies and the Megatron optimizer."""
+    """This rank's bf16 GPTModel (DDP-wrapped), its reference/teacher copies and the Megatron optimizer."""
+
+    collective_io = True  # save / load / save_hf / weight export run on every rank together
 
     def __init__(self, args: Namespace, device: str):
         self.args = args
-        init_parallel_state(args.seed)
-        self.dp = DataParallel()  # one rank (trainer groups are torch-backend only: validation.py)
-        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.sizes = ParallelSizes.from_args(args)
+        init_parallel_state(self.sizes, args.seed, backend="gloo" if device == "cpu" else "nccl",
+                            timeout_minutes=args.distributed_timeout_minutes)
+        self.device = torch.device("cuda", torch.cuda.current_device()) if device != "cpu" else torch.device("cpu")
+        self.dp = _data_parallel()
         torch.manual_seed(args.seed)
-        hf_model = build_model(args.hf_checkpoint, dtype=torch.float32, seed=args.seed)
-        self.hf_config = hf_model.config
-        self.spec = McoreModelSpec.from_hf(hf_model.config)
-        hf_state = hf_model.state_dict()
-        del hf_model
+        self.hf_config, reader = open_hf_weights(args.hf_checkpoint, seed=args.seed)
+        self.spec = McoreModelSpec.from_hf(self.hf_config)
+        check_model_fits(self.sizes, self.spec)
         self.fusions = fusion_kwargs(args)
-        self.built = self._load(hf_state, recompute_kwargs(args, self.spec.num_layers))  # only the trainer recomputes
-        self.ref_model = _frozen(self._load(hf_state)).module if needs_reference_model(args) else None
-        self.teacher = None
-        if args.use_opd:
-            teacher_hf = build_model(args.opd_teacher_load, dtype=torch.float32, seed=args.seed)
-            if teacher_hf.config.vocab_size != self.spec.vocab_size:
-                raise ValueError(f"--opd-teacher-load {args.opd_teacher_load}: vocab {teacher_hf.config.vocab_size} "
-                                 f"differs from the student's {self.spec.vocab_size}")
-            teacher = build_gpt_model(McoreModelSpec.from_hf(teacher_hf.config), extra_config=self.fusions)
-            load_hf_state(teacher, teacher_hf.state_dict(), mode=args.megatron_to_hf_mode)
-            self.teacher = _frozen(teacher).module
-        del hf_state
-        self.frozen_params = apply_param_freezing(self.built.gpt, args)
+        self._bridge = BridgeWeights(args.hf_checkpoint) if args.megatron_to_hf_mode == "bridge" else None
+        layers_per_stage = self.spec.num_layers // self.sizes.pp
+        self.built = self._load(reader, recompute_kwargs(args, layers_per_stage))  # only the trainer recomputes
+        self.plan = ShardPlan.of(self.built, self.sizes.layout, rank_pos())
+        self.ref_model = _frozen(self._load(reader)).module if needs_reference_model(args) else None
+        self.teacher = self._teacher() if args.use_opd else None
+        del reader
+        self.frozen_params = apply_param_freezing(self.built.gpt, args, rename=self._global_name,
+                                                  across_ranks=_union_over_ranks)
         if args.recompute_granularity == "full":  # a frozen embedding must not cut the checkpointed layers' grads
             make_embedding_output_differentiable(self.built.gpt)
         self.model, self.optimizer = self._wrap_for_training(self.built)
         self.algo = AlgorithmConfig.from_args(args)
         self.pad_id = int(getattr(self.hf_config, "pad_token_id", None) or 0)
+        self.runner = StageRunner(self.sizes.tp if self.sizes.sequence_parallel else 1, self.pad_id, self.device)
         self._step = 0
         self.critic = None  # --advantage-estimator ppo is refused for this backend at parse time
+        self._exporter = None  # built on first use: every rank builds it (an all-gather of shapes)
 
-    def _load(self, hf_state: dict[str, torch.Tensor], extra_config: dict[str, Any] | None = None) -> BuiltModel:
-        built = build_gpt_model(self.spec, extra_config={**self.fusions, **(extra_config or {})})
-        load_hf_state(built, hf_state, mode=self.args.megatron_to_hf_mode)
+    def _build(self, spec: McoreModelSpec, extra_config: dict[str, Any] | None = None) -> BuiltModel:
+        return build_gpt_model(spec, sizes=self.sizes, device=self.device.type,
+                               extra_config={**self.fusions, **(extra_config or {})})
+
+    def _load(self, reader, extra_config: dict[str, Any] | None = None) -> BuiltModel:
+        """The policy (or its frozen reference copy) with ``--hf-checkpoint``'s weights (``--megatron-to-hf-mode``)."""
+        built = self._build(self.spec, extra_config)
+        if self._bridge is not None:
+            self._bridge.load(built)
+        else:
+            load_hf_weights(built, ShardPlan.of(built, self.sizes.layout, rank_pos()), reader)
         return built
+
+    def _teacher(self):
+        """The OPD teacher, frozen, in the student's parallel layout (always through the raw converter)."""
+        config, reader = open_hf_weights(self.args.opd_teacher_load, seed=self.args.seed)
+        spec = McoreModelSpec.from_hf(config)
+        if spec.vocab_size != self.spec.vocab_size:
+            raise ValueError(f"--opd-teacher-load {self.args.opd_teacher_load}: vocab {spec.vocab_size} differs "
+                             f"from the student's {self.spec.vocab_size}")
+        check_model_fits(self.sizes, spec)
+        teacher = self._build(spec)
+        load_hf_weights(teacher, ShardPlan.of(teacher, self.sizes.layout, rank_pos()), reader)
+        return _frozen(teacher).module
+
+    def _global_name(self, name: str) -> str:
+        return global_name(name, self.plan.wl, self.plan.par, self.plan.pos)
 
     def _wrap_for_training(self, built: BuiltModel):
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -119,28 +153,73 @@ class MegatronTrainBackend(TorchTrainBackend):
         self.fused_adam = use_fused_torch_adam(optimizer) > 0
         return ddp, optimizer
 
-    # ------------------------------------------------------------------ hooks of the shared RL step
-    def _forward_log_probs(self, model: torch.nn.Module, inputs, *, with_entropy: bool):
-        return mcore_response_log_probs(model, inputs, temperature=self.args.rollout_temperature,
-                                        with_entropy=with_entropy, chunk_size=self.args.log_probs_chunk_size)
+    # ------------------------------------------------------------------ the RL step's passes, through megatron's schedules
+    def _inputs(self, batch: RolloutTensors, slices: list[slice]):
+        width = batch.loss_mask.shape[1]
+        return [(sl, build_model_inputs(batch.samples[sl], width, self.pad_id, self.device)) for sl in slices]
+
+    def _log_probs(self, logits: torch.Tensor, inputs, *, with_entropy: bool):
+        return response_log_probs_from_logits(logits, inputs, vocab_size=self.spec.vocab_size,
+                                              temperature=self.args.rollout_temperature, with_entropy=with_entropy,
+                                              chunk_size=self.args.log_probs_chunk_size)
+
+    @torch.no_grad()
+    def _log_probs_no_grad(self, model: torch.nn.Module, batch: RolloutTensors) -> torch.Tensor:
+        """``[N, T]`` response log-probs under ``model`` on every rank: this DP rank's micro-batches, summed over
+        the data-parallel ranks, from the last pipeline stage."""
+        out = torch.zeros_like(batch.loss_mask)
+        micro = self._inputs(batch, self._all_micro_batches(batch.samples, log_probs=True))
+
+        def log_probs(rows, inputs, logits):
+            lp, _ = self._log_probs(logits, inputs, with_entropy=False)
+            return lp.new_zeros(()), lp
+
+        results = self.runner.run(model, micro, log_probs, forward_only=True)
+        for (sl, _), lp in zip(micro, results, strict=False):  # results only on the last stage
+            out[sl] = lp.cpu()
+        return self.runner.from_last_stage(self.dp.sum_rows(out))
+
+    def _optimizer_step(self, batch: RolloutTensors, gsl: slice, old_lp: torch.Tensor, ref_lp: torch.Tensor | None,
+                        advantages: torch.Tensor) -> dict[str, float]:
+        totals = self._step_totals(batch, gsl)
+        self._zero_grad()
+
+        def policy(rows, inputs, logits):
+            lp, entropy = self._log_probs(logits, inputs, with_entropy=True)
+            loss, m = self._micro_batch_loss(batch, rows, lp, entropy, old_lp, ref_lp, advantages, totals)
+            return loss, {k: v.detach().cpu() for k, v in m.items()}
+
+        sums: dict[str, torch.Tensor] = {}
+        for metrics in self.runner.run(self.model, self._inputs(batch, self._micro_batches(batch.samples, gsl)),
+                                       policy, forward_only=False):
+            sums = merge_metrics(sums, metrics)
+        out = {k: float(v) for k, v in self.dp.merge_metrics(sums).items()}
+        out = self.runner.object_from_last_stage(out)
+        out["grad_norm"] = self._apply_gradients(out.get("loss"))
+        return out
 
     def _zero_grad(self) -> None:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
 
     def _apply_gradients(self, loss: float | None) -> float:
-        """Reduce grads (a world of one), refuse non-finite ones before any update, then Megatron's step
-        (clipping to ``--clip-grad`` and copying fp32 main params back to the bf16 model)."""
-        self.model.finish_grad_sync()
+        """Reduce grads over DP (and TP for sequence-parallel norms, PP for tied embeddings), refuse a non-finite
+        gradient on any rank before any update, then Megatron's step (clipping to ``--clip-grad`` by the
+        global norm, copying fp32 main params back to the bf16 model); returns that global norm."""
+        from megatron.core.distributed import finalize_model_grads
+
+        finalize_model_grads([self.model])
         named = [(n, p.main_grad) for n, p in self.model.named_parameters()
                  if p.requires_grad and p.main_grad is not None]
-        grad_norm = float(torch.nn.utils.get_total_norm([g for _, g in named]))  # fp32 grads, foreach kernels
-        if not np.isfinite(grad_norm):
-            raise nonfinite_gradient_error(named, grad_norm, loss)
-        ok, _, _ = self.optimizer.step()
+        local = float(torch.nn.utils.get_total_norm([g for _, g in named])) if named else 0.0  # fp32, foreach
+        if not _finite_everywhere(local, self.device):
+            raise nonfinite_gradient_error(named, local, loss)
+        ok, grad_norm, _ = self.optimizer.step()
         if not ok:
             raise FloatingPointError(f"Megatron optimizer skipped the step; loss was {loss}")
-        return grad_norm
+        if grad_norm is None or self.args.clip_grad <= 0:  # megatron reports the norm only when it clips
+            grad_norm = self.optimizer.get_grad_norm()
+        return float(grad_norm)
 
     # ------------------------------------------------------------------ --offload-train
     def offload(self) -> dict[str, float]:
@@ -150,80 +229,80 @@ class MegatronTrainBackend(TorchTrainBackend):
 
     onload = offload
 
-    # ------------------------------------------------------------------ weights (HF names)
+    # ------------------------------------------------------------------ weights (HF names), every rank together
+    def _export(self):
+        from relax.backends.megatron.export import HFExporter
+
+        if self._exporter is None:
+            self._exporter = HFExporter(self.built, self.plan)
+        return self._exporter
+
+    def weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Full HF tensors on rank 0, bucket by bucket (empty buckets on the other ranks, which must iterate too)."""
+        if self._bridge is not None:
+            return self._bridge.buckets(self.built, bucket_bytes)
+        return self._export().buckets(bucket_bytes)
+
     def hf_state(self) -> dict[str, torch.Tensor]:
-        return export_hf_state(self.built, mode=self.args.megatron_to_hf_mode)
+        """Every full HF tensor on rank 0 (empty elsewhere). Holds the whole model: for tests and small models."""
+        return {name: t for bucket in self.weight_buckets(1 << 62) for name, t in bucket}
 
     def device_named_tensors(self) -> list[tuple[str, torch.Tensor]]:
         return list(self.hf_state().items())
 
     def checksums(self) -> dict[str, str]:
-        return state_checksums(self.hf_state().items())
+        """Per-tensor checksums of the full HF tensors, on rank 0 (every rank takes part; ``{}`` elsewhere)."""
+        named = [pair for bucket in self.weight_buckets(self.args.update_weight_buffer_size) for pair in bucket]
+        return state_checksums(named) if named else {}
 
-    # ------------------------------------------------------------------ checkpoints
+    # ------------------------------------------------------------------ checkpoints, sharded per rank
     def save(self, directory: str, *, save_optimizer: bool) -> None:
-        from safetensors.torch import save_file
+        from relax.backends.megatron.checkpoint import save_checkpoint
 
         if save_optimizer and self.args.optimizer_cpu_offload:  # refused at parse time too (validation.py)
             raise RuntimeError("relax: not supported yet: saving the --optimizer-cpu-offload optimizer state "
                                "(save with --no-save-optim)")
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.cpu().contiguous().clone() for k, v in self.hf_state().items()}, str(path / "model.safetensors"))
-        if save_optimizer:
-            torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
-            if self.args.use_distributed_optimizer:  # its Adam moments and fp32 main params live in the shards
-                self.optimizer.save_parameter_state(str(path / DIST_OPTIMIZER_STATE))
-        rng = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(), "numpy": np.random.get_state(),
-               "python": random.getstate()}
-        torch.save(rng, path / "rng.pt")
+        save_checkpoint(directory, self.built.gpt, self.optimizer, save_optimizer=save_optimizer, meta=self._meta())
 
     def load(self, directory: str) -> None:
-        from safetensors.torch import load_file
+        from relax.backends.megatron.checkpoint import load_checkpoint
 
-        path = Path(directory)
-        load_hf_state(self.built, load_file(str(path / "model.safetensors")), mode=self.args.megatron_to_hf_mode)
-        self.optimizer.reload_model_params()  # the fp32 main params follow the loaded weights
-        if (path / "optimizer.pt").exists():
-            sharded = (path / DIST_OPTIMIZER_STATE).exists()
-            if sharded != bool(self.args.use_distributed_optimizer):
-                raise ValueError(f"{path}: the optimizer state was saved {'with' if sharded else 'without'} "
-                                 "--use-distributed-optimizer; resume with the same setting")
-            self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
-            if sharded:
-                self._load_parameter_state(path / DIST_OPTIMIZER_STATE)
-        rng = torch.load(path / "rng.pt", weights_only=False)
-        torch.set_rng_state(rng["torch"])
-        torch.cuda.set_rng_state(rng["cuda"])
-        np.random.set_state(rng["numpy"])
-        random.setstate(rng["python"])
+        load_checkpoint(directory, self.built.gpt, self.optimizer, meta=self._meta())
 
-    def _load_parameter_state(self, file: Path) -> None:
-        """megatron-core's `load_parameter_state`, with torch Adam's per-parameter ``step`` set aside meanwhile.
-
-        Without TE or Apex, `DistributedOptimizer.load_state_dict` puts a ``step`` tensor into every torch
-        Adam state, and `load_parameter_state_from_dp_zero` (0.19.2, distrib_optimizer.py:1217-1224) then
-        copies every tensor of that state from the saved shards, which hold no ``step``: a KeyError. The
-        step is already restored by `load_state_dict`; only the shards' tensors come from ``file``.
-        """
-        inner = [getattr(o, "optimizer", None) for o in getattr(self.optimizer, "chained_optimizers", [self.optimizer])]
-        steps = [(state, state.pop("step")) for opt in inner if opt is not None
-                 for state in opt.state.values() if "step" in state]
-        try:
-            self.optimizer.load_parameter_state(str(file))
-        finally:
-            for state, step in steps:
-                state["step"] = step
+    def _meta(self) -> dict:
+        """What a checkpoint records about the run (relax/backends/megatron/checkpoint.py)."""
+        sizes = self.sizes
+        return {"distributed_optimizer": bool(self.args.use_distributed_optimizer), "tp": sizes.tp, "pp": sizes.pp,
+                "ep": sizes.ep, "etp": sizes.etp, "dp": self.dp.size}
 
     def save_hf(self, directory: str) -> None:
-        from relax.models import load_tokenizer, save_hf
+        from relax.backends.megatron.hf_export import write_hf_checkpoint
 
-        model = build_model(self.args.hf_checkpoint, dtype=torch.bfloat16, seed=self.args.seed)
-        model.load_state_dict({k: v.cpu() for k, v in self.hf_state().items()}, strict=True)
-        save_hf(model, load_tokenizer(self.args.hf_checkpoint), directory)
+        write_hf_checkpoint(directory, self.weight_buckets(self.args.update_weight_buffer_size), self.hf_config,
+                            self.args.hf_checkpoint, tied=self.spec.tie_word_embeddings)
 
     def describe(self) -> dict[str, Any]:
+        sizes = self.sizes
         return {"num_params": sum(p.numel() for p in self.built.gpt.parameters()), "device": str(self.device),
                 "backend": "megatron", "frozen_params": len(self.frozen_params),
                 "layer_spec": "transformer_engine" if self.built.layout.fused_norms else "local",
-                "fusions": sorted(k for k, on in self.fusions.items() if on), "fused_adam": self.fused_adam}
+                "fusions": sorted(k for k, on in self.fusions.items() if on), "fused_adam": self.fused_adam,
+                "parallel": {"tp": sizes.tp, "pp": sizes.pp, "ep": sizes.ep, "etp": sizes.etp, "dp": self.dp.size,
+                             "sequence_parallel": sizes.sequence_parallel}}
+
+
+def _union_over_ranks(used: set[str], trainable: int) -> tuple[set[str], int]:
+    """The freezing patterns used and parameters trainable on any rank (every stage and expert range)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return used, trainable
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (sorted(used), trainable))
+    return {p for names, _ in everyone for p in names}, sum(count for _, count in everyone)
+
+
+def _finite_everywhere(local_norm: float, device: torch.device) -> bool:
+    """Whether every rank's local gradient norm is finite (one all-reduce over the trainer group)."""
+    bad = torch.tensor([0.0 if torch.isfinite(torch.tensor(local_norm)) else 1.0], device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    return not bool(bad.item())

@@ -1,10 +1,17 @@
 """HF config -> megatron-core model description (pure Python: no megatron import, runs on CPU).
 
-`McoreModelSpec.from_hf` reads a Qwen2 / Qwen3 / Llama-family HF config and returns what the
-model provider needs: the `TransformerConfig` fields, the `GPTModel` arguments and the weight
-layout the raw converter uses. Anything in the HF config that the local/TE layer specs would
-silently compute differently (rope scaling, sliding windows, biases on o_proj or the MLP, a
-non-SiLU activation) is refused with a message naming the config field.
+`McoreModelSpec.from_hf` reads a Qwen2 / Qwen3 / Llama-family HF config, or a Qwen3-MoE /
+Mixtral one, and returns what the model provider needs: the `TransformerConfig` fields, the
+`GPTModel` arguments and the weight layout the raw converter uses. Anything in the HF config
+that the local/TE layer specs would silently compute differently (rope scaling, sliding windows,
+biases on o_proj or the MLP, a non-SiLU activation, dense layers between MoE layers, router
+jitter) is refused with a message naming the config field.
+
+MoE routing: HF takes the softmax over all experts, keeps the top k and, when ``norm_topk_prob``
+(Qwen3-MoE) or always (Mixtral), renormalises them; megatron-core's softmax router computes the
+same probabilities as a softmax over the top-k logits (``moe_router_pre_softmax=False``), or
+without renormalisation as top-k of the full softmax (``moe_router_pre_softmax=True``). No
+auxiliary load-balancing loss is added (the RL loss is the only objective) and no token is dropped.
 """
 
 from __future__ import annotations
@@ -12,7 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
+DENSE_MODEL_TYPES = ("qwen2", "qwen3", "llama")
+MOE_MODEL_TYPES = ("qwen3_moe", "mixtral")
+SUPPORTED_MODEL_TYPES = DENSE_MODEL_TYPES + MOE_MODEL_TYPES
 
 
 class UnsupportedModelError(ValueError):
@@ -36,6 +45,14 @@ class McoreModelSpec:
     add_qkv_bias: bool  # Qwen2: bias on q/k/v projections
     tie_word_embeddings: bool
     init_method_std: float
+    num_experts: int = 0  # 0: a dense model
+    moe_ffn_hidden_size: int = 0
+    moe_router_topk: int = 0
+    moe_router_pre_softmax: bool = False  # top-k of the full softmax, not renormalised (Qwen3-MoE norm_topk_prob=False)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @classmethod
     def from_hf(cls, config: Any) -> McoreModelSpec:
@@ -53,7 +70,7 @@ class McoreModelSpec:
             model_type=model_type,
             num_layers=config.num_hidden_layers,
             hidden_size=config.hidden_size,
-            ffn_hidden_size=config.intermediate_size,
+            ffn_hidden_size=getattr(config, "intermediate_size", None) or 0,
             num_attention_heads=heads,
             num_query_groups=kv_heads,
             kv_channels=head_dim,
@@ -61,10 +78,11 @@ class McoreModelSpec:
             max_position_embeddings=config.max_position_embeddings,
             rope_theta=float(rope_theta(config)),
             norm_epsilon=float(config.rms_norm_eps),
-            qk_layernorm=model_type == "qwen3",
+            qk_layernorm=model_type in ("qwen3", "qwen3_moe"),
             add_qkv_bias=model_type == "qwen2",
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
             init_method_std=float(getattr(config, "initializer_range", 0.02)),
+            **_moe_fields(config, model_type),
         )
 
     def transformer_config_kwargs(self) -> dict[str, Any]:
@@ -92,6 +110,22 @@ class McoreModelSpec:
             apply_rope_fusion=False,
             gradient_accumulation_fusion=False,
             persist_layer_norm=False,
+            **self._moe_config_kwargs(),
+        )
+
+    def _moe_config_kwargs(self) -> dict[str, Any]:
+        if not self.is_moe:
+            return {}
+        return dict(
+            num_moe_experts=self.num_experts,
+            moe_ffn_hidden_size=self.moe_ffn_hidden_size,
+            moe_router_topk=self.moe_router_topk,
+            moe_router_pre_softmax=self.moe_router_pre_softmax,
+            moe_router_score_function="softmax",
+            moe_router_load_balancing_type="none",  # the RL loss only: no auxiliary balancing loss
+            moe_aux_loss_coeff=0.0,
+            moe_grouped_gemm=False,  # SequentialMLP: the local spec's experts (grouped GEMM needs TE)
+            moe_token_dispatcher_type="alltoall",
         )
 
     def gpt_model_kwargs(self) -> dict[str, Any]:
@@ -122,7 +156,32 @@ def _rope_type(config: Any) -> str:
     return "default"
 
 
+def _moe_fields(config: Any, model_type: str) -> dict[str, Any]:
+    if model_type not in MOE_MODEL_TYPES:
+        return {}
+    experts = config.num_experts if model_type == "qwen3_moe" else config.num_local_experts
+    ffn = config.moe_intermediate_size if model_type == "qwen3_moe" else config.intermediate_size
+    renormalise = bool(config.norm_topk_prob) if model_type == "qwen3_moe" else True
+    return dict(num_experts=int(experts), moe_ffn_hidden_size=int(ffn), moe_router_topk=int(config.num_experts_per_tok),
+                moe_router_pre_softmax=not renormalise)
+
+
+def _refuse_moe(config: Any, model_type: str) -> None:
+    if model_type == "qwen3_moe":
+        if getattr(config, "mlp_only_layers", None):
+            raise UnsupportedModelError(f"mlp_only_layers={config.mlp_only_layers}: dense layers between MoE layers "
+                                        "are not built (every layer must be MoE)")
+        if getattr(config, "decoder_sparse_step", 1) != 1:
+            raise UnsupportedModelError(f"decoder_sparse_step={config.decoder_sparse_step}: every layer must be MoE")
+    if model_type == "mixtral":
+        if getattr(config, "router_jitter_noise", 0.0):
+            raise UnsupportedModelError(f"router_jitter_noise={config.router_jitter_noise}: router jitter is not built")
+        if getattr(config, "sliding_window", None):
+            raise UnsupportedModelError(f"sliding_window={config.sliding_window}: sliding-window attention is not built")
+
+
 def _refuse_unsupported(config: Any, model_type: str) -> None:
+    _refuse_moe(config, model_type)
     act = getattr(config, "hidden_act", "silu")
     if act != "silu":
         raise UnsupportedModelError(f"hidden_act={act!r}: the Megatron backend builds SwiGLU (silu) MLPs only")
@@ -133,5 +192,7 @@ def _refuse_unsupported(config: Any, model_type: str) -> None:
         raise UnsupportedModelError("use_sliding_window=True: sliding-window attention is not built")
     if getattr(config, "mlp_bias", False):
         raise UnsupportedModelError("mlp_bias=True: MLP biases are not built")
+    if getattr(config, "shared_expert_intermediate_size", 0):
+        raise UnsupportedModelError("shared_expert_intermediate_size: shared experts are not built")
     if model_type != "qwen2" and getattr(config, "attention_bias", False):
         raise UnsupportedModelError(f"attention_bias=True on a {model_type} config also biases o_proj, which is not built")

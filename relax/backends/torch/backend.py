@@ -260,28 +260,13 @@ class TorchTrainBackend:
         usual split)."""
         micro = self._micro_batches(batch.samples, gsl) if micro is None else micro
         width = batch.loss_mask.shape[1]
-        num_samples = gsl.stop - gsl.start
-        num_tokens = int(batch.loss_mask[gsl].sum().item())
+        totals = self._step_totals(batch, gsl)
         self._zero_grad()
         sums: dict[str, torch.Tensor] = {}
         for sl in micro:  # the loss divides by the step's totals, not sl's
             inputs = build_model_inputs(batch.samples[sl], width, self.pad_id, self.device)
             lp, entropy = self._forward_log_probs(self.model, inputs, with_entropy=True)
-            dev = self.device
-            loss, m = policy_loss(
-                self.algo,
-                log_probs=lp,
-                old_log_probs=old_lp[sl].to(dev),
-                advantages=advantages[sl].to(dev),
-                loss_mask=batch.loss_mask[sl].to(dev),
-                ref_log_probs=None if ref_lp is None else ref_lp[sl].to(dev),
-                rollout_log_probs=None if batch.rollout_log_probs is None else batch.rollout_log_probs[sl].to(dev),
-                entropy=entropy,
-                num_global_samples=num_samples,
-                num_global_tokens=num_tokens,
-            )
-            if fault_at("NAN_LOSS", self._step):
-                loss = loss * float("nan")
+            loss, m = self._micro_batch_loss(batch, sl, lp, entropy, old_lp, ref_lp, advantages, totals)
             loss.backward()
             if self.master is not None:  # --bf16: this micro-batch's gradients into the fp32 masters
                 self.master.accumulate()
@@ -289,6 +274,32 @@ class TorchTrainBackend:
         out = {k: float(v) for k, v in self.dp.merge_metrics(sums).items()}
         out["grad_norm"] = self._apply_gradients(out.get("loss"))
         return out
+
+    @staticmethod
+    def _step_totals(batch: RolloutTensors, gsl: slice) -> tuple[int, int]:
+        """(samples, loss tokens) of one optimizer step: what every micro-batch's loss is divided by."""
+        return gsl.stop - gsl.start, int(batch.loss_mask[gsl].sum().item())
+
+    def _micro_batch_loss(self, batch: RolloutTensors, sl: slice, lp: torch.Tensor, entropy: torch.Tensor | None,
+                          old_lp: torch.Tensor, ref_lp: torch.Tensor | None, advantages: torch.Tensor,
+                          totals: tuple[int, int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The policy loss of micro-batch ``sl`` (rows of the rollout) and its metric sums; shared by every backend."""
+        dev = lp.device
+        loss, m = policy_loss(
+            self.algo,
+            log_probs=lp,
+            old_log_probs=old_lp[sl].to(dev),
+            advantages=advantages[sl].to(dev),
+            loss_mask=batch.loss_mask[sl].to(dev),
+            ref_log_probs=None if ref_lp is None else ref_lp[sl].to(dev),
+            rollout_log_probs=None if batch.rollout_log_probs is None else batch.rollout_log_probs[sl].to(dev),
+            entropy=entropy,
+            num_global_samples=totals[0],
+            num_global_tokens=totals[1],
+        )
+        if fault_at("NAN_LOSS", self._step):
+            loss = loss * float("nan")
+        return loss, m
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -31,6 +32,7 @@ GRAD_BUCKET_BYTES = 64 * 1024 * 1024
 class DataParallel:
     rank: int = 0
     size: int = 1
+    group: Any = None  # the process group of the data-parallel ranks (None: the default group, every rank)
 
     @classmethod
     def current(cls) -> DataParallel:
@@ -56,12 +58,12 @@ class DataParallel:
         """
         if self.size == 1:
             return tensor
-        if tensor.device.type == "cpu" and dist.get_backend() == "nccl":
+        if tensor.device.type == "cpu" and dist.get_backend(self.group) == "nccl":
             on_device = tensor.to(torch.device("cuda", torch.cuda.current_device()))
-            dist.all_reduce(on_device)
+            dist.all_reduce(on_device, group=self.group)
             tensor.copy_(on_device)
         else:
-            dist.all_reduce(tensor)
+            dist.all_reduce(tensor, group=self.group)
         return tensor
 
     def reduce_gradients(self, params: Iterable[torch.nn.Parameter]) -> None:
@@ -88,7 +90,7 @@ class DataParallel:
         if self.size == 1:
             return sums
         gathered: list[dict[str, torch.Tensor] | None] = [None] * self.size
-        dist.all_gather_object(gathered, {k: v.cpu() for k, v in sums.items()})
+        dist.all_gather_object(gathered, {k: v.cpu() for k, v in sums.items()}, group=self.group)
         out: dict[str, torch.Tensor] = {}
         for part in gathered:
             out = merge_metrics(out, part or {})

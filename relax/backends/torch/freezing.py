@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from argparse import Namespace
 from collections import defaultdict
+from collections.abc import Callable
 
 import torch
 
@@ -27,10 +28,15 @@ def _names_by_param(module: torch.nn.Module) -> dict[torch.nn.Parameter, list[st
     return names
 
 
-def apply_param_freezing(module: torch.nn.Module, args: Namespace) -> list[str]:
+def apply_param_freezing(module: torch.nn.Module, args: Namespace, *, rename: Callable[[str], str] | None = None,
+                         across_ranks: Callable[[set[str], int], tuple[set[str], int]] | None = None) -> list[str]:
     """Set ``requires_grad`` from the two flags; returns the frozen parameters' names (first name each).
 
     Raises ConfigError naming a pattern that matches no parameter, or when nothing is left to train.
+    A model split over ranks (Megatron's pipeline / expert parallelism) passes ``rename`` (a local
+    parameter name -> the name the patterns see, with global layer indices) and ``across_ranks``
+    (this rank's used patterns and trainable count -> every rank's), so both errors look at the whole
+    model, not one stage.
     """
     only, freeze = args.only_train_params_name_list, args.freeze_params_name_list
     if only and freeze:
@@ -43,16 +49,20 @@ def apply_param_freezing(module: torch.nn.Module, args: Namespace) -> list[str]:
     used: set[str] = set()
     frozen: list[str] = []
     for param, aliases in names.items():
-        hits = {p.pattern for p in patterns if any(p.search(n) for n in aliases)}
+        seen = [rename(n) for n in aliases] if rename else aliases
+        hits = {p.pattern for p in patterns if any(p.search(n) for n in seen)}
         used |= hits
-        trainable = bool(hits) if only else not hits
-        param.requires_grad_(trainable)
-        if not trainable:
+        keep = bool(hits) if only else not hits
+        param.requires_grad_(keep)
+        if not keep:
             frozen.append(aliases[0])
+    trainable = len(names) - len(frozen)
+    if across_ranks is not None:
+        used, trainable = across_ranks(used, trainable)
     unused = [p.pattern for p in patterns if p.pattern not in used]
     if unused:
-        sample = ", ".join(n[0] for n in list(names.values())[:4])
+        sample = ", ".join((rename or str)(n[0]) for n in list(names.values())[:4])
         raise ConfigError(f"{flag}: pattern(s) {unused} match no parameter name (names look like: {sample}, ...)")
-    if len(frozen) == len(names):
+    if trainable == 0:
         raise ConfigError(f"{flag} {' '.join(p.pattern for p in patterns)} leaves no parameter to train")
     return frozen
