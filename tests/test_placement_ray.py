@@ -43,7 +43,8 @@ class Probe:
 
 def _plan(resource: dict, colocate: bool, device: str = "cuda"):
     return plan_resources(Namespace(resource=resource, colocate=colocate, rollout_num_gpus_per_engine=1,
-                                    num_gpus_per_node=8, debug_train_only=False, debug_rollout_only=False), device)
+                                    num_gpus_per_node=8, debug_train_only=False, debug_rollout_only=False,
+                                    rollout_external=False), device)
 
 
 def _gpu(slot) -> list[str]:

@@ -84,7 +84,8 @@ def test_bad_sglang_flags_are_refused_by_name(passthrough, message) -> None:
 
 def test_launch_command_for_a_representative_set_of_flags(sglang_machine) -> None:
     args = parse_args([*BASE, "--device", "cuda", "--rollout-backend", "sglang",
-                       "--colocate", "--rollout-num-gpus-per-engine", "2", "--seed", "40",
+                       "--offload-rollout", "--resource", '{"actor": [1, 1], "rollout": [1, 2]}',
+                       "--rollout-num-gpus-per-engine", "2", "--seed", "40",
                        "--sglang-mem-fraction-static", "0.6", "--sglang-disable-radix-cache",
                        "--sglang-cuda-graph-max-bs", "64", "--sglang-log-level", "warning"])
     cmd = launcher.launch_command(args, engine_index=3, host="127.0.0.1", port=31000, nccl_port=31001, api_key="k",
@@ -95,7 +96,7 @@ def test_launch_command_for_a_representative_set_of_flags(sglang_machine) -> Non
     assert pairs["--model-path"] == "tiny-qwen3" and pairs["--tp-size"] == "2" and pairs["--random-seed"] == "43"
     assert pairs["--host"] == "127.0.0.1" and pairs["--port"] == "31000" and pairs["--nccl-port"] == "31001"
     assert pairs["--base-gpu-id"] == "0" and pairs["--dtype"] == "float32" and pairs["--api-key"] == "k"
-    assert "--enable-memory-saver" in cmd  # --colocate releases engine memory between rollouts
+    assert "--enable-memory-saver" in cmd  # --offload-rollout releases engine memory between rollouts
     tail = cmd[cmd.index("--api-key") + 2:]
     assert tail == ["--mem-fraction-static", "0.6", "--disable-radix-cache", "--cuda-graph-max-bs", "64",
                     "--log-level", "warning"]

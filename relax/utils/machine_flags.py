@@ -100,4 +100,17 @@ def check_machine(args: Namespace, given: Set[str], p: Problems) -> None:
         p.add(f"{_value_text(dest, getattr(args, dest))} needs a CUDA GPU ({why}); {where}")
         setattr(args, dest, FLAGS_BY_NAME[dest.replace("_", "-")].default)
     if _requests_gpus(args):
-        args.notices.append(f"--resource counts GPUs, and {where}: every role runs on the CPU")
+        _cpu_resources(args, where)
+
+
+def _cpu_resources(args: Namespace, where: str) -> None:
+    """--resource GPU counts on a run without GPUs. Joining a cluster, they are still reserved (a cluster may
+    declare GPUs its CPU actors are placed by); alone, every role gets its replicas, each on the CPU."""
+    from relax.distributed.cluster import cluster_address
+
+    if cluster_address(args.ray_address) is not None:
+        args.notices.append(f"--resource counts GPUs, and {where}: every role runs on the CPU (the cluster's GPUs "
+                            "are still reserved to place the actors)")
+        return
+    args.resource = {role: [v[0], 0] if isinstance(v, list) and len(v) == 2 else v for role, v in args.resource.items()}
+    args.notices.append(f"--resource counts GPUs, and {where}: every role runs on the CPU, one actor per replica")
