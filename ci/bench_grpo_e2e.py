@@ -69,6 +69,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ci.provenance when run as a script
+from ci.provenance import provenance  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 STEP_TARGET_S = 1.0
 SPEEDUP_TARGET = 5.0
@@ -543,7 +546,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.json:
         Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
         setup = {k: v for k, v in vars(ns).items() if k != "trl_worker"}
-        Path(ns.json).write_text(json.dumps({"setup": setup, "rows": rows, "failures": failures,
+        Path(ns.json).write_text(json.dumps({"provenance": provenance(), "setup": setup, "rows": rows,
+                                             "failures": failures,
                                              "targets": {"step_s": STEP_TARGET_S, "speedup_vs_trl": SPEEDUP_TARGET},
                                              "wall_s": time.perf_counter() - t_start}, indent=1))
     return 1 if failures else 0

@@ -52,8 +52,8 @@ def test_fully_async_resume_loses_no_prompt(tmp_path: Path) -> None:
     second = run_relax([*FAST_FLAGS, "--num-rollout", "5", "--fully-async", "--max-staleness", "2", "--load", str(ckpt),
                         "--output-dir", str(tmp_path / "b")], tmp_path)
     assert_ok(second)
-    trained_a = [f for f in read_jsonl(tmp_path / "a" / "samples.jsonl") if f["step"] <= 2]
-    trained_b = read_jsonl(tmp_path / "b" / "samples.jsonl")
+    trained_a = [f for f in read_jsonl(tmp_path / "a" / "samples.jsonl") if f["step"] <= 2 and f["fate"] == "trained"]
+    trained_b = [f for f in read_jsonl(tmp_path / "b" / "samples.jsonl") if f["fate"] == "trained"]
     assert [m["step"] for m in read_jsonl(tmp_path / "b" / "metrics.jsonl")] == [3, 4]
     indices = sorted(f["index"] for f in trained_a + trained_b)
     assert indices == list(range(5 * 32)), "every sample index trained exactly once across the resume"

@@ -28,7 +28,7 @@ def tiny_engine() -> EmbeddedEngine:
 
 
 def generate(engine: EmbeddedEngine) -> dict:
-    req = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 12, "seed": 3}, "return_logprob": True}
+    req = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 12, "sampling_seed": 3}, "return_logprob": True}
     return engine.generate([req])[0]
 
 

@@ -19,7 +19,7 @@ BASE = ["--prompt-data", "x.jsonl", "--rollout-batch-size", "2", "--num-rollout"
 
 
 def _ranks(n: int) -> list[str]:
-    return ["--resource", f'{{"actor": [{n}, {n}]}}']
+    return ["--resource", f'{{"actor": [1, {n}]}}']  # one replica of n GPUs: n trainer ranks
 
 
 @pytest.fixture

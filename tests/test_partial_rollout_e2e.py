@@ -60,7 +60,7 @@ def test_partial_rollout_run_with_every_hook(tmp_path: Path, monkeypatch: pytest
     context = CheckContext(runs={"main": RunArtifacts.load(run)}, root=run)
     accounting = parse_check({"kind": "sample_accounting"}).run_check(context)
     assert accounting.status is Status.PASSED, accounting.message
-    fates = read_jsonl(run / "samples.jsonl")
+    fates = [f for f in read_jsonl(run / "samples.jsonl") if f["fate"] != "consumed"]  # fate decisions only
     # whether a left-over group is cut or already finished depends on timing; either way it is recycled
     assert {f["reason"] for f in fates if f["fate"] == "recycled"} <= {"partial_rollout_abort", "partial_rollout_surplus"}
     assert max(f["attempts"] for f in fates) <= MAX_ABORTS + 1, "a sample was aborted more often than allowed"

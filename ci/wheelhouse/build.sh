@@ -15,9 +15,9 @@ STAGE="$(mktemp -d)"
 trap 'rm -rf "$STAGE"' EXIT
 PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
            --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
-# pydantic and its deps: the GPU image lacks them (the device tool's KINDS.md package list), relax needs them.
+# pydantic and its deps, orjson: the GPU image lacks them (the device tool's KINDS.md package list), relax needs them.
 WHEELS=(ray==2.60.0 megatron-core==0.19.2 jsonschema jsonschema-specifications referencing rpds-py
-        pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.8.0 typing-inspection==0.4.5)
+        pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.8.0 typing-inspection==0.4.5 orjson==3.13.0)
 TRL_WHEELS=(trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19)  # datasets 5.2: dill<0.4.2, multiprocess<0.70.20
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   "${PLATFORMS[@]}" -d "$STAGE" "${WHEELS[@]}" ${EXTRA_WHEELS:-}

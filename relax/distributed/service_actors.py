@@ -41,6 +41,7 @@ class ForwardServiceActor:
         from relax.backends.embedded.hosting import serve_in_thread
         from relax.backends.embedded.server import EngineServer
         from relax.backends.embedded.weight_routes import WeightRoutes
+        from relax.utils.json_codec import json_response
 
         async def run(fn):
             def locked():
@@ -51,11 +52,11 @@ class ForwardServiceActor:
         @web.middleware
         async def auth(request, handler):
             if api_key is not None and request.headers.get("Authorization") != f"Bearer {api_key}":
-                return web.json_response({"error": {"message": "missing or wrong API key"}}, status=401)
+                return json_response({"error": {"message": "missing or wrong API key"}}, status=401)
             try:
                 return await handler(request)
             except (ValueError, KeyError) as exc:
-                return web.json_response({"error": {"message": str(exc)}}, status=400)
+                return json_response({"error": {"message": str(exc)}}, status=400)
 
         app = web.Application(client_max_size=16 << 30, middlewares=[auth])
         WeightRoutes(self.service, body=EngineServer.body, run=run).add_to(app)

@@ -15,6 +15,8 @@ from typing import Any
 
 import aiohttp
 
+from relax.utils.json_codec import CONTENT_TYPE, JSONDecodeError, dumps, loads
+
 _SESSIONS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = weakref.WeakKeyDictionary()
 CONNECT_TIMEOUT_S = 10.0
 MAX_CONNECTIONS = 1024
@@ -78,11 +80,14 @@ async def request(method: str, url: str, payload: Any = None, *, timeout: float 
     """One HTTP call returning the decoded JSON (or ``None`` for an empty body)."""
     client_timeout = aiohttp.ClientTimeout(total=timeout, connect=min(connect_timeout, timeout or connect_timeout))
     try:
-        async with _session().request(method, url, json=payload, headers=headers, timeout=client_timeout) as resp:
-            text = await resp.text()
+        body = None if payload is None else dumps(payload)
+        if body is not None:
+            headers = {"Content-Type": CONTENT_TYPE, **(headers or {})}
+        async with _session().request(method, url, data=body, headers=headers, timeout=client_timeout) as resp:
+            raw = await resp.read()
             if resp.status >= 400:
-                raise EngineHTTPError(url, resp.status, _error_message(text))
-            return json.loads(text) if text.strip() else None
+                raise EngineHTTPError(url, resp.status, _error_message(raw.decode(errors="replace")))
+            return loads(raw) if raw.strip() else None
     except EngineError:
         raise
     except TimeoutError:
@@ -91,7 +96,7 @@ async def request(method: str, url: str, payload: Any = None, *, timeout: float 
         raise EngineError(url, f"cannot connect ({exc.os_error or exc})") from None
     except (aiohttp.ClientError, ConnectionError) as exc:
         raise EngineError(url, f"connection failed: {type(exc).__name__}: {exc}") from None
-    except json.JSONDecodeError as exc:
+    except JSONDecodeError as exc:
         raise EngineError(url, f"answer is not JSON: {exc}") from None
 
 

@@ -54,6 +54,13 @@ def _megatron_flags() -> dict[str, Callable[[Any], bool]]:
     return flags
 
 
+def _megatron_parallel_flags() -> tuple[str, ...]:
+    """Parallel layouts only Megatron builds: with another backend they conflict with it, not the machine."""
+    from relax.backends.megatron.checks import MEGATRON_ONLY_FLAGS, PARALLEL_SIZE_FLAGS
+
+    return (*PARALLEL_SIZE_FLAGS, *MEGATRON_ONLY_FLAGS)
+
+
 def _value_text(dest: str, value: Any) -> str:
     flag = "--" + dest.replace("_", "-")
     return flag if value is True else f"{flag} {value}"
@@ -77,8 +84,9 @@ def _requests_gpus(args: Namespace) -> bool:
 
 def check_machine(args: Namespace, given: Set[str], p: Problems) -> None:
     """Refuse GPU-only flags on a machine without a GPU (one line each, then reset); resolve the backend default."""
-    wanted = {dest: why for dest, (needs, why) in GPU_FLAGS.items() if needs(getattr(args, dest))}
     megatron = args.train_backend == "megatron"
+    wanted = {dest: why for dest, (needs, why) in GPU_FLAGS.items()
+              if needs(getattr(args, dest)) and (megatron or dest not in _megatron_parallel_flags())}
     # with an explicit torch backend a Megatron flag conflicts with the backend, not the machine (validation.py)
     megatron_flags = {dest for dest, needs in _megatron_flags().items() if needs(getattr(args, dest))} if megatron \
         else set()
@@ -107,7 +115,9 @@ def _cpu_resources(args: Namespace, where: str) -> None:
     """--resource GPU counts on a run without GPUs. Joining a cluster, they are still reserved (a cluster may
     declare GPUs its CPU actors are placed by); alone, every role gets its replicas, each on the CPU."""
     from relax.distributed.cluster import cluster_address
+    from relax.distributed.resources import parse_roles
 
+    parse_roles(args.resource)  # the request as written is checked first (a malformed role is named as given)
     if cluster_address(args.ray_address) is not None:
         args.notices.append(f"--resource counts GPUs, and {where}: every role runs on the CPU (the cluster's GPUs "
                             "are still reserved to place the actors)")

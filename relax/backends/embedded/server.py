@@ -29,6 +29,7 @@ from relax.backends.embedded.scheduler import Scheduler
 from relax.backends.embedded.weight_routes import WeightRoutes
 from relax.backends.embedded.weights_checker import ACTIONS
 from relax.engine.protocol import ENDPOINTS_BY_PATH, PAUSE_MODES, check_fields
+from relax.utils.json_codec import JSONDecodeError, json_response, loads
 from relax.weights.devices import device_identity
 
 log = logging.getLogger("relax.engine.server")
@@ -42,7 +43,7 @@ class BadRequest(ValueError):
 
 
 def error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "code": status}}, status=status)
+    return json_response({"error": {"message": message, "code": status}}, status=status)
 
 
 # SGLang's /generate batch: lists of input_ids / text (and rid); these may be lists of per-item values too
@@ -139,8 +140,9 @@ class EngineServer:
         if not request.can_read_body:
             return {}
         try:
-            data = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raw = await request.read()
+            data = loads(raw) if raw.strip() else None
+        except (JSONDecodeError, UnicodeDecodeError) as exc:
             raise BadRequest(f"malformed JSON body: {exc}") from None
         if data is None:
             return {}
@@ -168,7 +170,7 @@ class EngineServer:
             for f in futures:  # (gather cancelled the futures; finished rids are no-ops)
                 self.scheduler.abort(f.rid)
             raise
-        return web.json_response(list(results) if is_batch else results[0])
+        return json_response(list(results) if is_batch else results[0])
 
     async def abort_request(self, request: web.Request) -> web.Response:
         body = _checked("/abort_request", await self.body(request))
@@ -188,12 +190,12 @@ class EngineServer:
         await self.in_thread(self.scheduler.pause)
         if mode == "abort":
             self.scheduler.abort(abort_all=True)
-        return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+        return json_response({"message": "Generation paused successfully.", "status": "ok"})
 
     async def continue_generation(self, request: web.Request) -> web.Response:
         _checked("/continue_generation", await self.body(request))
         self.scheduler.resume()
-        return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
+        return json_response({"message": "Generation continued successfully.", "status": "ok"})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         """Nothing is cached across requests (no prefix cache): succeeds when idle, as SGLang's does."""
@@ -208,12 +210,12 @@ class EngineServer:
     async def release_memory(self, request: web.Request) -> web.Response:
         body = _checked("/release_memory_occupation", await self.body(request))
         await self.exclusive(lambda: self.engine.release_memory_occupation(body.get("tags")))
-        return web.json_response(None)
+        return json_response(None)
 
     async def resume_memory(self, request: web.Request) -> web.Response:
         body = _checked("/resume_memory_occupation", await self.body(request))
         await self.exclusive(lambda: self.engine.resume_memory_occupation(body.get("tags")))
-        return web.json_response(None)
+        return json_response(None)
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
@@ -231,7 +233,7 @@ class EngineServer:
 
     async def model_info(self, request: web.Request) -> web.Response:
         config = self.engine.model.config
-        return web.json_response({
+        return json_response({
             "model_path": self.model_path, "tokenizer_path": self.model_path, "is_generation": True,
             "preferred_sampling_params": None, "weight_version": str(self.engine.weight_version),
             "has_image_understanding": False, "has_audio_understanding": False,
@@ -241,7 +243,7 @@ class EngineServer:
     async def server_info(self, request: web.Request) -> web.Response:
         """SGLang's keys where they apply, and the embedded engine's own state under ``relax_engine``."""
         e = self.engine
-        return web.json_response({
+        return json_response({
             "model_path": self.model_path, "tp_size": 1, "weight_version": str(e.weight_version),
             "context_length": e.max_context_len, "max_running_requests": e.max_running_requests,
             "version": f"relax-embedded {relax.__version__}",

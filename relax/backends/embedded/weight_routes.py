@@ -24,6 +24,7 @@ from aiohttp import web
 
 from relax.backends.embedded.weights_checker import WeightsChecker
 from relax.engine.protocol import ENDPOINTS_BY_PATH, check_fields, parse_weight_version
+from relax.utils.json_codec import json_response
 from relax.weights.transports.distributed import DistributedReceiver
 from relax.weights.transports.tensor import TensorReceiver
 
@@ -72,7 +73,7 @@ def _version(body: dict[str, Any]) -> int | None:
 
 
 def _answer(success: bool, message: str, **extra: Any) -> web.Response:
-    return web.json_response({"success": success, "message": message, **extra}, status=200 if success else 400)
+    return json_response({"success": success, "message": message, **extra}, status=200 if success else 400)
 
 
 class WeightRoutes:
@@ -152,4 +153,4 @@ class WeightRoutes:
 
     async def get_weight_version(self, request: web.Request) -> web.Response:
         """SGLang before 0.5.10 (0.5.10 answers 404 and reports the version in /model_info)."""
-        return web.json_response({"weight_version": str(self.holder.weight_version)})
+        return json_response({"weight_version": str(self.holder.weight_version)})

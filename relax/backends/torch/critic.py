@@ -27,7 +27,7 @@ class ValueModel(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return self.head(hidden.float()).squeeze(-1)
+        return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)  # the head computes in its own dtype
 
 
 class Critic:

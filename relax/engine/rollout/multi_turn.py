@@ -28,6 +28,7 @@ from typing import Any
 from relax.engine.protocol import parse_weight_version
 from relax.engine.rollout.interaction_env import load_env_factory, observation_text
 from relax.engine.rollout.sglang_rollout import GenerateState, sample_seed
+from relax.utils.json_codec import logprob
 from relax.utils.types import Sample
 
 CONFIG_HINT = "set it in the --custom-config-path YAML (seed 004)"
@@ -113,7 +114,7 @@ async def run_episode(args: Namespace, sample: Sample, sampling_params: dict[str
             out = await post(url, {"input_ids": traj.tokens, "sampling_params": params, "return_logprob": True})
             meta, ids = out["meta_info"], list(out["output_ids"])
             version = parse_weight_version(meta.get("weight_version"))
-            traj.add(ids, 1, [float(item[0]) for item in meta["output_token_logprobs"]], version)
+            traj.add(ids, 1, [logprob(item[0]) for item in meta["output_token_logprobs"]], version)
             traj.turns.append({"text": out["text"], "sampling_seed": seed, "num_tokens": len(ids)})
             finish = meta["finish_reason"]["type"]
             if finish == "abort" or finish == "length" and len(traj.mask) >= budget:  # cut, or the budget is spent

@@ -14,6 +14,7 @@ from typing import Any
 
 from relax.engine.protocol import parse_weight_version
 from relax.engine.rollout.sglang_rollout import FINISH_STATUS
+from relax.utils.json_codec import logprob
 from relax.utils.types import Sample
 
 FINISHED = (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
@@ -41,7 +42,7 @@ def append_response(sample: Sample, response: dict[str, Any]) -> Sample:
     sample.token_weight_versions = list(sample.token_weight_versions or [sample.weight_version] * before) \
         + [version] * len(new)
     sample.rollout_log_probs = list(sample.rollout_log_probs or []) + \
-        [float(item[0]) for item in meta.get("output_token_logprobs", [])]
+        [logprob(item[0]) for item in meta.get("output_token_logprobs", [])]
     sample.tokens = list(sample.tokens) + new
     sample.response_length = before + len(new)
     sample.response += response.get("text", "")

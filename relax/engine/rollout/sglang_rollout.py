@@ -18,6 +18,7 @@ from typing import Any
 
 from relax.engine.protocol import parse_weight_version
 from relax.utils.fault_hooks import fault_at
+from relax.utils.json_codec import logprob
 from relax.utils.types import Sample
 
 _MASK63 = (1 << 63) - 1
@@ -105,7 +106,7 @@ def apply_response(sample: Sample, response: dict[str, Any]) -> Sample:
     sample.tokens = list(sample.tokens) + output_ids
     sample.response_length = len(output_ids)
     sample.response = response.get("text", "")
-    sample.rollout_log_probs = [float(item[0]) for item in meta.get("output_token_logprobs", [])]
+    sample.rollout_log_probs = [logprob(item[0]) for item in meta.get("output_token_logprobs", [])]
     sample.loss_mask = [1] * len(output_ids)
     sample.status = FINISH_STATUS[meta["finish_reason"]["type"]]
     sample.weight_version = parse_weight_version(meta.get("weight_version"))

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ import aiohttp
 from aiohttp import web
 
 from relax.engine.protocol import parse_weight_version
+from relax.utils.json_codec import JSONDecodeError, dumps, json_response, loads
 
 log = logging.getLogger("relax.router")
 
@@ -200,13 +200,13 @@ class Router:
             except (*_CONNECTION_ERRORS, aiohttp.ClientError) as exc:
                 return {"status": 502, "response": {"error": {"message": f"{type(exc).__name__}: {exc}"}}}
             try:  # SGLang answers some control calls with plain text (flush_cache) or nothing
-                return {"status": status, "response": json.loads(data) if data else None}
-            except (json.JSONDecodeError, UnicodeDecodeError):
+                return {"status": status, "response": loads(data) if data else None}
+            except (JSONDecodeError, UnicodeDecodeError):
                 return {"status": status, "response": data.decode(errors="replace").strip()}
 
         results = dict(zip((w.url for w in workers), await asyncio.gather(*(one(w) for w in workers)), strict=True))
         ok = all(r["status"] < 400 for r in results.values())
-        return web.json_response({"success": ok, "workers": results}, status=200 if ok else 502)
+        return json_response({"success": ok, "workers": results}, status=200 if ok else 502)
 
     # ------------------------------------------------------------------ http
     def app(self) -> web.Application:
@@ -234,13 +234,14 @@ class Router:
     async def h_generate(self, request: web.Request) -> web.Response:
         raw = await request.read()
         key = request.headers.get("X-Routing-Key")
-        try:
-            body = json.loads(raw) if raw else {}
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return _error(400, f"malformed JSON body: {exc}")
-        if isinstance(body, dict) and "routing_key" in body:
-            key = str(body.pop("routing_key"))
-            raw = json.dumps(body).encode()
+        if b'"routing_key"' in raw:  # the only field the router reads; other bodies pass through unparsed
+            try:
+                body = loads(raw)
+            except (JSONDecodeError, UnicodeDecodeError) as exc:
+                return _error(400, f"malformed JSON body: {exc}")
+            if isinstance(body, dict) and "routing_key" in body:
+                key = str(body.pop("routing_key"))
+                raw = dumps(body)
         return await self.forward("POST", "/generate", raw, key)
 
     async def h_broadcast(self, request: web.Request) -> web.Response:
@@ -254,26 +255,26 @@ class Router:
         if not url:
             return _error(400, "add_worker needs ?url=")
         self.add_worker(url)
-        return web.json_response({"success": True, "urls": list(self.workers)})
+        return json_response({"success": True, "urls": list(self.workers)})
 
     async def h_remove(self, request: web.Request) -> web.Response:
         url = request.query.get("url")
         if not url:
             return _error(400, "remove_worker needs ?url=")
-        return web.json_response({"success": self.remove_worker(url), "urls": list(self.workers)})
+        return json_response({"success": self.remove_worker(url), "urls": list(self.workers)})
 
     async def h_list(self, request: web.Request) -> web.Response:
-        return web.json_response({"urls": list(self.workers), "workers": [w.info() for w in self.workers.values()]})
+        return json_response({"urls": list(self.workers), "workers": [w.info() for w in self.workers.values()]})
 
     async def h_health(self, request: web.Request) -> web.Response:
         live = [w.url for w in self.workers.values() if not w.suspect]
-        return web.json_response({"status": "ok" if live else "no live worker", "live_workers": live},
+        return json_response({"status": "ok" if live else "no live worker", "live_workers": live},
                                  status=200 if live else 503)
 
     async def _versions(self) -> tuple[web.Response, list[dict], list[int]]:
         """Every worker's /model_info (SGLang >= 0.5.10 reports the version there) and their versions."""
         resp = await self.broadcast("GET", "/model_info", None)
-        data = json.loads(resp.body)
+        data = loads(resp.body)
         infos = [r["response"] for r in data.get("workers", {}).values()
                  if r["status"] == 200 and isinstance(r["response"], dict)]
         versions = [v for v in (parse_weight_version(i.get("weight_version")) for i in infos) if v is not None]
@@ -284,15 +285,15 @@ class Router:
         resp, infos, versions = await self._versions()
         if not infos:
             return resp
-        return web.json_response({**infos[0], "weight_version": str(min(versions)) if versions else
+        return json_response({**infos[0], "weight_version": str(min(versions)) if versions else
                                   infos[0].get("weight_version")})
 
     async def h_weight_version(self, request: web.Request) -> web.Response:
         resp, infos, versions = await self._versions()
         if not versions:
             return resp
-        return web.json_response({"weight_version": str(min(versions))})
+        return json_response({"weight_version": str(min(versions))})
 
 
 def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "code": status}}, status=status)
+    return json_response({"error": {"message": message, "code": status}}, status=status)

@@ -1,0 +1,60 @@
+"""Where a benchmark figure comes from: the command, the commit and the machine, stored in its JSON.
+
+Every bench script writes ``{"provenance": provenance(), ...}`` so a figure quoted in the docs can be
+traced to the run that produced it (docs/results/ holds those JSON files). On the GPU machine the
+working tree arrives without ``.git``: ``RELAX_COMMIT`` (set by the caller, e.g. ci/gpu_session.sh's
+user) names the commit there.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def commit() -> str:
+    """The checkout's commit (``+dirty`` when it has uncommitted changes), else ``RELAX_COMMIT``, else unknown."""
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return os.environ.get("RELAX_COMMIT", "unknown")
+
+
+def machine() -> dict:
+    """CPU model and cores, and the GPUs torch sees (name and count), without initialising CUDA needlessly."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {"host": platform.node(), "cpu": cpu, "cpu_cores": os.cpu_count(), "python": platform.python_version()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+            info["gpu_count"] = torch.cuda.device_count()
+    except ImportError:
+        pass
+    return info
+
+
+def provenance(argv: list[str] | None = None) -> dict:
+    return {"command": shlex.join([Path(sys.executable).name, *(sys.argv if argv is None else argv)]),
+            "commit": commit(), "machine": machine(),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
