@@ -2,8 +2,7 @@
 
 Every bench script writes ``{"provenance": provenance(), ...}`` so a figure quoted in the docs can be
 traced to the run that produced it (docs/results/ holds those JSON files). On the GPU machine the
-working tree arrives without ``.git``: ``RELAX_COMMIT`` (set by the caller, e.g. ci/gpu_session.sh's
-user) names the commit there.
+working tree's ``.git`` is not this checkout's: ``RELAX_COMMIT`` (set by the caller) names the commit there.
 """
 
 from __future__ import annotations
@@ -20,7 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def commit() -> str:
-    """The checkout's commit (``+dirty`` when it has uncommitted changes), else ``RELAX_COMMIT``, else unknown."""
+    """``RELAX_COMMIT`` when the caller sets it (the GPU machine's copy may carry a stale ``.git``), else the
+    checkout's commit (``+dirty`` when it has uncommitted changes), else unknown."""
+    if os.environ.get("RELAX_COMMIT"):
+        return os.environ["RELAX_COMMIT"]
     try:
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True,
                               text=True, check=True, timeout=10).stdout.strip()
@@ -28,7 +30,7 @@ def commit() -> str:
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("RELAX_COMMIT", "unknown")
+        return "unknown"
 
 
 def machine() -> dict:

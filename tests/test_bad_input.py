@@ -53,9 +53,17 @@ def test_not_supported_yet(tmp_path: Path, flag: list[str]) -> None:
 
 
 def test_a_gpu_only_flag_on_a_machine_without_gpu_names_the_missing_gpu(tmp_path: Path) -> None:
+    proc = run_relax(["--preset", "quickstart", "--attention-backend", "flash", "--output-dir", str(tmp_path / "o")],
+                     tmp_path)
+    _one_line_error(proc, "--attention-backend flash needs a CUDA GPU (flash and fused attention are CUDA kernels); "
+                          "--device cpu uses none")
+    assert proc.returncode == 2
+
+
+def test_a_megatron_flag_with_the_torch_backend_names_the_backend(tmp_path: Path) -> None:
+    """quickstart trains with --train-backend torch: a Megatron layout conflicts with that, whatever the machine."""
     proc = run_relax(["--preset", "quickstart", "--sequence-parallel", "--output-dir", str(tmp_path / "o")], tmp_path)
-    _one_line_error(proc, "--sequence-parallel needs a CUDA GPU (sequence parallelism shards activations over "
-                          "tensor-parallel GPUs); --device cpu uses none")
+    _one_line_error(proc, "--sequence-parallel needs --train-backend megatron")
     assert proc.returncode == 2
 
 

@@ -20,8 +20,8 @@ SPEC = ScenarioSpec.model_validate({
     "checks": [{"kind": "sample_accounting"}, {"kind": "throughput", "skip_steps": 1}]})
 
 
-def ab(tmp_path: Path, name: str, **env: str) -> dict:
-    cfg = ABConfig(base="HEAD", spec=SPEC, results_dir=tmp_path / name, runs=5, engine_cmd=FAKE, candidate_env=env)
+def ab(tmp_path: Path, name: str, spec: ScenarioSpec = SPEC, **env: str) -> dict:
+    cfg = ABConfig(base="HEAD", spec=spec, results_dir=tmp_path / name, runs=5, engine_cmd=FAKE, candidate_env=env)
     return run_ab(cfg, log=lambda line: None)
 
 
@@ -32,7 +32,10 @@ def test_abba_schedule() -> None:
 def test_self_ab_passes_ten_times_and_a_planted_30_percent_slowdown_fails(tmp_path: Path) -> None:
     outcomes = [ab(tmp_path, f"self{i}")["ab"] for i in range(10)]
     assert [o["ok"] for o in outcomes] == [True] * 10, [o["verdict"] for o in outcomes]
-    slowed = ab(tmp_path, "slow", RELAX_FAULT_ENGINE_SLOWDOWN="0.3")["ab"]
+    # 200 ms steps for the planted regression: on a loaded 2-core CI machine the fake engine's few ms of CPU per
+    # step wobble by tens of ms, which at 50 ms steps blurs a 23% drop against the gate's 10% minimum effect
+    long_steps = SPEC.with_overrides(engine_flags=[f if f != "0.05" else "0.2" for f in SPEC.engine_flags])
+    slowed = ab(tmp_path, "slow", long_steps, RELAX_FAULT_ENGINE_SLOWDOWN="0.3")["ab"]
     assert not slowed["ok"], slowed["verdict"]
     assert slowed["p"] < 0.05 and slowed["slowdown"] > 0.10  # steps 1.3x as long: about 23% fewer samples/s
     assert [r["side"] for r in slowed["runs"]] == schedule(5)

@@ -102,6 +102,16 @@ def test_launch_command_for_a_representative_set_of_flags(sglang_machine) -> Non
                     "--log-level", "warning"]
 
 
+def test_list_options_take_every_value_up_to_the_next_flag(sglang_machine) -> None:
+    flags = [*BASE, "--device", "cuda", "--rollout-backend", "sglang", "--sglang-cuda-graph-bs", "1", "2", "4"]
+    args = parse_args([*flags, "--sglang-log-level", "warning"])
+    assert args.sglang_passthrough["cuda_graph_bs"] == ["1", "2", "4"]
+    cmd = launcher.launch_command(args, engine_index=0, host="127.0.0.1", port=31000, nccl_port=31001, api_key="k")
+    assert cmd[cmd.index("--cuda-graph-bs"):][:5] == ["--cuda-graph-bs", "1", "2", "4", "--log-level"]
+    with pytest.raises(ConfigError, match=r"^--sglang-log-level: SGLang's --log-level takes one value, got 2: warning info$"):
+        parse_args([*flags, "--sglang-log-level", "warning", "info"])
+
+
 def test_megatron_exports_bf16_and_no_offload_means_no_memory_saver(sglang_machine) -> None:
     args = parse_args([*BASE, "--device", "cuda", "--train-backend", "megatron", "--rollout-backend", "sglang"])
     cmd = launcher.launch_command(args, engine_index=0, host="127.0.0.1", port=1, nccl_port=2, api_key=None)

@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _split_passthrough(argv: list[str]) -> tuple[list[str], dict[str, Any]]:
-    """Take undeclared ``--sglang-foo-bar [V]`` / ``--sglang-foo-bar=V`` out of argv."""
+    """Take undeclared ``--sglang-foo-bar [V ...]`` / ``--sglang-foo-bar=V`` out of argv (several values: a list,
+    which server_args.py accepts only for SGLang's list options)."""
     rest: list[str] = []
     out: dict[str, Any] = {}
     i = 0
@@ -103,11 +104,12 @@ def _split_passthrough(argv: list[str]) -> tuple[list[str], dict[str, Any]]:
             raise ConfigError(f"incomplete flag {token!r}")
         if "=" in token:
             out[key] = token.split("=", 1)[1]
-        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            out[key] = argv[i + 1]
-            i += 1
-        else:
-            out[key] = True
+        else:  # every value up to the next flag: SGLang has list options (--cuda-graph-bs 1 2 4)
+            values = []
+            while i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                values.append(argv[i + 1])
+                i += 1
+            out[key] = True if not values else values[0] if len(values) == 1 else values
         i += 1
     return rest, out
 

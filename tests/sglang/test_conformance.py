@@ -24,6 +24,8 @@ import argparse
 import asyncio
 import dataclasses
 import importlib
+import importlib.abc
+import importlib.machinery
 import inspect
 import json
 import socket
@@ -38,6 +40,47 @@ pytest.importorskip("sglang", reason="needs the sglang package (the GPU image: n
 pytestmark = pytest.mark.sglang
 
 
+class _KernelStub(types.ModuleType):
+    """``sgl_kernel`` or one of its submodules without the CUDA library: importing any name works (SGLang
+    imports kernels at module level), calling one raises, naming it."""
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _Kernel(f"{self.__name__}.{attr}")
+
+
+class _Kernel:
+    """A name imported from the stub (a kernel, or a namespace such as ``scalar_types``): its attributes are
+    more of the same; calling one raises."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _Kernel(f"{self._name}.{attr}")
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{self._name} called, but there is no GPU here")
+
+
+class _KernelStubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path, target=None):
+        if fullname == "sgl_kernel" or fullname.startswith("sgl_kernel."):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = _KernelStub(spec.name)
+        module.__path__ = []  # a package: its submodules come from this finder too
+        return module
+
+    def exec_module(self, module) -> None:
+        pass
+
+
 def _import_sglang():
     try:
         importlib.import_module("sglang.srt.managers.io_struct")
@@ -47,9 +90,7 @@ def _import_sglang():
             raise
         for name in [m for m in sys.modules if m.startswith(("sgl_kernel", "sglang.srt"))]:
             del sys.modules[name]
-        stub = types.ModuleType("sgl_kernel")
-        stub.__getattr__ = lambda attr: (_ for _ in ()).throw(AttributeError(f"sgl_kernel.{attr} (no GPU here)"))
-        sys.modules["sgl_kernel"] = stub
+        sys.meta_path.insert(0, _KernelStubFinder())
     modules = [importlib.import_module(f"sglang.srt.{m}") for m in (
         "managers.io_struct", "server_args", "sampling.sampling_params", "utils.common", "weight_sync.tensor_bucket")]
     return Namespace(io=modules[0], server_args=modules[1], sampling=modules[2], common=modules[3],
@@ -77,9 +118,11 @@ def test_pinned_option_list_is_the_installed_server_args(sgl) -> None:
     assert pinned["sglang_version"] == sglang.__version__, "re-pin: python ci/pin_sglang_server_args.py <sglang dir>"
     live = {tuple(a.option_strings): a.dest for a in _sglang_parser(sgl)._actions if a.option_strings
             and a.dest != "help"}
-    ours = {tuple(o["flags"]): o["dest"] for o in pinned["options"]}
-    assert ours == {k: v for k, v in live.items() if any(f.startswith("--") for f in k)} or \
-        {frozenset(k) for k in ours} == {frozenset(f for f in k if f.startswith("--")) for k in live}
+    # the pin holds add_argument's own flags; argparse adds "--no-X" for a BooleanOptionalAction "--X"
+    ours = {frozenset(o["flags"] + (["--no-" + f[2:] for f in o["flags"]] if "BooleanOptionalAction" in
+                                    (o["action"] or "") else [])): o["dest"] for o in pinned["options"]}
+    assert ours == {frozenset(f for f in k if f.startswith("--")): v for k, v in live.items()
+                    if any(f.startswith("--") for f in k)}
     fields = {f.name for f in dataclasses.fields(sgl.server_args.ServerArgs)}
     assert set(pinned["fields"]) == fields
 
@@ -93,7 +136,8 @@ def test_launch_command_parses_with_sglangs_own_parser(sgl, monkeypatch) -> None
     monkeypatch.setattr(machine_flags, "has_gpu", lambda args: True)
     args = parse_args(["--prompt-data", "x.jsonl", "--rollout-batch-size", "2", "--num-rollout", "1",
                        "--hf-checkpoint", "/models/qwen", "--train-backend", "torch", "--device", "cuda",
-                       "--rollout-backend", "sglang", "--colocate", "--rollout-num-gpus-per-engine", "2",
+                       "--rollout-backend", "sglang", "--offload-rollout", "--rollout-num-gpus-per-engine", "2",
+                       "--resource", '{"actor": [1, 1], "rollout": [1, 2]}',
                        "--seed", "7", "--sglang-mem-fraction-static", "0.6", "--sglang-disable-radix-cache",
                        "--sglang-cuda-graph-bs", "1", "2", "4", "--sglang-log-level", "warning"])
     cmd = launcher.launch_command(args, engine_index=1, host="127.0.0.1", port=30001, nccl_port=30002, api_key="k")

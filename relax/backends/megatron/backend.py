@@ -180,7 +180,10 @@ class MegatronTrainBackend(TorchTrainBackend):
         return self.runner.from_last_stage(self.dp.sum_rows(out))
 
     def _optimizer_step(self, batch: RolloutTensors, gsl: slice, old_lp: torch.Tensor, ref_lp: torch.Tensor | None,
-                        advantages: torch.Tensor) -> dict[str, float]:
+                        advantages: torch.Tensor, micro: list[slice] | None = None) -> dict[str, float]:
+        """One optimizer step over ``gsl`` through megatron-core's schedule; ``micro``: this rank's micro-batches
+        (default: the usual split; the driver passes the ones it counted as consumed)."""
+        micro = self._micro_batches(batch.samples, gsl) if micro is None else micro
         totals = self._step_totals(batch, gsl)
         self._zero_grad()
 
@@ -190,7 +193,7 @@ class MegatronTrainBackend(TorchTrainBackend):
             return loss, {k: v.detach().cpu() for k, v in m.items()}
 
         sums: dict[str, torch.Tensor] = {}
-        for metrics in self.runner.run(self.model, self._inputs(batch, self._micro_batches(batch.samples, gsl)),
+        for metrics in self.runner.run(self.model, self._inputs(batch, micro),
                                        policy, forward_only=False):
             sums = merge_metrics(sums, metrics)
         out = {k: float(v) for k, v in self.dp.merge_metrics(sums).items()}

@@ -59,7 +59,13 @@ class SGLangOption:
             return [self.flag if _bool(value, given_as) else "--no-" + self.flag[2:]]
         if self.action is not None and self.action not in ("'store'",):
             raise ConfigError(f"{given_as}: SGLang's {self.flag} ({self.action}) is not supported by the launcher yet")
-        values = _as_list(value) if self.nargs in ("+", "*") or isinstance(self.nargs, int) else [value]
+        if self.nargs in ("+", "*") or isinstance(self.nargs, int):
+            values = _as_list(value)
+        elif isinstance(value, list | tuple):
+            raise ConfigError(f"{given_as}: SGLang's {self.flag} takes one value, got {len(value)}: "
+                              f"{' '.join(map(str, value))}")
+        else:
+            values = [value]
         cast = _TYPES.get(self.type or "str")
         out = [self.flag]
         for item in values:
