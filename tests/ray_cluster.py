@@ -89,6 +89,19 @@ class LocalCluster:
             self.stop()
             raise RuntimeError(f"test Ray cluster did not start (nodes {dead} exited)\n{logs}")
 
+    def diagnostics(self, lines: int = 15) -> str:
+        """What the nodes' logs say about dead workers (raylet lines naming an exit or kill, the tails of the
+        workers' stderr files that are not empty): for a test's failure message, since stop() deletes them."""
+        out = []
+        for raylet in sorted(self.root.glob("n*/session_latest/logs/raylet.out")):
+            hits = [line for line in raylet.read_text(errors="replace").splitlines() if not line.startswith("[state")
+                    and any(w in line for w in ("exit", "Kill", "kill", "died", "OOM", "low on memory", "SIG"))]
+            out += [f"== {raylet.relative_to(self.root)}", *hits[-lines:]]
+        errs = [p for p in self.root.glob("n*/session_latest/logs/worker-*.err") if p.stat().st_size]
+        for err in sorted(errs, key=lambda p: p.stat().st_mtime)[-3:]:
+            out += [f"== {err.relative_to(self.root)}", *err.read_text(errors="replace").splitlines()[-lines:]]
+        return "\n".join(out)
+
     def stop(self) -> None:
         for proc in reversed(self.procs):  # workers first, then the head
             if proc.poll() is None:

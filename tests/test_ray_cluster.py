@@ -42,8 +42,11 @@ def _relax(cluster: LocalCluster, tmp_path: Path, *flags: str) -> subprocess.Com
     """``relax train`` as its own driver process, told the cluster by RAY_ADDRESS (as ray job submit does)."""
     env = {k: v for k, v in os.environ.items() if k != "RELAX_RAY_TEMP_DIR"}
     env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", RAY_ADDRESS=cluster.address)
-    return subprocess.run([sys.executable, "-m", "relax.cli", "train", *FLAGS, *flags], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "relax.cli", "train", *FLAGS, *flags], capture_output=True,
                           text=True, timeout=300, env=env, cwd=tmp_path)
+    if proc.returncode not in (0, 2):  # a run that died: keep the nodes' word on it (the logs go with the cluster)
+        proc.stderr += "\n--- cluster logs ---\n" + cluster.diagnostics()
+    return proc
 
 
 def test_trainer_and_engines_on_different_nodes(cluster: LocalCluster, tmp_path: Path) -> None:

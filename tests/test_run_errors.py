@@ -118,6 +118,15 @@ def test_describe_names_a_dead_actor() -> None:
                                   "EngineActor\n\tactor_id: abc\n\tpid: 4242\n\tname: engine")
     assert describe(exc).message.startswith("RayActorError: The actor died unexpectedly before finishing this task. "
                                             "(EngineActor, pid 4242)")
+    exited = RayActorError(error_msg=(
+        "The actor died unexpectedly before finishing this task.\n\tclass_name: TrainerActor\n\tactor_id: abc\n"
+        "\tpid: 7\n\tip: 127.0.0.1\nThe actor is dead because its worker process has died. Worker exit type: "
+        "SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a connection error code 2. End of file. "
+        "There are some potential root causes. (1) The process is killed by SIGKILL by OOM killer."))
+    message = describe(exited).message
+    assert "(TrainerActor, pid 7: The actor is dead because its worker process has died. Worker exit type: " \
+           "SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a connection error code 2. End of file.)" \
+           in message and "potential root causes" not in message and "\n" not in message
 
 
 def _own_line(text: str) -> int:

@@ -114,9 +114,13 @@ def describe(exc: BaseException) -> Failure:
 
 
 def _actor(text: str) -> str:
-    """`` (EngineActor, pid 123)`` when the message is Ray's report of a dead actor (which actor, which process)."""
+    """`` (EngineActor, pid 123: why)`` when the message is Ray's report of a dead actor: which actor, which
+    process, and Ray's reason (its first sentence: a worker that exited, was killed, ran out of memory)."""
     name = re.search(r"class_name: (\w+)", text)
     pid = re.search(r"\bpid: (\d+)", text)
     if not name:
         return ""
-    return f" ({name.group(1)}" + (f", pid {pid.group(1)})" if pid else ")")
+    lines = [line for line in text.splitlines()[1:] if line.strip()]
+    reason = next((line.strip() for line in lines if not line.startswith("\t")), "")
+    reason = re.split(r"(?<=\.) (?=There are some potential|\()", reason)[0][:300]
+    return f" ({name.group(1)}" + (f", pid {pid.group(1)}" if pid else "") + (f": {reason})" if reason else ")")
