@@ -66,8 +66,11 @@ def _run_one(spec: ScenarioSpec, run: RunSpec, cfg: HarnessConfig, scenario_dir:
     env = {**spec.env, **run.env}
     result = RunResult(name=run.name, expect_exit=run.expect_exit, output_dir=str(out),
                        log_path=str(out / "run.log"))
+    started: list = []  # in order; a fault's fields may name what an earlier one started ({server:NAME})
     try:
         for fault in faults:
+            fault = fault.resolve(values)
+            started.append(fault)
             values |= fault.start(recorder)
             env |= fault.env()
         launches = run.launches(spec.engine_flags)
@@ -76,7 +79,7 @@ def _run_one(spec: ScenarioSpec, run: RunSpec, cfg: HarnessConfig, scenario_dir:
                             work_dir=scenario_dir, log_path=out / "run.log", env=env, resources=spec.resources,
                             timeout_s=spec.timeout_s, profile=spec.profile, image=spec.image)
             # faults fire in the first launch only (a resume phase must not be killed again)
-            outcome, watcher = execute(cfg.executor, launch, faults if i == 0 else [], recorder)
+            outcome, watcher = execute(cfg.executor, launch, started if i == 0 else [], recorder)
             result.launches = i + 1
             result.exit_code, result.timed_out = outcome.exit_code, outcome.timed_out
             result.duration_s += outcome.duration_s
@@ -92,7 +95,7 @@ def _run_one(spec: ScenarioSpec, run: RunSpec, cfg: HarnessConfig, scenario_dir:
             if outcome.timed_out or (not last_phase and outcome.exit_code != 0):
                 break
     finally:
-        stats = [fault.stop() for fault in faults]
+        stats = [fault.stop() for fault in reversed(started)]  # a proxy before the server behind it
         if any(stats):
             result.details["fault_stats"] = [s for s in stats if s]
     result.faults = recorder.records

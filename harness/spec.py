@@ -3,7 +3,8 @@
 A scenario launches one or more runs of ``relax train`` (each optionally in sequential phases,
 e.g. train-then-resume in one output dir), injects its faults, then evaluates its checks over
 the runs' artifacts. Flags may use placeholders: ``{output_dir}`` (this run's dir),
-``{scenario_dir}``, ``{run:NAME}`` (another run's dir), ``{proxy:NAME}`` (a fault proxy) and
+``{scenario_dir}``, ``{run:NAME}`` (another run's dir), ``{proxy:NAME}`` (a fault proxy),
+``{server:NAME}`` (an engine server the scenario started, kind ``engine_server``) and
 ``{relax_tasks}`` (the bundled task datasets, relax/models/tasks: prompt files without a preset).
 """
 
@@ -22,7 +23,7 @@ from harness.checks import CheckParams, parse_check
 from harness.faults import FaultParams, parse_fault
 from harness.profiles import Profile
 
-_PLACEHOLDER = re.compile(r"\{(output_dir|scenario_dir|relax_tasks|run:[\w.-]+|proxy:[\w.-]+)\}")
+_PLACEHOLDER = re.compile(r"\{(output_dir|scenario_dir|relax_tasks|run:[\w.-]+|proxy:[\w.-]+|server:[\w.-]+)\}")
 _NAME = r"^[a-z0-9][a-z0-9_.-]*$"
 
 

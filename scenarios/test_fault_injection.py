@@ -17,6 +17,10 @@ def test_engine_hang_recovers_cpu(scenario):
     scenario("fault-engine-hang-cpu").assert_ok()
 
 
+def test_http_faults_to_one_engine_are_absorbed_cpu(scenario):
+    scenario("fault-http-proxy-cpu").assert_ok()
+
+
 def test_reward_raise_fails_fast_cpu(scenario):
     scenario("fault-reward-raise-cpu").assert_ok()
 

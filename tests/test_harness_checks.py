@@ -366,6 +366,22 @@ def test_fault_without_a_restart_fails_min_restarts(tmp_path: Path) -> None:
     assert res.message == "no recovery recorded: 0 restart event(s), expected at least 1"
 
 
+def test_proxy_faults_that_hit_too_few_requests_fail_min_injected(tmp_path: Path) -> None:
+    """A proxy whose faults never met a request (the run completed, but nothing was tested) fails the check."""
+    spec = {"kind": "fault_outcome", "expect": "recovered", "max_restarts": 0,
+            "min_injected": {"dropped": 1, "errors": 1, "delayed": 1}}
+    idle = make_run(tmp_path / "idle")
+    _events(idle, {"event": "fault_injected", "kind": "http_proxy"},
+            {"event": "proxy_stats", "name": "b", "stats": {"requests": 40, "forwarded": 38, "dropped": 1, "errors": 1}})
+    res = check(spec, ctx(tmp_path, main=idle))
+    assert res.status is Status.FAILED and "injected too little to prove anything: {'delayed': 0}" in res.message
+    hit = make_run(tmp_path / "hit")
+    _events(hit, {"event": "fault_injected", "kind": "http_proxy"},
+            {"event": "proxy_stats", "name": "b", "stats": {"dropped": 2, "errors": 1, "delayed": 4}})
+    res = check(spec, ctx(tmp_path, main=hit))
+    assert res.status is Status.PASSED and "through proxy faults" in res.message
+
+
 def test_fault_never_happened_fails(tmp_path: Path, good: Path) -> None:
     res = check({"kind": "fault_outcome", "expect": "recovered"}, ctx(tmp_path, main=good))
     assert res.status is Status.FAILED and "the fault never happened" in res.message

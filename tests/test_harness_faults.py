@@ -131,4 +131,31 @@ def test_proxy_fault_gives_placeholder_and_stats(tmp_path: Path, upstream: Upstr
     finally:
         stats = fault.stop()
     assert stats == {"proxy_stats": {"requests": 1, "forwarded": 1}}
-    assert json.loads((tmp_path / "events.jsonl").read_text())["kind"] == "http_proxy"
+    started, finished = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert started["kind"] == "http_proxy" and started["event"] == "fault_injected"
+    assert finished["event"] == "proxy_stats" and finished["stats"] == {"requests": 1, "forwarded": 1}
+
+
+def test_a_proxy_in_front_of_an_engine_server_the_scenario_started(tmp_path: Path) -> None:
+    """engine_server gives {server:NAME}; an http_proxy after it resolves its target from that."""
+    from harness.faults import FaultRecorder
+
+    recorder = FaultRecorder(tmp_path / "events.jsonl")
+    server = parse_fault({"kind": "engine_server", "name": "b"})
+    proxy = parse_fault({"kind": "http_proxy", "name": "b", "target": "{server:b}", "paths": ["/generate"],
+                         "error_rate": 1.0})
+    values = server.start(recorder)
+    try:
+        proxy = proxy.resolve(values)
+        assert proxy.target == values["server:b"] and values["server:b"].startswith("http://127.0.0.1:")
+        values |= proxy.start(recorder)
+        base = f"http://{values['proxy:b']}"
+        assert httpx.get(f"{base}/health", timeout=10).status_code == 200  # not a /generate: forwarded
+        assert httpx.post(f"{base}/generate", json={"input_ids": [1, 2]}, timeout=10).status_code == 503
+        assert httpx.post(f"{values['server:b']}/generate", json={"input_ids": [1, 2], "sampling_params": {
+            "max_new_tokens": 2}}, timeout=30).status_code == 200
+    finally:
+        proxy.stop()
+        server.stop()
+    assert not server._proc.alive()
+    assert [e["event"] for e in recorder.records] == ["server_started", "fault_injected", "proxy_stats"]

@@ -18,6 +18,9 @@ class FaultOutcome(CheckParams):
     message: str | None = None  # failed_fast: regex searched in run.json["error"]
     within_s: float | None = None  # failed_fast: from the fault (or start) to the end of the run
     require_fault_event: bool = True  # a fault_injected / fault_detected event must exist
+    # recovered: at least this many of each outcome of the HTTP fault proxies (events.jsonl proxy_stats,
+    # summed over proxies), e.g. {errors: 1, dropped: 1, delayed: 1}: the faults really hit requests
+    min_injected: dict[str, int] = {}
 
     def evaluate(self, ctx: CheckContext) -> CheckResult:
         run = ctx.run(self.run)
@@ -43,14 +46,25 @@ class FaultOutcome(CheckParams):
         if len(restarts) < self.min_restarts:
             return self.result(False, f"no recovery recorded: {len(restarts)} restart event(s), "
                                       f"expected at least {self.min_restarts}", details=details)
+        injected: dict[str, int] = {}
+        for event in run.events_named("proxy_stats"):
+            for key, count in (event.get("stats") or {}).items():
+                injected[key] = injected.get(key, 0) + int(count)
+        if self.min_injected:
+            details["proxy_stats"] = injected
+            short = {k: injected.get(k, 0) for k, want in self.min_injected.items() if injected.get(k, 0) < want}
+            if short:
+                return self.result(False, f"the proxy injected too little to prove anything: {short} (wanted at "
+                                          f"least {self.min_injected})", details=details)
         num = (run.run.get("config") or {}).get("num_rollout")
         steps = run.steps()
         if num and (not steps or steps[-1] < int(num) - 1):
             last = steps[-1] if steps else None
             return self.result(False, f"run says completed but its last step is {last}, expected {int(num) - 1}",
                                details=details)
+        survived = f", through proxy faults {injected}" if self.min_injected else ""
         return self.result(True, f"recovered after {len(restarts)} restart(s) (<= {self.max_restarts}) and "
-                                 f"completed {len(steps)} steps", details=details)
+                                 f"completed {len(steps)} steps{survived}", details=details)
 
     def _failed_fast(self, run, injected, details) -> CheckResult:
         if run.status != "failed":

@@ -93,6 +93,10 @@ class FaultParams(BaseModel):
         """Environment for the engine process (engine-hook faults)."""
         return {}
 
+    def resolve(self, values: dict[str, str]) -> FaultParams:
+        """This fault with placeholders in its own fields filled (values of the faults started before it)."""
+        return self
+
     def start(self, recorder: FaultRecorder) -> dict[str, str]:
         """Before launch; returns flag placeholders (e.g. ``proxy:NAME`` -> address)."""
         return {}

@@ -2,7 +2,9 @@
 
 Each request independently, from a seeded RNG: dropped (connection closed, no response) with
 ``drop_rate``; answered with ``error_status`` with ``error_rate``; otherwise forwarded, after
-``latency_s`` with ``latency_rate``. The proxy runs its own event loop in a daemon thread.
+``latency_s`` with ``latency_rate``. ``paths`` limits the faults to requests whose path is one of
+them (e.g. ``/generate``: generation faults while health checks and weight updates pass untouched);
+the others are always forwarded. The proxy runs its own event loop in a daemon thread.
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host
 class FaultProxy:
     def __init__(self, target: str, *, host: str = "127.0.0.1", port: int = 0, error_status: int = 503,
                  error_rate: float = 0.0, latency_s: float = 0.0, latency_rate: float = 1.0,
-                 drop_rate: float = 0.0, seed: int = 0):
+                 drop_rate: float = 0.0, seed: int = 0, paths: list[str] | None = None):
         self.target = target if target.startswith("http") else f"http://{target}"
         self.host, self.port = host, port
         self.error_status, self.error_rate, self.drop_rate = error_status, error_rate, drop_rate
         self.latency_s, self.latency_rate = latency_s, latency_rate
         self.rng = random.Random(seed)
+        self.paths = None if paths is None else frozenset(paths)
         self.stats: Counter[str] = Counter()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -44,6 +47,8 @@ class FaultProxy:
         from aiohttp import ClientSession, web
 
         self.stats["requests"] += 1
+        if self.paths is not None and request.path not in self.paths:
+            return await self._forward(request)
         draw = self.rng.random()
         if draw < self.drop_rate:
             self.stats["dropped"] += 1
@@ -56,6 +61,11 @@ class FaultProxy:
         if self.latency_s and self.rng.random() < self.latency_rate:
             self.stats["delayed"] += 1
             await asyncio.sleep(self.latency_s)
+        return await self._forward(request)
+
+    async def _forward(self, request):
+        from aiohttp import ClientSession, web
+
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         async with ClientSession(auto_decompress=False) as session:
@@ -116,7 +126,8 @@ class FaultProxy:
 
 @register("http_proxy")
 class HttpProxyFault(FaultParams):
-    """Flags reference the proxy as ``{proxy:NAME}`` (host:port) so the engine talks through it."""
+    """Flags reference the proxy as ``{proxy:NAME}`` (host:port) so the engine talks through it. ``target`` may
+    name a server the scenario started before it (``{server:NAME}``, an ``engine_server``)."""
 
     kind: Literal["http_proxy"] = "http_proxy"
     name: str = "engine"
@@ -128,13 +139,22 @@ class HttpProxyFault(FaultParams):
     latency_rate: float = Field(1.0, ge=0, le=1)
     drop_rate: float = Field(0.0, ge=0, le=1)
     seed: int = 0
+    paths: list[str] | None = None  # only these request paths get faults (None: every path)
 
     _proxy: FaultProxy | None = None
+    _recorder: FaultRecorder | None = None
+
+    def resolve(self, values: dict[str, str]) -> HttpProxyFault:
+        from harness.spec import substitute
+
+        return self.model_copy(update={"target": substitute([self.target], values)[0]})
 
     def start(self, recorder: FaultRecorder) -> dict[str, str]:
+        self._recorder = recorder
         self._proxy = FaultProxy(self.target, port=self.listen_port, error_status=self.error_status,
                                  error_rate=self.error_rate, latency_s=self.latency_s,
-                                 latency_rate=self.latency_rate, drop_rate=self.drop_rate, seed=self.seed).start()
+                                 latency_rate=self.latency_rate, drop_rate=self.drop_rate, seed=self.seed,
+                                 paths=self.paths).start()
         recorder.record(kind=self.kind, name=self.name, listen=self._proxy.address, target=self.target,
                         error_rate=self.error_rate, drop_rate=self.drop_rate, latency_s=self.latency_s)
         return {f"proxy:{self.name}": self._proxy.address}
@@ -143,4 +163,7 @@ class HttpProxyFault(FaultParams):
         if self._proxy is None:
             return {}
         self._proxy.stop()
-        return {"proxy_stats": dict(self._proxy.stats)}
+        stats = dict(self._proxy.stats)
+        if self._recorder is not None:  # in events.jsonl, where fault_outcome's min_injected reads it
+            self._recorder.record(event="proxy_stats", name=self.name, stats=stats)
+        return {"proxy_stats": stats}

@@ -5,8 +5,8 @@
 * ``/generate`` goes to the live worker with the fewest outstanding requests; a request with a
   routing key (header ``X-Routing-Key`` or body field ``routing_key``, stripped before
   forwarding) sticks to one worker (rendezvous hashing over the live workers).
-* Failover (on by default): if a worker cannot be reached or drops the connection, the request is
-  retried on another live worker (seeded requests give the same tokens there) and the worker is
+* Failover (on by default): if a worker cannot be reached, drops the connection or answers 5xx, the
+  request is retried on another live worker (seeded requests give the same tokens there) and the worker is
   marked suspect until a health check passes. Without it (``failover=False``: a training run without
   ``--use-fault-tolerance``) the request fails with 502 naming the worker.
 * A background loop checks ``/health`` of every worker each ``--health-check-interval`` s; a
@@ -165,13 +165,17 @@ class Router:
         return send.result()
 
     async def forward(self, method: str, path: str, body: bytes | None, key: str | None = None) -> web.Response:
-        """Send to one worker; on a connection failure retry on the others (each at most once)."""
+        """Send to one worker; on a connection failure or a 5xx answer retry on the others (each at most once).
+        When every worker answered 5xx, the last answer goes back as it came."""
         tried: set[str] = set()
         last_error = "no live worker behind the router"
+        last_answer: tuple[int, bytes] | None = None
         while True:
             try:
                 w = self.pick(key, frozenset(tried))
             except NoWorker:
+                if last_answer is not None:
+                    return web.Response(status=last_answer[0], body=last_answer[1], content_type="application/json")
                 return _error(503, f"{last_error} (tried {len(tried)} worker(s))")
             tried.add(w.url)
             w.outstanding += 1
@@ -186,6 +190,11 @@ class Router:
                 continue
             finally:
                 w.outstanding -= 1
+            if status >= 500 and self.failover:  # SGLang's router retries 5xx too; 4xx stays the caller's fault
+                w.suspect = True
+                last_answer = (status, data)
+                log.warning("worker %s answered %d; retrying elsewhere", w.url, status)
+                continue
             w.served += 1
             return web.Response(status=status, body=data, content_type="application/json")
 
