@@ -44,7 +44,7 @@ class FaultProxy:
         return f"{self.host}:{self.port}"
 
     async def _handle(self, request):
-        from aiohttp import ClientSession, web
+        from aiohttp import web
 
         self.stats["requests"] += 1
         if self.paths is not None and request.path not in self.paths:
