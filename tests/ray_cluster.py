@@ -97,6 +97,10 @@ class LocalCluster:
             hits = [line for line in raylet.read_text(errors="replace").splitlines() if not line.startswith("[state")
                     and any(w in line for w in ("exit", "Kill", "kill", "died", "OOM", "low on memory", "SIG"))]
             out += [f"== {raylet.relative_to(self.root)}", *hits[-lines:]]
+        for gcs in sorted(self.root.glob("n*/session_latest/logs/gcs_server.out")):
+            hits = [line for line in gcs.read_text(errors="replace").splitlines()
+                    if any(w in line for w in ("DEAD", "dead", "out of scope", "references", "owner", "Job ", "job "))]
+            out += [f"== {gcs.relative_to(self.root)}", *hits[-lines:]]
         errs = [p for p in self.root.glob("n*/session_latest/logs/worker-*.err") if p.stat().st_size]
         for err in sorted(errs, key=lambda p: p.stat().st_mtime)[-3:]:
             out += [f"== {err.relative_to(self.root)}", *err.read_text(errors="replace").splitlines()[-lines:]]

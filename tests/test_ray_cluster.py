@@ -20,7 +20,7 @@ import pytest
 
 from relax.utils.presets import QUICKSTART
 from tests.e2e_helpers import assert_ok, read_jsonl
-from tests.ray_cluster import LocalCluster
+from tests.ray_cluster import ENV, LocalCluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -40,8 +40,10 @@ def cluster():
 
 def _relax(cluster: LocalCluster, tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     """``relax train`` as its own driver process, told the cluster by RAY_ADDRESS (as ray job submit does)."""
-    env = {k: v for k, v in os.environ.items() if k != "RELAX_RAY_TEMP_DIR"}
-    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", RAY_ADDRESS=cluster.address)
+    # none of this process's RAY_* variables: an earlier in-process ray.init leaves RAY_AUTH_MODE=token here,
+    # and a driver with token auth on a cluster without it loses its actors ("all references ... removed")
+    env = {k: v for k, v in os.environ.items() if k != "RELAX_RAY_TEMP_DIR" and not k.startswith("RAY_")}
+    env.update(ENV, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", RAY_ADDRESS=cluster.address)
     proc = subprocess.run([sys.executable, "-m", "relax.cli", "train", *FLAGS, *flags], capture_output=True,
                           text=True, timeout=300, env=env, cwd=tmp_path)
     if proc.returncode not in (0, 2):  # a run that died: keep the nodes' word on it (the logs go with the cluster)

@@ -106,7 +106,10 @@ class EngineFleet:
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         culprit = next((r for r in self.records if r.target.url in str(exc)), None)
         if culprit is None:
-            healthy = run_async(asyncio.gather(*(self.client(i).health(timeout=2.0) for i in range(len(self.records)))))
+            async def ask_all() -> list:  # gather inside the loop: no event loop exists in this thread
+                return await asyncio.gather(*(self.client(i).health(timeout=2.0) for i in range(len(self.records))))
+
+            healthy = run_async(ask_all())
             culprit = next((r for r, ok in zip(self.records, healthy, strict=True) if not ok), None)
         who = f"engine:{culprit.index} ({culprit.target.url})" if culprit is not None else "an engine"
         return EngineDiedError(f"{who} failed: {text}; rerun with --use-fault-tolerance to restart engines")
