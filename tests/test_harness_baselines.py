@@ -167,14 +167,17 @@ def test_record_command_runs_each_scenario_five_times_then_the_check_compares(
     assert "recording tput-cpu on cpu: Test CPU x2: 5 runs each" in out and "tput-cpu run 5/5" in out
     stored = baselines.entry(bl, "cpu: Test CPU x2", "tput-cpu")
     assert stored["runs"] == 5 and stored["metric"] == "samples_per_s"
-    assert cli(run + ["--require-baselines"]) == 0
+    # compared now (whether this run is fast enough depends on the machine's load: no timing verdict here)
+    cli(run + ["--require-baselines"])
     data = json.loads((tmp_path / "r" / "results.json").read_text())
     tput = data["scenarios"][0]["checks"][1]
-    assert tput["status"] == "passed" and "vs baseline median" in tput["message"]
+    assert tput["status"] in ("passed", "failed") and "vs baseline median" in tput["message"]
     # the stored figure is for these flags: changing them makes the baseline stale
     spec = (specs / "t.yaml").read_text().replace("'5'", "'6'")
     (specs / "t.yaml").write_text(spec)
     assert cli(run + ["--require-baselines"]) == 1
+    tput = json.loads((tmp_path / "r" / "results.json").read_text())["scenarios"][0]["checks"][1]
+    assert "vs baseline median" not in tput["message"]  # a stale baseline is no baseline
 
 
 def test_gate_rejudges_with_the_checks_tolerance_and_lists_no_baseline(tmp_path: Path) -> None:

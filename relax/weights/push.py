@@ -16,6 +16,7 @@ weights, which may be half-way through the next optimizer step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -120,7 +121,15 @@ class WeightPusher:
         transports = [await self._transport(name, group, device, persistent) for name, group in plan.items()]
         report.transports = {name: [t.side for t in group] for name, group in plan.items()}
         prepared = time.perf_counter()
-        kept = await self._send_all(buckets, transports, device, str(version), report, keep_snapshot)
+        try:
+            kept = await self._send_all(buckets, transports, device, str(version), report, keep_snapshot)
+        except BaseException:
+            # a failed send leaves its group broken (a peer gone mid-collective): the retry opens new ones
+            for transport in transports:
+                with contextlib.suppress(Exception):  # the push's own error is the one to report
+                    await transport.close()
+            self._open.clear()
+            raise
         transferred = time.perf_counter()
         report.target_checksums, report.unverified = await _target_checksums(targets, self.timeout_s)
         if keep_snapshot:

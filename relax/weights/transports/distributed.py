@@ -90,8 +90,24 @@ class DistributedTransport(Transport):
         if errors:
             if isinstance(results[0], WeightUpdateGroup):
                 results[0].close()
-            raise errors[0]
+            raise self._engine_error(errors)
         self.group = results[0]
+
+    def _engine_error(self, errors: list[BaseException]) -> BaseException:
+        """The error to raise for a failed open or send: an engine's own (it names the engine) before the
+        collective's; a collective that failed alone (a peer died mid-broadcast: gloo's "Connection reset by
+        peer", NCCL's abort, a rendezvous timeout) as an `EngineError` of the group, so the run's fault
+        tolerance treats it as the engine failure it is (health checks then find which engine)."""
+        from relax.utils.http_utils import EngineError
+
+        own = next((e for e in errors if isinstance(e, EngineError)), None)
+        if own is not None:
+            return own
+        first = errors[0]
+        if isinstance(first, RuntimeError | TimeoutError | OSError):
+            text = (str(first).strip().splitlines() or [""])[0][:300]
+            return EngineError(f"weight update group {self.group_name}", f"{type(first).__name__}: {text}")
+        return first
 
     async def send(self, bucket: PackedBucket, version: str) -> None:
         if self.group is None:
@@ -108,7 +124,7 @@ class DistributedTransport(Transport):
                                        return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
-            raise errors[0]
+            raise self._engine_error(errors)
 
     async def close(self) -> None:
         await asyncio.gather(*(client.destroy_weights_update_group(self.group_name) for client in self._clients()),
