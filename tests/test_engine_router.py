@@ -9,17 +9,7 @@ import pytest
 
 from relax.backends.embedded.launch import EngineProcess
 from relax.engine.rollout.engine_client import EngineClient, EngineHTTPError
-from relax.utils.http_utils import close_session, get, post
-
-
-def run(coro):
-    async def main():
-        try:
-            return await coro
-        finally:
-            await close_session()
-
-    return asyncio.run(main())
+from relax.utils.http_utils import get, post, run_closing
 
 
 def gen(ids, *, seed, max_new=24):
@@ -55,7 +45,7 @@ def test_least_outstanding_spreads_load(cluster) -> None:
         done = await asyncio.gather(*tasks)
         return outstanding, done
 
-    outstanding, done = run(go())
+    outstanding, done = run_closing(go())
     assert outstanding == [3, 3]
     assert len(done) == 6
 
@@ -70,15 +60,15 @@ def test_sticky_routing_key(cluster) -> None:
         after = {u: w["served"] for u, w in (await workers(router.url)).items()}
         return sorted(after[u] - before[u] for u in after)
 
-    assert run(go()) == [0, 6]
+    assert run_closing(go()) == [0, 6]
 
 
 def test_broadcast_and_weight_version(cluster) -> None:
     router, _ = cluster
-    res = run(post(f"{router.url}/flush_cache", {}))
+    res = run_closing(post(f"{router.url}/flush_cache", {}))
     assert res["success"] and [w["response"] for w in res["workers"].values()] == ["Cache flushed."] * 2
-    assert run(EngineClient(router.url).weight_version()) == 0  # via /model_info, as SGLang 0.5.10 reports it
-    assert run(EngineClient(router.url)._call("GET", "/get_weight_version")) == {"weight_version": "0"}
+    assert run_closing(EngineClient(router.url).weight_version()) == 0  # via /model_info, as SGLang 0.5.10 reports it
+    assert run_closing(EngineClient(router.url)._call("GET", "/get_weight_version")) == {"weight_version": "0"}
 
 
 def test_http_engine_pool_keeps_order(cluster) -> None:
@@ -86,8 +76,8 @@ def test_http_engine_pool_keeps_order(cluster) -> None:
 
     router, (a, _) = cluster
     reqs = [gen([9, i], seed=i, max_new=6) for i in range(8)]
-    got = run(HttpEnginePool(EngineClient(router.url)).generate_batch(reqs, group_size=4))
-    ref = run(EngineClient(a.url).generate(reqs))
+    got = run_closing(HttpEnginePool(EngineClient(router.url)).generate_batch(reqs, group_size=4))
+    ref = run_closing(EngineClient(a.url).generate(reqs))
     assert [r["output_ids"] for r in got] == [r["output_ids"] for r in ref]
 
 
@@ -104,7 +94,7 @@ def test_remove_and_add_worker_at_run_time(cluster) -> None:
         resp = await EngineClient(router.url).generate(gen([1], seed=0, max_new=2))
         return exc.value, resp, await workers(router.url)
 
-    err, resp, pool = run(go())
+    err, resp, pool = run_closing(go())
     assert err.status == 503 and "no live worker" in err.server_message
     assert resp["meta_info"]["finish_reason"]["type"] in ("length", "stop")
     assert set(pool) == {e.url for e in engines}
@@ -129,7 +119,7 @@ def test_failover_when_a_worker_dies_mid_load(cluster) -> None:
         reference = await EngineClient(survivor.url).generate(requests)
         return held, results, reference, await workers(router.url)
 
-    held, results, reference, pool = run(go())
+    held, results, reference, pool = run_closing(go())
     assert held > 0
     assert [r["output_ids"] for r in results] == [r["output_ids"] for r in reference]
     assert list(pool) == [survivor.url]  # removed after failing its health checks

@@ -11,7 +11,7 @@ import torch
 
 from relax.backends.embedded.launch import EngineProcess
 from relax.engine.rollout.engine_client import EngineClient, EngineError, EngineHTTPError
-from relax.utils.http_utils import close_session, post
+from relax.utils.http_utils import post, run_closing
 from relax.weights.checksum import state_checksums
 from relax.weights.devices import device_identity
 from relax.weights.push import WeightPusher
@@ -19,16 +19,6 @@ from relax.weights.transports import SyncTarget
 
 torch.set_num_threads(1)
 SEED = 1234
-
-
-def run(coro):
-    async def main():
-        try:
-            return await coro
-        finally:
-            await close_session()
-
-    return asyncio.run(main())
 
 
 def free_port() -> int:
@@ -81,7 +71,7 @@ def gen(ids, *, seed=None, max_new=16, temperature=1.0, **kw):
 
 def test_generate_logprobs_match_full_forward(client) -> None:
     prompts = [[5, 6, 7, 8], [20, 21], [30, 31, 32, 33, 34, 35]]
-    responses = run(client.generate([gen(p, seed=i, max_new=24) for i, p in enumerate(prompts)]))
+    responses = run_closing(client.generate([gen(p, seed=i, max_new=24) for i, p in enumerate(prompts)]))
     model = tiny(SEED)
     diffs = []
     for p, resp in zip(prompts, responses, strict=True):
@@ -97,9 +87,9 @@ def test_generate_logprobs_match_full_forward(client) -> None:
 
 def test_batch_body_and_recipe_post_helper(engine) -> None:
     body = {"input_ids": [[5, 6], [7]], "sampling_params": {"max_new_tokens": 3, "sampling_seed": 3}, "return_logprob": True}
-    out = run(post(f"{engine.url}/generate", body))
+    out = run_closing(post(f"{engine.url}/generate", body))
     assert len(out) == 2 and all(len(r["output_ids"]) == 3 for r in out)
-    single = run(post(f"{engine.url}/generate", gen([5, 6], seed=3, max_new=3)))
+    single = run_closing(post(f"{engine.url}/generate", gen([5, 6], seed=3, max_new=3)))
     assert single["output_ids"] == out[0]["output_ids"]
 
 
@@ -111,7 +101,7 @@ def test_same_seed_same_output_under_concurrency(client) -> None:
         c = await client.generate(gen([9, 9, 9], seed=77, max_new=30))
         return a, b, c
 
-    a, b, c = run(go())
+    a, b, c = run_closing(go())
     assert a["output_ids"] == b["output_ids"] == c["output_ids"]
     lp = [[x[0] for x in r["meta_info"]["output_token_logprobs"]] for r in (a, c)]
     assert lp[0] == pytest.approx(lp[1], abs=1e-5)
@@ -123,7 +113,7 @@ def test_concurrent_requests_share_decode_steps(client) -> None:
         await asyncio.gather(*(client.generate(gen([3 + i], seed=i, max_new=40)) for i in range(8)))
         return (await client.server_info())["relax_engine"]["steps"] - before
 
-    steps = run(go())
+    steps = run_closing(go())
     assert steps < 8 * 40 / 2  # sequential would take 320 steps
 
 
@@ -147,7 +137,7 @@ def test_abort_returns_partial_and_resume_continues(client) -> None:
         straight = await client.generate(gen(prompt, temperature=0.0, max_new=total))
         return partial, resumed, straight
 
-    partial, resumed, straight = run(go())
+    partial, resumed, straight = run_closing(go())
     assert partial["meta_info"]["finish_reason"]["type"] == "abort"
     n = len(partial["output_ids"])
     assert 0 < n < total and len(partial["meta_info"]["output_token_logprobs"]) == n
@@ -165,7 +155,7 @@ def test_pause_in_place_and_continue(client) -> None:
         await client.continue_generation()
         return waited, await task
 
-    waited, resp = run(go())
+    waited, resp = run_closing(go())
     assert waited and resp["meta_info"]["finish_reason"]["type"] == "length"
 
 
@@ -182,7 +172,7 @@ def test_pause_abort_mode_aborts_running(client) -> None:
         after = await client.generate(gen([4, 5], max_new=2))
         return resp, after
 
-    resp, after = run(go())
+    resp, after = run_closing(go())
     assert resp["meta_info"]["finish_reason"]["type"] == "abort"
     assert after["meta_info"]["finish_reason"]["type"] in ("length", "stop")
 
@@ -197,18 +187,18 @@ def test_weight_sync_transports_update_every_tensor_and_flip_the_version_last(en
     expected = state_checksums(src.items())
     assert report.transports == {transport: ["engine:0"]} and report.buckets == 2
     assert report.trainer_checksums == expected == report.target_checksums["engine:0"]
-    assert run(client.checksums()) == expected and run(client.weight_version()) == 5
-    assert run(client.generate(gen([1, 2], seed=0, max_new=2)))["meta_info"]["weight_version"] == "5"
+    assert run_closing(client.checksums()) == expected and run_closing(client.weight_version()) == 5
+    assert run_closing(client.generate(gen([1, 2], seed=0, max_new=2)))["meta_info"]["weight_version"] == "5"
 
 
 def test_update_weights_from_disk(client, reset_weights, tmp_path) -> None:
     src = tiny(seed=98)
     src.save_pretrained(tmp_path, safe_serialization=True)
-    res = run(client.update_weights_from_disk(tmp_path, weight_version=41))
-    assert res["success"] and run(client.weight_version()) == 41
-    assert run(client.checksums()) == state_checksums(src.state_dict().items())
+    res = run_closing(client.update_weights_from_disk(tmp_path, weight_version=41))
+    assert res["success"] and run_closing(client.weight_version()) == 41
+    assert run_closing(client.checksums()) == state_checksums(src.state_dict().items())
     with pytest.raises(EngineHTTPError, match="no \\*.safetensors"):
-        run(client.update_weights_from_disk(tmp_path / "missing"))
+        run_closing(client.update_weights_from_disk(tmp_path / "missing"))
 
 
 def test_update_weights_from_distributed_one_broadcast_per_tensor(client, reset_weights) -> None:
@@ -235,7 +225,7 @@ def test_update_weights_from_distributed_one_broadcast_per_tensor(client, reset_
             group.close()
         return joined, answer, destroyed, await client.weight_version(), await client.checksums()
 
-    joined, answer, destroyed, version, sums = run(go())
+    joined, answer, destroyed, version, sums = run_closing(go())
     assert joined["success"] and answer["success"] and destroyed["success"]
     assert version == 7 and sums == state_checksums(src.items())
 
@@ -252,13 +242,13 @@ def test_weights_checker_reset_then_sync(engine, client, reset_weights) -> None:
             await client.weights_checker("compare")
         return snap, after_reset, changed.value
 
-    snap, after_reset, changed = run(go())
+    snap, after_reset, changed = run_closing(go())
     assert snap["success"] and changed.status == 400
     assert all(after_reset[k] != expected[k] for k in expected)
     push(engine.url, trainer, 0)
-    assert run(client.checksums()) == expected and run(client.weights_checker("compare"))["success"]
+    assert run_closing(client.checksums()) == expected and run_closing(client.weights_checker("compare"))["success"]
     with pytest.raises(EngineHTTPError, match="unsupported action 'explode'"):
-        run(client.weights_checker("explode"))
+        run_closing(client.weights_checker("explode"))
 
 
 def test_release_and_resume_memory(client) -> None:
@@ -271,7 +261,7 @@ def test_release_and_resume_memory(client) -> None:
             await client.resume_memory_occupation()
         return exc.value, await client.generate(gen([1], max_new=2))
 
-    err, resp = run(go())
+    err, resp = run_closing(go())
     assert err.status == 409 and "released" in err.server_message
     assert resp["meta_info"]["finish_reason"]["type"] in ("length", "stop")
 
@@ -296,41 +286,41 @@ def test_bad_input_is_4xx_and_server_keeps_serving(engine, client, body, message
     with pytest.raises(urllib.error.HTTPError) as exc:
         urllib.request.urlopen(req, timeout=10)
     assert exc.value.code == 400 and message in exc.value.read().decode()
-    assert run(client.health())
-    assert len(run(client.generate(gen([1], max_new=1)))["output_ids"]) == 1
+    assert run_closing(client.health())
+    assert len(run_closing(client.generate(gen([1], max_new=1)))["output_ids"]) == 1
 
 
 def test_bad_control_bodies(client) -> None:
     with pytest.raises(EngineHTTPError, match="rid or abort_all"):
-        run(client._post("/abort_request", {}))
+        run_closing(client._post("/abort_request", {}))
     with pytest.raises(EngineHTTPError, match="unknown field"):
-        run(client._post("/pause_generation", {"mood": "x"}))
+        run_closing(client._post("/pause_generation", {"mood": "x"}))
     with pytest.raises(EngineHTTPError, match="not base64"):
-        run(client.update_weights_from_tensor(["%%%"]))
+        run_closing(client.update_weights_from_tensor(["%%%"]))
     with pytest.raises(EngineHTTPError, match="refers to posix.system"):
-        run(client.update_weights_from_tensor([__import__("base64").b64encode(
+        run_closing(client.update_weights_from_tensor([__import__("base64").b64encode(
             __import__("pickle").dumps(__import__("os").system)).decode()]))
     with pytest.raises(EngineHTTPError, match="init_weights_update_group first"):
-        run(client.update_weights_from_distributed(["lm_head.weight"], ["float32"], [[2]]))
+        run_closing(client.update_weights_from_distributed(["lm_head.weight"], ["float32"], [[2]]))
     with pytest.raises(EngineHTTPError, match="disable_draft_model=True is not implemented"):
-        run(client._post("/update_weights_from_tensor", {"serialized_named_tensors": ["x"],
+        run_closing(client._post("/update_weights_from_tensor", {"serialized_named_tensors": ["x"],
                                                          "disable_draft_model": True}))
     with pytest.raises(EngineHTTPError, match="weight_version must be a string"):
-        run(client._post("/update_weights_from_disk", {"model_path": "x", "weight_version": 3}))
+        run_closing(client._post("/update_weights_from_disk", {"model_path": "x", "weight_version": 3}))
     with pytest.raises(EngineHTTPError, match="unknown memory tag"):
-        run(client.release_memory_occupation(["gpu"]))
+        run_closing(client.release_memory_occupation(["gpu"]))
     with pytest.raises(EngineHTTPError, match="retract' is not implemented"):
-        run(client.pause_generation("retract"))
+        run_closing(client.pause_generation("retract"))
 
 
 def test_health_generate_and_info(client) -> None:
-    assert run(client.health_generate()) is None  # SGLang answers an empty 200
-    info = run(client.server_info())
+    assert run_closing(client.health_generate()) is None  # SGLang answers an empty 200
+    info = run_closing(client.server_info())
     assert info["relax_engine"]["device"] == device_identity("cpu") and info["context_length"] == 512
-    model = run(client.model_info())
+    model = run_closing(client.model_info())
     assert model["weight_version"] == "0" and model["is_generation"] and model["model_type"] == "qwen3"
-    assert run(client._call("GET", "/get_model_info")) == model  # SGLang's older names answer too
-    assert run(client._call("GET", "/get_weight_version")) == {"weight_version": "0"}
+    assert run_closing(client._call("GET", "/get_model_info")) == model  # SGLang's older names answer too
+    assert run_closing(client._call("GET", "/get_weight_version")) == {"weight_version": "0"}
 
 
 def test_api_key_required_when_given() -> None:
@@ -338,9 +328,9 @@ def test_api_key_required_when_given() -> None:
     proc = EngineProcess.start(["--hf-checkpoint", "tiny-qwen3", "--api-key", "s3cret", "--runner", "static"])
     try:
         with pytest.raises(EngineHTTPError) as exc:
-            run(EngineClient(proc.url).generate(gen([1], max_new=1)))
+            run_closing(EngineClient(proc.url).generate(gen([1], max_new=1)))
         assert exc.value.status == 401
-        assert len(run(EngineClient(proc.url, api_key="s3cret").generate(gen([1], max_new=1)))["output_ids"]) == 1
+        assert len(run_closing(EngineClient(proc.url, api_key="s3cret").generate(gen([1], max_new=1)))["output_ids"]) == 1
     finally:
         proc.stop()
 
@@ -372,12 +362,12 @@ def test_killed_engine_gives_client_error_within_timeout() -> None:
         return exc.value, mid, exc2.value, time.monotonic() - start
 
     try:
-        err, t1, err2, t2 = run(go())
+        err, t1, err2, t2 = run_closing(go())
     finally:
         proc.stop()
     assert proc.url in str(err) and proc.url in str(err2)
     assert t1 < 10 and t2 < 6
-    assert not run(client.health(timeout=1))
+    assert not run_closing(client.health(timeout=1))
 
 
 def test_client_that_gives_up_frees_its_request(client, engine) -> None:
@@ -391,5 +381,5 @@ def test_client_that_gives_up_frees_its_request(client, engine) -> None:
         finally:
             await client.continue_generation()
 
-    info = run(go())
+    info = run_closing(go())
     assert info["waiting"] == 0 and info["running"] == 0

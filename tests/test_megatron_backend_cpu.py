@@ -22,21 +22,10 @@ import pytest
 import torch
 
 from relax.backends.megatron.checks import module_available
+from tests.gpu.samples import varied_samples
 
 pytestmark = [pytest.mark.megatron,
               pytest.mark.skipif(not module_available("megatron.core"), reason="needs megatron-core")]
-
-
-def _samples(seed: int) -> list:
-    from relax.backends.torch.batch import TrainSample
-
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(8):
-        prompt, resp = 8 + 4 * (i % 4), 6 + 5 * (i % 3)
-        tokens = torch.randint(3, 100, (prompt + resp,), generator=g).tolist()
-        out.append(TrainSample(tokens=tokens, response_length=resp, loss_mask=[1] * resp, reward=float(i % 2)))
-    return out
 
 
 def _backend(model: str, world: int, extra: list[str]):
@@ -56,7 +45,7 @@ def _one_step(rank: int, model: str, world: int, extra: list[str]) -> dict:
     from relax.backends.torch.batch import build_rollout_tensors
 
     backend = _backend(model, world, extra)
-    batch = build_rollout_tensors(_samples(0))
+    batch = build_rollout_tensors(varied_samples(0))
     old = backend._log_probs_no_grad(backend.model, batch)
     adv = torch.tensor([1.0 if s.reward else -1.0 for s in batch.samples]).unsqueeze(1) * batch.loss_mask
     metrics = backend._optimizer_step(batch, slice(0, 8), old - 0.1, None, adv)  # ratio e^0.1: a real gradient
@@ -121,10 +110,10 @@ def test_parallel_layout_matches_one_rank(one_rank, moe_dir, model: str, world: 
 
 def _save_then_step(rank: int, world: int, flags: list[str], path: str) -> dict:
     backend = _backend("small-qwen3", world, flags)
-    backend.train_rollout(_samples(0), 0)
+    backend.train_rollout(varied_samples(0), 0)
     backend.save(path, save_optimizer=True)
     backend.save(path + "-weights", save_optimizer=False)
-    backend.train_rollout(_samples(1), 1)
+    backend.train_rollout(varied_samples(1), 1)
     return {"sums": backend.checksums()}
 
 
@@ -134,7 +123,7 @@ def _load_then_step(rank: int, world: int, flags: list[str], path: str) -> dict:
         backend.load(path)
     except ValueError as exc:
         return {"error": str(exc)}
-    backend.train_rollout(_samples(1), 1)
+    backend.train_rollout(varied_samples(1), 1)
     return {"sums": backend.checksums()}
 
 
@@ -156,7 +145,7 @@ def test_checkpoint_resumes_bitwise_on_another_data_parallel_size(tmp_path) -> N
 
 def _save_hf(rank: int, world: int, flags: list[str], path: str) -> dict:
     backend = _backend("small-qwen3", world, flags)
-    backend.train_rollout(_samples(0), 0)
+    backend.train_rollout(varied_samples(0), 0)
     backend.save_hf(path)
     return {"sums": backend.checksums()}
 

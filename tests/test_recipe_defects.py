@@ -89,7 +89,7 @@ def test_turns_that_reuse_the_given_seed_draw_different_tokens(uniform_engine, m
     """Seed 001's multi-turn shape reuses one seed for every turn; SGLang hashes the seed with the token's
     position, so the second turn (later positions) is not a replay of the first."""
     from relax.engine.rollout import sglang_rollout
-    from relax.utils.http_utils import close_session
+    from relax.utils.http_utils import run_closing
     from relax.utils.types import Sample
 
     monkeypatch.syspath_prepend(str(REPO))
@@ -102,13 +102,7 @@ def test_turns_that_reuse_the_given_seed_draw_different_tokens(uniform_engine, m
     prompt = state.tokenizer.encode("3+4=", add_special_tokens=False)
     samples = [Sample(index=i, group_index=i // 4, tokens=list(prompt), metadata={"c": 5}) for i in range(8)]
 
-    async def run() -> None:
-        try:
-            await sglang_rollout._custom_generate(args, 0, state, samples)
-        finally:
-            await close_session()
-
-    asyncio.run(run())
+    run_closing(sglang_rollout._custom_generate(args, 0, state, samples))
     turns = [s.metadata["turn_tokens"] for s in samples]
     assert all(len(first) == 2 for first, _ in turns)
     assert all(first != second for first, second in turns), turns

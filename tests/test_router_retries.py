@@ -10,7 +10,7 @@ from aiohttp import web
 from harness.faults.proxy import FaultProxy
 from relax.backends.embedded.hosting import serve_in_thread
 from relax.engine.router.in_process import RouterConfig, RouterThread
-from relax.utils.http_utils import EngineHTTPError, close_session, request
+from relax.utils.http_utils import EngineHTTPError, request, run_closing
 
 
 def _worker(name: str, hits: dict[str, int], status: int = 200):
@@ -31,13 +31,10 @@ def _worker(name: str, hits: dict[str, int], status: int = 200):
 
 def _post_many(url: str, n: int) -> list:
     async def go():
-        try:
-            return await asyncio.gather(*(request("POST", f"{url}/generate", {"i": i}) for i in range(n)),
-                                        return_exceptions=True)
-        finally:
-            await close_session()
+        return await asyncio.gather(*(request("POST", f"{url}/generate", {"i": i}) for i in range(n)),
+                                    return_exceptions=True)
 
-    return asyncio.run(go())
+    return run_closing(go())
 
 
 def test_5xx_and_dropped_requests_are_retried_on_the_other_worker() -> None:
@@ -70,15 +67,12 @@ def test_the_proxy_leaves_paths_it_is_not_told_about_alone() -> None:
     a = _worker("a", hits)
     with FaultProxy(a.url, error_rate=1.0, paths=["/generate"]) as proxy:
         async def go():
+            health = await request("GET", f"http://{proxy.address}/health")
             try:
-                health = await request("GET", f"http://{proxy.address}/health")
-                try:
-                    await request("POST", f"http://{proxy.address}/generate", {})
-                except EngineHTTPError as exc:
-                    return health, exc.status
-            finally:
-                await close_session()
+                await request("POST", f"http://{proxy.address}/generate", {})
+            except EngineHTTPError as exc:
+                return health, exc.status
 
-        health, status = asyncio.run(go())
+        health, status = run_closing(go())
     assert health == {} and status == 503 and hits["a"] == 0
     assert proxy.stats == {"requests": 2, "forwarded": 1, "errors": 1}

@@ -16,7 +16,7 @@ from relax.backends.embedded.launch import EngineProcess
 from relax.engine.rollout.engine_client import EngineClient, EngineError
 from relax.metrics.artifacts import RunArtifacts
 from relax.models import build_model
-from relax.utils.http_utils import close_session
+from relax.utils.http_utils import run_closing
 from relax.weights.checksum import state_checksums
 from relax.weights.devices import device_identity
 from relax.weights.push import WeightPusher
@@ -24,18 +24,6 @@ from relax.weights.sync import record_push
 from tests.e2e_helpers import read_jsonl
 
 CPU = torch.device("cpu")
-
-
-def _run(coro):
-    import asyncio
-
-    async def main():
-        try:
-            return await coro
-        finally:
-            await close_session()
-
-    return asyncio.run(main())
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +64,7 @@ def test_push_records_equal_checksums_and_a_restart_gets_the_snapshot_not_live_w
     assert {r["version"] for r in records} == {3} and {r["side"] for r in records} == {"trainer", "engine:0",
                                                                                         "engine:1"}
     assert len({str(sorted(r["checksums"].items())) for r in records}) == 1  # trainer, engine, restarted engine
-    assert _run(EngineClient(engines[1].url).weight_version()) == 3
+    assert run_closing(EngineClient(engines[1].url).weight_version()) == 3
     assert state_checksums(trainer.items()) != pusher.snapshot.trainer_checksums  # the trainer really moved on
     synced = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["event"] == "weights_synced"]
     assert [e.get("resync", False) for e in synced] == [False, True]

@@ -11,7 +11,6 @@ trainer loads while the engines do.
 
 from __future__ import annotations
 
-import asyncio
 from abc import ABC, abstractmethod
 from argparse import Namespace
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ import ray
 
 from relax.engine.rollout.engine_client import EngineClient, EngineError
 from relax.utils.flag_types import ConfigError
+from relax.utils.http_utils import run_closing
 from relax.weights.transports import SyncTarget
 
 
@@ -31,18 +31,6 @@ class EngineRecord:
     actor: Any = None  # the Ray actor hosting it; None for an external engine
     pid: int | None = None
     node: str | None = None
-
-
-def run_async(coro):
-    from relax.utils.http_utils import close_session
-
-    async def main():
-        try:
-            return await coro
-        finally:
-            await close_session()
-
-    return asyncio.run(main())
 
 
 class EngineLauncher(ABC):
@@ -110,7 +98,7 @@ class ExternalEngines(EngineLauncher):
         url = address if "://" in address else f"http://{address}"
         client = EngineClient(url, control_timeout=10)
         try:
-            info = run_async(client.server_info())
+            info = run_closing(client.server_info())
         except EngineError as exc:
             raise ConfigError(f"--rollout-external-engine-addrs {address}: engine unreachable ({exc})") from None
         ours = info.get("relax_engine") if isinstance(info, dict) else None

@@ -17,10 +17,11 @@ from typing import Any
 
 import ray
 
-from relax.core.engine_launchers import EngineLauncher, EngineRecord, launcher_class, run_async
+from relax.core.engine_launchers import EngineLauncher, EngineRecord, launcher_class
 from relax.engine.rollout.engine_client import EngineClient
 from relax.engine.rollout.engine_pool import EngineDiedError
 from relax.engine.router.in_process import RouterConfig, RouterThread
+from relax.utils.http_utils import run_closing
 from relax.weights.transports import SyncTarget
 
 
@@ -109,7 +110,7 @@ class EngineFleet:
             async def ask_all() -> list:  # gather inside the loop: no event loop exists in this thread
                 return await asyncio.gather(*(self.client(i).health(timeout=2.0) for i in range(len(self.records))))
 
-            healthy = run_async(ask_all())
+            healthy = run_closing(ask_all())
             culprit = next((r for r, ok in zip(self.records, healthy, strict=True) if not ok), None)
         who = f"engine:{culprit.index} ({culprit.target.url})" if culprit is not None else "an engine"
         return EngineDiedError(f"{who} failed: {text}; rerun with --use-fault-tolerance to restart engines")

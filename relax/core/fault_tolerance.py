@@ -23,6 +23,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from relax.distributed.placement import where
 from relax.engine.rollout.engine_client import EngineClient
 from relax.metrics import console
+from relax.utils.http_utils import run_closing
 
 
 class EngineSupervisor:
@@ -72,15 +73,10 @@ class EngineSupervisor:
         records = [r for r in self.rt.fleet.records if not r.target.side.startswith("gone:")]
 
         async def probe() -> list[bool]:
-            from relax.utils.http_utils import close_session
+            return await asyncio.gather(*(EngineClient(r.target.url, api_key=r.target.api_key).health(timeout)
+                                          for r in records))
 
-            try:
-                return await asyncio.gather(*(EngineClient(r.target.url, api_key=r.target.api_key).health(timeout)
-                                              for r in records))
-            finally:
-                await close_session()
-
-        healthy = asyncio.run(probe())
+        healthy = run_closing(probe())
         failures = []
         for record, ok in zip(records, healthy, strict=True):
             if not ok:

@@ -306,13 +306,10 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
 def _reset_tensors(targets: list[SyncTarget]) -> None:
     """``/weights_checker reset_tensors`` on every target (``--check-weight-update-equal``)."""
 
+    from relax.utils.http_utils import run_closing
+
     async def reset() -> None:
-        from relax.utils.http_utils import close_session
+        await asyncio.gather(*(EngineClient(t.url, api_key=t.api_key).weights_checker("reset_tensors")
+                               for t in targets))
 
-        try:
-            await asyncio.gather(*(EngineClient(t.url, api_key=t.api_key).weights_checker("reset_tensors")
-                                   for t in targets))
-        finally:
-            await close_session()
-
-    asyncio.run(reset())
+    run_closing(reset())

@@ -56,6 +56,19 @@ def _session() -> aiohttp.ClientSession:
     return session
 
 
+def run_closing(coro: Any) -> Any:
+    """``asyncio.run(coro)``, closing the pooled session that loop opened (each ``asyncio.run`` is a loop of
+    its own: its session would otherwise be left unclosed)."""
+
+    async def main() -> Any:
+        try:
+            return await coro
+        finally:
+            await close_session()
+
+    return asyncio.run(main())
+
+
 async def close_session() -> None:
     """Close this loop's pooled session (optional; sessions die with their loop)."""
     session = _SESSIONS.pop(asyncio.get_running_loop(), None)

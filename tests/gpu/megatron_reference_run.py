@@ -5,7 +5,7 @@
 Run as a script (not ``-m``), so ``relax`` comes from the first PYTHONPATH entry: the current tree, or
 a checkout of an older commit (tests/gpu/test_megatron_reproduces_base.py compares the two). It uses
 only what every version of the backend offers (``MegatronTrainBackend(args, "cuda")``,
-``_log_probs_no_grad``, ``train_rollout``, ``checksums``) and makes its own samples.
+``_log_probs_no_grad``, ``train_rollout``, ``checksums``) and the GPU tests' samples (tests/gpu/samples.py, beside it).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 
 import torch
+from samples import varied_samples  # tests/gpu/samples.py: this script's directory is first on sys.path
 
 CONFIGS = {
     "plain": [],
@@ -20,18 +21,6 @@ CONFIGS = {
                            "--use-dynamic-batch-size", "--max-tokens-per-gpu", "48"],
 }
 STEPS = 3
-
-
-def samples(seed: int) -> list:
-    from relax.backends.torch.batch import TrainSample
-
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(8):
-        prompt, resp = 8 + 4 * (i % 4), 6 + 5 * (i % 3)
-        tokens = torch.randint(3, 100, (prompt + resp,), generator=g).tolist()
-        out.append(TrainSample(tokens=tokens, response_length=resp, loss_mask=[1] * resp, reward=float(i % 2)))
-    return out
 
 
 def run(flags: list[str]) -> dict:
@@ -45,7 +34,7 @@ def run(flags: list[str]) -> dict:
     backend = MegatronTrainBackend(args, "cuda")
     record: dict = {"log_probs": [], "metrics": []}
     for step in range(STEPS):
-        batch = samples(step)
+        batch = varied_samples(step)
         record["log_probs"].append(backend._log_probs_no_grad(backend.model, build_rollout_tensors(batch)).clone())
         record["metrics"].append(backend.train_rollout(batch, step))
     record["checksums"] = backend.checksums()

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 import pytest
@@ -19,23 +18,13 @@ import torch
 from relax.backends.embedded.launch import EngineProcess
 from relax.engine.rollout.engine_client import EngineClient
 from relax.models import build_model
-from relax.utils.http_utils import close_session
+from relax.utils.http_utils import run_closing
 from relax.weights.checksum import state_checksums
 from relax.weights.devices import device_identity
 from relax.weights.push import WeightPusher
 from relax.weights.transports import SyncTarget
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-
-
-def _run(coro):
-    async def main():
-        try:
-            return await coro
-        finally:
-            await close_session()
-
-    return asyncio.run(main())
 
 
 def _engine(gpu: int) -> EngineProcess:
@@ -45,7 +34,7 @@ def _engine(gpu: int) -> EngineProcess:
 
 
 def _target(proc: EngineProcess) -> SyncTarget:
-    info = _run(EngineClient(proc.url).server_info())
+    info = run_closing(EngineClient(proc.url).server_info())
     return SyncTarget("engine:0", proc.url, info["relax_engine"]["device"])
 
 
@@ -79,7 +68,7 @@ def test_cuda_ipc_push_is_bitwise_across_syncs_and_resyncs() -> None:
         try:
             resynced = pusher.resync([_target(proc2)])
             assert resynced.target_checksums["engine:0"] == pusher.snapshot.trainer_checksums
-            assert _run(EngineClient(proc2.url).weight_version()) == 3
+            assert run_closing(EngineClient(proc2.url).weight_version()) == 3
         finally:
             proc2.stop()
     finally:

@@ -17,7 +17,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from relax.utils.flag_types import ConfigError
+from relax.utils.flag_types import ConfigError, parse_bool
 
 PINNED = Path(__file__).with_name("server_args.json")
 
@@ -82,14 +82,10 @@ class SGLangOption:
 
 
 def _bool(value: Any, given_as: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes", "on"):
-        return True
-    if text in ("false", "0", "no", "off"):
-        return False
-    raise ConfigError(f"{given_as} {value!r}: a switch, true or false")
+    try:
+        return parse_bool(value)
+    except ValueError:
+        raise ConfigError(f"{given_as} {value!r}: a switch, true or false") from None
 
 
 def _as_list(value: Any) -> list:
