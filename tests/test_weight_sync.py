@@ -116,7 +116,8 @@ def test_a_stock_sglang_target_is_recorded_unverified(engines, tmp_path) -> None
 
 def test_an_engine_killed_between_syncs_fails_the_next_push_as_an_engine_error_and_the_survivor_syncs() -> None:
     """A persistent weight-update group with a dead member: the next push raises EngineError (what fault
-    tolerance handles), not the collective's RuntimeError, and a push to the survivor opens a new group."""
+    tolerance handles) naming the dead engine, not the collective's RuntimeError nor a timeout of the survivor
+    left waiting on the broken broadcast, and a push to the survivor opens a new group."""
     procs = [EngineProcess.start(["--hf-checkpoint", "tiny-qwen3", "--seed", str(s)]) for s in (1, 2)]
     pusher = WeightPusher(timeout_s=20)
     state = build_model("tiny-qwen3", seed=3).state_dict()
@@ -124,7 +125,7 @@ def test_an_engine_killed_between_syncs_fails_the_next_push_as_an_engine_error_a
         targets = [_target(p, f"engine:{i}") for i, p in enumerate(procs)]
         pusher.push(_buckets(state), targets, 1, requested="distributed", weights_device=CPU)
         procs[1].kill()
-        with pytest.raises(EngineError):
+        with pytest.raises(EngineError, match=procs[1].url):
             pusher.push(_buckets(state), targets, 2, requested="distributed", weights_device=CPU)
         report = pusher.push(_buckets(state), targets[:1], 2, requested="distributed", weights_device=CPU)
         assert report.target_checksums["engine:0"] == state_checksums(state.items())

@@ -59,8 +59,11 @@ class WeightUpdateGroup:
         import torch.distributed as dist
 
         works = [dist.broadcast(t, src=src, group=self.pg, async_op=True) for t in tensors]
-        for work in works:
-            work.wait()
+        try:
+            for work in works:
+                work.wait()
+        finally:
+            del works  # a failed wait's traceback must not keep the group's connections alive past close()
 
     def close(self) -> None:
         import torch.distributed as dist

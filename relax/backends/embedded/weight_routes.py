@@ -134,7 +134,7 @@ class WeightRoutes:
     async def destroy_weights_update_group(self, request: web.Request) -> web.Response:
         body = checked("/destroy_weights_update_group", await self.body(request))
         name = body.get("group_name", "weight_update_group")
-        found = self.groups.destroy(name)
+        found = await asyncio.get_running_loop().run_in_executor(None, self.groups.destroy, name)
         return _answer(found, f"destroyed {name}" if found else f"no weight update group {name!r}")
 
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:

@@ -120,18 +120,41 @@ class DistributedTransport(Transport):
             names, dtypes, shapes, group_name=self.group_name, flush_cache=bucket.last,
             weight_version=version if bucket.last else None, load_format="flattened_bucket")
             for client in self._clients()]
-        results = await asyncio.gather(asyncio.to_thread(self.group.broadcast, [bucket.flat]), *posts,
-                                       return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
+        errors = await _errors_of([asyncio.to_thread(self.group.broadcast, [bucket.flat]), *posts],
+                                  grace_s=ERROR_GRACE_S)
         if errors:
             raise self._engine_error(errors)
 
     async def close(self) -> None:
+        """The trainer's end first: a target still waiting on a broken group's broadcast (its sender failed on
+        a dead peer) gets "connection closed" now instead of at the group's timeout, so its server is free
+        for the destroy and the next group."""
+        if self.group is not None:
+            group, self.group = self.group, None
+            await asyncio.to_thread(group.close)  # joins the group's worker: off the pusher's event loop
         await asyncio.gather(*(client.destroy_weights_update_group(self.group_name) for client in self._clients()),
                              return_exceptions=True)  # best effort: a target may be the dead one being replaced
-        if self.group is not None:
-            self.group.close()
-            self.group = None
+
+
+ERROR_GRACE_S = 2.0
+"""After the first failure of a bucket's send, how long the others get to report their own errors (an
+engine's error names the engine, so it is worth the wait) before the send fails."""
+
+
+async def _errors_of(calls: list, *, grace_s: float) -> list[BaseException]:
+    """Run ``calls`` together; the errors, as soon as one failed (plus ``grace_s`` for the others).
+
+    Waiting for all would wait on the calls a failure leaves stuck: the survivors of a broadcast whose
+    sender hit a dead peer never receive, so their requests would hold the push until the weights timeout."""
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    if pending and any(t.exception() is not None for t in done):
+        more, pending = await asyncio.wait(pending, timeout=grace_s)
+        done |= more
+        for task in pending:
+            task.cancel()  # a thread's broadcast keeps running until the group closes or times out
+        await asyncio.gather(*pending, return_exceptions=True)
+    return [t.exception() for t in tasks if t in done and t.exception() is not None]
 
 
 class DistributedReceiver:
@@ -157,6 +180,7 @@ class DistributedReceiver:
         return f"joined {name} as rank {rank} of {body['world_size']} ({backend})"
 
     def destroy(self, name: str) -> bool:
+        """Leave group ``name`` (it blocks while a receive on it is in flight: call it off the event loop)."""
         group = self.groups.pop(name, None)
         if group is not None:
             group.close()
