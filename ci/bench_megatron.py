@@ -35,12 +35,14 @@ element-wise work are not counted)::
     fwd + bwd                  = 3 * F = 6 * N + 12 * L * h * s        (policy update, LM loss)
     RL step (+1 no-grad fwd)   = 4 * F = 8 * N + 16 * L * h * s
     MFU = FLOPs per token * tokens per step / (seconds per step * peak)
+    causal: the attention term halved (4 L h s -> 2 L h s forward): the work a causal mask leaves
 
 with N the parameters that take part in matmuls (every parameter except the input embedding
 table when embeddings are untied; a tied table counts once, as the LM head), L layers,
-h = num_attention_heads * head_dim (the attention width), s the sequence length (full s x s
-attention scores counted although the mask is causal, as PaLM and Megatron's MFU do), and peak
-``--peak-tflops`` (989 = H100 SXM dense bf16). With ``--train-backend megatron`` and no
+h = num_attention_heads * head_dim (the attention width), s the sequence length, and peak
+``--peak-tflops`` (989 = H100 SXM dense bf16). Each MFU is printed twice: counting the full s x s
+attention scores (as PaLM and Megatron's MFU do; the target row) and with them halved for the causal
+mask (the FLOPs a flash kernel that skips masked blocks does; the lower, honest one). With ``--train-backend megatron`` and no
 Transformer Engine installed, Megatron's local layer spec runs its core attention through torch
 SDPA (flash kernels; relax/backends/megatron/attention.py), what ``relax train`` builds;
 ``--attention unfused`` swaps in megatron's own `DotProductAttention` (materialized ``s x s``
@@ -232,16 +234,17 @@ class FlopModel:
         total = body + embed + (0 if tied else embed)
         return cls(layers=layers, attn_width=heads * head_dim, matmul_params=body + embed, total_params=total)
 
-    def forward_flops_per_token(self, seq_len: int) -> float:
-        return 2.0 * self.matmul_params + 4.0 * self.layers * self.attn_width * seq_len
+    def forward_flops_per_token(self, seq_len: int, causal: bool = False) -> float:
+        """2 N + 4 L h s; ``causal``: 2 N + 2 L h s (half of the s x s scores are masked)."""
+        return 2.0 * self.matmul_params + (2.0 if causal else 4.0) * self.layers * self.attn_width * seq_len
 
-    def train_flops_per_token(self, seq_len: int) -> float:
-        """fwd + bwd: 6 N + 12 L h s."""
-        return 3.0 * self.forward_flops_per_token(seq_len)
+    def train_flops_per_token(self, seq_len: int, causal: bool = False) -> float:
+        """fwd + bwd: 6 N + 12 L h s (causal: 6 N + 6 L h s)."""
+        return 3.0 * self.forward_flops_per_token(seq_len, causal)
 
-    def rl_step_flops_per_token(self, seq_len: int) -> float:
-        """train_rollout: the old-log-prob forward plus fwd + bwd: 8 N + 16 L h s."""
-        return 4.0 * self.forward_flops_per_token(seq_len)
+    def rl_step_flops_per_token(self, seq_len: int, causal: bool = False) -> float:
+        """train_rollout: the old-log-prob forward plus fwd + bwd: 8 N + 16 L h s (causal: 8 N + 8 L h s)."""
+        return 4.0 * self.forward_flops_per_token(seq_len, causal)
 
 
 def mfu(flops_per_token: float, tokens: int, seconds: float, peak_tflops: float) -> float:
@@ -409,21 +412,26 @@ def run_train_rows(backend: Any, ns: argparse.Namespace, flops: FlopModel) -> Tr
             res.micro_batch = backend.args.micro_batch_size
             log(f"{name}: CUDA out of memory; retrying with micro-batch {res.micro_batch}")
 
-    def add(name: str, times: list[float] | None, flops_per_token: float, note: str) -> None:
+    def add(name: str, times: list[float] | None, per_token: Callable[[bool], float], note: str) -> None:
+        """Tokens/s and MFU twice: full s x s attention (the target row) and causal-halved."""
         if times is None:
             res.rows.append(Row(f"{name} MFU", None, "%", f">= {MFU_TARGET:.0%}", None, "FAILED (see log)"))
             return
         sec = statistics.median(times)
-        value = mfu(flops_per_token, tokens, sec, peak)
         res.rows.append(Row(f"{name} tokens/s", tokens / sec, "tok/s", note=f"median of {len(times)}: {sec:.3f} s/step"))
+        full, causal = per_token(False), per_token(True)
+        value = mfu(full, tokens, sec, peak)
         res.rows.append(Row(f"{name} MFU", value, "%", f">= {MFU_TARGET:.0%}", value >= MFU_TARGET,
-                            f"{flops_per_token * tokens / sec / 1e12:,.0f} TFLOP/s model; {note}"))
+                            f"{full * tokens / sec / 1e12:,.0f} TFLOP/s model; {note}, full s x s attention"))
+        res.rows.append(Row(f"{name} MFU, causal attention", mfu(causal, tokens, sec, peak), "%",
+                            note=f"{causal * tokens / sec / 1e12:,.0f} TFLOP/s model; attention term halved"))
 
     if "rl" not in ns.skip:
         log(f"RL step (train_rollout): {ns.warmup} warm-up + {ns.steps} timed")
         times = with_oom_retry("RL step", lambda: time_steps(
             lambda i: _checked(backend.train_rollout(samples, i)), ns.warmup, ns.steps, ns.device))
-        add("RL step (train_rollout)", times, flops.rl_step_flops_per_token(ns.seq_len), "8N+16Lhs per token")
+        add("RL step (train_rollout)", times, lambda c: flops.rl_step_flops_per_token(ns.seq_len, c),
+            "8N+16Lhs per token")
     if "policy" not in ns.skip:
         log(f"policy update (_optimizer_step): {ns.warmup} warm-up + {ns.steps} timed")
 
@@ -436,14 +444,14 @@ def run_train_rows(backend: Any, ns: argparse.Namespace, flops: FlopModel) -> Tr
                               ns.warmup, ns.steps, ns.device)
 
         add("policy update (fwd+bwd+Adam)", with_oom_retry("policy update", policy),
-            flops.train_flops_per_token(ns.seq_len), "6N+12Lhs per token")
+            lambda c: flops.train_flops_per_token(ns.seq_len, c), "6N+12Lhs per token")
     if "lm" not in ns.skip:
         log(f"LM loss (fwd+bwd+Adam): {ns.warmup} warm-up + {ns.steps} timed")
         ids = torch.tensor([s.tokens for s in samples], device=backend.device)
         times = with_oom_retry("LM loss", lambda: time_steps(
             lambda i: lm_loss_step(backend, ids, backend.args.micro_batch_size, megatron), ns.warmup, ns.steps,
             ns.device))
-        add("LM loss (fwd+bwd+Adam)", times, flops.train_flops_per_token(ns.seq_len),
+        add("LM loss (fwd+bwd+Adam)", times, lambda c: flops.train_flops_per_token(ns.seq_len, c),
             "Megatron cross-entropy" if megatron else "HF cross-entropy")
     if ns.device == "cuda":
         res.rows.append(Row("peak GPU memory", torch.cuda.max_memory_allocated() / 2**30, "GiB",

@@ -102,6 +102,10 @@ def test_bench_1b_is_about_1b_and_the_formula_is_the_stated_one() -> None:
     assert fm.train_flops_per_token(s) == 6 * n + 12 * 18 * 2048 * s
     assert fm.rl_step_flops_per_token(s) == 8 * n + 16 * 18 * 2048 * s
     assert fm.forward_flops_per_token(s) == 2 * n + 4 * 18 * 2048 * s
+    # causal: half of the s x s scores, in float64 from the formula's own terms
+    assert fm.forward_flops_per_token(s, causal=True) == 2 * n + 2 * 18 * 2048 * s
+    assert fm.rl_step_flops_per_token(s, causal=True) == 8 * n + 8 * 18 * 2048 * s
+    assert fm.train_flops_per_token(s, True) == 6 * n + 6 * 18 * 2048 * s
     # 1e12 FLOPs per token x 1000 tokens in 2 s on a 1000 TFLOP/s device = 50%
     assert bm.mfu(1e12, 1000, 2.0, 1000.0) == pytest.approx(0.5)
 
@@ -183,7 +187,11 @@ def test_out_of_memory_halves_the_micro_batch_and_retries() -> None:
     fm = bm.FlopModel.from_hf_config(build_config("tiny-qwen3"))
     res = bm.run_train_rows(backend, ns, fm)
     assert res.micro_batch == 2 and not res.failures
-    assert [r.name for r in res.rows] == ["RL step (train_rollout) tokens/s", "RL step (train_rollout) MFU"]
+    assert [r.name for r in res.rows] == ["RL step (train_rollout) tokens/s", "RL step (train_rollout) MFU",
+                                          "RL step (train_rollout) MFU, causal attention"]
+    full, causal = res.rows[1].value, res.rows[2].value
+    assert full / causal == pytest.approx(fm.rl_step_flops_per_token(ns.seq_len)
+                                          / fm.rl_step_flops_per_token(ns.seq_len, causal=True))
 
 
 def test_other_failures_are_reported_in_the_table_not_raised() -> None:
@@ -223,10 +231,11 @@ def test_cpu_smoke_run_prints_one_table_and_writes_json(tmp_path, capsys) -> Non
     assert bm.main([*CPU_SMOKE, "--json", str(out)]) == 0
     stdout = capsys.readouterr().out
     table = [line for line in stdout.splitlines() if line.startswith("|")]
-    assert len(table) == 2 + 12 and stdout.count("| measurement") == 1
+    assert len(table) == 2 + 15 and stdout.count("| measurement") == 1
     data = json.loads(out.read_text())
     names = [r["name"] for r in data["rows"]]
     for expected in ("RL step (train_rollout) MFU", "policy update (fwd+bwd+Adam) MFU", "LM loss (fwd+bwd+Adam) MFU",
+                     "RL step (train_rollout) MFU, causal attention", "LM loss (fwd+bwd+Adam) MFU, causal attention",
                      "sync via CPU buckets", "sync direct GPU tensors", "wall time of this script"):
         assert expected in names
     assert data["failures"] == [] and data["setup"]["micro_batch_used"] == 4
