@@ -2,7 +2,8 @@
 # One GPU session on the air-gapped GPU machine (see ci/wheelhouse/): install the carried
 # wheels, then run the GPU measurements and write everything under $OUT.
 #   ci/gpu_session.sh PART1_DIR [what ...]      what: bench | colocate | scenarios | megatron | grpo (default: all)
-#                                                or baselines | gpu_scenarios (only when named):
+#                                                or bench_order | baselines | gpu_scenarios (only when named):
+#   bench_order    ci/bench_engine.py with every runner in one process (the default gives each its own)
 #   baselines      records this GPU class's throughput baselines (5 runs of each GPU scenario with a throughput
 #                  check) into $OUT/baselines/<class>.json; commit that file to ci/baselines/
 #   gpu_scenarios  what `nox -s gpu_scenarios` runs (ci/sessions.py): every GPU scenario, throughput against
@@ -19,7 +20,10 @@ OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 python3 -c "import ray, torch, transformers; print('ray', ray.__version__, 'torch', torch.__version__, transformers.__version__, torch.cuda.get_device_name())"
 for w in $WHAT; do
   case $w in
-    bench) timeout 330 python3 ci/bench_engine.py 2>&1 | tee "$OUT/bench_engine.txt" ;;
+    bench) timeout 580 python3 ci/bench_engine.py --json "$OUT/bench_engine.json" 2>&1 | tee "$OUT/bench_engine.txt" ;;
+    bench_order) # the same runners in one process, compiled runner last: does what ran before slow it down?
+                 timeout 580 python3 ci/bench_engine.py --in-process --batches 64 --json "$OUT/bench_engine_in_process.json" \
+                   2>&1 | tee "$OUT/bench_engine_in_process.txt" ;;
     colocate) timeout 200 python3 -m relax.cli train --preset quickstart --device cuda --num-rollout 40 \
                 --output-dir "$OUT/gpu_colocate" 2>&1 | tail -8 | tee "$OUT/gpu_colocate.txt"
               python3 -m relax.metrics.summary "$OUT/gpu_colocate" | tee -a "$OUT/gpu_colocate.txt" ;;

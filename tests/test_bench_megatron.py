@@ -265,7 +265,7 @@ def test_nox_bench_session_runs_both_benches_and_keeps_engine_arguments(monkeypa
     engine, megatron = ["python3", "ci/bench_engine.py"], ["python3", "ci/bench_megatron.py"]
     grpo = ["python3", "ci/bench_grpo_e2e.py"]
     assert noxfile.bench_commands([]) == [engine, megatron, grpo]
-    assert noxfile.bench_commands(["--batch", "32"]) == [[*engine, "--batch", "32"], megatron, grpo]
+    assert noxfile.bench_commands(["--batches", "32"]) == [[*engine, "--batches", "32"], megatron, grpo]
     assert noxfile.bench_commands(["grpo", "--quick"]) == [[*grpo, "--quick"]]
     assert noxfile.bench_commands(["megatron", "--quick"]) == [[*megatron, "--quick"]]
     assert noxfile.bench_commands(["engine", "--new", "64"]) == [[*engine, "--new", "64"]]

@@ -1,0 +1,80 @@
+"""CPU checks of ci/bench_engine.py: the roofline arithmetic (against issue 19's ~80,000 tok/s at 40% on the
+H100), the device bandwidth table, the runner order, and a smoke run with a fresh process per measurement
+that prints the table and writes JSON with provenance. The GPU run is the same code with bench-270m."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ci import bench_engine as be
+from relax.models import build_config
+
+
+def test_roofline_counts_weights_and_kv_cache_and_matches_the_issues_figure() -> None:
+    cfg = build_config("bench-270m")
+    weights = 266_898_432 * 2  # bench-270m's parameters in bf16
+    kv_per_token = 2 * 16 * 8 * 64 * 2  # K and V, 16 layers, 8 KV heads, head_dim 64, bf16
+    step_bytes = weights + 64 * (128 + 256 / 2) * kv_per_token
+    expected = 64 / (step_bytes / 3.35e12)
+    got = be.decode_roofline(cfg, weights, 64, 128, 256, 3.35)
+    assert got == pytest.approx(expected, rel=1e-12)
+    assert 0.40 * got == pytest.approx(80_000, rel=0.01)  # issue 19: "about 80,000 tok/s"
+    # batch 256: the KV cache (2.1 GB) outweighs the weights, so the roofline grows 1.6x, not 4x
+    at_256 = be.decode_roofline(cfg, weights, 256, 128, 256, 3.35)
+    assert at_256 == pytest.approx(256 / ((weights + 256 * 256 * kv_per_token) / 3.35e12), rel=1e-12)
+    assert 1.5 * got < at_256 < 1.7 * got
+
+
+def test_bandwidth_comes_from_the_devices_spec() -> None:
+    assert be.hbm_tbps("NVIDIA H100 80GB HBM3") == 3.35
+    assert be.hbm_tbps("NVIDIA H200") == 4.8
+    assert be.hbm_tbps("NVIDIA A10G") is None
+
+
+def test_runner_order_is_given_reversed_or_a_seeded_shuffle() -> None:
+    names = list(be.RUNNERS)
+    assert be.ordered(names, "given", 0) == names and be.ordered(names, "reversed", 0) == names[::-1]
+    shuffled = be.ordered(names, "shuffled", 3)
+    assert sorted(shuffled) == sorted(names) and shuffled == be.ordered(names, "shuffled", 3)
+    assert any(be.ordered(names, "shuffled", s) != names for s in range(5))
+
+
+@pytest.mark.parametrize("argv", [["--batches", "0"], ["--device", "cpu", "--runners", "lean+graph"],
+                                  ["--hbm-tbps", "-1"], ["--runners", "vllm"]])
+def test_bad_arguments_exit_with_a_message(argv: list[str], capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        be.parse(argv)
+    assert exc.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+def test_defaults_are_the_issues_workload_with_a_batch_256_row() -> None:
+    ns = be.parse([])
+    assert (ns.model, ns.batches, ns.prompt, ns.new, ns.device) == ("bench-270m", [64, 256], 128, 256, "cuda")
+    assert ns.runners == list(be.RUNNERS) and not ns.in_process
+
+
+SMOKE = ["--device", "cpu", "--model", "tiny-qwen3", "--batches", "4", "--prompt", "8", "--new", "6",
+         "--runners", "lean", "hf", "--hbm-tbps", "0.05"]
+
+
+def test_cpu_smoke_measures_each_runner_in_its_own_process_and_writes_json(tmp_path, capsys) -> None:
+    out = tmp_path / "engine.json"
+    assert be.main([*SMOKE, "--order", "reversed", "--json", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    assert "a fresh process each" in stdout and "runners in reversed order" in stdout
+    data = json.loads(out.read_text())
+    assert [r["runner"] for r in data["rows"]] == ["HF generate", "hf", "lean"]
+    assert all(r["tokens_per_s"] > 0 and not r["error"] for r in data["rows"])
+    engine_rows = data["rows"][1:]
+    assert all(0 <= r["mismatch_mean"] <= r["mismatch_max"] < 1e-4 for r in engine_rows)  # fp32 on both sides
+    assert data["hbm_source"] == "--hbm-tbps" and data["roofline_tok_s"]["4"] > 0
+    assert data["provenance"]["command"] and data["provenance"]["commit"]
+
+
+def test_a_measurement_that_fails_is_a_row_with_its_error(tmp_path, capsys) -> None:
+    assert be.main([*SMOKE, "--runners", "lean", "--timeout", "0.01"]) == 1
+    assert "no result within 0.01 s (--timeout)" in capsys.readouterr().out
+    row = be.measure_safely(be.parse(SMOKE), "lean", 0)  # zero rows: the engine refuses, the bench goes on
+    assert row.error and row.tokens_per_s is None
