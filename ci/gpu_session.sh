@@ -26,7 +26,9 @@ for w in $WHAT; do
                    2>&1 | tee "$OUT/bench_engine_in_process.txt" ;;
     colocate) timeout 200 python3 -m relax.cli train --preset quickstart --device cuda --num-rollout 40 \
                 --output-dir "$OUT/gpu_colocate" 2>&1 | tail -8 | tee "$OUT/gpu_colocate.txt"
-              python3 -m relax.metrics.summary "$OUT/gpu_colocate" | tee -a "$OUT/gpu_colocate.txt" ;;
+              python3 -m relax.metrics.summary "$OUT/gpu_colocate" | tee -a "$OUT/gpu_colocate.txt"
+              python3 ci/run_figures.py "$OUT/gpu_colocate" --json "$OUT/gpu_colocate_figures.json" \
+                | tee -a "$OUT/gpu_colocate.txt" ;;
     scenarios) [ -f noxfile.py ] && timeout 300 python3 -m pytest scenarios -p harness.pytest_plugin \
                 --harness-profile gpu -k "colocate and not megatron" -q 2>&1 | tail -20 | tee "$OUT/gpu_scenarios.txt" ;;
     megatron) timeout 330 python3 ci/bench_megatron.py --json "$OUT/bench_megatron.json" 2>&1 | tee "$OUT/bench_megatron.txt"
@@ -44,6 +46,8 @@ for w in $WHAT; do
           # inside the call's limit
           timeout 580 python3 ci/bench_grpo_e2e.py --systems trl relax-megatron --engine-compile --steps 6 \
             --json "$OUT/bench_grpo_e2e.json" --workdir /tmp/grpo_runs 2>&1 \
-            | tee "$OUT/bench_grpo_e2e.txt" ;;
+            | tee "$OUT/bench_grpo_e2e.txt"
+          python3 ci/run_figures.py /tmp/grpo_runs/relax-megatron --json "$OUT/grpo_relax_megatron_figures.json" \
+            | tee -a "$OUT/bench_grpo_e2e.txt" ;;
   esac
 done
