@@ -2,7 +2,8 @@
 # One GPU session on the air-gapped GPU machine (see ci/wheelhouse/): install the carried
 # wheels, then run the GPU measurements and write everything under $OUT.
 #   ci/gpu_session.sh PART1_DIR [what ...]      what: bench | colocate | scenarios | megatron | grpo (default: all)
-#                                                or bench_order | baselines | gpu_scenarios (only when named):
+#                                                or bench_order | gpu_tests | baselines | gpu_scenarios (only when named):
+#   gpu_tests      pytest tests/gpu (not multi_gpu) + the relax convert tests, JUnit and reports in $OUT
 #   bench_order    ci/bench_engine.py with every runner in one process (the default gives each its own)
 #   baselines      records this GPU class's throughput baselines (5 runs of each GPU scenario with a throughput
 #                  check) into $OUT/baselines/<class>.json; commit that file to ci/baselines/
@@ -34,6 +35,11 @@ for w in $WHAT; do
     megatron) timeout 330 python3 ci/bench_megatron.py --json "$OUT/bench_megatron.json" 2>&1 | tee "$OUT/bench_megatron.txt"
               timeout 540 python3 -m pytest scenarios -p harness.pytest_plugin --harness-profile gpu -k megatron \
                 --harness-results "$OUT/megatron_scenarios" -q 2>&1 | tail -30 | tee "$OUT/megatron_scenarios.txt" ;;
+    gpu_tests) # the one-GPU pytest lines of issues 17 and 20 (Megatron through the new parallel state reproduces
+               # commit 3f12622 bitwise when .megatron_base is carried; relax convert round trip; CUDA-IPC colocate)
+               RELAX_MEGATRON_BASE=$PWD/.megatron_base RELAX_GPU_REPORT="$OUT/gpu_tests" timeout 585 python3 -m pytest \
+                 -q -rs -m "not multi_gpu" tests/gpu tests/test_relax_convert.py --junitxml "$OUT/gpu_tests.xml" \
+                 2>&1 | tail -60 | tee "$OUT/gpu_tests.txt" ;;
     baselines) timeout 585 python3 -m harness baseline record --profile gpu --runs 5 --baselines "$OUT/baselines" \
                  --results /tmp/baseline-runs 2>&1 | tee "$OUT/baselines.txt"
                cp /tmp/baseline-runs/results.json "$OUT/baseline-runs.json" 2>/dev/null ;;
