@@ -48,6 +48,7 @@ class WeightUpdateGroup:
         c10d._world.pg_group_ranks[self.pg] = {i: i for i in range(world_size)}  # noqa: SLF001
         self._store = store  # rank 0's store serves the others: keep it alive with the group
         self.rank, self.world_size, self.group_name, self.backend = rank, world_size, group_name, backend
+        self.broken = False  # a broadcast failed: the group is unusable and its close collects garbage
 
     @property
     def device(self) -> torch.device:
@@ -55,22 +56,39 @@ class WeightUpdateGroup:
         return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
 
     def broadcast(self, tensors: Iterable[torch.Tensor], src: int = 0) -> None:
-        """Broadcast each tensor from ``src`` (sender and receivers call this alike, in the same order)."""
+        """Broadcast each tensor from ``src`` (sender and receivers call this alike, in the same order).
+
+        A failure is raised as a new ``RuntimeError`` carrying the message only: torch's exception keeps
+        its frames, and they hold the process group, whose sockets close only when the last reference
+        goes (neither ``shutdown()`` nor ``abort()`` closes them). A peer still waiting in this broadcast
+        (the survivors of a dead engine) is released only once `close` has freed the group."""
         import torch.distributed as dist
 
-        works = [dist.broadcast(t, src=src, group=self.pg, async_op=True) for t in tensors]
+        failure = None
+        works: list | None = None
         try:
+            works = [dist.broadcast(t, src=src, group=self.pg, async_op=True) for t in tensors]
             for work in works:
                 work.wait()
+        except RuntimeError as exc:
+            failure = str(exc)
         finally:
-            del works  # a failed wait's traceback must not keep the group's connections alive past close()
+            works = work = None  # noqa: F841 - the pending works hold the group too
+        if failure is not None:
+            self.broken = True
+            raise RuntimeError(failure)
 
     def close(self) -> None:
+        """Leave the group and free it, so its connections close and the peers' pending receives fail."""
+        import gc
+
         import torch.distributed as dist
 
         if self.pg is not None:
             dist.destroy_process_group(self.pg)
             self.pg, self._store = None, None
+            if self.broken:
+                gc.collect()  # a failure's traceback cycles may still reach the group's C++ object
 
 
 def _host(address: str) -> str:

@@ -1,0 +1,60 @@
+"""The weight-update group when a member dies mid-broadcast: the sender's failure must not keep the
+group alive, or the members still waiting in that broadcast (the survivors) stay blocked until their
+own timeout and their engine servers stop taking weight updates (the CI failure of session 7)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import socket
+import time
+
+import pytest
+import torch
+
+from relax.weights.update_group import WeightUpdateGroup
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _member(port: int, rank: int, results) -> None:
+    torch.set_num_threads(1)
+    group = WeightUpdateGroup("127.0.0.1", port, rank, 3, group_name="g", backend="gloo", timeout_s=120)
+    results.put(("joined", rank, 0.0))
+    if rank == 2:
+        time.sleep(600)  # the one that will be killed
+    while True:  # receive until the group breaks: the last wait is the one a dead sender leaves hanging
+        start = time.monotonic()
+        try:
+            group.broadcast([torch.empty(1 << 20)])
+        except RuntimeError:
+            results.put(("failed", rank, time.monotonic() - start))
+            return
+
+
+def test_a_broadcast_to_a_dead_member_fails_and_closing_frees_the_survivor_at_once() -> None:
+    ctx = mp.get_context("spawn")
+    port, results = _port(), ctx.Queue()
+    members = [ctx.Process(target=_member, args=(port, rank, results), daemon=True) for rank in (1, 2)]
+    for p in members:
+        p.start()
+    try:
+        sender = WeightUpdateGroup("127.0.0.1", port, 0, 3, group_name="g", backend="gloo", timeout_s=120)
+        assert sorted(results.get(timeout=60)[:2] for _ in members) == [("joined", 1), ("joined", 2)]
+        members[1].kill()
+        members[1].join(10)
+        with pytest.raises(RuntimeError) as held:  # the caller keeps the error, as fault handling does
+            for _ in range(50):  # until the dead peer's socket is noticed
+                sender.broadcast([torch.zeros(1 << 20)])
+        assert sender.broken
+        sender.close()
+        closed = time.monotonic()
+        outcome, rank, _ = results.get(timeout=60)  # far below the survivor's own 120 s timeout
+        assert (outcome, rank) == ("failed", 1) and time.monotonic() - closed < 60
+        assert held.value is not None
+    finally:
+        for p in members:
+            p.kill()
