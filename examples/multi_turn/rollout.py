@@ -51,7 +51,7 @@ async def generate(args, sample: Sample, sampling_params: dict) -> Sample:
 def reward(args, sample: Sample, **kwargs) -> float:
     expected = str(sample.label).split(",")
     got = sample.metadata.get("answers", [])
-    return sum(g.strip() == e for g, e in zip(got, expected)) / len(expected)
+    return sum(g.strip() == e for g, e in zip(got, expected, strict=False)) / len(expected)
 
 
 def make_data(path: str) -> None:
