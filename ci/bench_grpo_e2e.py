@@ -78,6 +78,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ci.provenance when run as a script
 from ci.provenance import provenance  # noqa: E402
+from ci.run_figures import MOVES as OFFLOAD_MOVES  # noqa: E402
+from ci.run_figures import read_jsonl, sync_figures  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 STEP_TARGET_S = 0.5
@@ -86,7 +88,6 @@ TRL_VERSION = "1.16.0"
 SYSTEMS = ("trl", "relax-torch", "relax-megatron")
 QUICK = dict(steps=5)
 RESULT_PREFIX = "BENCH_GRPO_RESULT "
-OFFLOAD_MOVES = ("release_rollout", "resume_rollout", "offload_train", "onload_train")  # docs/artifacts.md
 
 
 @dataclass(frozen=True)
@@ -329,11 +330,10 @@ def read_sync_events(result: SystemResult, events_path: Path) -> None:
     """Bytes per weight sync and the transports used, from the run's ``weights_synced`` events."""
     if not events_path.exists():
         return
-    events = [json.loads(line) for line in events_path.read_text().splitlines() if line.strip()]
-    synced = [e for e in events if e.get("event") == "weights_synced" and e.get("bytes")]
-    if synced:
-        result.sync_gb = synced[-1]["bytes"] / 1e9
-        result.transports = "+".join(sorted({t for e in synced for t in e.get("transports", [])}))
+    sync = sync_figures(read_jsonl(events_path), warmup=0)
+    if sync:
+        result.sync_gb = sync["gb_per_sync"]
+        result.transports = "+".join(sync["transports"])
 
 
 def read_relax_metrics(result: SystemResult, metrics_path: Path) -> None:

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ci.provenance wh
 from ci.provenance import provenance  # noqa: E402
 
 PHASES = ("rollout", "train", "sync")
-MOVES = ("release_rollout", "resume_rollout", "offload_train", "onload_train")  # docs/artifacts.md
+MOVES = ("release_rollout", "resume_rollout", "offload_train", "onload_train")  # docs/artifacts.md: colocate moves
 SYNC_PHASES = ("prepare_s", "transfer_s", "checksums_s")
 
 

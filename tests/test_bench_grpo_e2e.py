@@ -221,8 +221,9 @@ def test_sync_seconds_per_gb_come_from_the_runs_sync_events(tmp_path) -> None:
     events = tmp_path / "events.jsonl"
     events.write_text("\n".join(json.dumps(e) for e in [
         {"event": "step_start", "step": 0},
-        {"event": "weights_synced", "version": 0, "bytes": 500_000_000, "transports": ["cuda-ipc"]},
-        {"event": "weights_synced", "version": 1, "bytes": 500_000_000, "transports": ["cuda-ipc"]}]) + "\n")
+        {"event": "weights_synced", "version": 0, "bytes": 500_000_000, "seconds": 0.5, "transports": ["cuda-ipc"]},
+        {"event": "weights_synced", "version": 1, "bytes": 500_000_000, "seconds": 0.1, "transports": ["cuda-ipc"]}]
+        ) + "\n")
     result = _result("relax-megatron", [3.0, 2.0, 1.0, 1.0])
     result.sync_s = [0.5, 0.1, 0.02, 0.03]
     bg.read_sync_events(result, events)

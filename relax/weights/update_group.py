@@ -65,7 +65,6 @@ class WeightUpdateGroup:
         import torch.distributed as dist
 
         failure = None
-        works: list | None = None
         try:
             works = [dist.broadcast(t, src=src, group=self.pg, async_op=True) for t in tensors]
             for work in works:
