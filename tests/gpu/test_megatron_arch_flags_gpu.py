@@ -33,7 +33,7 @@ def _model_args() -> list[str]:
 
 def test_megatron_trains_a_model_built_from_flags(tmp_path: Path) -> None:
     from relax.backends.megatron.backend import MegatronTrainBackend
-    from relax.backends.megatron.model import init_parallel_state
+    from relax.backends.megatron.parallel import init_parallel_state
     from relax.core.setup import prepare_model
     from relax.models import load_tokenizer
     from relax.models.arch_flags import spec_from_flags

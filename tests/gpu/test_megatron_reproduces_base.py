@@ -41,6 +41,8 @@ pytestmark = [
 def _record(tree: Path, out: Path) -> dict:
     others = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != ROOT]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), *others]))
+    for name in ("MASTER_ADDR", "MASTER_PORT"):  # each run makes its own world of one
+        env.pop(name, None)
     proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out)], env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -24,7 +24,6 @@ the HF config suffice, `check_parallel_flags` / `check_model_fits`):
 
 from __future__ import annotations
 
-import os
 import socket
 from argparse import Namespace
 from dataclasses import dataclass
@@ -139,9 +138,9 @@ def init_parallel_state(sizes: ParallelSizes, seed: int, *, backend: str = "nccl
                                "(use --train-backend torch)")
         torch.cuda.set_device(torch.cuda.current_device())
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        dist.init_process_group(backend, rank=0, world_size=1)
+        # A world of one on a fresh port, named in init_method rather than in MASTER_PORT: the environment is
+        # inherited by child processes, which would then collide with this process's store (EADDRINUSE).
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     world = dist.get_world_size()
     check_parallel_flags(sizes, world, te_available=False)
     if parallel_state.model_parallel_is_initialized():
