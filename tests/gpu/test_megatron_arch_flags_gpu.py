@@ -33,7 +33,6 @@ def _model_args() -> list[str]:
 
 def test_megatron_trains_a_model_built_from_flags(tmp_path: Path) -> None:
     from relax.backends.megatron.backend import MegatronTrainBackend
-    from relax.backends.megatron.parallel import init_parallel_state
     from relax.core.setup import prepare_model
     from relax.models import load_tokenizer
     from relax.models.arch_flags import spec_from_flags
@@ -50,7 +49,6 @@ def test_megatron_trains_a_model_built_from_flags(tmp_path: Path) -> None:
     p = Problems()
     prepare_model(args, p)
     assert not p, p.lines
-    init_parallel_state(1234)
     backend = MegatronTrainBackend(args, "cuda")
     assert backend.spec == spec_from_flags(args, pad_token_id=0, eos_token_id=2, vocab_from_tokenizer=100)
     samples = _random_samples(8, 100, seed=3)
