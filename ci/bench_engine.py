@@ -3,6 +3,7 @@ bf16 train/rollout log-prob mismatch.
 
     python ci/bench_engine.py [--batches 64 256] [--prompt 128] [--new 256] [--runners hf ... lean+graph+compile]
     python ci/bench_engine.py --json /tmp/out/bench_engine.json          # also the rows + provenance as JSON
+    python ci/bench_engine.py --profile ...   # + where each engine row's decode time goes (ci/decode_profile.py)
     python ci/bench_engine.py --device cpu --model tiny-qwen3 --batches 4 --prompt 8 --new 8 \\
         --runners hf lean                                                # CPU smoke (numbers mean nothing)
 
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ci.provenance when run as a script
+from ci import decode_profile  # noqa: E402
 from ci.provenance import provenance  # noqa: E402
 
 RUNNERS = {"hf": dict(runner="hf"), "static": dict(runner="static"), "static+graph": dict(runner="static", cuda_graph=True),
@@ -61,6 +63,7 @@ class Row:
     freed_gib: float | None = None
     release_s: float | None = None
     resume_s: float | None = None
+    profile: dict | None = None
     error: str = ""
 
 
@@ -160,6 +163,11 @@ def measure(ns: argparse.Namespace, runner: str, batch: int) -> Row:
     holder: dict[str, Any] = {}
     row.tokens_per_s = tokens / timed(lambda: holder.update(out=engine.generate(reqs)), ns.device)
     row.mismatch_mean, row.mismatch_max = mismatch(model, reqs, holder["out"], ns.device)
+    if ns.profile:  # one more run, traced (ci/decode_profile.py); the timed run above was not
+        try:
+            row.profile = decode_profile.profile(lambda: engine.generate(reqs), ns.device)
+        except Exception as exc:  # noqa: BLE001 - a profiler failure must not cost the row its measured figures
+            row.profile = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
     if ns.device == "cuda":
         row.held_gib = torch.cuda.memory_allocated() / 2**30
         row.release_s = timed(engine.release_memory_occupation, ns.device)
@@ -179,7 +187,7 @@ def measure_in_subprocess(ns: argparse.Namespace, runner: str, batch: int) -> Ro
     """The same measurement in a fresh Python process: nothing that ran before can touch it."""
     argv = [sys.executable, str(Path(__file__).resolve()), "--worker", runner, "--worker-batch", str(batch),
             "--device", ns.device, "--model", ns.model, "--prompt", str(ns.prompt), "--new", str(ns.new),
-            "--runners", *ns.runners]
+            "--runners", *ns.runners] + (["--profile"] if ns.profile else [])
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=ns.timeout)
     except subprocess.TimeoutExpired:
@@ -219,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="HBM bandwidth for the roofline (default: the device's spec, HBM_TBPS)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: the smoke path (fp32)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per measurement subprocess")
+    ap.add_argument("--profile", action="store_true",
+                    help="after each engine row's timed run, one more run under torch.profiler: GPU-busy share of "
+                         "the wall time and the heaviest kernels (ci/decode_profile.py), printed and in the JSON")
     ap.add_argument("--json", default=None, help="also write the rows, the roofline and the provenance here")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # internal: one measurement
     ap.add_argument("--worker-batch", type=int, default=None, help=argparse.SUPPRESS)
@@ -314,6 +325,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"roofline at batch {b}: {roofline[b]:,.0f} tok/s ({tbps} TB/s, {source}; weights + KV cache "
                   f"per decode step); target {ROOFLINE_TARGET:.0%} = {ROOFLINE_TARGET * roofline[b]:,.0f} tok/s")
     print(table(rows, roofline))
+    for r in rows:
+        if r.profile:
+            told = r.profile.get("error") or decode_profile.describe(r.profile)
+            print(f"profile of {r.runner} at batch {r.batch}: {told}")
     if ns.json:
         Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
         setup = {k: v for k, v in vars(ns).items() if not k.startswith("worker")}

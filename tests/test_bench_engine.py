@@ -78,3 +78,14 @@ def test_a_measurement_that_fails_is_a_row_with_its_error(tmp_path, capsys) -> N
     assert "no result within 0.01 s (--timeout)" in capsys.readouterr().out
     row = be.measure_safely(be.parse(SMOKE), "lean", 0)  # zero rows: the engine refuses, the bench goes on
     assert row.error and row.tokens_per_s is None
+
+
+def test_profile_rows_say_where_the_time_goes(tmp_path, capsys) -> None:
+    out = tmp_path / "engine.json"
+    assert be.main([*SMOKE, "--runners", "lean", "--in-process", "--profile", "--json", str(out)]) == 0
+    assert "profile of lean at batch 4: top-level CPU operators:" in capsys.readouterr().out
+    rows = json.loads(out.read_text())["rows"]
+    assert rows[0]["profile"] is None  # HF generate is timed only
+    prof = rows[1]["profile"]
+    assert prof["kernels"] > 0 and 0 < prof["busy_s"] <= prof["wall_s"] and prof["top"]
+    assert sum(k["share"] for k in prof["top"]) <= 1 + 1e-9

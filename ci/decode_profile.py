@@ -1,0 +1,90 @@
+"""Where a decode run's time goes: GPU-busy share of the wall time and the kernels that fill it.
+
+``ci/bench_engine.py --profile`` runs one more ``generate`` of each engine row under torch.profiler
+and stores this summary in the row. The question it answers for issue 19 is the first one to ask
+before optimizing decode: is the GPU idle between steps (host-bound: scheduling, sampling read-back,
+Python), or busy with kernels, and which ones (attention over the KV cache, the GEMMs, sampling)?
+
+``busy_s`` is the union of kernel intervals (overlapping kernels on several streams count once), so
+``busy_share = busy_s / wall_s`` is the fraction of the wall time in which some kernel ran. Kernels
+inside CUDA-graph replays are traced by CUPTI like any other.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+TOP = 15
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One traced kernel (or, on the CPU, one operator): its name and its [start, end) in microseconds."""
+
+    name: str
+    start_us: float
+    end_us: float
+
+
+def union_us(intervals: Iterable[Interval]) -> float:
+    """Total length of the union of the intervals (µs)."""
+    total, cur_start, cur_end = 0.0, None, None
+    for iv in sorted(intervals, key=lambda i: i.start_us):
+        if cur_end is None or iv.start_us > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = iv.start_us, iv.end_us
+        else:
+            cur_end = max(cur_end, iv.end_us)
+    return total + (cur_end - cur_start if cur_end is not None else 0.0)
+
+
+def summarize(kernels: list[Interval], wall_s: float, *, top: int = TOP) -> dict:
+    """The busy share and the ``top`` kernel names by total time (count, total ms, share of kernel time)."""
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for k in kernels:
+        by_name[k.name][0] += 1
+        by_name[k.name][1] += k.end_us - k.start_us
+    kernel_us = sum(total for _, total in by_name.values())
+    busy_us = union_us(kernels)
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"wall_s": wall_s, "busy_s": busy_us / 1e6, "busy_share": busy_us / 1e6 / wall_s if wall_s else None,
+            "kernels": len(kernels), "kernel_s": kernel_us / 1e6,
+            "top": [{"name": name[:160], "count": int(count), "total_ms": total / 1e3,
+                     "share": total / kernel_us if kernel_us else None} for name, (count, total) in ranked]}
+
+
+def profile(fn: Callable[[], object], device: str) -> dict:
+    """Run ``fn`` once under torch.profiler; on CUDA the kernels, on the CPU the top-level operators."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    cuda = device == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch_profile(activities=activities) as prof:
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    want = DeviceType.CUDA if cuda else DeviceType.CPU
+    events = [e for e in prof.events() if e.device_type == want and (cuda or e.cpu_parent is None)]
+    kernels = [Interval(e.name, e.time_range.start, e.time_range.end) for e in events]
+    return {"device": device, "what": "CUDA kernels" if cuda else "top-level CPU operators", **summarize(kernels, wall)}
+
+
+def describe(summary: dict, *, top: int = 5) -> str:
+    """Two lines for a terminal: the busy share and the heaviest kernels."""
+    busy = summary.get("busy_share")
+    head = (f"{summary['what']}: {summary['kernels']} in {summary['wall_s']:.3f} s, busy "
+            f"{'-' if busy is None else f'{busy:.0%}'} of the wall time")
+    heavy = ", ".join(f"{k['name'][:48]} {k['total_ms']:.1f} ms ({k['share']:.0%})"
+                      for k in summary["top"][:top] if k["share"] is not None)
+    return f"{head}\n    heaviest: {heavy or '-'}"

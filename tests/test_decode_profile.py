@@ -1,0 +1,31 @@
+"""ci/decode_profile.py: the busy time is the union of the kernel intervals (checked against a brute-force
+count over a microsecond grid), and the summary ranks kernels by their total time."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ci.decode_profile import Interval, describe, summarize, union_us
+
+spans = st.lists(st.tuples(st.integers(0, 200), st.integers(0, 40)), max_size=25)
+
+
+@given(spans)
+def test_union_equals_a_brute_force_count(raw: list[tuple[int, int]]) -> None:
+    intervals = [Interval("k", s, s + d) for s, d in raw]
+    covered = {t for s, d in raw for t in range(s, s + d)}
+    assert union_us(intervals) == len(covered)
+
+
+def test_summary_ranks_kernels_and_counts_overlap_once() -> None:
+    kernels = [Interval("gemm", 0, 60), Interval("attn", 50, 80), Interval("gemm", 100, 140), Interval("topk", 150, 155)]
+    s = summarize(kernels, wall_s=200e-6)
+    assert s["busy_s"] == pytest.approx(125e-6) and s["kernel_s"] == pytest.approx(135e-6)  # 10 us overlap once
+    assert s["busy_share"] == pytest.approx(125 / 200)
+    assert [(k["name"], k["count"], k["total_ms"]) for k in s["top"]] == [("gemm", 2, pytest.approx(0.1)),
+                                                                          ("attn", 1, pytest.approx(0.03)),
+                                                                          ("topk", 1, pytest.approx(0.005))]
+    assert "busy 62% of the wall time" in describe({"what": "CUDA kernels", **s})
+    assert summarize([], 1.0)["busy_share"] == 0.0 and summarize([], 0.0)["busy_share"] is None
