@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,15 +90,6 @@ def missing_reason(base: dict[str, Any] | None, machine: str, key: str, spec_dig
         return (f"no baseline for {machine} (scenario {key}): the stored one was recorded for other scenario flags "
                 f"(spec {base.get('spec')} != {spec_digest}); re-record it with `relax-harness baseline record`")
     return None
-
-
-def git_commit(root: Path) -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                             text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None
 
 
 def record(directory: Path, machine: str, measured: dict[str, list[dict[str, Any]]], commit: str | None) -> Path:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import baselines
+from harness.commit import source_commit
 from harness.executors.local import LocalExecutor
 from harness.profiles import Profile, cuda_available, machine_class
 from harness.results import ScenarioResult, load_results, write_results
@@ -60,7 +61,7 @@ def _store(data: list[dict[str, Any]], directory: Path, keys: list[str] | None) 
         machine, measured = baselines.measurements_from_results(data)
         if keys:
             measured = {k: v for k, v in measured.items() if k in keys}
-        path = baselines.record(directory, machine, measured, baselines.git_commit(Path(__file__).parents[1]))
+        path = baselines.record(directory, machine, measured, source_commit())
     except ValueError as exc:
         raise RecordError(str(exc)) from None
     return machine, measured, path

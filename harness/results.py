@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from harness.checks import CheckResult, Status
+from harness.commit import source_commit
 
 SERIES_KEYS = ("train/loss", "train/grad_norm", "rollout/reward_mean")
 SCHEMA = "relax-harness-results/2"
@@ -111,7 +112,7 @@ def clean(value: Any) -> Any:
 
 def environment() -> dict[str, Any]:
     return {"python": platform.python_version(), "platform": platform.platform(), "host": platform.node(),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            "commit": source_commit() or "unknown", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
 def write_results(path: Path, scenarios: list[ScenarioResult], **meta: Any) -> Path:

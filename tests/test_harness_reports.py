@@ -147,3 +147,13 @@ def test_html_report_without_matplotlib_says_so(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(report_html, "have_matplotlib", lambda: False)
     html = write_html(json.loads(results_file(tmp_path).read_text()), tmp_path / "report.html").read_text()
     assert "data:image/png" not in html and "plots need matplotlib" in html and ">no baseline</span>" in html
+
+
+def test_results_name_the_commit_they_ran_from(tmp_path, monkeypatch) -> None:
+    from harness.results import load_results, write_results
+
+    monkeypatch.setenv("RELAX_COMMIT", "abc123def456")
+    assert load_results(write_results(tmp_path / "r.json", []))["environment"]["commit"] == "abc123def456"
+    monkeypatch.delenv("RELAX_COMMIT")
+    commit = load_results(write_results(tmp_path / "r.json", []))["environment"]["commit"]
+    assert commit == "unknown" or len(commit) == 12  # this checkout's HEAD
