@@ -85,6 +85,8 @@ def describe(summary: dict, *, top: int = 5) -> str:
     busy = summary.get("busy_share")
     head = (f"{summary['what']}: {summary['kernels']} in {summary['wall_s']:.3f} s, busy "
             f"{'-' if busy is None else f'{busy:.0%}'} of the wall time")
+    if summary.get("busy_share_of_timed_run") is not None:
+        head += f" ({summary['busy_share_of_timed_run']:.0%} of the untraced run's {summary['timed_wall_s']:.3f} s)"
     heavy = ", ".join(f"{k['name'][:48]} {k['total_ms']:.1f} ms ({k['share']:.0%})"
                       for k in summary["top"][:top] if k["share"] is not None)
     return f"{head}\n    heaviest: {heavy or '-'}"

@@ -89,3 +89,5 @@ def test_profile_rows_say_where_the_time_goes(tmp_path, capsys) -> None:
     prof = rows[1]["profile"]
     assert prof["kernels"] > 0 and 0 < prof["busy_s"] <= prof["wall_s"] and prof["top"]
     assert sum(k["share"] for k in prof["top"]) <= 1 + 1e-9
+    assert prof["busy_share_of_timed_run"] == pytest.approx(prof["busy_s"] / prof["timed_wall_s"])
+    assert prof["timed_wall_s"] == pytest.approx(4 * 6 / rows[1]["tokens_per_s"])
