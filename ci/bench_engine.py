@@ -317,11 +317,26 @@ def main(argv: list[str] | None = None) -> int:
     run = measure_safely if ns.in_process else measure_in_subprocess
     rows = []
     t0 = time.perf_counter()
+
+    def write_json(complete: bool) -> None:
+        if not ns.json:
+            return
+        Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
+        setup = {k: v for k, v in vars(ns).items() if not k.startswith("worker")}
+        Path(ns.json).write_text(json.dumps({
+            "provenance": provenance(), "setup": setup, "device": device, "hbm_tbps": tbps, "hbm_source": source,
+            "weight_bytes": weight_bytes, "roofline_tok_s": {str(b): v for b, v in roofline.items()},
+            "roofline_target": ROOFLINE_TARGET, "rows": [asdict(r) for r in rows], "complete": complete,
+            "wall_s": time.perf_counter() - t0}, indent=1))
+
     for batch in ns.batches:
         for name in names:
             print(f"[bench_engine] {name} at batch {batch} ({'in process' if ns.in_process else 'own process'})",
                   file=sys.stderr, flush=True)
             rows.append(run(ns, name, batch))
+            r = rows[-1]  # each row as it lands, and the JSON so far: a run cut short keeps what it measured
+            print(f"[bench_engine]   {r.error or f'{r.tokens_per_s:,.0f} tok/s'}", file=sys.stderr, flush=True)
+            write_json(complete=False)
     print(f"\n{ns.model}, prompt {ns.prompt}, {ns.new} new tokens, {device}, runners in {ns.order} order, "
           f"{'one process' if ns.in_process else 'a fresh process each'}")
     for b in ns.batches:
@@ -333,14 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         if r.profile:
             told = r.profile.get("error") or decode_profile.describe(r.profile)
             print(f"profile of {r.runner} at batch {r.batch}: {told}")
-    if ns.json:
-        Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
-        setup = {k: v for k, v in vars(ns).items() if not k.startswith("worker")}
-        Path(ns.json).write_text(json.dumps({
-            "provenance": provenance(), "setup": setup, "device": device, "hbm_tbps": tbps, "hbm_source": source,
-            "weight_bytes": weight_bytes, "roofline_tok_s": {str(b): v for b, v in roofline.items()},
-            "roofline_target": ROOFLINE_TARGET, "rows": [asdict(r) for r in rows],
-            "wall_s": time.perf_counter() - t0}, indent=1))
+    write_json(complete=True)
     return 1 if any(r.error for r in rows) else 0
 
 

@@ -70,7 +70,7 @@ def test_cpu_smoke_measures_each_runner_in_its_own_process_and_writes_json(tmp_p
     engine_rows = data["rows"][1:]
     assert all(0 <= r["mismatch_mean"] <= r["mismatch_max"] < 1e-4 for r in engine_rows)  # fp32 on both sides
     assert data["hbm_source"] == "--hbm-tbps" and data["roofline_tok_s"]["4"] > 0
-    assert data["provenance"]["command"] and data["provenance"]["commit"]
+    assert data["provenance"]["command"] and data["provenance"]["commit"] and data["complete"] is True
 
 
 def test_a_measurement_that_fails_is_a_row_with_its_error(tmp_path, capsys) -> None:
@@ -91,3 +91,21 @@ def test_profile_rows_say_where_the_time_goes(tmp_path, capsys) -> None:
     assert sum(k["share"] for k in prof["top"]) <= 1 + 1e-9
     assert prof["busy_share_of_timed_run"] == pytest.approx(prof["busy_s"] / prof["timed_wall_s"])
     assert prof["timed_wall_s"] == pytest.approx(4 * 6 / rows[1]["tokens_per_s"])
+
+
+def test_a_run_cut_short_keeps_the_rows_it_measured(tmp_path, monkeypatch) -> None:
+    out = tmp_path / "engine.json"
+    calls = []
+
+    def fake(ns, runner, batch):
+        if calls:
+            raise KeyboardInterrupt  # the device call's time limit, as the second measurement starts
+        calls.append(runner)
+        return be.Row(runner, batch, tokens_per_s=123.0)
+
+    monkeypatch.setattr(be, "measure_in_subprocess", fake)
+    with pytest.raises(KeyboardInterrupt):
+        be.main([*SMOKE, "--json", str(out)])
+    data = json.loads(out.read_text())
+    assert data["complete"] is False and [(r["runner"], r["tokens_per_s"]) for r in data["rows"]] == [
+        ("HF generate", 123.0)]
