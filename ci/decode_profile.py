@@ -7,7 +7,10 @@ Python), or busy with kernels, and which ones (attention over the KV cache, the 
 
 ``busy_s`` is the union of kernel intervals (overlapping kernels on several streams count once), so
 ``busy_share = busy_s / wall_s`` is the fraction of the wall time in which some kernel ran. Kernels
-inside CUDA-graph replays are traced by CUPTI like any other.
+inside CUDA-graph replays are traced by CUPTI like any other. The idle time between kernels is split
+into short gaps (<= ``SHORT_GAP_US``: the launch latency between back-to-back kernels, which a graph
+of hundreds of kernels pays hundreds of times per step) and long ones (the GPU waiting for the host),
+because the two call for different fixes: fewer kernels, or less host work per step.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 TOP = 15
+SHORT_GAP_US = 10.0
+"""Idle gaps up to this long between kernels are counted as launch gaps, longer ones as waiting for the host."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,24 @@ def union_us(intervals: Iterable[Interval]) -> float:
     return total + (cur_end - cur_start if cur_end is not None else 0.0)
 
 
+def idle_gaps_us(intervals: Iterable[Interval], short_us: float = SHORT_GAP_US) -> tuple[float, float, int]:
+    """Idle time between the first and the last kernel, split at ``short_us``: (short gaps µs, long gaps µs,
+    number of long gaps). Short gaps are the launch latency between back-to-back kernels (inside a CUDA graph
+    too); long ones are the GPU waiting for the host."""
+    short = long = 0.0
+    count, cur_end = 0, None
+    for iv in sorted(intervals, key=lambda i: i.start_us):
+        if cur_end is not None and iv.start_us > cur_end:
+            gap = iv.start_us - cur_end
+            if gap <= short_us:
+                short += gap
+            else:
+                long += gap
+                count += 1
+        cur_end = iv.end_us if cur_end is None else max(cur_end, iv.end_us)
+    return short, long, count
+
+
 def summarize(kernels: list[Interval], wall_s: float, *, top: int = TOP) -> dict:
     """The busy share and the ``top`` kernel names by total time (count, total ms, share of kernel time)."""
     by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
@@ -51,8 +74,11 @@ def summarize(kernels: list[Interval], wall_s: float, *, top: int = TOP) -> dict
     kernel_us = sum(total for _, total in by_name.values())
     busy_us = union_us(kernels)
     ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
+    short, long, stalls = idle_gaps_us(kernels)
     return {"wall_s": wall_s, "busy_s": busy_us / 1e6, "busy_share": busy_us / 1e6 / wall_s if wall_s else None,
             "kernels": len(kernels), "kernel_s": kernel_us / 1e6,
+            "short_gaps_s": short / 1e6, "long_gaps_s": long / 1e6, "long_gaps": stalls,
+            "short_gap_us": SHORT_GAP_US,
             "top": [{"name": name[:160], "count": int(count), "total_ms": total / 1e3,
                      "share": total / kernel_us if kernel_us else None} for name, (count, total) in ranked]}
 
@@ -85,6 +111,9 @@ def describe(summary: dict, *, top: int = 5) -> str:
     busy = summary.get("busy_share")
     head = (f"{summary['what']}: {summary['kernels']} in {summary['wall_s']:.3f} s, busy "
             f"{'-' if busy is None else f'{busy:.0%}'} of the wall time")
+    if "short_gaps_s" in summary:
+        head += (f"; idle between kernels {summary['short_gaps_s']:.3f} s in gaps <= {summary['short_gap_us']:g} us "
+                 f"(launch), {summary['long_gaps_s']:.3f} s in {summary['long_gaps']} longer ones (host)")
     if summary.get("busy_share_of_timed_run") is not None:
         head += f" ({summary['busy_share_of_timed_run']:.0%} of the untraced run's {summary['timed_wall_s']:.3f} s)"
     heavy = ", ".join(f"{k['name'][:48]} {k['total_ms']:.1f} ms ({k['share']:.0%})"

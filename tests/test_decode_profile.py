@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ci.decode_profile import Interval, describe, summarize, union_us
+from ci.decode_profile import Interval, describe, idle_gaps_us, summarize, union_us
 
 spans = st.lists(st.tuples(st.integers(0, 200), st.integers(0, 40)), max_size=25)
 
@@ -29,3 +29,22 @@ def test_summary_ranks_kernels_and_counts_overlap_once() -> None:
                                                                           ("topk", 1, pytest.approx(0.005))]
     assert "busy 62% of the wall time" in describe({"what": "CUDA kernels", **s})
     assert summarize([], 1.0)["busy_share"] == 0.0 and summarize([], 0.0)["busy_share"] is None
+
+
+@given(spans)
+def test_idle_gaps_add_up_to_the_span_minus_the_busy_time(raw: list[tuple[int, int]]) -> None:
+    intervals = [Interval("k", s, s + d) for s, d in raw if d > 0]
+    short, long, count = idle_gaps_us(intervals, short_us=10)
+    if not intervals:
+        assert (short, long, count) == (0, 0, 0)
+        return
+    span = max(i.end_us for i in intervals) - min(i.start_us for i in intervals)
+    assert short + long == pytest.approx(span - union_us(intervals))
+    assert count <= len(intervals) - 1 and (count == 0) == (long == 0)
+
+
+def test_short_gaps_are_launch_latency_and_long_ones_host_stalls() -> None:
+    kernels = [Interval("a", 0, 10), Interval("b", 12, 20), Interval("c", 60, 70), Interval("d", 71, 80)]
+    assert idle_gaps_us(kernels, short_us=10) == (3, 40, 1)
+    s = summarize(kernels, wall_s=100e-6)
+    assert (s["short_gaps_s"], s["long_gaps_s"], s["long_gaps"]) == (pytest.approx(3e-6), pytest.approx(40e-6), 1)
