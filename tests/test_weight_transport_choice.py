@@ -155,3 +155,17 @@ def test_engine_errors_cross_process_boundaries_intact() -> None:
         back = pickle.loads(pickle.dumps(err))
         assert type(back) is type(err) and str(back) == str(err) and back.url == err.url
     assert pickle.loads(pickle.dumps(EngineHTTPError("u", 400, "m"))).status == 400
+
+
+def test_a_failed_send_names_the_unreachable_engine_before_one_that_answered() -> None:
+    from relax.utils.http_utils import EngineError, EngineHTTPError
+    from relax.weights.transports.distributed import DistributedTransport
+
+    transport = DistributedTransport([], timeout_s=1)
+    dead = EngineError("http://dead:1", "cannot connect (refused)")
+    survivor = EngineHTTPError("http://alive:2", 409, "the sender gave up on this broadcast")
+    collective = RuntimeError("Connection closed by peer")
+    assert transport._engine_error([collective, survivor, dead]) is dead
+    assert transport._engine_error([collective, survivor]) is survivor
+    group = transport._engine_error([collective])
+    assert isinstance(group, EngineError) and "RuntimeError: Connection closed by peer" in str(group)

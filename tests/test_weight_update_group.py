@@ -58,3 +58,35 @@ def test_a_broadcast_to_a_dead_member_fails_and_closing_frees_the_survivor_at_on
     finally:
         for p in members:
             p.kill()
+
+
+def _late_member(port: int, results) -> None:
+    torch.set_num_threads(1)
+    group = WeightUpdateGroup("127.0.0.1", port, 1, 2, group_name="g", backend="gloo", timeout_s=120)
+    results.put(("joined", 1, 0.0))
+    start = time.monotonic()
+    try:
+        group.broadcast([torch.empty(16)])  # the sender never sends this one
+        results.put(("received", 1, time.monotonic() - start))
+    except RuntimeError as exc:
+        results.put((str(exc), 1, time.monotonic() - start))
+
+
+def test_a_member_waiting_on_a_sender_that_gave_up_is_told_by_the_store() -> None:
+    """The sender's sockets stay open (it has not closed the group): only its "broken" mark in the group's
+    store can end the member's wait before the 120 s timeout."""
+    ctx = mp.get_context("spawn")
+    port, results = _port(), ctx.Queue()
+    member = ctx.Process(target=_late_member, args=(port, results), daemon=True)
+    member.start()
+    try:
+        sender = WeightUpdateGroup("127.0.0.1", port, 0, 2, group_name="g", backend="gloo", timeout_s=120)
+        assert results.get(timeout=60)[0] == "joined"
+        time.sleep(0.5)  # the member is now waiting in its broadcast
+        sender._tell_members_it_broke()
+        message, _, waited = results.get(timeout=30)
+        assert "the sender gave up on this broadcast" in message and waited < 30
+        sender.close()
+    finally:
+        member.kill()
+        member.join(10)

@@ -13,12 +13,14 @@ up after ``timeout_s`` instead of hanging on a peer that died.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from datetime import timedelta
 
 import torch
 
 BACKENDS = ("nccl", "gloo")
+_FIRST_POLL_S, _LONGEST_POLL_S = 0.0005, 0.05  # gloo waits: first and longest sleep between polls
 
 
 class WeightUpdateGroup:
@@ -61,21 +63,56 @@ class WeightUpdateGroup:
         A failure is raised as a new ``RuntimeError`` carrying the message only: torch's exception keeps
         its frames, and they hold the process group, whose sockets close only when the last reference
         goes (neither ``shutdown()`` nor ``abort()`` closes them). A peer still waiting in this broadcast
-        (the survivors of a dead engine) is released only once `close` has freed the group."""
+        (the survivors of a dead engine) is released when `close` frees the group and, with gloo, by the
+        "broken" mark this end leaves in the group's store (`_wait`), which also reaches a member whose
+        receive was posted too late for the closing sockets to end it."""
         import torch.distributed as dist
 
         failure = None
         try:
             works = [dist.broadcast(t, src=src, group=self.pg, async_op=True) for t in tensors]
             for work in works:
-                work.wait()
+                self._wait(work)
         except RuntimeError as exc:
             failure = str(exc)
         finally:
             works = work = None  # noqa: F841 - the pending works hold the group too
         if failure is not None:
             self.broken = True
+            self._tell_members_it_broke()
             raise RuntimeError(failure)
+
+    def _wait(self, work) -> None:
+        """Wait for one broadcast. A gloo wait blocks the host, and a member whose receive was posted after
+        the sender gave up (or that the sender's closing did not reach) would wait out the whole group
+        timeout: so gloo waits poll the work and, between polls, the group's store for the sender's
+        "broken" mark (or for the store itself being gone, with the sender)."""
+        if self.backend != "gloo":
+            work.wait()
+            return
+        delay = _FIRST_POLL_S
+        while not work.is_completed():
+            time.sleep(delay)
+            delay = min(2 * delay, _LONGEST_POLL_S)
+            if not work.is_completed() and self._sender_gave_up():
+                raise RuntimeError(f"weight update group {self.group_name!r}: the sender gave up on this "
+                                   f"broadcast (a member failed) and left the group")
+        work.wait()  # raises the broadcast's own error, if it failed
+
+    def _broken_key(self) -> str:
+        return f"{self.group_name}/broken"
+
+    def _tell_members_it_broke(self) -> None:
+        try:
+            self._store.set(self._broken_key(), "1")
+        except Exception:  # noqa: BLE001 - a store that is gone tells the members the same
+            pass
+
+    def _sender_gave_up(self) -> bool:
+        try:
+            return bool(self._store.check([self._broken_key()]))
+        except Exception:  # noqa: BLE001 - the store lives in the sender's process: gone means the sender left
+            return True
 
     def close(self) -> None:
         """Leave the group and free it, so its connections close and the peers' pending receives fail."""

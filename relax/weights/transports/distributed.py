@@ -95,14 +95,17 @@ class DistributedTransport(Transport):
 
     def _engine_error(self, errors: list[BaseException]) -> BaseException:
         """The error to raise for a failed open or send: an engine's own (it names the engine) before the
-        collective's; a collective that failed alone (a peer died mid-broadcast: gloo's "Connection reset by
-        peer", NCCL's abort, a rendezvous timeout) as an `EngineError` of the group, so the run's fault
-        tolerance treats it as the engine failure it is (health checks then find which engine)."""
-        from relax.utils.http_utils import EngineError
+        collective's, and among those an engine that could not be reached (the dead one) before one that
+        answered with an error (a survivor told that the sender gave up on the broadcast); a collective
+        that failed alone (a peer died mid-broadcast: gloo's "Connection reset by peer", NCCL's abort, a
+        rendezvous timeout) as an `EngineError` of the group, so the run's fault tolerance treats it as the
+        engine failure it is (health checks then find which engine)."""
+        from relax.utils.http_utils import EngineError, EngineHTTPError
 
-        own = next((e for e in errors if isinstance(e, EngineError)), None)
-        if own is not None:
-            return own
+        engines = [e for e in errors if isinstance(e, EngineError)]
+        unreachable = [e for e in engines if not isinstance(e, EngineHTTPError)]
+        if engines:
+            return (unreachable or engines)[0]
         first = errors[0]
         if isinstance(first, RuntimeError | TimeoutError | OSError):
             text = (str(first).strip().splitlines() or [""])[0][:300]
