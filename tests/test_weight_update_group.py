@@ -37,13 +37,17 @@ def _member(port: int, rank: int, results) -> None:
 
 def test_a_broadcast_to_a_dead_member_fails_and_closing_frees_the_survivor_at_once() -> None:
     ctx = mp.get_context("spawn")
-    port, results = _port(), ctx.Queue()
-    members = [ctx.Process(target=_member, args=(port, rank, results), daemon=True) for rank in (1, 2)]
+    # a queue per member: a multiprocessing.Queue's write lock is shared by its writers, and a member killed
+    # while its feeder thread still held it (just after its "joined" went out) left the survivor's report
+    # blocked forever (seen under load, 2 runs in 10; the survivor itself had failed at once)
+    port, queues = _port(), [ctx.Queue() for _ in (1, 2)]
+    members = [ctx.Process(target=_member, args=(port, rank, q), daemon=True) for rank, q in zip((1, 2), queues, strict=True)]
+    results = queues[0]  # the survivor's
     for p in members:
         p.start()
     try:
         sender = WeightUpdateGroup("127.0.0.1", port, 0, 3, group_name="g", backend="gloo", timeout_s=120)
-        assert sorted(results.get(timeout=60)[:2] for _ in members) == [("joined", 1), ("joined", 2)]
+        assert [q.get(timeout=60)[:2] for q in queues] == [("joined", 1), ("joined", 2)]
         members[1].kill()
         members[1].join(10)
         with pytest.raises(RuntimeError) as held:  # the caller keeps the error, as fault handling does
