@@ -317,14 +317,15 @@ def main(argv: list[str] | None = None) -> int:
     run = measure_safely if ns.in_process else measure_in_subprocess
     rows = []
     t0 = time.perf_counter()
+    origin = provenance() if ns.json else None
+    setup = {k: v for k, v in vars(ns).items() if not k.startswith("worker")}
 
     def write_json(complete: bool) -> None:
         if not ns.json:
             return
         Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
-        setup = {k: v for k, v in vars(ns).items() if not k.startswith("worker")}
         Path(ns.json).write_text(json.dumps({
-            "provenance": provenance(), "setup": setup, "device": device, "hbm_tbps": tbps, "hbm_source": source,
+            "provenance": origin, "setup": setup, "device": device, "hbm_tbps": tbps, "hbm_source": source,
             "weight_bytes": weight_bytes, "roofline_tok_s": {str(b): v for b, v in roofline.items()},
             "roofline_target": ROOFLINE_TARGET, "rows": [asdict(r) for r in rows], "complete": complete,
             "wall_s": time.perf_counter() - t0}, indent=1))

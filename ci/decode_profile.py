@@ -34,35 +34,30 @@ class Interval:
     end_us: float
 
 
+def _merged(intervals: Iterable[Interval]) -> list[tuple[float, float]]:
+    """The intervals' union as disjoint (start, end) spans in time order."""
+    spans: list[list[float]] = []
+    for iv in sorted(intervals, key=lambda i: i.start_us):
+        if spans and iv.start_us <= spans[-1][1]:
+            spans[-1][1] = max(spans[-1][1], iv.end_us)
+        else:
+            spans.append([iv.start_us, iv.end_us])
+    return [(start, end) for start, end in spans]
+
+
 def union_us(intervals: Iterable[Interval]) -> float:
     """Total length of the union of the intervals (µs)."""
-    total, cur_start, cur_end = 0.0, None, None
-    for iv in sorted(intervals, key=lambda i: i.start_us):
-        if cur_end is None or iv.start_us > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = iv.start_us, iv.end_us
-        else:
-            cur_end = max(cur_end, iv.end_us)
-    return total + (cur_end - cur_start if cur_end is not None else 0.0)
+    return sum(end - start for start, end in _merged(intervals))
 
 
 def idle_gaps_us(intervals: Iterable[Interval], short_us: float = SHORT_GAP_US) -> tuple[float, float, int]:
     """Idle time between the first and the last kernel, split at ``short_us``: (short gaps µs, long gaps µs,
     number of long gaps). Short gaps are the launch latency between back-to-back kernels (inside a CUDA graph
     too); long ones are the GPU waiting for the host."""
-    short = long = 0.0
-    count, cur_end = 0, None
-    for iv in sorted(intervals, key=lambda i: i.start_us):
-        if cur_end is not None and iv.start_us > cur_end:
-            gap = iv.start_us - cur_end
-            if gap <= short_us:
-                short += gap
-            else:
-                long += gap
-                count += 1
-        cur_end = iv.end_us if cur_end is None else max(cur_end, iv.end_us)
-    return short, long, count
+    spans = _merged(intervals)
+    gaps = [nxt[0] - prev[1] for prev, nxt in zip(spans, spans[1:], strict=False)]
+    long = [g for g in gaps if g > short_us]
+    return sum(g for g in gaps if g <= short_us), sum(long), len(long)
 
 
 def summarize(kernels: list[Interval], wall_s: float, *, top: int = TOP) -> dict:

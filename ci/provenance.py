@@ -15,22 +15,25 @@ import sys
 import time
 from pathlib import Path
 
+from harness.commit import source_commit
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def commit() -> str:
-    """``RELAX_COMMIT`` when the caller sets it (the GPU machine's copy may carry a stale ``.git``), else the
-    checkout's commit (``+dirty`` when it has uncommitted changes), else unknown."""
+    """The run's commit (`harness.commit.source_commit`: ``RELAX_COMMIT`` first, then the checkout's HEAD), with
+    ``+dirty`` when it is the checkout's and that has uncommitted changes; else unknown."""
+    head = source_commit(ROOT)
+    if head is None:
+        return "unknown"
     if os.environ.get("RELAX_COMMIT"):
-        return os.environ["RELAX_COMMIT"]
+        return head
     try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                              text=True, check=True, timeout=10).stdout.strip()
         dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True, timeout=10).stdout.strip()
-        return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        dirty = ""
+    return head + ("+dirty" if dirty else "")
 
 
 def machine() -> dict:

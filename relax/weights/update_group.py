@@ -85,9 +85,10 @@ class WeightUpdateGroup:
     def _wait(self, work) -> None:
         """Wait for one broadcast. A gloo wait blocks the host, and a member whose receive was posted after
         the sender gave up (or that the sender's closing did not reach) would wait out the whole group
-        timeout: so gloo waits poll the work and, between polls, the group's store for the sender's
-        "broken" mark (or for the store itself being gone, with the sender)."""
-        if self.backend != "gloo":
+        timeout: so a member's gloo waits poll the work and, between polls, the group's store for the
+        sender's "broken" mark (or for the store itself being gone, with the sender). The sender waits
+        plainly: a dead member fails its send."""
+        if self.backend != "gloo" or self.rank == 0:  # the sender's own failures come from gloo itself
             work.wait()
             return
         delay = _FIRST_POLL_S
