@@ -2,7 +2,10 @@
 # One GPU session on the air-gapped GPU machine (see ci/wheelhouse/): install the carried
 # wheels, then run the GPU measurements and write everything under $OUT.
 #   ci/gpu_session.sh PART1_DIR [what ...]      what: bench | colocate | scenarios | megatron | grpo (default: all)
-#                                                or bench_order | gpu_tests | baselines | gpu_scenarios (only when named):
+#                                                or bench_order | engine_tests | gpu_tests | baselines | gpu_scenarios
+#                                                (only when named):
+#   bench          BENCH_RUNNERS picks the runners (default: lean+graph lean+graph+compile)
+#   engine_tests   pytest tests/test_engine_gpu.py: the lean runner and its Triton decode attention on the GPU
 #   gpu_tests      pytest tests/gpu (not multi_gpu) + the relax convert tests, JUnit and reports in $OUT
 #   bench_order    ci/bench_engine.py with every runner in one process (the default gives each its own)
 #   baselines      records this GPU class's throughput baselines (5 runs of each GPU scenario with a throughput
@@ -28,7 +31,7 @@ for w in $WHAT; do
     bench) # HF generate + the two graph runners at batches 64 and 256 (6 fresh processes, ~6 min on the H100; all
            # six runners do not fit one call: `python3 ci/bench_engine.py` alone runs them); rows land in the JSON as
            # they finish
-           timeout $(cap 580) python3 ci/bench_engine.py --profile --runners lean+graph lean+graph+compile \
+           timeout $(cap 580) python3 ci/bench_engine.py --profile --runners ${BENCH_RUNNERS:-lean+graph lean+graph+compile} \
              --json "$OUT/bench_engine.json" 2>&1 | tee "$OUT/bench_engine.txt" ;;
     bench_order) # the same runners in one process, compiled runner last: does what ran before slow it down?
                  timeout $(cap 580) python3 ci/bench_engine.py --in-process --batches 64 --json "$OUT/bench_engine_in_process.json" \
@@ -43,6 +46,8 @@ for w in $WHAT; do
     megatron) timeout $(cap 330) python3 ci/bench_megatron.py --json "$OUT/bench_megatron.json" 2>&1 | tee "$OUT/bench_megatron.txt"
               timeout $(cap 540) python3 -m pytest scenarios -p harness.pytest_plugin --harness-profile gpu -k megatron \
                 --harness-results "$OUT/megatron_scenarios" -q 2>&1 | tail -30 | tee "$OUT/megatron_scenarios.txt" ;;
+    engine_tests) timeout $(cap 300) python3 -m pytest -q -rs tests/test_engine_gpu.py --junitxml "$OUT/engine_tests.xml" \
+                    2>&1 | tail -40 | tee "$OUT/engine_tests.txt" ;;
     gpu_tests) # the one-GPU pytest lines of issues 17 and 20 (Megatron through the new parallel state reproduces
                # commit 3f12622 bitwise when .megatron_base is carried; relax convert round trip; CUDA-IPC colocate)
                RELAX_MEGATRON_BASE=$PWD/.megatron_base RELAX_GPU_REPORT="$OUT/gpu_tests" timeout $(cap 585) python3 -m pytest \

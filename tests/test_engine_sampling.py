@@ -155,3 +155,42 @@ def test_lean_runner_rejects_unsupported_models_with_the_reason() -> None:
     model = _qwen3(hidden_act="gelu")
     with pytest.raises(ValueError, match="hidden_act gelu"):
         LeanRunner(model, torch.device("cpu"), slots=4, max_len=64)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 700), st.integers(0, 10_000))
+def test_blocked_cumsum_is_a_cumsum(rows, width, seed) -> None:
+    from relax.backends.embedded.sampling import blocked_cumsum
+
+    x = torch.rand(rows, width, generator=torch.Generator().manual_seed(seed))
+    got = blocked_cumsum(x)
+    assert got.shape == x.shape
+    assert torch.allclose(got.double(), x.double().cumsum(-1), rtol=1e-6, atol=1e-6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from([0.0, 1.0, 1.3]), st.sampled_from([0.7, 1.0]), st.sampled_from([-1, 50]))
+def test_sample_batch_over_several_scan_blocks_matches_float64_reference(seed, temperature, top_p, top_k) -> None:
+    """A vocabulary of 300 spans three blocks of the CDF scan (the last one padded)."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(4, 300, generator=gen, dtype=torch.float64)
+    u = torch.rand(4, generator=gen, dtype=torch.float64).float()
+    tokens, lps = sample_batch(logits, torch.full((4,), temperature), torch.full((4,), top_p),
+                               torch.full((4,), top_k, dtype=torch.long), u)
+    for row in range(4):
+        tok, lp = ref_sample(logits[row].tolist(), temperature, top_p, top_k, float(u[row]))
+        assert int(tokens[row]) == tok
+        assert abs(float(lps[row]) - lp) < 1e-4
+
+
+def test_compiled_draw_picks_the_eager_tokens() -> None:
+    from relax.backends.embedded.sampling import draw
+
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(16, 1000, generator=gen) * 2
+    args = (torch.full((16,), 1.0), torch.full((16,), 0.9), torch.full((16,), -1, dtype=torch.long),
+            torch.arange(16) * 7919, torch.arange(16) + 5)
+    eager = draw(logits, *args, filtered=True)
+    compiled = torch.compile(draw, dynamic=True)(logits, *args, filtered=True)
+    assert torch.equal(eager[0], compiled[0])
+    assert torch.allclose(eager[1], compiled[1], atol=1e-5)

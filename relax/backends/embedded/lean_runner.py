@@ -10,17 +10,19 @@ separate q/k/v and gate/up GEMMs, sampling outside the graph. This runner keeps 
   an update of the fused matrix. If anything re-points a parameter (``release_memory``), the
   next prefill notices and re-fuses (and drops captured graphs, which bake in addresses);
 * **KV cache** ``[slots, kv_heads, max_len, head_dim]`` per layer; row ``i`` lives in slot ``i``;
-* **GQA attention without copies**: queries are grouped ``[B, kv_heads, group, D]`` and multiply
-  the cache view directly; the view spans a length bucket over the longest row
-  (`_length_bucket`), not the whole context;
+* **GQA attention without copies** (`decode_attention`): one op per layer writes the new K/V and
+  attends over the cache in place, each query-head group against its KV head; on CUDA a Triton
+  flash-decoding kernel that reads each row only as far as it goes (the captured graph's length
+  bucket, `_length_bucket`, bounds it);
 * **batched prefill**: admitted prompts go through one right-padded forward (SDPA, causal +
   key-padding mask), K/V written straight into their slots;
 * **CUDA graphs** (``cuda_graph=True`` on CUDA): one graph per (batch bucket, length bucket,
   filtered) captures the whole decode step *including sampling* over the fixed-address
   `RowState` buffers; the host replays it and fetches tokens and log-probs once;
-* **torch.compile** (``compile=True``): the decode forward (not the sampler) is compiled with
-  dynamic shapes before capture, so the ~30 small kernels of a layer fuse into a few; a graph
-  alone removes launch overhead but not the kernel count.
+* **torch.compile** (``compile=True``): the decode forward and the sampler (`draw`: the
+  counter hash's ~30 integer ops, softmax, the blocked CDF scan) are compiled with dynamic shapes
+  before capture, so their small kernels fuse into a few; a graph alone removes launch overhead
+  but not the kernel count.
 
 Supported: Qwen2/Qwen3/Llama-style decoders (RMSNorm, SiLU-gated MLP, RoPE with a static
 table, optional q/k-norm and q/k/v biases, tied or untied head); anything else raises at
@@ -34,8 +36,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from relax.backends.embedded.decode_attention import decode_attention
 from relax.backends.embedded.rows import RowState
 from relax.backends.embedded.runners import compact_slots
+from relax.backends.embedded.sampling import draw
 
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn", None}
 _MIN_BUCKET = 128
@@ -108,6 +112,7 @@ class LeanRunner:
         self.eps = float(cfg.rms_norm_eps)
         self.cuda_graph = cuda_graph and device.type == "cuda"
         self._forward_decode = torch.compile(self._decode_logits, dynamic=True) if compile else self._decode_logits
+        self._draw = torch.compile(draw, dynamic=True) if compile else draw
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.rows_in_cache = 0
@@ -241,35 +246,21 @@ class LeanRunner:
     def _decode(self, state: RowState, n: int, view: int, filtered: bool) -> None:
         """One decode step + sampling for rows ``[:n]`` over cache positions ``[:view]`` (graph-safe)."""
         logits = self._forward_decode(state.tokens[:n], state.positions[:n], view)
-        state.sample(logits, slice(0, n), filtered=filtered)
+        state.sample(logits, slice(0, n), filtered=filtered, sampler=self._draw)
 
     def _decode_logits(self, tokens: torch.Tensor, positions: torch.Tensor, view: int) -> torch.Tensor:
         """Feed one token per row, write its K/V, return next-token logits (the compiled part).
 
-        Attention per layer is four kernels: ``baddbmm`` (scores, scale and mask bias), softmax
-        in fp32, cast, ``bmm`` with V; queries grouped per KV head so the cache is read in place.
+        Attention is one op per layer (`decode_attention`: on CUDA a flash-decoding Triton kernel
+        that writes the new K/V and reads each row's cache in place, only as far as the row goes).
         """
         n = tokens.shape[0]
         cos, sin = (t[positions].unsqueeze(1) for t in self._rope)  # [n, 1, D]
-        kvh, group, dim = self.kv_heads, self.heads // self.kv_heads, self.head_dim
-        dtype = self.model.lm_head.weight.dtype
-        keys = torch.arange(view, device=self.device)
-        bias = torch.zeros((n, 1, 1, view), dtype=dtype, device=self.device)
-        bias = bias.masked_fill(keys[None, None, None, :] > positions[:, None, None, None], float("-inf"))
-        bias = bias.expand(n, kvh, group, view).reshape(n * kvh, group, view)
-        rows = torch.arange(n, device=self.device)
         x = self.base.embed_tokens(tokens)
         for i in range(len(self.layers)):
             q, k, v = self._attention_in(i, x, cos, sin)  # q [n, H, D], k/v [n, KV, D]
-            self.k[i][rows, :, positions] = k
-            self.v[i][rows, :, positions] = v
-            keys_i = self.k[i][:n, :, :view].reshape(n * kvh, view, dim)
-            values_i = self.v[i][:n, :, :view].reshape(n * kvh, view, dim)
-            scores = torch.baddbmm(bias, q.reshape(n * kvh, group, dim), keys_i.transpose(1, 2),
-                                   alpha=self.layers[i].self_attn.scaling)
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
-            o = torch.bmm(probs, values_i).reshape(n, self.heads * dim)
-            x = self._attention_out_and_mlp(i, x, o)
+            o = decode_attention(q, k, v, self.k[i], self.v[i], positions, self.layers[i].self_attn.scaling, view)
+            x = self._attention_out_and_mlp(i, x, o.reshape(n, self.heads * self.head_dim))
         return self._logits(x)
 
     @torch.no_grad()

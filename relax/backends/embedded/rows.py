@@ -10,9 +10,11 @@ a graph bucket stay harmless (position 0, greedy).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from relax.backends.embedded.sampling import SamplingParams, counter_uniform, sample_batch
+from relax.backends.embedded.sampling import SamplingParams, draw
 
 
 class RowState:
@@ -67,12 +69,14 @@ class RowState:
         self._filters += [p.top_p < 1 or p.top_k > 0 for p in params]
         return rows
 
-    def sample(self, logits: torch.Tensor, rows: slice, filtered: bool | None = None) -> torch.Tensor:
-        """Sample rows ``rows`` from ``logits`` in place: pending tokens and log-probs; returns the tokens."""
-        tokens, logprobs = sample_batch(
-            logits, self.temperature[rows], self.top_p[rows], self.top_k[rows],
-            counter_uniform(self.seed[rows], self.counter[rows]),
-            filtered=self.filtered if filtered is None else filtered)
+    def sample(self, logits: torch.Tensor, rows: slice, filtered: bool | None = None,
+               sampler: Callable[..., tuple[torch.Tensor, torch.Tensor]] = draw) -> torch.Tensor:
+        """Sample rows ``rows`` from ``logits`` in place: pending tokens and log-probs; returns the tokens.
+
+        ``sampler`` is `draw` or a compiled copy of it (the lean runner's ``compile``)."""
+        tokens, logprobs = sampler(logits, self.temperature[rows], self.top_p[rows], self.top_k[rows],
+                                   self.seed[rows], self.counter[rows],
+                                   self.filtered if filtered is None else filtered)
         self.tokens[rows].copy_(tokens)
         self.logprobs[rows].copy_(logprobs)
         return tokens

@@ -1,0 +1,80 @@
+"""One decode step's attention over the slot KV cache, as one op: write the new K/V, attend, return.
+
+Why an op of its own: in the lean runner's decode step, attention was six kernels per layer (two
+K/V index writes, a mask-bias ``baddbmm`` over a length bucket, softmax, a cast, ``bmm`` with V), and
+the bucket made it read up to ~25% more cache than the rows hold. On CUDA this op is one Triton
+flash-decoding kernel (`relax.backends.embedded.triton_decode`): each program owns one (row, KV
+head) pair and the whole group of query heads that share it, streams only the cache positions the
+row has, keeps the softmax online in fp32 and writes the new token's K/V itself. Elsewhere (CPU,
+fp32, no Triton) it runs `reference_decode_attention`, the grouped ``baddbmm``/softmax/``bmm``
+the runner used before.
+
+It is a ``torch.library`` custom op that declares the two caches it mutates, so ``torch.compile``
+keeps it as one opaque call (no copy of the caches: the mutation is of graph inputs) and a CUDA
+graph captures its kernels like any other.
+
+Shapes: ``q [n, heads, dim]`` (after RoPE), ``k_new, v_new [n, kv_heads, dim]``, caches
+``[slots, kv_heads, max_len, dim]`` with row ``i`` in slot ``i``, ``positions [n]`` (tokens of
+row ``i`` already in the cache; the new K/V goes there), ``view`` an upper bound of
+``max(positions) + 1`` (the captured graph's length bucket). Returns ``[n, heads, dim]``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def reference_decode_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
+                               v_cache: torch.Tensor, positions: torch.Tensor, scale: float,
+                               view: int) -> torch.Tensor:
+    """Write K/V at ``positions``, then grouped attention over ``[:view]`` with keys past each row masked."""
+    n, heads, dim = q.shape
+    kvh = k_cache.shape[1]
+    group = heads // kvh
+    rows = torch.arange(n, device=q.device)
+    k_cache[rows, :, positions] = k_new
+    v_cache[rows, :, positions] = v_new
+    keys = torch.arange(view, device=q.device)
+    bias = torch.zeros((n, 1, 1, view), dtype=q.dtype, device=q.device)
+    bias = bias.masked_fill(keys[None, None, None, :] > positions[:, None, None, None], float("-inf"))
+    bias = bias.expand(n, kvh, group, view).reshape(n * kvh, group, view)
+    keys_i = k_cache[:n, :, :view].reshape(n * kvh, view, dim)
+    values_i = v_cache[:n, :, :view].reshape(n * kvh, view, dim)
+    scores = torch.baddbmm(bias, q.reshape(n * kvh, group, dim), keys_i.transpose(1, 2), alpha=scale)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.bmm(probs, values_i).reshape(n, heads, dim)
+
+
+@torch.library.custom_op("relax::decode_attention", mutates_args=("k_cache", "v_cache"))
+def decode_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
+                     v_cache: torch.Tensor, positions: torch.Tensor, scale: float, view: int) -> torch.Tensor:
+    """See the module docstring; this is the CPU (and fallback) implementation."""
+    return reference_decode_attention(q, k_new, v_new, k_cache, v_cache, positions, scale, view)
+
+
+@decode_attention.register_fake
+def _(q, k_new, v_new, k_cache, v_cache, positions, scale, view):
+    return q.new_empty(q.shape)
+
+
+@decode_attention.register_kernel("cuda")
+def _(q, k_new, v_new, k_cache, v_cache, positions, scale, view):
+    if _triton_decode() is None or not _triton_decode().supports(q, k_cache):
+        return reference_decode_attention(q, k_new, v_new, k_cache, v_cache, positions, scale, view)
+    return _triton_decode().decode_attention(q, k_new, v_new, k_cache, v_cache, positions, scale, view)
+
+
+@functools.cache
+def _triton_decode():
+    """The Triton module, or None (logged once) where Triton is missing: the reference runs then."""
+    try:
+        from relax.backends.embedded import triton_decode
+    except ImportError as exc:
+        log.warning("Triton is not importable (%s): decode attention runs the reference (slower)", exc)
+        return None
+    return triton_decode

@@ -1,0 +1,151 @@
+"""Flash-decoding attention in Triton for `relax.backends.embedded.decode_attention` (imported on CUDA only).
+
+Grid ``(rows, kv_heads, splits)``. A program loads the ``group`` query heads that share its KV
+head (padded to 16 rows for ``tl.dot``), streams the row's cache positions ``[0, position)`` of
+its split in blocks of ``BLOCK_N`` with an online softmax in fp32 (scores never round to the
+model dtype, unlike the ``baddbmm`` reference), and adds the new token from registers: the last
+split writes the new K/V into the cache and is the only one that attends to it, so no program
+reads a position another one writes. With one split the program normalizes and stores the output;
+with several (few rows, long contexts: too few programs to fill the GPU) each stores its partial
+output and log-sum-exp, and `_combine_kernel` merges them.
+
+Runs under ``TRITON_INTERPRET=1`` on CPU tensors too, which is how CI tests it without a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_N = 64
+_MIN_GROUP_ROWS = 16  # tl.dot's smallest M
+
+
+@triton.jit
+def _decode_kernel(Q, KN, VN, KC, VC, POS, O, PO, PL,
+                   stride_qb, stride_qh, stride_knb, stride_knh, stride_vnb, stride_vnh,
+                   stride_kcb, stride_kch, stride_kct, stride_vcb, stride_vch, stride_vct,
+                   stride_ob, stride_oh, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
+                   scale, chunk,
+                   GROUP: tl.constexpr, BLOCK_G: tl.constexpr, DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                   SPLITS: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.program_id(2)
+    pos = tl.load(POS + b)
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, DIM)
+    heads = h * GROUP + g
+    gmask = g < GROUP
+    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
+    k_base = KC + b * stride_kcb + h * stride_kch
+    v_base = VC + b * stride_vcb + h * stride_vch
+
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    denom = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, DIM], tl.float32)
+    start = s * chunk
+    end = tl.minimum(start + chunk, pos)
+    for n0 in range(start, end, BLOCK_N):
+        offs = n0 + tl.arange(0, BLOCK_N)
+        nmask = offs < end
+        k = tl.load(k_base + offs[:, None] * stride_kct + d[None, :], mask=nmask[:, None], other=0.0)
+        scores = tl.dot(q, tl.trans(k)) * scale
+        scores = tl.where(nmask[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, 1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        denom = denom * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + offs[:, None] * stride_vct + d[None, :], mask=nmask[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m = m_new
+
+    if s == SPLITS - 1:  # the new token: written by this split only, attended from registers
+        kn = tl.load(KN + b * stride_knb + h * stride_knh + d)
+        vn = tl.load(VN + b * stride_vnb + h * stride_vnh + d)
+        tl.store(k_base + pos * stride_kct + d, kn)
+        tl.store(v_base + pos * stride_vct + d, vn)
+        score = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], 1) * scale
+        m_new = tl.maximum(m, score)
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(score - m_new)
+        denom = denom * alpha + p
+        acc = acc * alpha[:, None] + p[:, None] * vn.to(tl.float32)[None, :]
+        m = m_new
+
+    if SPLITS == 1:
+        out = acc / denom[:, None]
+        tl.store(O + b * stride_ob + heads[:, None] * stride_oh + d[None, :], out.to(O.dtype.element_ty),
+                 mask=gmask[:, None])
+    else:  # an empty split leaves lse -inf and weighs nothing in the combine
+        safe = tl.where(denom > 0, denom, 1.0)
+        tl.store(PO + b * stride_pob + heads[:, None] * stride_poh + s * stride_pos + d[None, :],
+                 acc / safe[:, None], mask=gmask[:, None])
+        tl.store(PL + b * stride_plb + heads * stride_plh + s, m + tl.log(safe), mask=gmask)
+
+
+@triton.jit
+def _combine_kernel(PO, PL, O, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh, stride_ob, stride_oh,
+                    DIM: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, DIM)
+    smask = s < SPLITS
+    lse = tl.load(PL + b * stride_plb + h * stride_plh + s, mask=smask, other=float("-inf"))
+    w = tl.exp(lse - tl.max(lse, 0))
+    part = tl.load(PO + b * stride_pob + h * stride_poh + s[:, None] * stride_pos + d[None, :], mask=smask[:, None],
+                   other=0.0)
+    out = tl.sum(part * w[:, None], 0) / tl.sum(w, 0)
+    tl.store(O + b * stride_ob + h * stride_oh + d, out.to(O.dtype.element_ty))
+
+
+def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Half-precision caches with a power-of-two head dim >= 16; anything else runs the reference."""
+    dim = q.shape[-1]
+    return (q.dtype in (torch.float16, torch.bfloat16) and k_cache.dtype == q.dtype and dim >= 16
+            and dim & (dim - 1) == 0 and q.shape[1] % k_cache.shape[1] == 0)
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+
+
+def split_count(rows: int, kv_heads: int, view: int, sms: int) -> int:
+    """Splits of the context per (row, KV head): enough programs for two per SM, each >= 2 blocks long."""
+    programs = rows * kv_heads
+    return max(1, min(triton.cdiv(view, 2 * BLOCK_N), triton.cdiv(2 * sms, programs)))
+
+
+def decode_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
+                     v_cache: torch.Tensor, positions: torch.Tensor, scale: float, view: int) -> torch.Tensor:
+    n, heads, dim = q.shape
+    kvh = k_cache.shape[1]
+    group = heads // kvh
+    q, k_new, v_new = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_new, v_new))
+    out = torch.empty((n, heads, dim), dtype=q.dtype, device=q.device)
+    splits = split_count(n, kvh, view, _sm_count(q.device))
+    chunk = triton.cdiv(triton.cdiv(view, splits), BLOCK_N) * BLOCK_N
+    if splits == 1:
+        part, lse = out, out  # unused by the kernel's one-split branch
+        part_strides, lse_strides = (0, 0, 0), (0, 0)
+    else:
+        part = torch.empty((n, heads, splits, dim), dtype=torch.float32, device=q.device)
+        lse = torch.empty((n, heads, splits), dtype=torch.float32, device=q.device)
+        part_strides, lse_strides = part.stride()[:3], lse.stride()[:2]
+    _decode_kernel[(n, kvh, splits)](
+        q, k_new, v_new, k_cache, v_cache, positions, out, part, lse,
+        q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
+        v_cache.stride(2), out.stride(0), out.stride(1), *part_strides, *lse_strides,
+        scale, chunk,
+        GROUP=group, BLOCK_G=max(_MIN_GROUP_ROWS, triton.next_power_of_2(group)), DIM=dim, BLOCK_N=BLOCK_N,
+        SPLITS=splits)
+    if splits > 1:
+        _combine_kernel[(n, heads)](part, lse, out, *part_strides, *lse_strides, out.stride(0), out.stride(1),
+                                    DIM=dim, SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits))
+    return out

@@ -1,0 +1,117 @@
+"""The decode-attention op against a float64 per-row reference, under torch.compile, and its Triton kernel.
+
+The Triton kernel runs here under ``TRITON_INTERPRET=1`` (CPU tensors, numpy), in a subprocess
+because the interpreter is chosen when ``triton.jit`` decorates. fp16 only: the interpreter's
+bf16 loads are wrong (tests/test_engine_gpu.py checks bf16 on the GPU, where it runs compiled).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from relax.backends.embedded.decode_attention import decode_attention, reference_decode_attention
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def naive(q, k_new, v_new, k_cache, v_cache, positions, scale):
+    """float64, one (row, head) at a time: the row's cache ``[:pos]`` plus its new K/V."""
+    n, heads, _ = q.shape
+    group = heads // k_cache.shape[1]
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for b in range(n):
+        pos = int(positions[b])
+        for h in range(heads):
+            kv = h // group
+            keys = torch.cat([k_cache[b, kv, :pos].double(), k_new[b, kv, None].double()])
+            values = torch.cat([v_cache[b, kv, :pos].double(), v_new[b, kv, None].double()])
+            probs = torch.softmax(keys @ q[b, h].double() * scale, dim=0)
+            out[b, h] = probs @ values
+    return out
+
+
+def _inputs(n, heads, kvh, dim, max_len, view, seed, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    rand = lambda *shape: torch.randn(*shape, generator=gen).to(dtype)  # noqa: E731
+    positions = torch.randint(0, view, (n,), generator=gen)
+    positions[0] = view - 1  # one row at the bound
+    return (rand(n, heads, dim), rand(n, kvh, dim), rand(n, kvh, dim), rand(n + 1, kvh, max_len, dim),
+            rand(n + 1, kvh, max_len, dim), positions)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 5), kvh=st.sampled_from([1, 2, 4]), group=st.sampled_from([1, 2, 3]),
+       dim=st.sampled_from([4, 8]), view=st.integers(1, 40), seed=st.integers(0, 10_000))
+def test_reference_matches_float64_per_row_attention_and_writes_the_new_kv(n, kvh, group, dim, view, seed) -> None:
+    q, kn, vn, kc, vc, pos = _inputs(n, kvh * group, kvh, dim, 48, view, seed)
+    before_k, before_v = kc.clone(), vc.clone()
+    expected = naive(q, kn, vn, kc, vc, pos, 0.3)
+    out = reference_decode_attention(q, kn, vn, kc, vc, pos, 0.3, view)
+    assert (out.double() - expected).abs().max() < 1e-5
+    rows = torch.arange(n)
+    assert torch.equal(kc[rows, :, pos], kn) and torch.equal(vc[rows, :, pos], vn)
+    kc[rows, :, pos], vc[rows, :, pos] = before_k[rows, :, pos], before_v[rows, :, pos]
+    assert torch.equal(kc, before_k) and torch.equal(vc, before_v)  # nothing else written
+
+
+def test_op_under_torch_compile_mutates_the_caches_in_place_and_matches_eager() -> None:
+    q, kn, vn, kc, vc, pos = _inputs(3, 4, 2, 8, 32, 20, seed=1)
+    kc2, vc2 = kc.clone(), vc.clone()
+    ptrs = (kc.data_ptr(), vc.data_ptr())
+
+    def step(q, kn, vn, kc, vc, pos, view):
+        return decode_attention(q * 1.0, kn, vn, kc, vc, pos, 0.25, view) + 0.0
+
+    out = torch.compile(step, dynamic=True, fullgraph=True)(q, kn, vn, kc, vc, pos, 20)
+    eager = step(q, kn, vn, kc2, vc2, pos, 20)
+    assert torch.equal(out, eager)
+    assert (kc.data_ptr(), vc.data_ptr()) == ptrs
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+
+
+_TRITON_CHECK = textwrap.dedent("""
+    import json, sys, torch
+    sys.path.insert(0, sys.argv[1])
+    from tests.test_decode_attention import _inputs, naive
+    from relax.backends.embedded import triton_decode
+    results = []
+    # (rows, heads, kv heads, dim, view, SMs): one split, several, a view of one, group 1 and 4
+    for n, heads, kvh, dim, view, sms in [(3, 4, 2, 16, 150, 132), (3, 4, 2, 16, 150, 1), (2, 8, 2, 32, 257, 132),
+                                          (4, 4, 4, 16, 70, 132), (5, 6, 2, 16, 1, 132)]:
+        triton_decode._sm_count = lambda device, sms=sms: sms
+        q, kn, vn, kc, vc, pos = _inputs(n, heads, kvh, dim, 300, view, seed=view, dtype=torch.float16)
+        expected = naive(q, kn, vn, kc, vc, pos, 0.125)
+        ref_k, ref_v = kc.clone(), vc.clone()
+        out = triton_decode.decode_attention(q, kn, vn, kc, vc, pos, 0.125, view)
+        rows = torch.arange(n)
+        ref_k[rows, :, pos], ref_v[rows, :, pos] = kn, vn
+        results.append(dict(case=[n, heads, kvh, dim, view, sms], splits=triton_decode.split_count(n, kvh, view, sms),
+                            err=float((out.double() - expected).abs().max()),
+                            caches_equal=bool(torch.equal(kc, ref_k) and torch.equal(vc, ref_v))))
+    print("RESULT " + json.dumps(results))
+""")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed (dev extra)")
+def test_triton_kernel_matches_float64_reference_in_the_interpreter() -> None:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", _TRITON_CHECK, str(ROOT)], capture_output=True, text=True, env=env,
+                          timeout=600, cwd=ROOT)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, proc.stderr[-3000:]
+    results = json.loads(lines[0][len("RESULT "):])
+    assert {r["splits"] for r in results} >= {1, 2, 3}, results  # one-split and combine paths both ran
+    for r in results:
+        assert r["caches_equal"], r  # the new K/V written at its position, nothing else
+        assert r["err"] < 2e-3, r  # fp16 inputs, fp32 softmax: the float64 answer to fp16 output rounding
