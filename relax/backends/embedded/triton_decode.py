@@ -25,7 +25,7 @@ _MIN_GROUP_ROWS = 16  # tl.dot's smallest M
 
 
 @triton.jit
-def _decode_kernel(Q, KN, VN, KC, VC, POS, O, PO, PL,
+def _decode_kernel(Q, KN, VN, KC, VC, POS, OUT, PO, PL,
                    stride_qb, stride_qh, stride_knb, stride_knh, stride_vnb, stride_vnh,
                    stride_kcb, stride_kch, stride_kct, stride_vcb, stride_vch, stride_vct,
                    stride_ob, stride_oh, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
@@ -78,7 +78,7 @@ def _decode_kernel(Q, KN, VN, KC, VC, POS, O, PO, PL,
 
     if SPLITS == 1:
         out = acc / denom[:, None]
-        tl.store(O + b * stride_ob + heads[:, None] * stride_oh + d[None, :], out.to(O.dtype.element_ty),
+        tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + d[None, :], out.to(OUT.dtype.element_ty),
                  mask=gmask[:, None])
     else:  # an empty split leaves lse -inf and weighs nothing in the combine
         safe = tl.where(denom > 0, denom, 1.0)
@@ -88,7 +88,7 @@ def _decode_kernel(Q, KN, VN, KC, VC, POS, O, PO, PL,
 
 
 @triton.jit
-def _combine_kernel(PO, PL, O, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh, stride_ob, stride_oh,
+def _combine_kernel(PO, PL, OUT, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh, stride_ob, stride_oh,
                     DIM: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -100,7 +100,7 @@ def _combine_kernel(PO, PL, O, stride_pob, stride_poh, stride_pos, stride_plb, s
     part = tl.load(PO + b * stride_pob + h * stride_poh + s[:, None] * stride_pos + d[None, :], mask=smask[:, None],
                    other=0.0)
     out = tl.sum(part * w[:, None], 0) / tl.sum(w, 0)
-    tl.store(O + b * stride_ob + h * stride_oh + d, out.to(O.dtype.element_ty))
+    tl.store(OUT + b * stride_ob + h * stride_oh + d, out.to(OUT.dtype.element_ty))
 
 
 def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
