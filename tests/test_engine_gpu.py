@@ -112,9 +112,10 @@ def test_triton_decode_attention_matches_float64_in_bf16(n, heads, kvh, dim, vie
     assert (out.double() - expected).abs().max() < 2e-2  # bf16 output rounding of values ~1
 
 
-def test_bf16_compiled_graph_decode_agrees_with_eager_lean() -> None:
+@pytest.mark.parametrize("params", [{}, {"top_p": 0.8, "top_k": 20}])
+def test_bf16_compiled_graph_decode_agrees_with_eager_lean(params) -> None:
     model = _model(torch.bfloat16)
-    reqs = _requests(13)
+    reqs = _requests(13, **params)
     graph_ids, graph_lp = _run(EmbeddedEngine(model, eos_token_ids=[], device="cuda", runner="lean", cuda_graph=True,
                                               compile=True, max_context_len=256), reqs)
     eager_ids, eager_lp = _run(EmbeddedEngine(model, eos_token_ids=[], device="cuda", runner="lean",

@@ -170,7 +170,9 @@ def sample_batch(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.T
         probs = probs * keep
     cdf = blocked_cumsum(probs)
     target = (uniform * cdf[:, -1]).unsqueeze(-1)
-    pick = torch.searchsorted(cdf, target, right=True).clamp_(max=vocab - 1)
+    # the first index whose CDF exceeds the target = how many entries do not (searchsorted's right=True as a
+    # reduction: it fuses under torch.compile, whose CUDA searchsorted lowering fails on a sliced CDF)
+    pick = (cdf <= target).sum(-1, keepdim=True).clamp_(max=vocab - 1)
     ok = probs.gather(-1, pick) > 0  # rounding can land past the last kept token
     sampled = torch.where(ok, pick, probs.argmax(-1, keepdim=True)).squeeze(-1)
 
