@@ -5,6 +5,7 @@
 #                                                or bench_order | engine_tests | gpu_tests | baselines | gpu_scenarios
 #                                                (only when named):
 #   bench          BENCH_RUNNERS picks the runners (default: lean+graph lean+graph+compile)
+#   attention      ci/bench_decode_attention.py: the Triton decode-attention configs against the baddbmm reference
 #   engine_tests   pytest tests/test_engine_gpu.py: the lean runner and its Triton decode attention on the GPU
 #   gpu_tests      pytest tests/gpu (not multi_gpu) + the relax convert tests, JUnit and reports in $OUT
 #   bench_order    ci/bench_engine.py with every runner in one process (the default gives each its own)
@@ -46,6 +47,8 @@ for w in $WHAT; do
     megatron) timeout $(cap 330) python3 ci/bench_megatron.py --json "$OUT/bench_megatron.json" 2>&1 | tee "$OUT/bench_megatron.txt"
               timeout $(cap 540) python3 -m pytest scenarios -p harness.pytest_plugin --harness-profile gpu -k megatron \
                 --harness-results "$OUT/megatron_scenarios" -q 2>&1 | tail -30 | tee "$OUT/megatron_scenarios.txt" ;;
+    attention) timeout $(cap 200) python3 ci/bench_decode_attention.py --json "$OUT/bench_decode_attention.json" 2>&1 \
+                 | tee "$OUT/bench_decode_attention.txt" ;;
     engine_tests) timeout $(cap 300) python3 -m pytest -q -rs tests/test_engine_gpu.py --junitxml "$OUT/engine_tests.xml" \
                     2>&1 | tail -40 | tee "$OUT/engine_tests.txt" ;;
     gpu_tests) # the one-GPU pytest lines of issues 17 and 20 (Megatron through the new parallel state reproduces

@@ -25,10 +25,12 @@ from relax.backends.embedded.decode_attention import decode_attention, reference
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def naive(q, k_new, v_new, k_cache, v_cache, positions, scale):
+def naive(qk, v_new, k_cache, v_cache, positions, scale):
     """float64, one (row, head) at a time: the row's cache ``[:pos]`` plus its new K/V."""
-    n, heads, _ = q.shape
-    group = heads // k_cache.shape[1]
+    kvh = k_cache.shape[1]
+    n, heads = qk.shape[0], qk.shape[1] - kvh
+    q, k_new = qk[:, :heads], qk[:, heads:]
+    group = heads // kvh
     out = torch.empty(q.shape, dtype=torch.float64)
     for b in range(n):
         pos = int(positions[b])
@@ -46,18 +48,19 @@ def _inputs(n, heads, kvh, dim, max_len, view, seed, dtype=torch.float32):
     rand = lambda *shape: torch.randn(*shape, generator=gen).to(dtype)  # noqa: E731
     positions = torch.randint(0, view, (n,), generator=gen)
     positions[0] = view - 1  # one row at the bound
-    return (rand(n, heads, dim), rand(n, kvh, dim), rand(n, kvh, dim), rand(n + 1, kvh, max_len, dim),
-            rand(n + 1, kvh, max_len, dim), positions)
+    return rand(n, heads + kvh, dim), rand(n, kvh, dim), rand(n + 1, kvh, max_len, dim), rand(n + 1, kvh, max_len, dim), \
+        positions
 
 
 @settings(max_examples=25, deadline=None)
 @given(n=st.integers(1, 5), kvh=st.sampled_from([1, 2, 4]), group=st.sampled_from([1, 2, 3]),
        dim=st.sampled_from([4, 8]), view=st.integers(1, 40), seed=st.integers(0, 10_000))
 def test_reference_matches_float64_per_row_attention_and_writes_the_new_kv(n, kvh, group, dim, view, seed) -> None:
-    q, kn, vn, kc, vc, pos = _inputs(n, kvh * group, kvh, dim, 48, view, seed)
+    qk, vn, kc, vc, pos = _inputs(n, kvh * group, kvh, dim, 48, view, seed)
+    kn = qk[:, kvh * group:]
     before_k, before_v = kc.clone(), vc.clone()
-    expected = naive(q, kn, vn, kc, vc, pos, 0.3)
-    out = reference_decode_attention(q, kn, vn, kc, vc, pos, 0.3, view)
+    expected = naive(qk, vn, kc, vc, pos, 0.3)
+    out = reference_decode_attention(qk, vn, kc, vc, pos, 0.3, view)
     assert (out.double() - expected).abs().max() < 1e-5
     rows = torch.arange(n)
     assert torch.equal(kc[rows, :, pos], kn) and torch.equal(vc[rows, :, pos], vn)
@@ -66,15 +69,15 @@ def test_reference_matches_float64_per_row_attention_and_writes_the_new_kv(n, kv
 
 
 def test_op_under_torch_compile_mutates_the_caches_in_place_and_matches_eager() -> None:
-    q, kn, vn, kc, vc, pos = _inputs(3, 4, 2, 8, 32, 20, seed=1)
+    qk, vn, kc, vc, pos = _inputs(3, 4, 2, 8, 32, 20, seed=1)
     kc2, vc2 = kc.clone(), vc.clone()
     ptrs = (kc.data_ptr(), vc.data_ptr())
 
-    def step(q, kn, vn, kc, vc, pos, view):
-        return decode_attention(q * 1.0, kn, vn, kc, vc, pos, 0.25, view) + 0.0
+    def step(qk, vn, kc, vc, pos, view):
+        return decode_attention(qk * 1.0, vn, kc, vc, pos, 0.25, view) + 0.0
 
-    out = torch.compile(step, dynamic=True, fullgraph=True)(q, kn, vn, kc, vc, pos, 20)
-    eager = step(q, kn, vn, kc2, vc2, pos, 20)
+    out = torch.compile(step, dynamic=True, fullgraph=True)(qk, vn, kc, vc, pos, 20)
+    eager = step(qk, vn, kc2, vc2, pos, 20)
     assert torch.equal(out, eager)
     assert (kc.data_ptr(), vc.data_ptr()) == ptrs
     assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
@@ -90,12 +93,12 @@ _TRITON_CHECK = textwrap.dedent("""
     for n, heads, kvh, dim, view, sms in [(3, 4, 2, 16, 150, 132), (3, 4, 2, 16, 150, 1), (2, 8, 2, 32, 257, 132),
                                           (4, 4, 4, 16, 70, 132), (5, 6, 2, 16, 1, 132)]:
         triton_decode._sm_count = lambda device, sms=sms: sms
-        q, kn, vn, kc, vc, pos = _inputs(n, heads, kvh, dim, 300, view, seed=view, dtype=torch.float16)
-        expected = naive(q, kn, vn, kc, vc, pos, 0.125)
+        qk, vn, kc, vc, pos = _inputs(n, heads, kvh, dim, 300, view, seed=view, dtype=torch.float16)
+        expected = naive(qk, vn, kc, vc, pos, 0.125)
         ref_k, ref_v = kc.clone(), vc.clone()
-        out = triton_decode.decode_attention(q, kn, vn, kc, vc, pos, 0.125, view)
+        out = triton_decode.decode_attention(qk, vn, kc, vc, pos, 0.125, view)
         rows = torch.arange(n)
-        ref_k[rows, :, pos], ref_v[rows, :, pos] = kn, vn
+        ref_k[rows, :, pos], ref_v[rows, :, pos] = qk[:, heads:], vn
         results.append(dict(case=[n, heads, kvh, dim, view, sms], splits=triton_decode.split_count(n, kvh, view, sms),
                             err=float((out.double() - expected).abs().max()),
                             caches_equal=bool(torch.equal(kc, ref_k) and torch.equal(vc, ref_v))))

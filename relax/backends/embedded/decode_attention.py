@@ -13,7 +13,9 @@ It is a ``torch.library`` custom op that declares the two caches it mutates, so 
 keeps it as one opaque call (no copy of the caches: the mutation is of graph inputs) and a CUDA
 graph captures its kernels like any other.
 
-Shapes: ``q [n, heads, dim]`` (after RoPE), ``k_new, v_new [n, kv_heads, dim]``, caches
+Shapes: ``qk [n, heads + kv_heads, dim]`` (the queries, then the new keys, after RoPE: one
+buffer, as the fused QKV projection and RoPE leave them, so ``torch.compile`` need not copy two
+slices of it out for the op), ``v_new [n, kv_heads, dim]``, caches
 ``[slots, kv_heads, max_len, dim]`` with row ``i`` in slot ``i``, ``positions [n]`` (tokens of
 row ``i`` already in the cache; the new K/V goes there), ``view`` an upper bound of
 ``max(positions) + 1`` (the captured graph's length bucket). Returns ``[n, heads, dim]``.
@@ -29,12 +31,12 @@ import torch
 log = logging.getLogger(__name__)
 
 
-def reference_decode_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
-                               v_cache: torch.Tensor, positions: torch.Tensor, scale: float,
-                               view: int) -> torch.Tensor:
+def reference_decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               positions: torch.Tensor, scale: float, view: int) -> torch.Tensor:
     """Write K/V at ``positions``, then grouped attention over ``[:view]`` with keys past each row masked."""
-    n, heads, dim = q.shape
     kvh = k_cache.shape[1]
+    n, heads, dim = qk.shape[0], qk.shape[1] - kvh, qk.shape[2]
+    q, k_new = qk[:, :heads], qk[:, heads:]
     group = heads // kvh
     rows = torch.arange(n, device=q.device)
     k_cache[rows, :, positions] = k_new
@@ -51,22 +53,22 @@ def reference_decode_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torc
 
 
 @torch.library.custom_op("relax::decode_attention", mutates_args=("k_cache", "v_cache"))
-def decode_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
-                     v_cache: torch.Tensor, positions: torch.Tensor, scale: float, view: int) -> torch.Tensor:
+def decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     positions: torch.Tensor, scale: float, view: int) -> torch.Tensor:
     """See the module docstring; this is the CPU (and fallback) implementation."""
-    return reference_decode_attention(q, k_new, v_new, k_cache, v_cache, positions, scale, view)
+    return reference_decode_attention(qk, v_new, k_cache, v_cache, positions, scale, view)
 
 
 @decode_attention.register_fake
-def _(q, k_new, v_new, k_cache, v_cache, positions, scale, view):
-    return q.new_empty(q.shape)
+def _(qk, v_new, k_cache, v_cache, positions, scale, view):
+    return qk.new_empty((qk.shape[0], qk.shape[1] - k_cache.shape[1], qk.shape[2]))
 
 
 @decode_attention.register_kernel("cuda")
-def _(q, k_new, v_new, k_cache, v_cache, positions, scale, view):
-    if _triton_decode() is None or not _triton_decode().supports(q, k_cache):
-        return reference_decode_attention(q, k_new, v_new, k_cache, v_cache, positions, scale, view)
-    return _triton_decode().decode_attention(q, k_new, v_new, k_cache, v_cache, positions, scale, view)
+def _(qk, v_new, k_cache, v_cache, positions, scale, view):
+    if _triton_decode() is None or not _triton_decode().supports(qk, k_cache):
+        return reference_decode_attention(qk, v_new, k_cache, v_cache, positions, scale, view)
+    return _triton_decode().decode_attention(qk, v_new, k_cache, v_cache, positions, scale, view)
 
 
 @functools.cache

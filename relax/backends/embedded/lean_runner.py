@@ -19,8 +19,8 @@ separate q/k/v and gate/up GEMMs, sampling outside the graph. This runner keeps 
 * **CUDA graphs** (``cuda_graph=True`` on CUDA): one graph per (batch bucket, length bucket,
   filtered) captures the whole decode step *including sampling* over the fixed-address
   `RowState` buffers; the host replays it and fetches tokens and log-probs once;
-* **torch.compile** (``compile=True``): the decode forward and the sampler (`draw`: the
-  counter hash's ~30 integer ops, softmax, the blocked CDF scan) are compiled with dynamic shapes
+* **torch.compile** (``compile=True``): the decode forward and the unfiltered sampler (`draw`:
+  the counter hash's ~30 integer ops, softmax, the blocked CDF scan) are compiled with dynamic shapes
   before capture, so their small kernels fuse into a few; a graph alone removes launch overhead
   but not the kernel count.
 
@@ -179,7 +179,7 @@ class LeanRunner:
 
     # ------------------------------------------------------------------ forwards
     def _attention_in(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """Norm, fused QKV, q/k-norm and RoPE over q and k together: ``q [..., H, D]``, ``k, v [..., KV, D]``."""
+        """Norm, fused QKV, q/k-norm and RoPE over q and k together: ``qk [..., H + KV, D]``, ``v [..., KV, D]``."""
         layer = self.layers[i]
         a = layer.self_attn
         w, b = self._qkv[i]
@@ -189,8 +189,7 @@ class LeanRunner:
         if hasattr(a, "q_norm"):
             norm_w = torch.cat([a.q_norm.weight.expand(self.heads, -1), a.k_norm.weight.expand(self.kv_heads, -1)])
             qk = _rms(qk, norm_w, self.eps)
-        qk = _rotate(qk, cos, sin)
-        return qk[..., :self.heads, :], qk[..., self.heads:, :], v
+        return _rotate(qk, cos, sin), v
 
     def _attention_out_and_mlp(self, i: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         layer = self.layers[i]
@@ -232,8 +231,8 @@ class LeanRunner:
         slots = slice(self.rows, self.rows + n)
         x = self.base.embed_tokens(ids)
         for i in range(len(self.layers)):
-            q, k, v = self._attention_in(i, x, cos, sin)  # [n, T, heads, D]
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            qk, v = self._attention_in(i, x, cos, sin)  # [n, T, heads + kv_heads, D], [n, T, kv_heads, D]
+            q, k, v = qk[:, :, :self.heads].transpose(1, 2), qk[:, :, self.heads:].transpose(1, 2), v.transpose(1, 2)
             self.k[i][slots, :, :width] = k
             self.v[i][slots, :, :width] = v
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.layers[i].self_attn.scaling,
@@ -246,7 +245,10 @@ class LeanRunner:
     def _decode(self, state: RowState, n: int, view: int, filtered: bool) -> None:
         """One decode step + sampling for rows ``[:n]`` over cache positions ``[:view]`` (graph-safe)."""
         logits = self._forward_decode(state.tokens[:n], state.positions[:n], view)
-        state.sample(logits, slice(0, n), filtered=filtered, sampler=self._draw)
+        # a batch with top-p/top-k rows samples eagerly: its stable sort decides which of tied (bf16) logits
+        # survive the cut, and torch.compile's CUDA sort is not yet shown to keep ties in vocabulary order
+        # (tests/test_engine_gpu.py::test_compiled_draw_keeps_ties_in_vocabulary_order checks it)
+        state.sample(logits, slice(0, n), filtered=filtered, sampler=draw if filtered else self._draw)
 
     def _decode_logits(self, tokens: torch.Tensor, positions: torch.Tensor, view: int) -> torch.Tensor:
         """Feed one token per row, write its K/V, return next-token logits (the compiled part).
@@ -258,8 +260,8 @@ class LeanRunner:
         cos, sin = (t[positions].unsqueeze(1) for t in self._rope)  # [n, 1, D]
         x = self.base.embed_tokens(tokens)
         for i in range(len(self.layers)):
-            q, k, v = self._attention_in(i, x, cos, sin)  # q [n, H, D], k/v [n, KV, D]
-            o = decode_attention(q, k, v, self.k[i], self.v[i], positions, self.layers[i].self_attn.scaling, view)
+            qk, v = self._attention_in(i, x, cos, sin)  # [n, H + KV, D], [n, KV, D]
+            o = decode_attention(qk, v, self.k[i], self.v[i], positions, self.layers[i].self_attn.scaling, view)
             x = self._attention_out_and_mlp(i, x, o.reshape(n, self.heads * self.head_dim))
         return self._logits(x)
 

@@ -25,12 +25,12 @@ _MIN_GROUP_ROWS = 16  # tl.dot's smallest M
 
 
 @triton.jit
-def _decode_kernel(Q, KN, VN, KC, VC, POS, OUT, PO, PL,
-                   stride_qb, stride_qh, stride_knb, stride_knh, stride_vnb, stride_vnh,
+def _decode_kernel(QK, VN, KC, VC, POS, OUT, PO, PL,
+                   stride_qb, stride_qh, stride_vnb, stride_vnh,
                    stride_kcb, stride_kch, stride_kct, stride_vcb, stride_vch, stride_vct,
                    stride_ob, stride_oh, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
                    scale, chunk,
-                   GROUP: tl.constexpr, BLOCK_G: tl.constexpr, DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                   HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                    SPLITS: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -40,7 +40,7 @@ def _decode_kernel(Q, KN, VN, KC, VC, POS, OUT, PO, PL,
     d = tl.arange(0, DIM)
     heads = h * GROUP + g
     gmask = g < GROUP
-    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
+    q = tl.load(QK + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
     k_base = KC + b * stride_kcb + h * stride_kch
     v_base = VC + b * stride_vcb + h * stride_vch
 
@@ -64,7 +64,7 @@ def _decode_kernel(Q, KN, VN, KC, VC, POS, OUT, PO, PL,
         m = m_new
 
     if s == SPLITS - 1:  # the new token: written by this split only, attended from registers
-        kn = tl.load(KN + b * stride_knb + h * stride_knh + d)
+        kn = tl.load(QK + b * stride_qb + (HEADS + h) * stride_qh + d)
         vn = tl.load(VN + b * stride_vnb + h * stride_vnh + d)
         tl.store(k_base + pos * stride_kct + d, kn)
         tl.store(v_base + pos * stride_vct + d, vn)
@@ -103,11 +103,11 @@ def _combine_kernel(PO, PL, OUT, stride_pob, stride_poh, stride_pos, stride_plb,
     tl.store(OUT + b * stride_ob + h * stride_oh + d, out.to(OUT.dtype.element_ty))
 
 
-def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+def supports(qk: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Half-precision caches with a power-of-two head dim >= 16; anything else runs the reference."""
-    dim = q.shape[-1]
-    return (q.dtype in (torch.float16, torch.bfloat16) and k_cache.dtype == q.dtype and dim >= 16
-            and dim & (dim - 1) == 0 and q.shape[1] % k_cache.shape[1] == 0)
+    dim = qk.shape[-1]
+    return (qk.dtype in (torch.float16, torch.bfloat16) and k_cache.dtype == qk.dtype and dim >= 16
+            and dim & (dim - 1) == 0 and (qk.shape[1] - k_cache.shape[1]) % k_cache.shape[1] == 0)
 
 
 @functools.cache
@@ -115,36 +115,38 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
-def split_count(rows: int, kv_heads: int, view: int, sms: int) -> int:
+def split_count(rows: int, kv_heads: int, view: int, sms: int, block_n: int = BLOCK_N) -> int:
     """Splits of the context per (row, KV head): enough programs for two per SM, each >= 2 blocks long."""
     programs = rows * kv_heads
-    return max(1, min(triton.cdiv(view, 2 * BLOCK_N), triton.cdiv(2 * sms, programs)))
+    return max(1, min(triton.cdiv(view, 2 * block_n), triton.cdiv(2 * sms, programs)))
 
 
-def decode_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
-                     v_cache: torch.Tensor, positions: torch.Tensor, scale: float, view: int) -> torch.Tensor:
-    n, heads, dim = q.shape
+def decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     positions: torch.Tensor, scale: float, view: int, *, splits: int | None = None,
+                     block_n: int = BLOCK_N, num_warps: int = 4) -> torch.Tensor:
+    """The op's CUDA implementation; ``splits``/``block_n``/``num_warps`` are for ci/bench_decode_attention.py."""
     kvh = k_cache.shape[1]
+    n, heads, dim = qk.shape[0], qk.shape[1] - kvh, qk.shape[2]
     group = heads // kvh
-    q, k_new, v_new = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_new, v_new))
-    out = torch.empty((n, heads, dim), dtype=q.dtype, device=q.device)
-    splits = split_count(n, kvh, view, _sm_count(q.device))
-    chunk = triton.cdiv(triton.cdiv(view, splits), BLOCK_N) * BLOCK_N
+    qk, v_new = (t if t.stride(-1) == 1 else t.contiguous() for t in (qk, v_new))
+    out = torch.empty((n, heads, dim), dtype=qk.dtype, device=qk.device)
+    splits = splits or split_count(n, kvh, view, _sm_count(qk.device), block_n)
+    chunk = triton.cdiv(triton.cdiv(view, splits), block_n) * block_n
     if splits == 1:
         part, lse = out, out  # unused by the kernel's one-split branch
         part_strides, lse_strides = (0, 0, 0), (0, 0)
     else:
-        part = torch.empty((n, heads, splits, dim), dtype=torch.float32, device=q.device)
-        lse = torch.empty((n, heads, splits), dtype=torch.float32, device=q.device)
+        part = torch.empty((n, heads, splits, dim), dtype=torch.float32, device=qk.device)
+        lse = torch.empty((n, heads, splits), dtype=torch.float32, device=qk.device)
         part_strides, lse_strides = part.stride()[:3], lse.stride()[:2]
     _decode_kernel[(n, kvh, splits)](
-        q, k_new, v_new, k_cache, v_cache, positions, out, part, lse,
-        q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
+        qk, v_new, k_cache, v_cache, positions, out, part, lse,
+        qk.stride(0), qk.stride(1), v_new.stride(0), v_new.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
         v_cache.stride(2), out.stride(0), out.stride(1), *part_strides, *lse_strides,
         scale, chunk,
-        GROUP=group, BLOCK_G=max(_MIN_GROUP_ROWS, triton.next_power_of_2(group)), DIM=dim, BLOCK_N=BLOCK_N,
-        SPLITS=splits)
+        HEADS=heads, GROUP=group, BLOCK_G=max(_MIN_GROUP_ROWS, triton.next_power_of_2(group)), DIM=dim,
+        BLOCK_N=block_n, SPLITS=splits, num_warps=num_warps)
     if splits > 1:
         _combine_kernel[(n, heads)](part, lse, out, *part_strides, *lse_strides, out.stride(0), out.stride(1),
                                     DIM=dim, SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits))

@@ -1,0 +1,108 @@
+"""Decode attention alone: the Triton flash-decoding kernel (per config) against the grouped baddbmm reference.
+
+    python ci/bench_decode_attention.py [--rows 64 256] [--positions 128 256 383] --json out.json
+
+Shapes are bench-270m's (16 query heads, 8 KV heads, head dim 64, bf16, cache length 392, view
+bucket 384), every row at the same cache position. Each variant is timed as a CUDA graph of
+``--calls`` back-to-back calls (the engine replays it inside its decode graph, so Python launch
+cost does not count) and reported as microseconds per call, the HBM bandwidth it reaches on the
+K/V bytes it must read, and its speed-up over the reference in the same run. The default config
+(`triton_decode.BLOCK_N`, 4 warps, `split_count`) is marked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ci.provenance import provenance  # noqa: E402
+
+HEADS, KV_HEADS, DIM, MAX_LEN, VIEW = 16, 8, 64, 392, 384
+
+
+def graph_us(fn, calls: int) -> float:
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # compile / warm up outside the graph
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / (5 * calls)
+
+
+def measure_shape(n: int, pos: int, calls: int, tbps: float) -> list[dict]:
+    """Every variant at ``n`` rows, all at cache position ``pos``."""
+    import torch
+
+    from relax.backends.embedded import triton_decode
+    from relax.backends.embedded.decode_attention import reference_decode_attention
+
+    gen = torch.Generator(device="cuda").manual_seed(n + pos)
+    qk, vn = (torch.randn(*s, generator=gen, device="cuda").bfloat16() for s in ((n, HEADS + KV_HEADS, DIM),
+                                                                              (n, KV_HEADS, DIM)))
+    kc, vc = (torch.randn(n, KV_HEADS, MAX_LEN, DIM, generator=gen, device="cuda").bfloat16() for _ in range(2))
+    positions = torch.full((n,), pos, device="cuda")
+    kv_bytes = 2 * n * KV_HEADS * (pos + 1) * DIM * 2
+    ref_us = graph_us(lambda: reference_decode_attention(qk, vn, kc, vc, positions, 0.125, VIEW), calls)
+    expected = reference_decode_attention(qk.double(), vn.double(), kc.double(), vc.double(), positions, 0.125, VIEW)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    default = (triton_decode.BLOCK_N, 4, triton_decode.split_count(n, KV_HEADS, VIEW, sms))
+    out = []
+    for block_n, warps, splits in sorted({default, *itertools.product([32, 64, 128], [2, 4, 8], [1, 2, 4])}):
+        def call(block_n=block_n, warps=warps, splits=splits):
+            return triton_decode.decode_attention(qk, vn, kc, vc, positions, 0.125, VIEW, splits=splits,
+                                                  block_n=block_n, num_warps=warps)
+        err = float((call().double() - expected).abs().max())
+        us = graph_us(call, calls)
+        out.append(dict(rows=n, position=pos, block_n=block_n, num_warps=warps, splits=splits,
+                        default=(block_n, warps, splits) == default, us=us, reference_us=ref_us, speedup=ref_us / us,
+                        hbm_share=kv_bytes / (us * 1e-6) / (tbps * 1e12), max_err=err))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, nargs="+", default=[64, 256])
+    ap.add_argument("--positions", type=int, nargs="+", default=[128, 256, 383])
+    ap.add_argument("--calls", type=int, default=50)
+    ap.add_argument("--json", type=Path)
+    ns = ap.parse_args()
+
+    import torch
+
+    tbps = 3.35 if "H100" in torch.cuda.get_device_name() else 4.8
+    rows_out = []
+    for n, pos in itertools.product(ns.rows, ns.positions):
+        shape = measure_shape(n, pos, ns.calls, tbps)
+        rows_out += shape
+        best = min(shape, key=lambda r: r["us"])
+        mine = next(r for r in shape if r["default"])
+        print(f"rows {n:4d} position {pos:4d}: reference {mine['reference_us']:7.1f} us | default {mine['us']:6.1f} us "
+              f"({mine['speedup']:.2f}x, {mine['hbm_share']:.0%} of HBM, max err {mine['max_err']:.1e}) | best "
+              f"{best['us']:6.1f} us (block {best['block_n']}, {best['num_warps']} warps, {best['splits']} splits, "
+              f"{best['hbm_share']:.0%})", flush=True)
+    if ns.json:
+        ns.json.parent.mkdir(parents=True, exist_ok=True)
+        ns.json.write_text(json.dumps({"provenance": provenance(), "setup": vars(ns) | {"json": str(ns.json)},
+                                       "hbm_tbps": tbps, "rows": rows_out}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
