@@ -13,7 +13,7 @@
 #                  check) into $OUT/baselines/<class>.json; commit that file to ci/baselines/
 #   gpu_scenarios  what `nox -s gpu_scenarios` runs (ci/sessions.py): every GPU scenario, throughput against
 #                  ci/baselines (required), then the gate; results, JUnit, report and summary in $OUT/gpu_scenarios
-# grpo also needs .whl4/ (TRL's wheels, ci/wheelhouse/build.sh); without it the TRL row is skipped.
+# grpo: GRPO_TRL_MODES picks TRL's paths (default: all three). It also needs .whl4/ (TRL's wheels, ci/wheelhouse/build.sh); without it the TRL row is skipped.
 set -uo pipefail
 # One device call may run 600 s in all, install included: every item's own limit is cut to what is left of
 # RELAX_SESSION_BUDGET_S (counted from here), so a late item stops itself and its partial output still comes back.
@@ -67,6 +67,7 @@ for w in $WHAT; do
           # TRL's three generation paths + relax-megatron in one run; 6 steps keep continuous batching (~27 s a step)
           # inside the call's limit
           timeout $(cap 580) python3 ci/bench_grpo_e2e.py --systems trl relax-megatron --engine-compile --steps 6 \
+            --trl-modes ${GRPO_TRL_MODES:-default static continuous-batching} \
             --json "$OUT/bench_grpo_e2e.json" --workdir /tmp/grpo_runs 2>&1 \
             | tee "$OUT/bench_grpo_e2e.txt"
           python3 ci/run_figures.py /tmp/grpo_runs/relax-megatron --json "$OUT/grpo_relax_megatron_figures.json" \
