@@ -5,7 +5,9 @@
 Shapes are bench-270m's (16 query heads, 8 KV heads, head dim 64, bf16, cache length 392, view
 bucket 384), every row at the same cache position. Each variant is timed as a CUDA graph of
 ``--calls`` back-to-back calls (the engine replays it inside its decode graph, so Python launch
-cost does not count) and reported as microseconds per call, the HBM bandwidth it reaches on the
+cost does not count), the calls cycling over copies of the caches that together exceed 200 MB,
+so that no call finds its K/V in the 50 MB L2 (a first version reused one copy and read "104% of
+HBM"; docs/results/bench_decode_attention_h100_l2warm.json is that run), and reported as microseconds per call, the HBM bandwidth it reaches on the
 K/V bytes it must read, and its speed-up over the reference in the same run. The default config
 (`triton_decode.BLOCK_N`, 4 warps, `split_count`) is marked.
 """
@@ -22,20 +24,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ci.provenance import provenance  # noqa: E402
 
 HEADS, KV_HEADS, DIM, MAX_LEN, VIEW = 16, 8, 64, 392, 384
+L2_FLUSH_BYTES = 200_000_000  # 4x the H100's (and H200's) 50 MB L2
 
 
-def graph_us(fn, calls: int) -> float:
+def graph_us(fns: list, calls: int) -> float:
+    """Microseconds per call of a CUDA graph of ``calls`` calls, call ``i`` being ``fns[i % len(fns)]``."""
     import torch
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        fn()  # compile / warm up outside the graph
+        fns[0]()  # compile / warm up outside the graph
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
+        for i in range(calls):
+            fns[i % len(fns)]()
     graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -57,20 +61,23 @@ def measure_shape(n: int, pos: int, calls: int, tbps: float) -> list[dict]:
     gen = torch.Generator(device="cuda").manual_seed(n + pos)
     qk, vn = (torch.randn(*s, generator=gen, device="cuda").bfloat16() for s in ((n, HEADS + KV_HEADS, DIM),
                                                                               (n, KV_HEADS, DIM)))
-    kc, vc = (torch.randn(n, KV_HEADS, MAX_LEN, DIM, generator=gen, device="cuda").bfloat16() for _ in range(2))
+    set_bytes = 2 * n * KV_HEADS * MAX_LEN * DIM * 2
+    caches = [tuple(torch.randn(n, KV_HEADS, MAX_LEN, DIM, generator=gen, device="cuda").bfloat16() for _ in range(2))
+              for _ in range(max(2, -(-L2_FLUSH_BYTES // set_bytes)))]
     positions = torch.full((n,), pos, device="cuda")
     kv_bytes = 2 * n * KV_HEADS * (pos + 1) * DIM * 2
-    ref_us = graph_us(lambda: reference_decode_attention(qk, vn, kc, vc, positions, 0.125, VIEW), calls)
+    ref_us = graph_us([lambda kc=kc, vc=vc: reference_decode_attention(qk, vn, kc, vc, positions, 0.125, VIEW)
+                       for kc, vc in caches], calls)
+    kc, vc = caches[0]
     expected = reference_decode_attention(qk.double(), vn.double(), kc.double(), vc.double(), positions, 0.125, VIEW)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     default = (triton_decode.BLOCK_N, 4, triton_decode.split_count(n, KV_HEADS, VIEW, sms))
     out = []
     for block_n, warps, splits in sorted({default, *itertools.product([32, 64, 128], [2, 4, 8], [1, 2, 4])}):
-        def call(block_n=block_n, warps=warps, splits=splits):
-            return triton_decode.decode_attention(qk, vn, kc, vc, positions, 0.125, VIEW, splits=splits,
-                                                  block_n=block_n, num_warps=warps)
-        err = float((call().double() - expected).abs().max())
-        us = graph_us(call, calls)
+        calls_of = [lambda kc=kc, vc=vc, block_n=block_n, warps=warps, splits=splits: triton_decode.decode_attention(
+            qk, vn, kc, vc, positions, 0.125, VIEW, splits=splits, block_n=block_n, num_warps=warps) for kc, vc in caches]
+        err = float((calls_of[0]().double() - expected).abs().max())
+        us = graph_us(calls_of, calls)
         out.append(dict(rows=n, position=pos, block_n=block_n, num_warps=warps, splits=splits,
                         default=(block_n, warps, splits) == default, us=us, reference_us=ref_us, speedup=ref_us / us,
                         hbm_share=kv_bytes / (us * 1e-6) / (tbps * 1e12), max_err=err))

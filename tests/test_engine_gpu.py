@@ -111,10 +111,13 @@ def test_triton_decode_attention_matches_float64_in_bf16(n, heads, kvh, dim, vie
     assert (out.double() - expected).abs().max() < 2e-2  # bf16 output rounding of values ~1
 
 
-@pytest.mark.parametrize("params", [{}, {"top_p": 0.8, "top_k": 20}])
-def test_bf16_compiled_graph_decode_agrees_with_eager_lean(params) -> None:
+def test_bf16_compiled_graph_decode_agrees_with_eager_lean() -> None:
+    """Unfiltered only: with top-k 20 of this random model's nearly flat 512 logits, which tokens survive the cut
+    turns on bf16 rounding (on CPU, no Triton, the bf16 lean and HF runners agree on 10/13 rows unfiltered and
+    4/13 filtered); the filtered sampler is checked by test_compiled_draw_keeps_ties_in_vocabulary_order and the
+    float64 tests of tests/test_engine_sampling.py."""
     model = _model(torch.bfloat16)
-    reqs = _requests(13, **params)
+    reqs = _requests(13)
     graph_ids, graph_lp = _run(EmbeddedEngine(model, eos_token_ids=[], device="cuda", runner="lean", cuda_graph=True,
                                               compile=True, max_context_len=256), reqs)
     eager_ids, eager_lp = _run(EmbeddedEngine(model, eos_token_ids=[], device="cuda", runner="lean",
