@@ -94,6 +94,9 @@ def main() -> None:
 
     import torch
 
+    if not torch.cuda.is_available():
+        sys.exit("bench_decode_attention: needs a CUDA GPU (it times the Triton kernel); "
+                 "tests/test_decode_attention.py checks the kernel on CPU under TRITON_INTERPRET=1")
     tbps = 3.35 if "H100" in torch.cuda.get_device_name() else 4.8
     rows_out = []
     for n, pos in itertools.product(ns.rows, ns.positions):

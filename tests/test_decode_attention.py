@@ -118,3 +118,11 @@ def test_triton_kernel_matches_float64_reference_in_the_interpreter() -> None:
     for r in results:
         assert r["caches_equal"], r  # the new K/V written at its position, nothing else
         assert r["err"] < 2e-3, r  # fp16 inputs, fp32 softmax: the float64 answer to fp16 output rounding
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_attention_bench_says_in_one_line_that_it_needs_a_gpu() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "ci" / "bench_decode_attention.py")], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "needs a CUDA GPU" in proc.stderr

@@ -66,9 +66,10 @@ def _(qk, v_new, k_cache, v_cache, positions, scale, view):
 
 @decode_attention.register_kernel("cuda")
 def _(qk, v_new, k_cache, v_cache, positions, scale, view):
-    if _triton_decode() is None or not _triton_decode().supports(qk, k_cache):
+    kernel = _triton_decode()
+    if kernel is None or not kernel.supports(qk, k_cache):
         return reference_decode_attention(qk, v_new, k_cache, v_cache, positions, scale, view)
-    return _triton_decode().decode_attention(qk, v_new, k_cache, v_cache, positions, scale, view)
+    return kernel.decode_attention(qk, v_new, k_cache, v_cache, positions, scale, view)
 
 
 @functools.cache

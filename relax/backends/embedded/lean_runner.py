@@ -19,8 +19,8 @@ separate q/k/v and gate/up GEMMs, sampling outside the graph. This runner keeps 
 * **CUDA graphs** (``cuda_graph=True`` on CUDA): one graph per (batch bucket, length bucket,
   filtered) captures the whole decode step *including sampling* over the fixed-address
   `RowState` buffers; the host replays it and fetches tokens and log-probs once;
-* **torch.compile** (``compile=True``): the decode forward and the unfiltered sampler (`draw`:
-  the counter hash's ~30 integer ops, softmax, the blocked CDF scan) are compiled with dynamic shapes
+* **torch.compile** (``compile=True``): the decode forward and the sampler (`draw`: the counter
+  hash's ~30 integer ops, softmax, the top-p/top-k sort, the blocked CDF scan) are compiled with dynamic shapes
   before capture, so their small kernels fuse into a few; a graph alone removes launch overhead
   but not the kernel count.
 
@@ -245,10 +245,7 @@ class LeanRunner:
     def _decode(self, state: RowState, n: int, view: int, filtered: bool) -> None:
         """One decode step + sampling for rows ``[:n]`` over cache positions ``[:view]`` (graph-safe)."""
         logits = self._forward_decode(state.tokens[:n], state.positions[:n], view)
-        # a batch with top-p/top-k rows samples eagerly: its stable sort decides which of tied (bf16) logits
-        # survive the cut, and torch.compile's CUDA sort is not yet shown to keep ties in vocabulary order
-        # (tests/test_engine_gpu.py::test_compiled_draw_keeps_ties_in_vocabulary_order checks it)
-        state.sample(logits, slice(0, n), filtered=filtered, sampler=draw if filtered else self._draw)
+        state.sample(logits, slice(0, n), filtered=filtered, sampler=self._draw)
 
     def _decode_logits(self, tokens: torch.Tensor, positions: torch.Tensor, view: int) -> torch.Tensor:
         """Feed one token per row, write its K/V, return next-token logits (the compiled part).
