@@ -42,7 +42,11 @@ from ci.provenance import provenance  # noqa: E402
 
 RUNNERS = {"hf": dict(runner="hf"), "static": dict(runner="static"), "static+graph": dict(runner="static", cuda_graph=True),
            "lean": dict(runner="lean"), "lean+graph": dict(runner="lean", cuda_graph=True),
-           "lean+graph+compile": dict(runner="lean", cuda_graph=True, compile=True)}
+           "lean+graph+compile": dict(runner="lean", cuda_graph=True, compile=True),
+           "lean+graph+autotune": dict(runner="lean", cuda_graph=True, compile=True,
+                                       compile_mode="max-autotune-no-cudagraphs")}
+DEFAULT_RUNNERS = [name for name in RUNNERS if name != "lean+graph+autotune"]
+"""Every runner but the autotuned one, whose compile benchmarks GEMM configs for minutes: name it to run it."""
 HF_GENERATE = "HF generate"
 HBM_TBPS = {"H100 80GB HBM3": 3.35, "H100 SXM": 3.35, "H100 NVL": 3.9, "H100 PCIe": 2.0, "H200": 4.8}
 """Spec HBM bandwidth (TB/s) by a substring of ``torch.cuda.get_device_name()``; the first match wins."""
@@ -221,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 256], help="decode batch sizes, a row each")
     ap.add_argument("--prompt", type=int, default=128, help="tokens per prompt")
     ap.add_argument("--new", type=int, default=256, help="sampled tokens per row")
-    ap.add_argument("--runners", nargs="+", default=list(RUNNERS), choices=list(RUNNERS))
+    ap.add_argument("--runners", nargs="+", default=DEFAULT_RUNNERS, choices=list(RUNNERS))
     ap.add_argument("--order", default="given", choices=["given", "reversed", "shuffled"],
                     help="the order the runners are measured in (HF generate first either way)")
     ap.add_argument("--seed", type=int, default=0, help="--order shuffled's seed")

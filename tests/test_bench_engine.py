@@ -52,7 +52,7 @@ def test_bad_arguments_exit_with_a_message(argv: list[str], capsys) -> None:
 def test_defaults_are_the_issues_workload_with_a_batch_256_row() -> None:
     ns = be.parse([])
     assert (ns.model, ns.batches, ns.prompt, ns.new, ns.device) == ("bench-270m", [64, 256], 128, 256, "cuda")
-    assert ns.runners == list(be.RUNNERS) and not ns.in_process
+    assert ns.runners == be.DEFAULT_RUNNERS and not ns.in_process
 
 
 SMOKE = ["--device", "cpu", "--model", "tiny-qwen3", "--batches", "4", "--prompt", "8", "--new", "6",

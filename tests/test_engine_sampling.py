@@ -194,3 +194,15 @@ def test_compiled_draw_picks_the_eager_tokens() -> None:
     compiled = torch.compile(draw, dynamic=True)(logits, *args, filtered=True)
     assert torch.equal(eager[0], compiled[0])
     assert torch.allclose(eager[1], compiled[1], atol=1e-5)
+
+
+def test_lean_runner_passes_its_compile_mode_to_torch_compile(monkeypatch) -> None:
+    from relax.backends.embedded.lean_runner import LeanRunner
+
+    modes = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: modes.append(kw) or fn)
+    LeanRunner(_qwen3(), torch.device("cpu"), slots=2, max_len=32, compile=True, compile_mode="max-autotune")
+    assert modes == [{"dynamic": True, "mode": "max-autotune"}] * 2  # the forward and the sampler
+    modes.clear()
+    LeanRunner(_qwen3(), torch.device("cpu"), slots=2, max_len=32)
+    assert modes == []

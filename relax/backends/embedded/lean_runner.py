@@ -22,7 +22,9 @@ separate q/k/v and gate/up GEMMs, sampling outside the graph. This runner keeps 
 * **torch.compile** (``compile=True``): the decode forward and the sampler (`draw`: the counter
   hash's ~30 integer ops, softmax, the top-p/top-k sort, the blocked CDF scan) are compiled with dynamic shapes
   before capture, so their small kernels fuse into a few; a graph alone removes launch overhead
-  but not the kernel count.
+  but not the kernel count. ``compile_mode`` is torch.compile's ``mode`` (ci/bench_engine.py's
+  ``lean+graph+autotune`` row tries ``max-autotune-no-cudagraphs``: Triton GEMM templates tuned for
+  the decode's M <= 64 projections against cuBLAS; the runner captures its own graphs).
 
 Supported: Qwen2/Qwen3/Llama-style decoders (RMSNorm, SiLU-gated MLP, RoPE with a static
 table, optional q/k-norm and q/k/v biases, tied or untied head); anything else raises at
@@ -101,7 +103,7 @@ class LeanRunner:
     """Fused-weight decoder forward with a slot KV cache; optional CUDA-graph decode + sampling."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, *, slots: int, max_len: int,
-                 cuda_graph: bool = False, compile: bool = False):
+                 cuda_graph: bool = False, compile: bool = False, compile_mode: str | None = None):
         _check_supported(model)
         cfg = model.config
         self.model, self.device, self.slots, self.max_len = model, device, slots, max_len
@@ -111,8 +113,9 @@ class LeanRunner:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.eps = float(cfg.rms_norm_eps)
         self.cuda_graph = cuda_graph and device.type == "cuda"
-        self._forward_decode = torch.compile(self._decode_logits, dynamic=True) if compile else self._decode_logits
-        self._draw = torch.compile(draw, dynamic=True) if compile else draw
+        self._forward_decode = (torch.compile(self._decode_logits, dynamic=True, mode=compile_mode) if compile
+                                else self._decode_logits)
+        self._draw = torch.compile(draw, dynamic=True, mode=compile_mode) if compile else draw
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.rows_in_cache = 0
