@@ -31,9 +31,21 @@ import torch
 log = logging.getLogger(__name__)
 
 
+def mask_bias(positions: torch.Tensor, view: int, heads: int, kv_heads: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[n * kv_heads, group, view]``: 0 where a row's key exists (``<= position``), -inf past it."""
+    n, group = positions.shape[0], heads // kv_heads
+    keys = torch.arange(view, device=positions.device)
+    bias = torch.zeros((n, 1, 1, view), dtype=dtype, device=positions.device)
+    bias = bias.masked_fill(keys[None, None, None, :] > positions[:, None, None, None], float("-inf"))
+    return bias.expand(n, kv_heads, group, view).reshape(n * kv_heads, group, view)
+
+
 def reference_decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                               positions: torch.Tensor, scale: float, view: int) -> torch.Tensor:
-    """Write K/V at ``positions``, then grouped attention over ``[:view]`` with keys past each row masked."""
+                               positions: torch.Tensor, scale: float, view: int,
+                               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Write K/V at ``positions``, then grouped attention over ``[:view]`` with keys past each row masked.
+
+    ``bias``: `mask_bias` of these positions, when the caller shares one across layers."""
     kvh = k_cache.shape[1]
     n, heads, dim = qk.shape[0], qk.shape[1] - kvh, qk.shape[2]
     q, k_new = qk[:, :heads], qk[:, heads:]
@@ -41,10 +53,8 @@ def reference_decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: t
     rows = torch.arange(n, device=q.device)
     k_cache[rows, :, positions] = k_new
     v_cache[rows, :, positions] = v_new
-    keys = torch.arange(view, device=q.device)
-    bias = torch.zeros((n, 1, 1, view), dtype=q.dtype, device=q.device)
-    bias = bias.masked_fill(keys[None, None, None, :] > positions[:, None, None, None], float("-inf"))
-    bias = bias.expand(n, kvh, group, view).reshape(n * kvh, group, view)
+    if bias is None:
+        bias = mask_bias(positions, view, heads, kvh, q.dtype)
     keys_i = k_cache[:n, :, :view].reshape(n * kvh, view, dim)
     values_i = v_cache[:n, :, :view].reshape(n * kvh, view, dim)
     scores = torch.baddbmm(bias, q.reshape(n * kvh, group, dim), keys_i.transpose(1, 2), alpha=scale)

@@ -33,12 +33,13 @@ construction with the reason.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from relax.backends.embedded.decode_attention import decode_attention
+from relax.backends.embedded.decode_attention import decode_attention, mask_bias, reference_decode_attention
 from relax.backends.embedded.rows import RowState
 from relax.backends.embedded.runners import compact_slots
 from relax.backends.embedded.sampling import draw
@@ -259,11 +260,21 @@ class LeanRunner:
         n = tokens.shape[0]
         cos, sin = (t[positions].unsqueeze(1) for t in self._rope)  # [n, 1, D]
         x = self.base.embed_tokens(tokens)
+        attend = self._attention_op(positions, view)
         for i in range(len(self.layers)):
             qk, v = self._attention_in(i, x, cos, sin)  # [n, H + KV, D], [n, KV, D]
-            o = decode_attention(qk, v, self.k[i], self.v[i], positions, self.layers[i].self_attn.scaling, view)
+            o = attend(qk, v, self.k[i], self.v[i], positions, self.layers[i].self_attn.scaling, view)
             x = self._attention_out_and_mlp(i, x, o.reshape(n, self.heads * self.head_dim))
         return self._logits(x)
+
+    def _attention_op(self, positions: torch.Tensor, view: int):
+        """On CUDA the custom op (what reaches the Triton kernel); elsewhere its reference, called directly with one
+        mask shared by every layer (on small-qwen3 on CPU, the op's Python dispatch and a mask per layer made
+        decode ~15% slower than the attention this replaced)."""
+        if self.device.type == "cuda":
+            return decode_attention
+        bias = mask_bias(positions, view, self.heads, self.kv_heads, self.model.lm_head.weight.dtype)
+        return functools.partial(reference_decode_attention, bias=bias)
 
     @torch.no_grad()
     def decode_sample(self, state: RowState) -> None:
