@@ -43,7 +43,8 @@ from ci.provenance import provenance  # noqa: E402
 RUNNERS = {"hf": dict(runner="hf"), "static": dict(runner="static"), "static+graph": dict(runner="static", cuda_graph=True),
            "lean": dict(runner="lean"), "lean+graph": dict(runner="lean", cuda_graph=True),
            "lean+graph+compile": dict(runner="lean", cuda_graph=True, compile=True),
-           "lean+graph+autotune": dict(runner="lean", cuda_graph=True, compile=True,
+           "lean+graph+compile+cublas": dict(runner="lean", cuda_graph=True, compile=True, fused_projections=False),
+           "lean+graph+autotune": dict(runner="lean", cuda_graph=True, compile=True, fused_projections=False,
                                        compile_mode="max-autotune-no-cudagraphs")}
 DEFAULT_RUNNERS = [name for name in RUNNERS if name != "lean+graph+autotune"]
 """Every runner but the autotuned one, whose compile benchmarks GEMM configs for minutes: name it to run it."""
@@ -229,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--order", default="given", choices=["given", "reversed", "shuffled"],
                     help="the order the runners are measured in (HF generate first either way)")
     ap.add_argument("--seed", type=int, default=0, help="--order shuffled's seed")
+    ap.add_argument("--no-hf", action="store_true",
+                    help="leave out the HF generate rows (the 'vs HF' column stays empty): for engine-only comparisons")
     ap.add_argument("--in-process", action="store_true",
                     help="measure every runner in this process, one after the other (default: a fresh process each)")
     ap.add_argument("--hbm-tbps", type=float, default=None,
@@ -317,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         weight_bytes = sum(p.numel() for p in build_model(ns.model, seed=0).parameters()) * dtype_bytes
     roofline = {b: decode_roofline(cfg, weight_bytes, b, ns.prompt, ns.new, tbps, dtype_bytes) if tbps else None
                 for b in ns.batches}
-    names = [HF_GENERATE, *ordered(ns.runners, ns.order, ns.seed)]
+    names = [HF_GENERATE] * (not ns.no_hf) + ordered(ns.runners, ns.order, ns.seed)
     run = measure_safely if ns.in_process else measure_in_subprocess
     rows = []
     t0 = time.perf_counter()

@@ -13,7 +13,8 @@
 #                  check) into $OUT/baselines/<class>.json; commit that file to ci/baselines/
 #   gpu_scenarios  what `nox -s gpu_scenarios` runs (ci/sessions.py): every GPU scenario, throughput against
 #                  ci/baselines (required), then the gate; results, JUnit, report and summary in $OUT/gpu_scenarios
-# grpo: GRPO_TRL_MODES picks TRL's paths (default: all three). It also needs .whl4/ (TRL's wheels, ci/wheelhouse/build.sh); without it the TRL row is skipped.
+# grpo: GRPO_TRL_MODES picks TRL's paths (default: all three), GRPO_SYSTEMS the systems (default: trl relax-megatron),
+# GRPO_STEPS the steps per system (default 6). It also needs .whl4/ (TRL's wheels, ci/wheelhouse/build.sh); without it the TRL row is skipped.
 set -uo pipefail
 # One device call may run 600 s in all, install included: every item's own limit is cut to what is left of
 # RELAX_SESSION_BUDGET_S (counted from here), so a late item stops itself and its partial output still comes back.
@@ -32,8 +33,9 @@ for w in $WHAT; do
     bench) # HF generate + the two graph runners at batches 64 and 256 (6 fresh processes, ~6 min on the H100; all
            # six runners do not fit one call: `python3 ci/bench_engine.py` alone runs them); rows land in the JSON as
            # they finish
+           # (BENCH_ARGS adds bench_engine flags, e.g. "--batches 64 --no-hf")
            timeout $(cap 580) python3 ci/bench_engine.py --profile --runners ${BENCH_RUNNERS:-lean+graph lean+graph+compile} \
-             --json "$OUT/bench_engine.json" 2>&1 | tee "$OUT/bench_engine.txt" ;;
+             ${BENCH_ARGS:-} --json "$OUT/bench_engine.json" 2>&1 | tee "$OUT/bench_engine.txt" ;;
     bench_order) # the same runners in one process, compiled runner last: does what ran before slow it down?
                  timeout $(cap 580) python3 ci/bench_engine.py --in-process --batches 64 --json "$OUT/bench_engine_in_process.json" \
                    2>&1 | tee "$OUT/bench_engine_in_process.txt" ;;
@@ -66,7 +68,8 @@ for w in $WHAT; do
             --target "$TRL_SITE" .whl4/*.whl
           # TRL's three generation paths + relax-megatron in one run; 6 steps keep continuous batching (~27 s a step)
           # inside the call's limit
-          timeout $(cap 580) python3 ci/bench_grpo_e2e.py --systems trl relax-megatron --engine-compile --steps 6 \
+          timeout $(cap 580) python3 ci/bench_grpo_e2e.py --systems ${GRPO_SYSTEMS:-trl relax-megatron} --engine-compile \
+            --steps ${GRPO_STEPS:-6} \
             --trl-modes ${GRPO_TRL_MODES:-default static continuous-batching} \
             --json "$OUT/bench_grpo_e2e.json" --workdir /tmp/grpo_runs 2>&1 \
             | tee "$OUT/bench_grpo_e2e.txt"

@@ -6,8 +6,9 @@ weight sync's seconds per GB, so that no figure in the docs has to be read off e
 From ``metrics.jsonl`` (docs/artifacts.md), over the steps after the first ``--warmup``: the median
 ``perf/step_time_s`` and of its phases ``perf/rollout_time_s``, ``perf/train_time_s`` and
 ``perf/sync_time_s`` (each with its share of the step), the rest of the step (reward, advantages,
-bookkeeping: step - rollout - train - sync) and the colocate memory moves (``perf/<move>_time_s``,
-inside the phases above). From ``events.jsonl``'s ``weights_synced`` events of those steps: GB per
+bookkeeping: step - rollout - train - sync), the colocate memory moves (``perf/<move>_time_s``,
+inside the phases above) and the sub-phases ``perf/rollout_generate_time_s``, ``rollout_reward``,
+``train_columns`` and ``train_update`` (inside rollout and train) where the run logged them. From ``events.jsonl``'s ``weights_synced`` events of those steps: GB per
 sync, median seconds and s/GB of the whole sync (both sides' checksums included, the figure the
 0.05 s/GB target is about), and of its phases ``prepare_s``, ``transfer_s`` and ``checksums_s``.
 The JSON carries this script's provenance and the run's own ``run.json`` identity (status, device,
@@ -29,6 +30,7 @@ from ci.provenance import provenance  # noqa: E402
 PHASES = ("rollout", "train", "sync")
 MOVES = ("release_rollout", "resume_rollout", "offload_train", "onload_train")  # docs/artifacts.md: colocate moves
 SYNC_PHASES = ("prepare_s", "transfer_s", "checksums_s")
+SUB_PHASES = ("rollout_generate", "rollout_reward", "train_columns", "train_update")  # docs/artifacts.md
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -58,10 +60,13 @@ def step_phases(metrics: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
     rest = _median([float(m["perf/step_time_s"]) - sum(float(m.get(f"perf/{p}_time_s", 0.0)) for p in PHASES)
                     for m in timed])
     moves = {mv: _median([float(m[f"perf/{mv}_time_s"]) for m in timed if f"perf/{mv}_time_s" in m]) for mv in MOVES}
+    subs = {sp: _median([float(m[f"perf/{sp}_time_s"]) for m in timed if f"perf/{sp}_time_s" in m])
+            for sp in SUB_PHASES}
     return {"steps": len(metrics), "steps_timed": len(timed), "step_s": step,
             "phases_s": {**phases, "other": rest},
             "phases_share": {k: (v / step if v is not None and step else None) for k, v in {**phases, "other": rest}.items()},
-            "memory_moves_s": {k: v for k, v in moves.items() if v is not None}}
+            "memory_moves_s": {k: v for k, v in moves.items() if v is not None},
+            "sub_phases_s": {k: v for k, v in subs.items() if v is not None}}
 
 
 def sync_figures(events: list[dict[str, Any]], warmup: int) -> dict[str, Any] | None:
@@ -113,6 +118,8 @@ def report(fig: dict[str, Any]) -> str:
     if step["memory_moves_s"]:
         lines.append("memory moves (inside the phases): " + ", ".join(
             f"{k} {_s(v)} s" for k, v in step["memory_moves_s"].items()))
+    if step["sub_phases_s"]:
+        lines.append("sub-phases: " + ", ".join(f"{k} {_s(v)} s" for k, v in step["sub_phases_s"].items()))
     sync = fig["sync"]
     if sync is None:
         lines.append("no weights_synced event with bytes in events.jsonl")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import random
+import time
 from argparse import Namespace
 from collections import defaultdict
 from pathlib import Path
@@ -192,8 +193,10 @@ class TorchTrainBackend:
         n = len(samples)
         if n % args.global_batch_size:
             raise ValueError(f"rollout produced {n} samples, not a multiple of --global-batch-size {args.global_batch_size}")
+        start = time.perf_counter()
         old_lp, ref_lp, teacher_lp, old_values, adv = self._rollout_columns(batch, precomputed or Precomputed())
         postprocess_rollout_data(args, step, batch, old_lp, ref_lp, adv)
+        columns_s = time.perf_counter() - start  # the columns are on the host: their forwards have finished
         metrics: dict[str, float] = {f"train/{k}": float(v) for k, v in adv.metrics.items()}
         if teacher_lp is not None:  # sampled-token estimate of KL(student || teacher)
             gap = (old_lp - teacher_lp) * batch.loss_mask
@@ -220,6 +223,9 @@ class TorchTrainBackend:
                 for key, value in step_metrics.items():
                     per_step[key].append(value)
         metrics.update({f"train/{k}": float(np.mean(v)) for k, v in per_step.items()})
+        # each optimizer step ends with the grad norm on the host: its kernels have finished
+        metrics["perf/train_columns_time_s"] = columns_s
+        metrics["perf/train_update_time_s"] = time.perf_counter() - start - columns_s
         metrics["train/lr"] = float(self.optimizer.param_groups[0]["lr"])
         metrics["train/num_optimizer_steps"] = float(num_steps)
         if any(s.sample_id is not None for s in samples):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import time
 from argparse import Namespace
 from typing import Any
 
@@ -73,6 +74,11 @@ class GenerateState(metaclass=_Singleton):
 
     def add_metrics(self, step: int, metrics: dict[str, float]) -> None:
         self._metrics.setdefault(step, {}).update(metrics)
+
+    def add_seconds(self, step: int, key: str, seconds: float) -> None:
+        """Add to a per-step time metric (a rollout can generate in several rounds)."""
+        metrics = self._metrics.setdefault(step, {})
+        metrics[key] = metrics.get(key, 0.0) + seconds
 
     def pop_metrics(self, step: int) -> dict[str, float]:
         return self._metrics.pop(step, {})
@@ -182,13 +188,17 @@ async def _generate_and_score(args: Namespace, rollout_id: int, state: GenerateS
     from relax.engine.rewards import compute_rewards
 
     flat = [s for g in groups for s in g]
+    start = time.perf_counter()
     if args.custom_generate_function_path:
         await _custom_generate(args, rollout_id, state, flat)
     else:
         await _batch_generate(args, rollout_id, state, flat)
+    generated = time.perf_counter()
+    state.add_seconds(rollout_id, "perf/rollout_generate_time_s", generated - start)
     if fault_at("REWARD_RAISE", rollout_id):
         raise RuntimeError(f"reward function raised (injected fault at step {rollout_id})")
     await compute_rewards(args, flat)
+    state.add_seconds(rollout_id, "perf/rollout_reward_time_s", time.perf_counter() - generated)
 
 
 GENERATE_SIGNATURE = "async generate(args, sample: Sample, sampling_params: dict[, evaluation: bool]) -> Sample"
