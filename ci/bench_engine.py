@@ -21,7 +21,9 @@ Roofline: one decode step reads every weight once and each row's KV cache (its a
 ``roofline tok/s = batch / ((weight bytes + batch * avg context * KV bytes per token) / HBM bytes/s)``.
 HBM bandwidth: the device's spec (`HBM_TBPS`: 3.35 TB/s for the H100 SXM, 4.8 for the H200), or
 ``--hbm-tbps``. Per runner, the mean/max |engine log-prob - trainer log-prob| with both sides in the
-model dtype on the same weights, and the memory the engine holds and frees on release.
+model dtype on the same weights, the memory the engine holds and frees on release, and (GPU) the same
+generate again right after a release + resume, as a colocate rollout runs it: its tok/s and the CUDA
+graphs the lean runner had to capture again.
 """
 
 from __future__ import annotations
@@ -43,8 +45,7 @@ from ci.provenance import provenance  # noqa: E402
 RUNNERS = {"hf": dict(runner="hf"), "static": dict(runner="static"), "static+graph": dict(runner="static", cuda_graph=True),
            "lean": dict(runner="lean"), "lean+graph": dict(runner="lean", cuda_graph=True),
            "lean+graph+compile": dict(runner="lean", cuda_graph=True, compile=True),
-           "lean+graph+compile+cublas": dict(runner="lean", cuda_graph=True, compile=True, fused_projections=False),
-           "lean+graph+autotune": dict(runner="lean", cuda_graph=True, compile=True, fused_projections=False,
+           "lean+graph+autotune": dict(runner="lean", cuda_graph=True, compile=True,
                                        compile_mode="max-autotune-no-cudagraphs")}
 DEFAULT_RUNNERS = [name for name in RUNNERS if name != "lean+graph+autotune"]
 """Every runner but the autotuned one, whose compile benchmarks GEMM configs for minutes: name it to run it."""
@@ -68,6 +69,9 @@ class Row:
     freed_gib: float | None = None
     release_s: float | None = None
     resume_s: float | None = None
+    resumed_tokens_per_s: float | None = None  # the same generate right after release + resume (what colocate pays)
+    resumed_captures: int | None = None  # CUDA graphs the lean runner captured during it (release drops them)
+    resumed_capture_s: float | None = None  # seconds those captures took (warm-up step included)
     profile: dict | None = None
     error: str = ""
 
@@ -182,6 +186,10 @@ def measure(ns: argparse.Namespace, runner: str, batch: int) -> Row:
         row.release_s = timed(engine.release_memory_occupation, ns.device)
         row.freed_gib = row.held_gib - torch.cuda.memory_allocated() / 2**30
         row.resume_s = timed(engine.resume_memory_occupation, ns.device)
+        counts = (getattr(engine.runner, "captures", 0), getattr(engine.runner, "capture_s", 0.0))
+        row.resumed_tokens_per_s = tokens / timed(lambda: engine.generate(reqs), ns.device)
+        row.resumed_captures = getattr(engine.runner, "captures", 0) - counts[0]
+        row.resumed_capture_s = getattr(engine.runner, "capture_s", 0.0) - counts[1]
     return row
 
 
@@ -353,6 +361,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"per decode step); target {ROOFLINE_TARGET:.0%} = {ROOFLINE_TARGET * roofline[b]:,.0f} tok/s")
     print(table(rows, roofline))
     for r in rows:
+        if r.resumed_tokens_per_s:
+            print(f"after release + resume, {r.runner} at batch {r.batch}: {r.resumed_tokens_per_s:,.0f} tok/s "
+                  f"({r.resumed_tokens_per_s / r.tokens_per_s:.2f}x the steady run; {r.resumed_captures} CUDA graphs "
+                  f"captured in {r.resumed_capture_s:.3f} s)")
         if r.profile:
             told = r.profile.get("error") or decode_profile.describe(r.profile)
             print(f"profile of {r.runner} at batch {r.batch}: {told}")

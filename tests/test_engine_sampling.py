@@ -155,6 +155,12 @@ def test_lean_runner_rejects_unsupported_models_with_the_reason() -> None:
     model = _qwen3(hidden_act="gelu")
     with pytest.raises(ValueError, match="hidden_act gelu"):
         LeanRunner(model, torch.device("cpu"), slots=4, max_len=64)
+    import transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, mlp_bias=True)
+    with pytest.raises(ValueError, match="gate/up projection biases"):  # the fused gate/up GEMM has no bias
+        LeanRunner(transformers.LlamaForCausalLM(cfg), torch.device("cpu"), slots=4, max_len=64)
 
 
 @settings(max_examples=40, deadline=None)

@@ -71,8 +71,7 @@ class EmbeddedEngine:
     def __init__(self, model: torch.nn.Module, *, eos_token_ids: Iterable[int], device: str = "cpu",
                  max_context_len: int | None = None, tokenizer: Any = None, max_running_requests: int = 256,
                  runner: str = "hf", cuda_graph: bool = False, compile: bool = False,
-                 compile_mode: str | None = None, overlap: bool | None = None,
-                 fused_projections: bool | None = None):
+                 compile_mode: str | None = None, overlap: bool | None = None):
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
@@ -100,9 +99,7 @@ class EmbeddedEngine:
         elif runner == "lean":
             self.runner = LeanRunner(self.model, self.device, slots=max_running_requests,
                                      max_len=self.max_context_len, cuda_graph=cuda_graph, compile=compile,
-                                     compile_mode=compile_mode,
-                                     fused_projections=self.device.type == "cuda" if fused_projections is None
-                                     else fused_projections)
+                                     compile_mode=compile_mode)
         else:
             raise ValueError(f"unknown runner {runner!r} (hf, static or lean)")
         self.released_tags: set[str] = set()  # SGLang's memory tags released (relax.engine.protocol.MEMORY_TAGS)

@@ -5,7 +5,7 @@ CUDA graph (MACHINES.md) — repeat_kv copies, materialized masks over the whole
 separate q/k/v and gate/up GEMMs, sampling outside the graph. This runner keeps HF's weights
 (so weight updates, checksums and the weights checker see one model) and runs:
 
-* **fused weights**: q/k/v and gate/up weights are concatenated into one buffer per layer
+* **fused projections**: q/k/v and gate/up weights are concatenated into one buffer per layer
   and the HF parameters become *views* into it, so an in-place weight update of ``q_proj`` is
   an update of the fused matrix. If anything re-points a parameter (``release_memory``), the
   next prefill notices and re-fuses (and drops captured graphs, which bake in addresses);
@@ -19,9 +19,6 @@ separate q/k/v and gate/up GEMMs, sampling outside the graph. This runner keeps 
 * **CUDA graphs** (``cuda_graph=True`` on CUDA): one graph per (batch bucket, length bucket,
   filtered) captures the whole decode step *including sampling* over the fixed-address
   `RowState` buffers; the host replays it and fetches tokens and log-probs once;
-* **fused decode projections** (``fused_projections=True``, CUDA): each decode projection is one
-  `fused_linear` op with the RMSNorm before it, the SiLU product or the residual add after it (a
-  Triton kernel for <= 64 rows in half precision), so a layer is 6 kernels instead of ~11;
 * **torch.compile** (``compile=True``): the decode forward and the sampler (`draw`: the counter
   hash's ~30 integer ops, softmax, the top-p/top-k sort, the blocked CDF scan) are compiled with dynamic shapes
   before capture, so their small kernels fuse into a few; a graph alone removes launch overhead
@@ -37,13 +34,13 @@ construction with the reason.
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from relax.backends.embedded.decode_attention import decode_attention, mask_bias, reference_decode_attention
-from relax.backends.embedded.fused_linear import fused_linear, reference_fused_linear, rms_norm
 from relax.backends.embedded.rows import RowState
 from relax.backends.embedded.runners import compact_slots
 from relax.backends.embedded.sampling import draw
@@ -51,6 +48,11 @@ from relax.backends.embedded.sampling import draw
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn", None}
 _MIN_BUCKET = 128
 _PREFILL_TOKENS = 16384  # tokens per prefill forward (n prompts x padded length)
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's RMSNorm: normalize in fp32, cast back, then scale (same rounding order)."""
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
@@ -105,8 +107,7 @@ class LeanRunner:
     """Fused-weight decoder forward with a slot KV cache; optional CUDA-graph decode + sampling."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, *, slots: int, max_len: int,
-                 cuda_graph: bool = False, compile: bool = False, compile_mode: str | None = None,
-                 fused_projections: bool = False):
+                 cuda_graph: bool = False, compile: bool = False, compile_mode: str | None = None):
         _check_supported(model)
         cfg = model.config
         self.model, self.device, self.slots, self.max_len = model, device, slots, max_len
@@ -116,8 +117,6 @@ class LeanRunner:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.eps = float(cfg.rms_norm_eps)
         self.cuda_graph = cuda_graph and device.type == "cuda"
-        # decode projections: the fused op on CUDA (its Triton kernel where it applies), else the plain ops
-        self._linear = fused_linear if fused_projections and device.type == "cuda" else reference_fused_linear
         self._forward_decode = (torch.compile(self._decode_logits, dynamic=True, mode=compile_mode) if compile
                                 else self._decode_logits)
         self._draw = torch.compile(draw, dynamic=True, mode=compile_mode) if compile else draw
@@ -129,6 +128,7 @@ class LeanRunner:
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self._graphs: dict[tuple[int, int, bool], Any] = {}
         self._pool: Any = None
+        self.captures, self.capture_s = 0, 0.0  # graphs captured so far and the seconds it took (ci/bench_engine.py)
 
     # ------------------------------------------------------------------ lifecycle
     def reset(self) -> None:
@@ -186,34 +186,27 @@ class LeanRunner:
             self._gate_up.append(_fuse_params([m.gate_proj.weight, m.up_proj.weight]))
 
     # ------------------------------------------------------------------ forwards
-    def _attention_in(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                      linear=reference_fused_linear):
-        """Norm, fused QKV, q/k-norm and RoPE over q and k together: ``qk [..., H + KV, D]``, ``v [..., KV, D]``.
-
-        ``linear``: `fused_linear` (decode on CUDA) or its reference (`reference_fused_linear`)."""
+    def _attention_in(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Norm, fused QKV, q/k-norm and RoPE over q and k together: ``qk [..., H + KV, D]``, ``v [..., KV, D]``."""
         layer = self.layers[i]
         a = layer.self_attn
         w, b = self._qkv[i]
-        qkv = linear(x, w, layer.input_layernorm.weight, b, None, self.eps, False)
+        qkv = F.linear(_rms(x, layer.input_layernorm.weight, self.eps), w, b)
         qkv = qkv.view(*x.shape[:-1], self.heads + 2 * self.kv_heads, self.head_dim)
         qk, v = qkv[..., :self.heads + self.kv_heads, :], qkv[..., self.heads + self.kv_heads:, :]
         if hasattr(a, "q_norm"):
             norm_w = torch.cat([a.q_norm.weight.expand(self.heads, -1), a.k_norm.weight.expand(self.kv_heads, -1)])
-            qk = rms_norm(qk, norm_w, self.eps)
+            qk = _rms(qk, norm_w, self.eps)
         return _rotate(qk, cos, sin), v
 
-    def _attention_out_and_mlp(self, i: int, x: torch.Tensor, attn: torch.Tensor,
-                               linear=reference_fused_linear) -> torch.Tensor:
-        """``o_proj`` + residual, then the MLP (norm, gate/up, SiLU product, ``down_proj``) + residual."""
+    def _attention_out_and_mlp(self, i: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         layer = self.layers[i]
-        o, down = layer.self_attn.o_proj, layer.mlp.down_proj
-        x = linear(attn, o.weight, None, o.bias, x, self.eps, False)
-        h = linear(x, self._gate_up[i], layer.post_attention_layernorm.weight, None, None, self.eps, True)
-        return linear(h, down.weight, None, down.bias, x, self.eps, False)
+        x = x + layer.self_attn.o_proj(attn)
+        gate, up = F.linear(_rms(x, layer.post_attention_layernorm.weight, self.eps), self._gate_up[i]).chunk(2, -1)
+        return x + layer.mlp.down_proj(F.silu(gate) * up)
 
-    def _logits(self, x: torch.Tensor, linear=reference_fused_linear) -> torch.Tensor:
-        head = self.model.lm_head
-        return linear(x, head.weight, self.base.norm.weight, getattr(head, "bias", None), None, self.eps, False)
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(_rms(x, self.base.norm.weight, self.eps))
 
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
@@ -273,10 +266,10 @@ class LeanRunner:
         x = self.base.embed_tokens(tokens)
         attend = self._attention_op(positions, view)
         for i in range(len(self.layers)):
-            qk, v = self._attention_in(i, x, cos, sin, self._linear)  # [n, H + KV, D], [n, KV, D]
+            qk, v = self._attention_in(i, x, cos, sin)  # [n, H + KV, D], [n, KV, D]
             o = attend(qk, v, self.k[i], self.v[i], positions, self.layers[i].self_attn.scaling, view)
-            x = self._attention_out_and_mlp(i, x, o.reshape(n, self.heads * self.head_dim), self._linear)
-        return self._logits(x, self._linear)
+            x = self._attention_out_and_mlp(i, x, o.reshape(n, self.heads * self.head_dim))
+        return self._logits(x)
 
     def _attention_op(self, positions: torch.Tensor, view: int):
         """On CUDA the custom op (what reaches the Triton kernel); elsewhere its reference, called directly with one
@@ -300,6 +293,7 @@ class LeanRunner:
 
     def _capture(self, state: RowState, size: int, view: int, filtered: bool) -> Any:
         """Capture a decode step for ``size`` rows (rows past ``state.rows`` are zeroed: harmless)."""
+        started = time.perf_counter()
         saved = [t.clone() for t in (state.tokens, state.logprobs)]
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -315,6 +309,8 @@ class LeanRunner:
         # are overwritten by the replay that follows, at the same positions)
         state.tokens.copy_(saved[0])
         state.logprobs.copy_(saved[1])
+        self.captures += 1
+        self.capture_s += time.perf_counter() - started
         return graph
 
     def keep(self, indices: list[int]) -> list[int]:

@@ -274,9 +274,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="static/lean runner on CUDA: capture decode steps (lean: with sampling) as CUDA graphs")
     p.add_argument("--compile", action="store_true",
                    help="lean runner: torch.compile the decode forward before graph capture (slower start)")
-    p.add_argument("--fused-projections", choices=("auto", "on", "off"), default="auto",
-                   help="lean runner: decode projections as fused Triton kernels with their norm, SiLU product "
-                        "and residual add (<= 64 rows, half precision; auto: on for CUDA)")
     p.add_argument("--overlap", choices=("auto", "on", "off"), default="auto",
                    help="launch decode step t+1 before reading step t's tokens (auto: on for CUDA)")
     p.add_argument("--num-threads", type=int, default=1, help="torch intra-op threads (CPU)")
@@ -318,8 +315,7 @@ def build_engine(args: argparse.Namespace):
     return EmbeddedEngine(model, eos_token_ids=sorted(eos), device=device, max_context_len=args.max_context_len,
                           tokenizer=tokenizer, max_running_requests=args.max_running_requests,
                           runner=args.runner, cuda_graph=args.cuda_graph, compile=args.compile,
-                          overlap=None if args.overlap == "auto" else args.overlap == "on",
-                          fused_projections=None if args.fused_projections == "auto" else args.fused_projections == "on")
+                          overlap=None if args.overlap == "auto" else args.overlap == "on")
 
 
 async def serve(server: EngineServer, host: str, port: int) -> None:

@@ -179,7 +179,11 @@ class MegatronTrainBackend(TorchTrainBackend):
             out[sl] = lp.cpu()
         return self.runner.from_last_stage(self.dp.sum_rows(out))
 
-    def _optimizer_step(self, batch: RolloutTensors, gsl: slice, old_lp: torch.Tensor, ref_lp: torch.Tensor | None,
+    def _rows_everywhere(self, rows: torch.Tensor) -> torch.Tensor:
+        """This DP rank's rows (filled on the last pipeline stage) -> the whole matrix on every rank."""
+        return self.runner.from_last_stage(self.dp.sum_rows(rows))
+
+    def _optimizer_step(self, batch: RolloutTensors, gsl: slice, old_lp: torch.Tensor | None, ref_lp: torch.Tensor | None,
                         advantages: torch.Tensor, micro: list[slice] | None = None) -> dict[str, float]:
         """One optimizer step over ``gsl`` through megatron-core's schedule; ``micro``: this rank's micro-batches
         (default: the usual split; the driver passes the ones it counted as consumed)."""

@@ -95,6 +95,8 @@ class TorchTrainBackend:
         self.algo = AlgorithmConfig.from_args(args)
         self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
         self._step = 0  # the rollout step being trained (for fault hooks)
+        self._step_old_lp: torch.Tensor | None = None  # `_old_log_probs_from_step`: filled by the step's forward
+        self._step_old_seen: torch.Tensor | None = None  # and the rows it filled
         # OPD with the teacher in the training backend (--opd-type megatron; the torch backend plays that role).
         # With --opd-type sglang the teacher's log-probs arrive with the samples (relax.engine.rollout.opd_teacher).
         self.teacher = None
@@ -194,14 +196,20 @@ class TorchTrainBackend:
         if n % args.global_batch_size:
             raise ValueError(f"rollout produced {n} samples, not a multiple of --global-batch-size {args.global_batch_size}")
         start = time.perf_counter()
-        old_lp, ref_lp, teacher_lp, old_values, adv = self._rollout_columns(batch, precomputed or Precomputed())
+        precomputed = precomputed or Precomputed()
+        from_step = self._old_log_probs_from_step(batch, step, precomputed)
+        # the step's forward fills this in place of the old-log-prob forward (`_micro_batch_loss`)
+        self._step_old_lp = torch.zeros_like(batch.loss_mask) if from_step else None
+        self._step_old_seen = torch.zeros(n, dtype=torch.bool) if from_step else None
+        old_lp, ref_lp, teacher_lp, old_values, adv = self._rollout_columns(batch, precomputed, old=not from_step)
         postprocess_rollout_data(args, step, batch, old_lp, ref_lp, adv)
         columns_s = time.perf_counter() - start  # the columns are on the host: their forwards have finished
         metrics: dict[str, float] = {f"train/{k}": float(v) for k, v in adv.metrics.items()}
+        metrics["train/old_log_probs_from_step"] = float(from_step)
         if teacher_lp is not None:  # sampled-token estimate of KL(student || teacher)
             gap = (old_lp - teacher_lp) * batch.loss_mask
             metrics["train/opd_reverse_kl"] = float(gap.sum() / batch.loss_mask.sum().clamp(min=1))
-        if batch.rollout_log_probs is not None:
+        if batch.rollout_log_probs is not None and not from_step:
             metrics.update(logprob_mismatch_metrics(old_lp, batch.rollout_log_probs, batch.loss_mask))
         per_step: dict[str, list[float]] = defaultdict(list)
         update_actor = should_update_actor(self.algo, step)
@@ -223,6 +231,13 @@ class TorchTrainBackend:
                 for key, value in step_metrics.items():
                     per_step[key].append(value)
         metrics.update({f"train/{k}": float(np.mean(v)) for k, v in per_step.items()})
+        if from_step:  # the old log-probs exist only now, for the rows the step saw
+            old_lp = self._rows_everywhere(self._step_old_lp)
+            seen = self._rows_everywhere(self._step_old_seen.to(old_lp.dtype)) > 0
+            self._step_old_lp = self._step_old_seen = None
+            if batch.rollout_log_probs is not None:
+                metrics.update(logprob_mismatch_metrics(old_lp, batch.rollout_log_probs,
+                                                        batch.loss_mask * seen[:, None]))
         # each optimizer step ends with the grad norm on the host: its kernels have finished
         metrics["perf/train_columns_time_s"] = columns_s
         metrics["perf/train_update_time_s"] = time.perf_counter() - start - columns_s
@@ -232,10 +247,32 @@ class TorchTrainBackend:
             metrics[CONSUMED_KEY] = consumed_samples([s.sample_id for s in samples], self.dp.sum_rows(passes))
         return metrics
 
-    def _rollout_columns(self, batch: RolloutTensors, pre: Precomputed):
-        """Old, reference and teacher log-probs, critic values and advantages: the precomputed ones, else computed here."""
+    def _old_log_probs_from_step(self, batch: RolloutTensors, step: int, pre: Precomputed) -> bool:
+        """Whether the optimizer step's own forward can stand in for the old-log-prob forward, as TRL's GRPO does
+        when one generation feeds one update: the rollout is one optimizer step, run once
+        (``--num-iters-per-train-update 1``), so that forward sees the weights the rollout was generated with,
+        and nothing needs the old log-probs before it (advantages without a KL-in-reward, reference, teacher
+        or critic term; no rollout-data hook; not precomputed by the services). Its log-probs, detached, are
+        the old ones (the PPO ratio is exactly 1 at that step, as with the separate forward); the
+        train/rollout mismatch metrics are computed from them after the step."""
+        a = self.args
+        return (pre.old_log_probs is None and a.num_iters_per_train_update == 1
+                and len(batch.samples) == a.global_batch_size and should_update_actor(self.algo, step)
+                and self.ref_model is None and pre.ref_log_probs is None and not needs_reference_model(a)
+                and self.teacher is None and batch.teacher_log_probs is None and self.critic is None
+                and not a.rollout_data_postprocess_path)
+
+    def _rows_everywhere(self, rows: torch.Tensor) -> torch.Tensor:
+        """``[N, T]`` filled by this rank's micro-batches -> the whole matrix on every rank."""
+        return self.dp.sum_rows(rows)
+
+    def _rollout_columns(self, batch: RolloutTensors, pre: Precomputed, *, old: bool = True):
+        """Old, reference and teacher log-probs, critic values and advantages: the precomputed ones, else computed here
+        (``old`` False: no old log-probs, `_old_log_probs_from_step`)."""
         pre.check_rows(len(batch.samples), batch.loss_mask.shape[1])
-        old_lp = pre.old_log_probs if pre.old_log_probs is not None else self._log_probs_no_grad(self.model, batch)
+        old_lp = pre.old_log_probs
+        if old_lp is None and old:
+            old_lp = self._log_probs_no_grad(self.model, batch)
         ref_lp = pre.ref_log_probs
         if ref_lp is None and self.ref_model is not None:
             ref_lp = self._log_probs_no_grad(self.ref_model, batch)
@@ -257,7 +294,7 @@ class TorchTrainBackend:
         self,
         batch: RolloutTensors,
         gsl: slice,
-        old_lp: torch.Tensor,
+        old_lp: torch.Tensor | None,
         ref_lp: torch.Tensor | None,
         advantages: torch.Tensor,
         micro: list[slice] | None = None,
@@ -287,14 +324,21 @@ class TorchTrainBackend:
         return gsl.stop - gsl.start, int(batch.loss_mask[gsl].sum().item())
 
     def _micro_batch_loss(self, batch: RolloutTensors, sl: slice, lp: torch.Tensor, entropy: torch.Tensor | None,
-                          old_lp: torch.Tensor, ref_lp: torch.Tensor | None, advantages: torch.Tensor,
+                          old_lp: torch.Tensor | None, ref_lp: torch.Tensor | None, advantages: torch.Tensor,
                           totals: tuple[int, int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The policy loss of micro-batch ``sl`` (rows of the rollout) and its metric sums; shared by every backend."""
+        """The policy loss of micro-batch ``sl`` (rows of the rollout) and its metric sums; shared by every backend.
+        ``old_lp`` None: the old log-probs are this forward's, detached (kept in ``_step_old_lp``)."""
         dev = lp.device
+        if old_lp is None:  # this forward is the old policy's (`_old_log_probs_from_step`)
+            old_rows = lp.detach()
+            self._step_old_lp[sl] = old_rows.to(self._step_old_lp.dtype).cpu()
+            self._step_old_seen[sl] = True
+        else:
+            old_rows = old_lp[sl].to(dev)
         loss, m = policy_loss(
             self.algo,
             log_probs=lp,
-            old_log_probs=old_lp[sl].to(dev),
+            old_log_probs=old_rows,
             advantages=advantages[sl].to(dev),
             loss_mask=batch.loss_mask[sl].to(dev),
             ref_log_probs=None if ref_lp is None else ref_lp[sl].to(dev),
