@@ -19,6 +19,10 @@ def _backend(*flags: str) -> TorchTrainBackend:
     return TorchTrainBackend(parse_args([*BASE, "--bf16", *flags]), "cpu")
 
 
+def _no_timings(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in metrics.items() if not k.startswith("perf/")}
+
+
 def test_bf16_weights_fp32_masters_and_rounded_updates() -> None:
     backend = _backend()
     assert all(p.dtype == torch.bfloat16 for p in backend.model.parameters())
@@ -74,7 +78,7 @@ def test_checkpoint_resume_restores_the_masters_exactly(tmp_path: Path) -> None:
     for x, y in zip(a.master.params, b.master.params, strict=True):
         assert torch.equal(x, y)
     ma, mb = a.train_rollout(_samples(seed=4), 1), b.train_rollout(_samples(seed=4), 1)
-    assert ma == mb
+    assert _no_timings(ma) == _no_timings(mb)  # perf/ timings differ run to run
     for (name, x), (_, y) in zip(a.model.state_dict().items(), b.model.state_dict().items(), strict=True):
         assert torch.equal(x, y), name
 

@@ -111,6 +111,20 @@ def test_triton_decode_attention_matches_float64_in_bf16(n, heads, kvh, dim, vie
     assert (out.double() - expected).abs().max() < 2e-2  # bf16 output rounding of values ~1
 
 
+def test_bf16_graphs_serve_every_length_with_the_triton_kernel() -> None:
+    """The Triton attention reads rows only as far as they go: one graph per batch bucket for all lengths (rows grow
+    past 128 and 256 tokens here), where the fp32 reference attention needs one per length bucket."""
+    reqs = [{"input_ids": list(range(3, 123)), "sampling_params": {"max_new_tokens": 150, "temperature": 0.0,
+                                                                   "ignore_eos": True}}] * 3
+    counts = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        engine = EmbeddedEngine(_model(dtype), eos_token_ids=[], device="cuda", runner="lean", cuda_graph=True,
+                                max_context_len=400)
+        engine.generate(reqs)
+        counts[dtype] = engine.runner.captures
+    assert counts == {torch.bfloat16: 1, torch.float32: 3}, counts
+
+
 def test_bf16_compiled_graph_decode_agrees_with_eager_lean() -> None:
     """Unfiltered only: with top-k 20 of this random model's nearly flat 512 logits, which tokens survive the cut
     turns on bf16 rounding (on CPU, no Triton, the bf16 lean and HF runners agree on 10/13 rows unfiltered and

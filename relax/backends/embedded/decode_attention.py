@@ -82,6 +82,17 @@ def _(qk, v_new, k_cache, v_cache, positions, scale, view):
     return kernel.decode_attention(qk, v_new, k_cache, v_cache, positions, scale, view)
 
 
+def reads_only_rows(k_cache: torch.Tensor, heads: int) -> bool:
+    """Whether the op runs the Triton kernel on this cache. That kernel reads each row only up to its own
+    position, so ``view`` bounds nothing it reads (it sizes the context splits of few-row batches): one
+    captured graph per batch size can serve every length (the lean runner's colocate rollouts then capture
+    once after each memory release, not once per length bucket)."""
+    if k_cache.device.type != "cuda":
+        return False
+    kernel = _triton_decode()
+    return kernel is not None and kernel.supports_cache(k_cache, heads)
+
+
 @functools.cache
 def _triton_decode():
     """The Triton module, or None (logged once) where Triton is missing: the reference runs then."""

@@ -18,7 +18,10 @@ separate q/k/v and gate/up GEMMs, sampling outside the graph. This runner keeps 
   key-padding mask), K/V written straight into their slots;
 * **CUDA graphs** (``cuda_graph=True`` on CUDA): one graph per (batch bucket, length bucket,
   filtered) captures the whole decode step *including sampling* over the fixed-address
-  `RowState` buffers; the host replays it and fetches tokens and log-probs once;
+  `RowState` buffers; the host replays it and fetches tokens and log-probs once. With the Triton
+  attention kernel, which reads each row only as far as it goes, one length serves all
+  (``max_len``): a colocate rollout, whose memory release drops the graphs, recaptures once per
+  batch bucket instead of once per length bucket too;
 * **torch.compile** (``compile=True``): the decode forward and the sampler (`draw`: the counter
   hash's ~30 integer ops, softmax, the top-p/top-k sort, the blocked CDF scan) are compiled with dynamic shapes
   before capture, so their small kernels fuse into a few; a graph alone removes launch overhead
@@ -40,7 +43,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from relax.backends.embedded.decode_attention import decode_attention, mask_bias, reference_decode_attention
+from relax.backends.embedded.decode_attention import (decode_attention, mask_bias, reads_only_rows,
+                                                       reference_decode_attention)
 from relax.backends.embedded.rows import RowState
 from relax.backends.embedded.runners import compact_slots
 from relax.backends.embedded.sampling import draw
@@ -286,7 +290,10 @@ class LeanRunner:
         if not self.cuda_graph:
             self._decode(state, n, max(state.lengths) + 1, state.filtered)
             return
-        key = (_bucket(n, self.slots), _length_bucket(max(state.lengths) + 1, self.max_len), state.filtered)
+        # one view for every length when the attention kernel reads rows only as far as they go
+        view = self.max_len if reads_only_rows(self.k[0], self.heads) else _length_bucket(max(state.lengths) + 1,
+                                                                                           self.max_len)
+        key = (_bucket(n, self.slots), view, state.filtered)
         if key not in self._graphs:
             self._graphs[key] = self._capture(state, *key)
         self._graphs[key].replay()

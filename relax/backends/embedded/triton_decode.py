@@ -105,9 +105,14 @@ def _combine_kernel(PO, PL, OUT, stride_pob, stride_poh, stride_pos, stride_plb,
 
 def supports(qk: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Half-precision caches with a power-of-two head dim >= 16; anything else runs the reference."""
-    dim = qk.shape[-1]
-    return (qk.dtype in (torch.float16, torch.bfloat16) and k_cache.dtype == qk.dtype and dim >= 16
-            and dim & (dim - 1) == 0 and (qk.shape[1] - k_cache.shape[1]) % k_cache.shape[1] == 0)
+    return k_cache.dtype == qk.dtype and supports_cache(k_cache, qk.shape[1] - k_cache.shape[1])
+
+
+def supports_cache(k_cache: torch.Tensor, heads: int) -> bool:
+    """`supports` for any query of ``heads`` heads against this cache."""
+    dim, kv_heads = k_cache.shape[-1], k_cache.shape[1]
+    return (k_cache.dtype in (torch.float16, torch.bfloat16) and dim >= 16 and dim & (dim - 1) == 0
+            and heads % kv_heads == 0)
 
 
 @functools.cache
