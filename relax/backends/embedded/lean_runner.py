@@ -43,8 +43,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from relax.backends.embedded.decode_attention import (decode_attention, mask_bias, reads_only_rows,
-                                                       reference_decode_attention)
+from relax.backends.embedded.decode_attention import (
+    decode_attention,
+    mask_bias,
+    reads_only_rows,
+    reference_decode_attention,
+)
 from relax.backends.embedded.rows import RowState
 from relax.backends.embedded.runners import compact_slots
 from relax.backends.embedded.sampling import draw
