@@ -10,6 +10,7 @@ import torch
 from relax.backends.torch.backend import TorchTrainBackend
 from relax.backends.train_registry import weight_dtype
 from relax.utils.arguments import parse_args
+from tests.metric_helpers import no_timings
 from tests.test_train_loop_flags import BASE, _samples
 
 torch.set_num_threads(1)
@@ -17,10 +18,6 @@ torch.set_num_threads(1)
 
 def _backend(*flags: str) -> TorchTrainBackend:
     return TorchTrainBackend(parse_args([*BASE, "--bf16", *flags]), "cpu")
-
-
-def _no_timings(metrics: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in metrics.items() if not k.startswith("perf/")}
 
 
 def test_bf16_weights_fp32_masters_and_rounded_updates() -> None:
@@ -78,7 +75,7 @@ def test_checkpoint_resume_restores_the_masters_exactly(tmp_path: Path) -> None:
     for x, y in zip(a.master.params, b.master.params, strict=True):
         assert torch.equal(x, y)
     ma, mb = a.train_rollout(_samples(seed=4), 1), b.train_rollout(_samples(seed=4), 1)
-    assert _no_timings(ma) == _no_timings(mb)  # perf/ timings differ run to run
+    assert no_timings(ma) == no_timings(mb)  # perf/ timings differ run to run
     for (name, x), (_, y) in zip(a.model.state_dict().items(), b.model.state_dict().items(), strict=True):
         assert torch.equal(x, y), name
 

@@ -19,6 +19,7 @@ import torch.multiprocessing as mp
 from relax.backends.torch.backend import TorchTrainBackend
 from relax.backends.torch.data_parallel import DataParallel
 from relax.utils.arguments import parse_args
+from tests.metric_helpers import no_timings
 from tests.test_train_loop_flags import BASE, _samples
 
 CONFIGS = {
@@ -77,7 +78,7 @@ def test_two_ranks_train_what_one_trainer_trains(dp2_results, config: str) -> No
     metrics, weights = dp2_results[0][config]
     assert len(metrics) == ROLLOUTS and metrics[0].keys() == ref_metrics[0].keys()
     for step, (got, want) in enumerate(zip(metrics, ref_metrics, strict=True)):
-        for key in want:
+        for key in (k for k in want if not k.startswith("perf/")):  # phase timings differ run to run
             assert abs(got[key] - want[key]) <= METRIC_TOL * max(1.0, abs(want[key])), f"step {step} {key}: {got[key]} vs {want[key]}"
     for name, want in ref_weights.items():
         diff = float((weights[name] - want).abs().max())
@@ -90,7 +91,7 @@ def test_two_ranks_train_what_one_trainer_trains(dp2_results, config: str) -> No
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_ranks_stay_bitwise_replicated(dp2_results, config: str) -> None:
     (m0, w0), (m1, w1) = dp2_results[0][config], dp2_results[1][config]
-    assert m0 == m1
+    assert [no_timings(m) for m in m0] == [no_timings(m) for m in m1]
     for name in w0:
         assert torch.equal(w0[name], w1[name]), name
 

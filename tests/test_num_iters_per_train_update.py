@@ -15,6 +15,7 @@ from relax.algorithms import compute_advantages
 from relax.backends.torch.backend import TorchTrainBackend
 from relax.backends.torch.batch import build_rollout_tensors
 from relax.utils.flag_types import ConfigError
+from tests.metric_helpers import no_timings
 from tests.test_train_loop_flags import _args, _samples
 
 KL = ("--use-kl-loss", "--kl-loss-coef", "0.05")
@@ -57,16 +58,12 @@ def test_iterations_equal_the_reference_loop(iters: int, extra: tuple[str, ...])
         assert any(m["pg_clipfrac"] > 0.0 for m in later)
 
 
-def _no_timings(metrics: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in metrics.items() if not k.startswith("perf/")}
-
-
 def test_one_iteration_is_the_default_step() -> None:
     """N = 1 (the default) and an explicit 1 give bitwise the same step; first-step ratio is exactly 1."""
     a = TorchTrainBackend(_args(*KL), "cpu")
     b = TorchTrainBackend(_args(*KL, "--num-iters-per-train-update", "1"), "cpu")
     ma, mb = a.train_rollout(_samples(seed=10), 0), b.train_rollout(_samples(seed=10), 0)
-    assert _no_timings(ma) == _no_timings(mb) and ma["train/num_optimizer_steps"] == 2.0  # perf/: timings
+    assert no_timings(ma) == no_timings(mb) and ma["train/num_optimizer_steps"] == 2.0  # perf/: timings
     _assert_same_weights(a, b)
     single = TorchTrainBackend(_args(*KL, "--global-batch-size", "16"), "cpu").train_rollout(_samples(seed=10), 0)
     assert single["train/ppo_kl"] == 0.0
