@@ -19,7 +19,8 @@ random-token sequences of exactly ``--seq-len`` tokens (no padding; the last
 Three training rows are timed, each after ``--warmup`` untimed steps, over ``--steps`` steps:
 
 * ``RL step``: `backend.train_rollout(samples, step)`, exactly what the trainer actor runs per
-  rollout: a no-grad forward for the old log-probs, GRPO advantages, then one optimizer step
+  rollout: a no-grad forward for the old log-probs (none when the batch is one optimizer step: the
+  step's own forward gives them, `train/old_log_probs_from_step`), GRPO advantages, then one optimizer step
   (micro-batched forward + response log-probs/entropy in fp32 + policy loss + backward, then
   Megatron's grad sync, clip and Adam).
 * ``policy update``: only that optimizer step (`backend._optimizer_step`), the classic
@@ -33,7 +34,7 @@ element-wise work are not counted)::
 
     forward FLOPs per token  F = 2 * N + 4 * L * h * s
     fwd + bwd                  = 3 * F = 6 * N + 12 * L * h * s        (policy update, LM loss)
-    RL step (+1 no-grad fwd)   = 4 * F = 8 * N + 16 * L * h * s
+    RL step (+1 no-grad fwd)   = 4 * F = 8 * N + 16 * L * h * s   (3 * F without it)
     MFU = FLOPs per token * tokens per step / (seconds per step * peak)
     causal: the attention term halved (4 L h s -> 2 L h s forward): the work a causal mask leaves
 
@@ -242,9 +243,10 @@ class FlopModel:
         """fwd + bwd: 6 N + 12 L h s (causal: 6 N + 6 L h s)."""
         return 3.0 * self.forward_flops_per_token(seq_len, causal)
 
-    def rl_step_flops_per_token(self, seq_len: int, causal: bool = False) -> float:
-        """train_rollout: the old-log-prob forward plus fwd + bwd: 8 N + 16 L h s (causal: 8 N + 8 L h s)."""
-        return 4.0 * self.forward_flops_per_token(seq_len, causal)
+    def rl_step_flops_per_token(self, seq_len: int, causal: bool = False, old_forward: bool = True) -> float:
+        """train_rollout: the old-log-prob forward plus fwd + bwd: 8 N + 16 L h s (causal: 8 N + 8 L h s); without
+        that forward (``old_forward`` False: the step's own forward gave the old log-probs) as fwd + bwd."""
+        return (4.0 if old_forward else 3.0) * self.forward_flops_per_token(seq_len, causal)
 
 
 def mfu(flops_per_token: float, tokens: int, seconds: float, peak_tflops: float) -> float:
@@ -428,10 +430,13 @@ def run_train_rows(backend: Any, ns: argparse.Namespace, flops: FlopModel) -> Tr
 
     if "rl" not in ns.skip:
         log(f"RL step (train_rollout): {ns.warmup} warm-up + {ns.steps} timed")
+        seen: list[dict[str, float]] = []
         times = with_oom_retry("RL step", lambda: time_steps(
-            lambda i: _checked(backend.train_rollout(samples, i)), ns.warmup, ns.steps, ns.device))
-        add("RL step (train_rollout)", times, lambda c: flops.rl_step_flops_per_token(ns.seq_len, c),
-            "8N+16Lhs per token")
+            lambda i: seen.append(_checked(backend.train_rollout(samples, i))), ns.warmup, ns.steps, ns.device))
+        # one rollout = one optimizer step: train_rollout takes the old log-probs from the step's own forward
+        old_forward = not (seen[-1] if seen else {}).get("train/old_log_probs_from_step", 0.0)
+        add("RL step (train_rollout)", times, lambda c: flops.rl_step_flops_per_token(ns.seq_len, c, old_forward),
+            "8N+16Lhs per token" if old_forward else "6N+12Lhs per token (old log-probs from the step's forward)")
     if "policy" not in ns.skip:
         log(f"policy update (_optimizer_step): {ns.warmup} warm-up + {ns.steps} timed")
 

@@ -194,6 +194,21 @@ def test_out_of_memory_halves_the_micro_batch_and_retries() -> None:
                                           / fm.rl_step_flops_per_token(ns.seq_len, causal=True))
 
 
+def test_rl_step_without_the_old_log_prob_forward_counts_three_forwards() -> None:
+    """When train_rollout took the old log-probs from the step's own forward, its FLOPs are fwd + bwd (3 F), not 4 F."""
+    ns = bm.parse([*CPU_SMOKE, "--skip", "policy", "lm"])
+    fm = bm.FlopModel.from_hf_config(build_config("tiny-qwen3"))
+    times = []
+    for from_step in (0.0, 1.0):
+        backend = _fake_backend(lambda samples, step, f=from_step: {"train/grad_norm": 1.0,
+                                                                     "train/old_log_probs_from_step": f})
+        rows = bm.run_train_rows(backend, ns, fm).rows
+        times.append((rows[1].value, rows[1].note))
+    (four, note4), (three, note3) = times
+    assert "8N+16Lhs" in note4 and "6N+12Lhs" in note3
+    assert fm.rl_step_flops_per_token(ns.seq_len, old_forward=False) == fm.train_flops_per_token(ns.seq_len)
+
+
 def test_other_failures_are_reported_in_the_table_not_raised() -> None:
     def nan_step(samples, step):
         return {"train/grad_norm": float("nan")}
