@@ -669,8 +669,11 @@ def main(argv: list[str] | None = None) -> int:
     if ns.json:
         from pathlib import Path
 
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ci.provenance when run as a script
+        from ci.provenance import provenance
+
         Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(ns.json).write_text(json.dumps({"setup": {k: v for k, v in vars(ns).items()} | {
+        Path(ns.json).write_text(json.dumps({"provenance": provenance(), "setup": {k: v for k, v in vars(ns).items()} | {
             "micro_batch_used": micro_batch, "device": torch.cuda.get_device_name() if ns.device == "cuda" else "cpu",
             "total_params": flops.total_params, "matmul_params": flops.matmul_params},
             "rows": [asdict(r) for r in rows], "failures": failures}, indent=1))

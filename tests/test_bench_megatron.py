@@ -254,6 +254,7 @@ def test_cpu_smoke_run_prints_one_table_and_writes_json(tmp_path, capsys) -> Non
                      "sync via CPU buckets", "sync direct GPU tensors", "wall time of this script"):
         assert expected in names
     assert data["failures"] == [] and data["setup"]["micro_batch_used"] == 4
+    assert {"command", "commit", "machine"} <= set(data["provenance"])  # every figure traceable to its run
     unequal = [r for r in data["rows"] if "tensors unequal" in r["name"]]
     assert len(unequal) == 2 and all(r["value"] == 0 and r["ok"] for r in unequal)
 
