@@ -12,8 +12,8 @@ separate q/k/v and gate/up GEMMs, sampling outside the graph. This runner keeps 
 * **KV cache** ``[slots, kv_heads, max_len, head_dim]`` per layer; row ``i`` lives in slot ``i``;
 * **GQA attention without copies** (`decode_attention`): one op per layer writes the new K/V and
   attends over the cache in place, each query-head group against its KV head; on CUDA a Triton
-  flash-decoding kernel that reads each row only as far as it goes (the captured graph's length
-  bucket, `_length_bucket`, bounds it);
+  flash-decoding kernel that reads each row only as far as it goes (elsewhere the reference attends
+  over a length bucket, `_length_bucket`, with a mask);
 * **batched prefill**: admitted prompts go through one right-padded forward (SDPA, causal +
   key-padding mask), K/V written straight into their slots;
 * **CUDA graphs** (``cuda_graph=True`` on CUDA): one graph per (batch bucket, length bucket,
@@ -136,6 +136,7 @@ class LeanRunner:
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self._graphs: dict[tuple[int, int, bool], Any] = {}
         self._pool: Any = None
+        self._one_view = False  # `_prepare`: one graph view for all lengths (the Triton attention kernel)
         self.captures, self.capture_s = 0, 0.0  # graphs captured so far and the seconds it took (ci/bench_engine.py)
 
     # ------------------------------------------------------------------ lifecycle
@@ -170,6 +171,9 @@ class LeanRunner:
             dtype = self.model.lm_head.weight.dtype
             self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in self.layers]
             self.v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in self.layers]
+            # decided once per cache, not per step: the Triton kernel reads rows only as far as they go, so one
+            # graph view (max_len) serves every length
+            self._one_view = reads_only_rows(self.k[0], self.heads)
 
     def _fused_ok(self) -> bool:
         if len(self._qkv) != len(self.layers):
@@ -294,9 +298,7 @@ class LeanRunner:
         if not self.cuda_graph:
             self._decode(state, n, max(state.lengths) + 1, state.filtered)
             return
-        # one view for every length when the attention kernel reads rows only as far as they go
-        view = self.max_len if reads_only_rows(self.k[0], self.heads) else _length_bucket(max(state.lengths) + 1,
-                                                                                           self.max_len)
+        view = self.max_len if self._one_view else _length_bucket(max(state.lengths) + 1, self.max_len)
         key = (_bucket(n, self.slots), view, state.filtered)
         if key not in self._graphs:
             self._graphs[key] = self._capture(state, *key)

@@ -177,7 +177,7 @@ class MegatronTrainBackend(TorchTrainBackend):
         results = self.runner.run(model, micro, log_probs, forward_only=True)
         for (sl, _), lp in zip(micro, results, strict=False):  # results only on the last stage
             out[sl] = lp.cpu()
-        return self.runner.from_last_stage(self.dp.sum_rows(out))
+        return self._rows_everywhere(out)
 
     def _rows_everywhere(self, rows: torch.Tensor) -> torch.Tensor:
         """This DP rank's rows (filled on the last pipeline stage) -> the whole matrix on every rank."""

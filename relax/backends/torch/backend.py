@@ -168,7 +168,7 @@ class TorchTrainBackend:
             inputs = build_model_inputs(batch.samples[sl], width, self.pad_id, self.device)
             lp, _ = self._forward_log_probs(model, inputs, with_entropy=False)
             out[sl] = lp.cpu()
-        return self.dp.sum_rows(out)
+        return self._rows_everywhere(out)
 
     # ------------------------------------------------------------------ services (fully-async)
     def forward_log_probs(self, samples: list[TrainSample]) -> torch.Tensor:
