@@ -182,10 +182,12 @@ def measure(ns: argparse.Namespace, runner: str, batch: int) -> Row:
         except Exception as exc:  # noqa: BLE001 - a profiler failure must not cost the row its measured figures
             row.profile = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
     if ns.device == "cuda":
+        saved = {k: v.cpu() for k, v in model.state_dict().items()}  # the weight sync a colocate step runs
         row.held_gib = torch.cuda.memory_allocated() / 2**30
         row.release_s = timed(engine.release_memory_occupation, ns.device)
         row.freed_gib = row.held_gib - torch.cuda.memory_allocated() / 2**30
         row.resume_s = timed(engine.resume_memory_occupation, ns.device)
+        engine.update_weights_from_tensors(saved)  # released without a CPU backup (SGLang's default): not timed
         counts = (getattr(engine.runner, "captures", 0), getattr(engine.runner, "capture_s", 0.0))
         row.resumed_tokens_per_s = tokens / timed(lambda: engine.generate(reqs), ns.device)
         row.resumed_captures = getattr(engine.runner, "captures", 0) - counts[0]

@@ -290,6 +290,45 @@ def test_update_weights_and_checksums(runner) -> None:
     assert resp["meta_info"]["weight_version"] == "7"
 
 
+@pytest.mark.parametrize("tied_name", ["lm_head.weight", "model.embed_tokens.weight"])
+def test_release_discards_weights_until_a_sync_writes_every_one(runner, tied_name) -> None:
+    """SGLang without --enable-weights-cpu-backup: the release frees the parameters, the resume re-allocates
+    them uninitialised; generating before every parameter is written again is refused, naming one; a tied
+    pair is one parameter, written under either name; the buffers (RoPE) are kept."""
+    src, dst = tiny_model(seed=1, tie=True), tiny_model(seed=1, tie=True)
+    engine = make_engine(dst, runner)
+    prompt = [req([1, 2, 3], seed=5, max_new=6)]
+    before = engine.generate(prompt)[0]["output_ids"]
+    buffers = {k: v.clone() for k, v in dst.named_buffers()}
+    engine.release_memory_occupation()
+    assert all(p.numel() == 0 for p in dst.parameters())  # the memory is gone
+    with pytest.raises(RuntimeError, match="released"):
+        engine.update_weights_from_tensors(src.state_dict())
+    engine.resume_memory_occupation()
+    assert all(torch.equal(v, buffers[k]) for k, v in dst.named_buffers())
+    with pytest.raises(RuntimeError, match=r"^\d+ weight tensor\(s\) hold no values"):
+        engine.generate(prompt)
+    other = "model.embed_tokens.weight" if tied_name == "lm_head.weight" else "lm_head.weight"
+    state = {k: v for k, v in src.state_dict().items() if k != other}
+    engine.update_weights_from_tensors({k: v for k, v in state.items() if k != "model.norm.weight"})
+    with pytest.raises(RuntimeError, match="1 weight tensor.*'model.norm.weight'"):
+        engine.generate(prompt)
+    engine.update_weights_from_tensors({"model.norm.weight": state["model.norm.weight"]})
+    assert engine.weight_checksums() == state_checksums(src.state_dict().items())
+    assert engine.generate(prompt)[0]["output_ids"] == before
+
+
+def test_weights_cpu_backup_keeps_values_across_release(runner) -> None:
+    dst = tiny_model(seed=1)
+    engine = make_engine(dst, runner, weights_cpu_backup=True)
+    prompt = [req([1, 2, 3], seed=5, max_new=6)]
+    before, sums = engine.generate(prompt)[0]["output_ids"], engine.weight_checksums()
+    engine.release_memory_occupation()
+    engine.resume_memory_occupation()
+    assert engine.weight_checksums() == sums
+    assert engine.generate(prompt)[0]["output_ids"] == before
+
+
 def test_tensor_checksum_format() -> None:
     t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
     s = tensor_checksum(t)

@@ -81,11 +81,15 @@ def test_graphs_follow_weight_updates_and_release_resume() -> None:
     gc.collect()
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     kv = sum(t.numel() * t.element_size() for t in engine.runner.k + engine.runner.v)
+    saved = {k: v.cpu() for k, v in model.state_dict().items()}  # what the trainer would sync after the resume
     held = torch.cuda.memory_allocated()
     engine.release_memory_occupation()
     freed = held - torch.cuda.memory_allocated()
-    assert freed >= weights + kv, (freed, weights, kv)  # KV cache dropped, weights parked on the CPU
+    assert freed >= weights + kv, (freed, weights, kv)  # KV cache dropped, weights discarded (no CPU backup)
     engine.resume_memory_occupation()
+    with pytest.raises(RuntimeError, match="hold no values since resume_memory_occupation"):
+        engine.generate(reqs)
+    engine.update_weights_from_tensors(saved)
     resumed, _ = _run(engine, reqs)
     assert resumed == after
 

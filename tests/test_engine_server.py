@@ -251,19 +251,54 @@ def test_weights_checker_reset_then_sync(engine, client, reset_weights) -> None:
         run_closing(client.weights_checker("explode"))
 
 
-def test_release_and_resume_memory(client) -> None:
+def test_release_and_resume_memory(client, engine, reset_weights) -> None:
+    """SGLang's default (no --enable-weights-cpu-backup): a release discards the weights, so after a resume
+    generation is refused, naming a weight, until a sync has written every one; then it serves as before."""
+    prompt = gen([1, 2, 3], seed=7, max_new=6)
+    state = tiny(SEED).state_dict()
+
     async def go():
+        before = await client.generate(prompt)
         await client.release_memory_occupation()
         try:
-            with pytest.raises(EngineHTTPError) as exc:
-                await client.generate(gen([1], max_new=2))
+            with pytest.raises(EngineHTTPError) as released:
+                await client.generate(prompt)
         finally:
             await client.resume_memory_occupation()
-        return exc.value, await client.generate(gen([1], max_new=2))
+        with pytest.raises(EngineHTTPError) as unwritten:
+            await client.generate(prompt)
+        return before, released.value, unwritten.value
 
-    err, resp = run_closing(go())
-    assert err.status == 409 and "released" in err.server_message
-    assert resp["meta_info"]["finish_reason"]["type"] in ("length", "stop")
+    before, released, unwritten = run_closing(go())
+    assert released.status == 409 and "released" in released.server_message
+    assert unwritten.status == 409 and "hold no values since resume_memory_occupation" in unwritten.server_message
+    push(engine.url, {k: v for k, v in state.items() if k != "model.norm.weight"}, 0)  # all but one: still refused
+    with pytest.raises(EngineHTTPError, match="1 weight tensor.*'model.norm.weight'"):
+        run_closing(client.generate(prompt))
+    push(engine.url, state, 0)
+    after = run_closing(client.generate(prompt))
+    assert after["output_ids"] == before["output_ids"]
+
+
+def test_weights_cpu_backup_keeps_the_weights_across_a_release(tmp_path) -> None:
+    """--enable-weights-cpu-backup (SGLang's flag): the weights survive release + resume, no sync needed."""
+    proc = EngineProcess.start(["--hf-checkpoint", "tiny-qwen3", "--seed", str(SEED), "--enable-weights-cpu-backup"],
+                               log_dir=tmp_path)
+    try:
+        c = EngineClient(proc.url, timeout=60)
+        prompt = gen([1, 2, 3], seed=7, max_new=6)
+
+        async def go():
+            before = await c.generate(prompt)
+            await c.release_memory_occupation()
+            await c.resume_memory_occupation()
+            return before, await c.generate(prompt), await c.checksums()
+
+        before, after, sums = run_closing(go())
+        assert after["output_ids"] == before["output_ids"]
+        assert sums == state_checksums(tiny(SEED).state_dict().items())
+    finally:
+        proc.stop()
 
 
 @pytest.mark.parametrize("body,message", [

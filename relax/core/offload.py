@@ -4,8 +4,9 @@ One colocate step, with both on::
 
     rollout -> engines release -> trainer onload -> train -> trainer offload -> engines resume -> sync
 
-The engines drop their KV cache and park their weights in pinned CPU memory
-(``EmbeddedEngine.release_memory_occupation``) after the rollout and resume before the weight sync;
+The engines drop their KV cache and their weights (``EmbeddedEngine.release_memory_occupation``, SGLang's
+default without ``--enable-weights-cpu-backup``: the values are lost, the sync after the resume writes
+every one) after the rollout and resume before the weight sync;
 the trainer moves parameters, gradients and optimizer state to the CPU during the rollout
 (`relax.backends.torch.offload`). The trainer is parked once before the first rollout. Each move is
 an event in events.jsonl (``engine_release``, ``engine_resume``, ``trainer_offload``, ``trainer_onload``

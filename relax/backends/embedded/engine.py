@@ -71,7 +71,7 @@ class EmbeddedEngine:
     def __init__(self, model: torch.nn.Module, *, eos_token_ids: Iterable[int], device: str = "cpu",
                  max_context_len: int | None = None, tokenizer: Any = None, max_running_requests: int = 256,
                  runner: str = "hf", cuda_graph: bool = False, compile: bool = False,
-                 compile_mode: str | None = None, overlap: bool | None = None):
+                 compile_mode: str | None = None, overlap: bool | None = None, weights_cpu_backup: bool = False):
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
@@ -103,7 +103,12 @@ class EmbeddedEngine:
         else:
             raise ValueError(f"unknown runner {runner!r} (hf, static or lean)")
         self.released_tags: set[str] = set()  # SGLang's memory tags released (relax.engine.protocol.MEMORY_TAGS)
-        self._parking: list[torch.Tensor] = []  # pinned host copies of the weights, reused by every release
+        # SGLang's --enable-weights-cpu-backup: a release keeps the weights' values (pinned host copies, reused by
+        # every release); without it (SGLang's default) a release discards them and a weight sync restores them
+        self.weights_cpu_backup = bool(weights_cpu_backup)
+        self._parking: list[torch.Tensor] = []
+        self._discarded: list[tuple[str, torch.nn.Parameter, torch.Size]] = []  # released without a backup
+        self._unwritten: dict[int, str] = {}  # id(parameter) -> name: re-allocated at resume, not yet written
         self.hooks = EngineHooks.from_env()  # the harness's planted defects (relax/utils/fault_hooks.py); off by default
 
     # ------------------------------------------------------------------ properties
@@ -169,6 +174,8 @@ class EmbeddedEngine:
     def add_request(self, req: dict[str, Any] | Request) -> Request:
         if self.released:
             raise RuntimeError("engine memory is released; call resume_memory_occupation first")
+        if self._unwritten:
+            raise RuntimeError(self._unwritten_message())
         r = req if isinstance(req, Request) else self.make_request(req)
         self.waiting.append(r)
         return r
@@ -348,6 +355,9 @@ class EmbeddedEngine:
                                     version: int | str | None = None) -> int:
         """Copy tensors into the model by HF name (all names checked first). ``version`` (when given) becomes the
         served weight version, as SGLang's ``weight_version`` field: a sync sends it with its last bucket."""
+        if self._discarded:
+            raise RuntimeError("engine weights are released (discarded, no CPU backup); call "
+                               "resume_memory_occupation before updating them")
         items = list(named_tensors.items() if isinstance(named_tensors, dict) else named_tensors)
         state = self.model.state_dict()
         for name, tensor in items:
@@ -359,6 +369,11 @@ class EmbeddedEngine:
         if items:  # one multi-tensor copy (a few kernel launches on a GPU) instead of one launch per tensor
             torch._foreach_copy_([state[name] for name, _ in items],
                                  [tensor.to(state[name].device, state[name].dtype) for name, tensor in items])
+        if self._unwritten:
+            params = dict(self.model.named_parameters(remove_duplicate=False))  # tied weights: either name
+            for name, _ in items:
+                if name in params:
+                    self._unwritten.pop(id(params[name]), None)
         if version is not None:
             self._weight_version = int(version)
         return self._weight_version
@@ -379,8 +394,12 @@ class EmbeddedEngine:
         """SGLang's ``/release_memory_occupation``: free what ``tags`` name (None: all of `MEMORY_TAGS`).
 
         ``kv_cache`` drops the KV cache and the runner's CUDA graphs (they are captured over the cache, so
-        ``cuda_graph`` releases the cache too); ``weights`` parks the weights in pinned host memory (GPU
-        only). Requires an idle engine (abort or finish requests first), as SGLang does.
+        ``cuda_graph`` releases the cache too). ``weights``, as SGLang: without ``weights_cpu_backup`` (its
+        ``--enable-weights-cpu-backup``, off by default) the parameters' memory is freed and their values
+        are lost (buffers, such as RoPE tables, are kept), so a resume must be followed by a weight sync
+        that writes every parameter, and generation is refused until it has (`_unwritten_message`); with
+        it they are parked in pinned host memory (GPU; on a CPU device they stay where they are) and come
+        back at resume. Requires an idle engine (abort or finish requests first), as SGLang does.
         """
         tags = _memory_tags(tags)
         if self.has_work():
@@ -391,11 +410,15 @@ class EmbeddedEngine:
                 torch.cuda.synchronize(self.device)
             self.state.clear()
             self.runner.reset()
-            if isinstance(self.runner, StaticRunner | LeanRunner):
-                self.runner.free()
             tags |= {"kv_cache", "cuda_graph"}
-        if "weights" in tags and self.device.type == "cuda" and "weights" not in self.released_tags:
-            self._park_weights()
+        weights = "weights" in tags and "weights" not in self.released_tags
+        if (weights or "kv_cache" in tags) and isinstance(self.runner, StaticRunner | LeanRunner):
+            self.runner.free()  # the cache, the graphs captured over it and the weights, and fused weight copies
+        if weights:
+            if not self.weights_cpu_backup:
+                self._discard_weights()
+            elif self.device.type == "cuda":
+                self._park_weights()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.released_tags |= tags
@@ -412,12 +435,34 @@ class EmbeddedEngine:
         for t, host in zip(tensors, self._parking, strict=True):
             t.data = host
 
+    def _discard_weights(self) -> None:
+        """Free every parameter's memory, keeping its shape to re-allocate at resume (what SGLang's memory
+        saver does to the weights without a CPU backup). Tied parameters are one entry."""
+        self._discarded = [(name, p, p.shape) for name, p in self.model.named_parameters()]
+        for _, p, _ in self._discarded:
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+
+    def _unwritten_message(self) -> str:
+        names = sorted(self._unwritten.values())
+        return (f"{len(names)} weight tensor(s) hold no values since resume_memory_occupation (released without a "
+                f"CPU backup, SGLang's default), e.g. {names[0]!r}: update every weight (/update_weights_from_tensor, "
+                "/update_weights_from_distributed or /update_weights_from_disk) before generating, or keep a backup "
+                "(--enable-weights-cpu-backup)")
+
     def resume_memory_occupation(self, tags: Iterable[str] | None = None) -> None:
-        """Take back what ``tags`` name (None: all); the KV cache is re-allocated on the next request."""
+        """Take back what ``tags`` name (None: all); the KV cache is re-allocated on the next request.
+
+        Discarded weights come back as uninitialised memory, listed in ``_unwritten`` until a weight update
+        writes them."""
         tags = _memory_tags(tags)
         if tags & {"kv_cache", "cuda_graph"}:
             tags |= {"kv_cache", "cuda_graph"}
-        if "weights" in tags and self.device.type == "cuda" and "weights" in self.released_tags:
+        if "weights" in tags and self._discarded:
+            for _, p, shape in self._discarded:
+                p.data = torch.empty(shape, dtype=p.dtype, device=self.device)
+            self._unwritten = {id(p): name for name, p, _ in self._discarded}
+            self._discarded = []
+        elif "weights" in tags and self.device.type == "cuda" and "weights" in self.released_tags:
             for t in itertools.chain(self.model.parameters(), self.model.buffers()):
                 t.data = t.data.to(self.device, non_blocking=True)
             torch.cuda.synchronize(self.device)

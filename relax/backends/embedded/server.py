@@ -276,6 +276,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="lean runner: torch.compile the decode forward before graph capture (slower start)")
     p.add_argument("--overlap", choices=("auto", "on", "off"), default="auto",
                    help="launch decode step t+1 before reading step t's tokens (auto: on for CUDA)")
+    p.add_argument("--enable-weights-cpu-backup", action="store_true",
+                   help="SGLang's flag: /release_memory_occupation keeps the weights (pinned host copies) instead of "
+                        "discarding them; without it a resume must be followed by a sync of every weight")
     p.add_argument("--num-threads", type=int, default=1, help="torch intra-op threads (CPU)")
     p.add_argument("--log-level", default="WARNING")
     args = p.parse_args(argv)
@@ -315,7 +318,8 @@ def build_engine(args: argparse.Namespace):
     return EmbeddedEngine(model, eos_token_ids=sorted(eos), device=device, max_context_len=args.max_context_len,
                           tokenizer=tokenizer, max_running_requests=args.max_running_requests,
                           runner=args.runner, cuda_graph=args.cuda_graph, compile=args.compile,
-                          overlap=None if args.overlap == "auto" else args.overlap == "on")
+                          overlap=None if args.overlap == "auto" else args.overlap == "on",
+                          weights_cpu_backup=args.enable_weights_cpu_backup)
 
 
 async def serve(server: EngineServer, host: str, port: int) -> None:
