@@ -7,7 +7,7 @@ From ``metrics.jsonl`` (docs/artifacts.md), over the steps after the first ``--w
 ``perf/step_time_s`` and of its phases ``perf/rollout_time_s``, ``perf/train_time_s`` and
 ``perf/sync_time_s`` (each with its share of the step), the rest of the step (reward, advantages,
 bookkeeping: step - rollout - train - sync), the colocate memory moves (``perf/<move>_time_s``,
-inside the phases above) and the sub-phases ``perf/rollout_generate_time_s``, ``rollout_reward``,
+inside the phases above) and the sub-phases ``perf/rollout_generate_time_s``, ``rollout_engine``, ``rollout_reward``,
 ``train_columns`` and ``train_update`` (inside rollout and train) where the run logged them. From ``events.jsonl``'s ``weights_synced`` events of those steps: GB per
 sync, median seconds and s/GB of the whole sync (both sides' checksums included, the figure the
 0.05 s/GB target is about), and of its phases ``prepare_s``, ``transfer_s`` and ``checksums_s``.
@@ -30,7 +30,7 @@ from ci.provenance import provenance  # noqa: E402
 PHASES = ("rollout", "train", "sync")
 MOVES = ("release_rollout", "resume_rollout", "offload_train", "onload_train")  # docs/artifacts.md: colocate moves
 SYNC_PHASES = ("prepare_s", "transfer_s", "checksums_s")
-SUB_PHASES = ("rollout_generate", "rollout_reward", "train_columns", "train_update")  # docs/artifacts.md
+SUB_PHASES = ("rollout_generate", "rollout_engine", "rollout_reward", "train_columns", "train_update")  # docs/artifacts.md
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

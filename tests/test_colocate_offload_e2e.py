@@ -52,6 +52,8 @@ def test_offload_metrics_every_step(offload_run: Path) -> None:
     for m in metrics:
         for name in ("release_rollout", "resume_rollout", "offload_train", "onload_train"):
             assert m[f"perf/{name}_time_s"] >= 0 and m[f"perf/{name}_device_bytes"] == 0
+        # the engine's own e2e_latency is inside the generation the rollout timed around the HTTP path
+        assert 0 < m["perf/rollout_engine_time_s"] <= m["perf/rollout_generate_time_s"]
 
 
 def test_checksums_equal_at_every_version_after_resume(offload_run: Path) -> None:

@@ -265,6 +265,10 @@ async def _batch_generate(args: Namespace, rollout_id: int, state: GenerateState
     responses = await state.pool.generate_batch(requests, args.n_samples_per_prompt)
     for s, resp in zip(flat, responses, strict=True):
         apply_response(s, resp)
+    latencies = [r["meta_info"]["e2e_latency"] for r in responses
+                 if isinstance(r["meta_info"].get("e2e_latency"), int | float)]
+    if latencies:  # the engines' own time (SGLang's meta_info): generation time minus this is the HTTP path's
+        state.add_seconds(rollout_id, "perf/rollout_engine_time_s", max(latencies))
 
 
 def generate_rollout(args: Namespace, rollout_id: int, data_source: Any, evaluation: bool = False) -> list[list[Sample]]:
