@@ -121,8 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="Megatron local spec's core attention: torch SDPA (relax's default) or megatron's unfused "
                          "DotProductAttention (no effect with Transformer Engine or --train-backend torch)")
     ap.add_argument("--unfused", action="store_true",
-                    help="pass --no-bias-swiglu-fusion --no-bias-dropout-fusion (megatron-core's unfused SwiGLU and "
-                         "residual add) to compare with relax's default")
+                    help="pass --no-bias-swiglu-fusion --no-bias-dropout-fusion --no-rope-fusion (megatron-core's unfused "
+                         "SwiGLU, residual add and RoPE) to compare with relax's default")
     ap.add_argument("--skip", nargs="*", default=[], choices=["rl", "policy", "lm", "sync"], help="rows to skip")
     ap.add_argument("--json", default=None, help="also write the rows and the setup as JSON to this path")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
@@ -184,7 +184,7 @@ def backend_argv(ns: argparse.Namespace, output_dir: str) -> list[str]:
     if not ns.no_distributed_optimizer:
         argv.append("--use-distributed-optimizer")
     if ns.unfused and ns.train_backend == "megatron":
-        argv += ["--no-bias-swiglu-fusion", "--no-bias-dropout-fusion"]
+        argv += ["--no-bias-swiglu-fusion", "--no-bias-dropout-fusion", "--no-rope-fusion"]
     return argv
 
 

@@ -77,9 +77,10 @@ def test_backend_flags_parse_as_relax_train_flags(monkeypatch, tmp_path) -> None
     assert args.rollout_batch_size * args.n_samples_per_prompt == 32  # one optimizer step per train_rollout
     assert args.hf_checkpoint == "bench-1b" and args.rollout_max_response_len == 4096 - 1024
     assert not (args.use_kl_loss or args.kl_loss_coef or args.kl_coef)  # no reference model in the timing
-    assert not (args.no_bias_swiglu_fusion or args.no_bias_dropout_fusion)  # relax's default: fused
+    assert not (args.no_bias_swiglu_fusion or args.no_bias_dropout_fusion or args.no_rope_fusion)  # fused
     plain = parse_args(bm.backend_argv(bm.parse(["--no-distributed-optimizer", "--unfused"]), str(tmp_path)))
     assert not plain.use_distributed_optimizer and plain.no_bias_swiglu_fusion and plain.no_bias_dropout_fusion
+    assert plain.no_rope_fusion
     torch_args = parse_args(bm.backend_argv(bm.parse(CPU_SMOKE), str(tmp_path)))  # no Megatron-only flag
     assert torch_args.train_backend == "torch" and not torch_args.use_distributed_optimizer
 

@@ -37,7 +37,7 @@ def _backend(model: str, world: int, extra: list[str]):
     args = parse_args(["--train-backend", "megatron", "--device", "cuda", "--hf-checkpoint", model,
                        "--prompt-data", "x.jsonl", "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
                        "--num-rollout", "1", "--micro-batch-size", "2", "--lr", "3e-3", "--no-bias-swiglu-fusion",
-                       "--no-bias-dropout-fusion", "--resource", f'{{"actor": [{world}, {world}]}}', *extra])
+                       "--no-bias-dropout-fusion", "--no-rope-fusion", "--resource", f'{{"actor": [{world}, {world}]}}', *extra])
     return MegatronTrainBackend(args, "cpu")
 
 

@@ -14,27 +14,30 @@ from relax.utils.flag_types import ConfigError
 
 
 def _args(**kw) -> SimpleNamespace:
-    return SimpleNamespace(**{"no_bias_swiglu_fusion": False, "no_bias_dropout_fusion": False, **kw})
+    return SimpleNamespace(**{"no_bias_swiglu_fusion": False, "no_bias_dropout_fusion": False, "no_rope_fusion": False,
+                              **kw})
+
+
+FIELDS = {"no_bias_swiglu_fusion": "bias_activation_fusion", "no_bias_dropout_fusion": "bias_dropout_fusion",
+          "no_rope_fusion": "apply_rope_fusion"}
 
 
 def test_fusions_are_on_by_default_and_each_flag_turns_one_off(monkeypatch) -> None:
     monkeypatch.setattr(fusions, "module_available", lambda name: name == "triton")
-    assert fusions.fusion_kwargs(_args()) == {"bias_activation_fusion": True, "bias_dropout_fusion": True}
-    assert fusions.fusion_kwargs(_args(no_bias_swiglu_fusion=True)) == {"bias_activation_fusion": False,
-                                                                         "bias_dropout_fusion": True}
-    assert fusions.fusion_kwargs(_args(no_bias_dropout_fusion=True)) == {"bias_activation_fusion": True,
-                                                                          "bias_dropout_fusion": False}
+    assert fusions.fusion_kwargs(_args()) == dict.fromkeys(FIELDS.values(), True)
+    for flag, field in FIELDS.items():
+        assert fusions.fusion_kwargs(_args(**{flag: True})) == {f: f != field for f in FIELDS.values()}
 
 
 def test_without_triton_the_error_names_the_flags_that_turn_them_off(monkeypatch) -> None:
     monkeypatch.setattr(fusions, "module_available", lambda name: False)
-    with pytest.raises(ConfigError, match="--no-bias-swiglu-fusion --no-bias-dropout-fusion"):
+    with pytest.raises(ConfigError, match="--no-bias-swiglu-fusion --no-bias-dropout-fusion --no-rope-fusion"):
         fusions.fusion_kwargs(_args())
-    off = fusions.fusion_kwargs(_args(no_bias_swiglu_fusion=True, no_bias_dropout_fusion=True))
+    off = fusions.fusion_kwargs(_args(**dict.fromkeys(FIELDS, True)))
     assert not any(off.values())
 
 
-@pytest.mark.parametrize("flag", ["--no-bias-swiglu-fusion", "--no-bias-dropout-fusion"])
+@pytest.mark.parametrize("flag", ["--no-bias-swiglu-fusion", "--no-bias-dropout-fusion", "--no-rope-fusion"])
 def test_the_flags_are_refused_with_the_torch_backend(flag: str, tmp_path) -> None:
     with pytest.raises(ConfigError, match=f"{flag} needs --train-backend megatron"):
         parse_args(["--preset", "quickstart", flag, "--output-dir", str(tmp_path)])

@@ -66,7 +66,7 @@ def test_rank_zero_takes_its_tensor_parallel_peer_along(ray_with_megatron_shims,
     args = parse_args(["--train-backend", "megatron", "--device", "cuda", "--hf-checkpoint", "small-qwen3",
                        "--prompt-data", "x.jsonl", "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
                        "--num-rollout", "1", "--micro-batch-size", "2", "--no-bias-swiglu-fusion",
-                       "--no-bias-dropout-fusion", "--resource", '{"actor": [2, 2]}',
+                       "--no-bias-dropout-fusion", "--no-rope-fusion", "--resource", '{"actor": [2, 2]}',
                        "--tensor-model-parallel-size", "2"])
     group = TrainerGroup.start(TrainerActor, args, "cpu", 2, {"num_cpus": 0, "max_concurrency": 2})
     leader = group.leader

@@ -420,6 +420,10 @@ ADDED_FLAGS: list[FlagSpec] = [
       "Megatron-LM's flag: run the residual bias-dropout-add as separate torch ops instead of megatron-core's "
       "torch.compile'd fused one (on by default, needs triton). --train-backend megatron only "
       "(relax/backends/megatron/fusions.py)"),
+    F("no-rope-fusion", "flag", False, ADDITIONS_GROUP,
+      "Megatron-LM's flag: run RoPE as megatron-core's separate torch ops instead of one torch.compile'd kernel "
+      "forward and one backward (on by default, needs triton; Transformer Engine's fused RoPE when TE is "
+      "installed). --train-backend megatron only (relax/backends/megatron/rope_fusion.py)"),
     F("debug", "flag", False, ADDITIONS_GROUP,
       "Print the full traceback when a run fails (also RELAX_DEBUG=1). By default a failure ends with one line "
       "naming the culprit (a hook's dotted path, the sample index, the file and line) and run.json records it"),
@@ -512,7 +516,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "expert-model-parallel-size", "expert-tensor-parallel-size",  # relax/backends/megatron/parallel.py
     "recompute-granularity", "recompute-method", "recompute-num-layers",  # relax/backends/megatron/memory_flags.py
     "optimizer-cpu-offload", "overlap-cpu-optimizer-d2h-h2d", "use-precision-aware-optimizer",
-    "no-bias-swiglu-fusion", "no-bias-dropout-fusion",  # relax/backends/megatron/fusions.py
+    "no-bias-swiglu-fusion", "no-bias-dropout-fusion", "no-rope-fusion",  # relax/backends/megatron/fusions.py
     # algorithm
     "advantage-estimator", "normalize-advantages", "disable-grpo-std-normalization", "disable-rewards-normalization",
     "eps-clip", "eps-clip-high", "eps-clip-c", "entropy-coef", "use-kl-loss", "kl-loss-coef", "kl-loss-type",

@@ -1,4 +1,4 @@
-"""On the GPU: megatron-core's torch.compile'd SwiGLU and bias-dropout-add fusions (relax's default,
+"""On the GPU: megatron-core's torch.compile'd SwiGLU, bias-dropout-add and RoPE fusions (relax's default,
 relax/backends/megatron/fusions.py) compute what the unfused ops compute, measured against an fp32
 reference on the same bf16 weights, and torch's fused Adam makes the same update as its foreach Adam."""
 
@@ -47,9 +47,11 @@ def test_fused_and_unfused_layers_agree_in_bf16(mcore) -> None:
 
     out = {}
     for name, off in (("unfused", True), ("fused", False)):
-        extra = fusion_kwargs(SimpleNamespace(no_bias_swiglu_fusion=off, no_bias_dropout_fusion=off))
+        extra = fusion_kwargs(SimpleNamespace(no_bias_swiglu_fusion=off, no_bias_dropout_fusion=off,
+                                              no_rope_fusion=off))
         built = build_gpt_model(McoreModelSpec.from_hf(tf.Qwen3Config(**SMALL)), use_te=False, extra_config=extra)
         assert built.config.bias_activation_fusion is not off and built.config.bias_dropout_fusion is not off
+        assert built.config.apply_rope_fusion is not off
         load_hf_state(built, state)
         built.module.train()
         logits = built.module(input_ids=ids, position_ids=pos, attention_mask=None)
@@ -90,3 +92,30 @@ def test_fused_adam_makes_the_foreach_update() -> None:
             opts[kind].step()
     for a, b in zip(params["foreach"], params["fused"], strict=True):
         torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(("s", "b", "h", "d", "rot"), [(384, 4, 16, 64, 64), (100, 2, 8, 128, 64)])
+def test_fused_rope_matches_megatrons_rope_against_float64(s, b, h, d, rot) -> None:
+    """relax's fused RoPE (rope_fusion.py) and megatron's unfused one, both in bf16, against megatron's formula in
+    float64: values and input gradients; a partial rotary dim (rot < d) passes the rest through untouched."""
+    from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
+
+    from relax.backends.megatron.rope_fusion import fused_rope_bshd
+
+    g = torch.Generator(device="cuda").manual_seed(s)
+    t = torch.randn(s, b, h, d, device="cuda", generator=g).bfloat16()
+    freqs = torch.rand(s, 1, 1, rot, device="cuda", generator=g) * s
+    upstream = torch.randn(s, b, h, d, device="cuda", generator=g).bfloat16()
+    errors = {}
+    for name, fn, dtype in (("float64", _apply_rotary_pos_emb_bshd, torch.float64),
+                            ("unfused", _apply_rotary_pos_emb_bshd, torch.bfloat16),
+                            ("fused", fused_rope_bshd, torch.bfloat16)):
+        x = t.to(dtype).requires_grad_()
+        out = fn(x, freqs.double() if dtype == torch.float64 else freqs)
+        out.backward(upstream.to(dtype))
+        errors[name] = (out.detach().double(), x.grad.double())
+    ref_out, ref_grad = errors.pop("float64")
+    err = {k: (float((o - ref_out).abs().max()), float((gr - ref_grad).abs().max())) for k, (o, gr) in errors.items()}
+    assert err["fused"][0] <= err["unfused"][0] + 1e-6 and err["fused"][1] <= err["unfused"][1] + 1e-6, err
+    assert err["fused"][0] < 0.05 and err["fused"][1] < 0.05, err  # bf16 rounding of |values| up to ~4
+    assert torch.equal(errors["fused"][0][..., rot:], t[..., rot:].double())  # the unrotated channels pass through

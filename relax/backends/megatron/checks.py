@@ -10,7 +10,7 @@ from relax.utils.modules import module_available
 __all__ = ["MEGATRON_ONLY_FLAGS", "check_train_backend_args", "module_available"]
 
 MEGATRON_ONLY_FLAGS = ("use_distributed_optimizer", "no_bias_swiglu_fusion", "no_bias_dropout_fusion",
-                       "sequence_parallel")
+                       "no_rope_fusion", "sequence_parallel")
 PARALLEL_SIZE_FLAGS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
                        "expert_model_parallel_size", "expert_tensor_parallel_size")
 

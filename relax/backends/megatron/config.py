@@ -104,10 +104,9 @@ class McoreModelSpec:
             attention_dropout=0.0,
             attention_softmax_in_fp32=True,
             init_method_std=self.init_method_std,
-            # fusions that need Apex/TE kernels stay off; the TE layer spec brings its own. The SwiGLU and
-            # bias-dropout-add fusions (torch.compile'd) are the backend's choice: fusions.py
+            # fusions that need Apex/TE kernels stay off; the TE layer spec brings its own. The SwiGLU,
+            # bias-dropout-add and RoPE fusions (torch.compile'd) are the backend's choice: fusions.py
             masked_softmax_fusion=False,
-            apply_rope_fusion=False,
             gradient_accumulation_fusion=False,
             persist_layer_norm=False,
             **self._moe_config_kwargs(),

@@ -2,18 +2,21 @@
 
 Why: a profile of one RL step on bench-1b (H100, `ci/bench_megatron.py --profile 30`) spends ~40% of
 GPU time in matmuls and most of the rest in small element-wise kernels (SwiGLU's chunk / silu / mul,
-residual adds, RoPE, the optimizer's per-tensor-list kernels). Three fusions need nothing but torch:
+residual adds, RoPE, the optimizer's per-tensor-list kernels). Four fusions need nothing but torch:
 
 - ``bias_activation_fusion`` (off with ``--no-bias-swiglu-fusion``, Megatron-LM's flag): the MLP's
   SwiGLU runs megatron's `bias_swiglu_impl`, whose forward and backward are compiled by its
   ``jit_fuser`` (``torch.compile`` since torch 2.2): one kernel each instead of chunk + silu + mul.
 - ``bias_dropout_fusion`` (off with ``--no-bias-dropout-fusion``): the residual bias-dropout-add,
   compiled the same way.
+- ``apply_rope_fusion`` (off with ``--no-rope-fusion``, Megatron-LM's flag): RoPE as one compiled kernel
+  forward and one backward instead of six each per query / key tensor (rope_fusion.py fills megatron's
+  fused-RoPE slot, Transformer Engine's when TE is installed).
 - Adam: without Transformer Engine or Apex megatron-core builds ``torch.optim.Adam``/``AdamW``
   without ``fused``, i.e. torch's foreach kernels; `use_fused_torch_adam` switches its parameter
   groups to torch's fused CUDA kernel (the same update, one kernel per step and dtype group).
 
-``torch.compile`` on CUDA generates Triton kernels, so the two megatron fusions need triton
+``torch.compile`` on CUDA generates Triton kernels, so the three megatron fusions need triton
 importable (checked when the model is built, with the flags that turn them off in the message).
 The first steps pay the compile (seconds); a new sequence length may recompile once, after which
 torch marks the shapes dynamic.
@@ -33,10 +36,12 @@ from relax.utils.flag_types import ConfigError
 def fusion_kwargs(args: Namespace) -> dict[str, Any]:
     """`TransformerConfig` fields for every model the backend builds (trainer, reference, teacher)."""
     kwargs = {"bias_activation_fusion": not args.no_bias_swiglu_fusion,
-              "bias_dropout_fusion": not args.no_bias_dropout_fusion}
+              "bias_dropout_fusion": not args.no_bias_dropout_fusion,
+              "apply_rope_fusion": not args.no_rope_fusion}
     if any(kwargs.values()) and not module_available("triton"):
-        raise ConfigError("the Megatron SwiGLU / bias-dropout-add fusions are compiled by torch.compile, which needs "
-                          "triton (not importable): pass --no-bias-swiglu-fusion --no-bias-dropout-fusion")
+        raise ConfigError("the Megatron SwiGLU / bias-dropout-add / RoPE fusions are compiled by torch.compile, which "
+                          "needs triton (not importable): pass --no-bias-swiglu-fusion --no-bias-dropout-fusion "
+                          "--no-rope-fusion")
     return kwargs
 
 

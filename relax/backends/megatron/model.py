@@ -114,6 +114,10 @@ def build_gpt_model(spec: McoreModelSpec, *, sizes: ParallelSizes | None = None,
 
     use_te = transformer_engine_available() if use_te is None else use_te
     sizes = sizes or ParallelSizes()
+    if (extra_config or {}).get("apply_rope_fusion"):
+        from relax.backends.megatron.rope_fusion import install
+
+        install()  # before the config is built: its checks look for a fused RoPE (TE's, else relax's)
     config = TransformerConfig(
         **{**spec.transformer_config_kwargs(), **parallel_config_kwargs(sizes)},
         activation_func=F.silu,
