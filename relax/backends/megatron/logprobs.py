@@ -4,9 +4,10 @@ The model sees the same right-padded micro-batch as the HF model (`build_model_i
 positions ``0..L-1`` and Megatron's causal mask (``attention_mask=None``). Padding sits after
 every real token, so under a causal mask it never changes a real token's logits. With
 ``--sequence-parallel`` the sequence is split over the tensor-parallel ranks, so it is padded
-further, on the right, to a multiple of the TP size. On the last pipeline stage only the real positions
-are read and the logits are cut back to the real vocabulary (the model's is padded to a multiple of the TP
-size) and go through the shared `log_probs_from_logits` (temperature, log-softmax, entropy).
+further, on the right, to a multiple of the TP size. On the last pipeline stage the logits go through the
+shared `log_probs_from_logits` (temperature, log-softmax, entropy), which reads only the real positions and
+the real vocabulary's columns (the model's vocabulary is padded to a multiple of the TP size): the fused
+path reads the padded tensor in place, the reference path slices it.
 """
 
 from __future__ import annotations
@@ -40,11 +41,9 @@ def response_log_probs_from_logits(
     chunk_size: int = -1,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropy) of the response tokens from the last stage's padded logits (only real positions
-    are read; the padded vocabulary rows are cut off before the softmax)."""
-    if logits.shape[2] != vocab_size:
-        logits = logits[..., :vocab_size]
+    are read; the padded vocabulary columns are left out of the softmax and get a zero gradient)."""
     return log_probs_from_logits(logits, inputs, temperature=temperature, with_entropy=with_entropy,
-                                 chunk_size=chunk_size)
+                                 chunk_size=chunk_size, vocab_size=vocab_size)
 
 
 def mcore_response_log_probs(
