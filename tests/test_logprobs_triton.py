@@ -153,6 +153,8 @@ def wiring_case() -> dict:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed (dev extra)")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the compiled kernels are tested (the GPU test below); "
+                    "the GPU machine's Triton 3.6 interpreter cannot run these kernels, CI's 3.8 can")
 def test_triton_kernels_match_float64_reference_in_the_interpreter() -> None:
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run([sys.executable, "-c", _TRITON_CHECK, str(ROOT)], capture_output=True, text=True, env=env,

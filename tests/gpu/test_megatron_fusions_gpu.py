@@ -110,7 +110,7 @@ def test_fused_rope_matches_megatrons_rope_against_float64(s, b, h, d, rot) -> N
     for name, fn, dtype in (("float64", _apply_rotary_pos_emb_bshd, torch.float64),
                             ("unfused", _apply_rotary_pos_emb_bshd, torch.bfloat16),
                             ("fused", fused_rope_bshd, torch.bfloat16)):
-        x = t.to(dtype).requires_grad_()
+        x = t.to(dtype).clone().requires_grad_()  # its own leaf: t.to(bfloat16) would be t itself, grads summed
         out = fn(x, freqs.double() if dtype == torch.float64 else freqs)
         out.backward(upstream.to(dtype))
         errors[name] = (out.detach().double(), x.grad.double())
