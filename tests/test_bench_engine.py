@@ -109,3 +109,21 @@ def test_a_run_cut_short_keeps_the_rows_it_measured(tmp_path, monkeypatch) -> No
     data = json.loads(out.read_text())
     assert data["complete"] is False and [(r["runner"], r["tokens_per_s"]) for r in data["rows"]] == [
         ("HF generate", 123.0)]
+
+
+def test_engine_paths_bench_times_each_layer_of_the_rollout_path_on_cpu(tmp_path, capsys) -> None:
+    """ci/bench_engine_paths.py: the same batch through steps, generate, the scheduler thread and HTTP (also
+    after a release + resume + weight update); each path's seconds, its ratio to the decode alone and the
+    engine's own e2e_latency, which the HTTP paths' wall time contains."""
+    from ci import bench_engine_paths as bep
+
+    out = tmp_path / "paths.json"
+    assert bep.main(["--device", "cpu", "--model", "tiny-qwen3", "--batch", "3", "--prompt", "6", "--new", "5",
+                     "--repeats", "2", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    paths = data["paths"]
+    assert list(paths) == ["steps", "generate", "scheduler", "http", "http_after_release"]
+    assert paths["steps"]["vs_steps"] == 1.0 and paths["steps"]["respond_s"] > 0
+    for name in ("http", "http_after_release"):
+        assert 0 < paths[name]["e2e_latency"] < paths[name]["seconds"]
+    assert data["provenance"]["command"] and "| http_after_release |" in capsys.readouterr().out
