@@ -97,7 +97,7 @@ def measure(ns: argparse.Namespace) -> dict[str, Any]:
 
         decode = timed(step_until_done, ns.device)
         start = time.perf_counter()
-        responses = [engine.response(o) for o in objs]
+        responses = engine.responses(objs)
         record("steps", seconds=decode, respond_s=time.perf_counter() - start, e2e_latency=_longest_latency(responses))
     holder: dict[str, list[dict]] = {}
     for _ in range(ns.repeats):

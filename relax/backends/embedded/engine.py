@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from relax.backends.embedded.detokenize import Detokenizer
 from relax.backends.embedded.lean_runner import LeanRunner
 from relax.backends.embedded.rows import Fetch, RowState
 from relax.backends.embedded.runners import HFRunner, StaticRunner
@@ -76,6 +77,7 @@ class EmbeddedEngine:
         self.model = model.to(self.device).eval()
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.tokenizer = tokenizer
+        self.detokenizer = Detokenizer(tokenizer) if tokenizer is not None else None
         limit = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         self.max_context_len = min(int(max_context_len), limit) if max_context_len else limit
         self.max_running_requests = max_running_requests
@@ -218,10 +220,20 @@ class EmbeddedEngine:
                  else [None] * len(ids))
         return [[lp, tok, text] for lp, tok, text in zip(logprobs, ids, texts, strict=True)]
 
+    def responses(self, reqs: list[Request]) -> list[dict[str, Any]]:
+        """`response` of each request, the texts still missing decoded together (on threads: detokenize.py)."""
+        todo = [r for r in reqs if r.text is None]
+        if todo and self.detokenizer is not None:
+            texts = self.detokenizer.decode_many([r.output_ids for r in todo],
+                                                 [r.params.skip_special_tokens for r in todo])
+            for r, text in zip(todo, texts, strict=True):
+                r.text = text
+        return [self.response(r) for r in reqs]
+
     def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
-        if self.tokenizer is None:
+        if self.detokenizer is None:
             return ""
-        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        return self.detokenizer.decode(ids, skip_special_tokens)
 
     # ------------------------------------------------------------------ decoding
     @torch.no_grad()
@@ -232,7 +244,7 @@ class EmbeddedEngine:
             self.add_request(r)
         while not all(r.done for r in reqs):
             self.step()
-        return [self.response(r) for r in reqs]
+        return self.responses(reqs)
 
     @torch.no_grad()
     def step(self) -> list[Request]:

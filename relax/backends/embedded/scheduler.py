@@ -143,10 +143,12 @@ class Scheduler:
                 self._resolve(finished)
 
     def _resolve(self, reqs: list[Request]) -> None:
-        for r in reqs:
-            entry = self._futures.pop(r.rid, None)
-            if entry is not None and not entry[1].done():
-                entry[1].set_result(self.engine.response(r))
+        entries = [self._futures.pop(r.rid, None) for r in reqs]
+        waiting = [(r, entry[1]) for r, entry in zip(reqs, entries, strict=True)
+                   if entry is not None and not entry[1].done()]
+        responses = self.engine.responses([r for r, _ in waiting])  # texts decoded together
+        for (_, future), response in zip(waiting, responses, strict=True):
+            future.set_result(response)
 
     def _fail_all(self, exc: BaseException) -> None:
         hit = self.engine.abort(abort_all=True)
