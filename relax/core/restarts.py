@@ -24,6 +24,7 @@ from relax.core.setup import RunInputs
 from relax.engine.rollout.engine_pool import EngineDiedError
 from relax.metrics import console
 from relax.metrics.artifacts import RunArtifacts
+from relax.utils.gc_pauses import freeze_startup_objects
 
 
 class GlobalRestartError(RuntimeError):
@@ -77,6 +78,7 @@ def train_with_restarts(loop, args: Namespace, run: RunInputs, artifacts: RunArt
     restarts = 0
     while True:
         rt = start_runtime(args, run, artifacts)
+        freeze_startup_objects()  # the driver's imports and setup: full GCs skip them (relax/utils/gc_pauses.py)
         try:
             if args.use_health_check:
                 with TrainerHeartbeat(rt):

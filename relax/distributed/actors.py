@@ -16,6 +16,7 @@ import ray
 import torch
 
 from relax.distributed.trainer_group import GroupMember
+from relax.utils.gc_pauses import freeze_startup_objects
 from relax.weights import checksum
 from relax.weights.push import PushOptions, PushReport, WeightPusher
 
@@ -43,6 +44,7 @@ class TrainerActor:
         self.backend = build_train_backend(args, device)
         checksum.warm_up(self.backend.device)
         self._pusher = WeightPusher()
+        freeze_startup_objects()  # the model and the imports: full GCs skip them (relax/utils/gc_pauses.py)
 
     def attach_peers(self, peers: list) -> None:
         self._peers = list(peers)

@@ -13,6 +13,7 @@ from argparse import Namespace
 import ray
 import torch
 
+from relax.utils.gc_pauses import freeze_startup_objects
 from relax.weights import checksum
 from relax.weights.devices import device_identity
 
@@ -33,6 +34,7 @@ class EngineActor:
         checksum.warm_up(self.engine.device)
         self.server = EngineServer(Scheduler(self.engine), api_key=api_key, model_path=str(args.hf_checkpoint))
         self.url = serve_in_thread(self.server.app(), host, name=f"relax-engine-{engine_id}-http").url
+        freeze_startup_objects()  # the model and the imports: full GCs skip them (relax/utils/gc_pauses.py)
 
     def pid(self) -> int:
         return os.getpid()

@@ -1,0 +1,24 @@
+"""Keep Python's full garbage collections short in long-running training processes.
+
+Why: a process that has imported torch, transformers, Ray (and megatron-core) holds hundreds of thousands
+to millions of long-lived objects, and every full (generation-2) collection walks all of them: 0.16 s per
+collection for 374k objects on the 2-core CI machine (measured with ``gc.collect(2)`` in a process that
+imported relax's model stack). A step creates tens of thousands of short-lived objects (responses,
+samples, per-token lists), so full collections come every few steps, at a random point of one: the
+H100 GRPO runs of commits 9e9cd27 and 7709e5b each had one step of ~1.1-1.2 s among steps of
+0.52-0.63 s. `freeze_startup_objects` moves everything alive once the process is set up (models
+built, modules imported) into the permanent generation (``gc.freeze``), which collections skip: they
+then walk only what the run allocated since. Nothing that was alive then is collected later, which
+costs nothing for what a process builds once and keeps.
+"""
+
+from __future__ import annotations
+
+import gc
+
+
+def freeze_startup_objects() -> int:
+    """Collect once, then freeze what survives; returns how many objects are frozen."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
