@@ -26,3 +26,4 @@ def test_startup_objects_are_frozen_and_later_cycles_still_collected() -> None:
         assert ref() is None
     finally:
         gc.unfreeze()
+

@@ -34,10 +34,13 @@ from relax.metrics import console
 from relax.metrics.artifacts import RunArtifacts
 from relax.metrics.sample_records import reward_extras, sample_fields
 from relax.utils.fault_hooks import fault_at
+from relax.utils.gc_pauses import freeze_startup_objects
 from relax.utils.types import Sample
 from relax.weights.push import PushOptions
 from relax.weights.sync import record_push
 from relax.weights.transports import SyncTarget
+
+FREEZE_AFTER_STEPS = 2  # the first steps compile and capture graphs; the objects they leave are frozen after each
 
 
 @dataclass
@@ -213,6 +216,19 @@ class Runtime:
         artifacts.log_step(metrics)
         artifacts.event("step_end", step=step)
         console.print_step(metrics, self.run.num_rollout)
+        if step < self.start_step + FREEZE_AFTER_STEPS:
+            self.freeze_gc()
+
+    def freeze_gc(self) -> None:
+        """After each of the first steps, whose compiles and graph captures leave many long-lived objects behind,
+        freeze what is alive in the driver, the trainer ranks and the engine actors (relax/utils/gc_pauses.py)."""
+        actors = [self.trainer] if self.trainer is not None else []
+        actors += [r.actor for r in self.fleet.live_records() if r.actor is not None]
+        try:
+            ray.get([a.freeze_gc.remote() for a in actors])
+        except RayActorError:  # an engine that died is the next call's (or the supervisor's) to report
+            pass
+        freeze_startup_objects()
 
 
 def _due(interval: int | None, step: int, last: int) -> bool:

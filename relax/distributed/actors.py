@@ -109,6 +109,10 @@ class TrainerActor:
 
         return self._with_peers("train_rollout", (shared, step, precomputed), local)
 
+    def freeze_gc(self) -> int:
+        """`freeze_startup_objects` on every rank once the first steps have compiled (relax/utils/gc_pauses.py)."""
+        return self._with_peers("freeze_gc", (), freeze_startup_objects)
+
     def offload(self) -> dict[str, float]:
         return self._with_peers("offload", (), self.backend.offload)
 

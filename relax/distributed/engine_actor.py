@@ -43,6 +43,10 @@ class EngineActor:
         """(URL, `device_identity` of its weights)."""
         return self.url, device_identity(self.engine.device)
 
+    def freeze_gc(self) -> int:
+        """`freeze_startup_objects` again once the first steps have compiled and captured (relax/utils/gc_pauses.py)."""
+        return freeze_startup_objects()
+
     def device_bytes(self) -> int:
         """CUDA memory this process holds (for the offload metrics), 0 on CPU."""
         dev = self.engine.device

@@ -6,10 +6,15 @@ collection for 374k objects on the 2-core CI machine (measured with ``gc.collect
 imported relax's model stack). A step creates tens of thousands of short-lived objects (responses,
 samples, per-token lists), so full collections come every few steps, at a random point of one: the
 H100 GRPO runs of commits 9e9cd27 and 7709e5b each had one step of ~1.1-1.2 s among steps of
-0.52-0.63 s. `freeze_startup_objects` moves everything alive once the process is set up (models
-built, modules imported) into the permanent generation (``gc.freeze``), which collections skip: they
-then walk only what the run allocated since. Nothing that was alive then is collected later, which
-costs nothing for what a process builds once and keeps.
+0.52-0.63 s, and a relax-only run of 4f57e6c (frozen once at setup) two steps whose engine time was
+0.56-0.58 s instead of ~0.32 s, seven steps apart, all rows full length (no batch-shape change): the
+pattern of a full collection over the objects the first steps' compiles and graph captures left. That
+they are collections is inferred, not traced. `freeze_startup_objects` moves everything alive into
+the permanent generation (``gc.freeze``), which collections skip: they then walk only what the run
+allocated since. Each process calls it once set up (models built, modules imported), and the driver
+has every process call it again after each of a run's first steps (`relax.core.runtime.FREEZE_AFTER_STEPS`),
+once those compiles are done. Nothing that was alive then is collected later, which costs nothing for
+what a process builds once and keeps.
 """
 
 from __future__ import annotations
