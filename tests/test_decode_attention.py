@@ -7,9 +7,6 @@ bf16 loads are wrong (tests/test_engine_gpu.py checks bf16 on the GPU, where it 
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -21,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relax.backends.embedded.decode_attention import decode_attention, reference_decode_attention
+from tests.triton_helpers import needs_triton, run_interpreted
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -106,14 +104,9 @@ _TRITON_CHECK = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed (dev extra)")
+@needs_triton
 def test_triton_kernel_matches_float64_reference_in_the_interpreter() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", _TRITON_CHECK, str(ROOT)], capture_output=True, text=True, env=env,
-                          timeout=600, cwd=ROOT)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, proc.stderr[-3000:]
-    results = json.loads(lines[0][len("RESULT "):])
+    results = run_interpreted(_TRITON_CHECK)
     assert {r["splits"] for r in results} >= {1, 2, 3}, results  # one-split and combine paths both ran
     for r in results:
         assert r["caches_equal"], r  # the new K/V written at its position, nothing else

@@ -14,13 +14,7 @@ Tolerances (all against the float64 answer for the same, already-rounded, inputs
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -28,9 +22,7 @@ import torch.nn.functional as F
 
 from relax.backends.torch import logprobs
 from relax.backends.torch.batch import ModelInputs
-
-ROOT = Path(__file__).resolve().parents[1]
-
+from tests.triton_helpers import needs_triton, run_interpreted
 
 def reference_float64(logits, rows, positions, targets, vocab_size, temperature, grad_lp, grad_ent):
     """Float64 log-probs, entropies and the logits' gradient of ``sum(grad_lp * lp + grad_ent * entropy)``."""
@@ -152,16 +144,11 @@ def wiring_case() -> dict:
                 empty=bool((empty_lp == 0).all() and (empty_ent == 0).all() and (leaf.grad == 0).all()))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed (dev extra)")
+@needs_triton
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the compiled kernels are tested (the GPU test below); "
                     "the GPU machine's Triton 3.6 interpreter cannot run these kernels, CI's 3.8 can")
 def test_triton_kernels_match_float64_reference_in_the_interpreter() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", _TRITON_CHECK, str(ROOT)], capture_output=True, text=True, env=env,
-                          timeout=600, cwd=ROOT)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, proc.stderr[-3000:]
-    *results, wiring = json.loads(lines[0][len("RESULT "):])
+    *results, wiring = run_interpreted(_TRITON_CHECK)
     for r in results:
         dtype, with_entropy = r["case"][0], r["case"][5]
         assert r["lp"] <= 1 and r["grad"] <= 1, r

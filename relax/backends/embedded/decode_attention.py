@@ -23,12 +23,9 @@ row ``i`` already in the cache; the new K/V goes there), ``view`` an upper bound
 
 from __future__ import annotations
 
-import functools
-import logging
-
 import torch
 
-log = logging.getLogger(__name__)
+from relax.utils.modules import optional_module
 
 
 def mask_bias(positions: torch.Tensor, view: int, heads: int, kv_heads: int, dtype: torch.dtype) -> torch.Tensor:
@@ -93,12 +90,6 @@ def reads_only_rows(k_cache: torch.Tensor, heads: int) -> bool:
     return kernel is not None and kernel.supports_cache(k_cache, heads)
 
 
-@functools.cache
 def _triton_decode():
-    """The Triton module, or None (logged once) where Triton is missing: the reference runs then."""
-    try:
-        from relax.backends.embedded import triton_decode
-    except ImportError as exc:
-        log.warning("Triton is not importable (%s): decode attention runs the reference (slower)", exc)
-        return None
-    return triton_decode
+    """The Triton kernel's module, or None where Triton is missing (the reference runs then)."""
+    return optional_module("relax.backends.embedded.triton_decode", "decode attention runs the reference (slower)")

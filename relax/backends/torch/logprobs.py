@@ -26,8 +26,6 @@ kernels); other CPU runs take the reference path.
 
 from __future__ import annotations
 
-import functools
-import logging
 import os
 
 import torch
@@ -35,8 +33,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from relax.backends.torch.batch import ModelInputs
-
-log = logging.getLogger(__name__)
+from relax.utils.modules import optional_module
 
 _FUSED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -56,15 +53,9 @@ def _token_log_probs(
     return log_probs, -(log_softmax.exp() * log_softmax).sum(-1)
 
 
-@functools.cache
 def _triton_log_probs():
-    """The Triton module, or None (logged once) where Triton is missing: the reference runs then."""
-    try:
-        from relax.backends.torch import logprobs_triton
-    except ImportError as exc:
-        log.warning("Triton is not importable (%s): log-probs run the reference path (slower)", exc)
-        return None
-    return logprobs_triton
+    """The Triton kernels' module, or None where Triton is missing (the reference runs then)."""
+    return optional_module("relax.backends.torch.logprobs_triton", "log-probs run the reference path (slower)")
 
 
 def fused_log_probs_available(logits: torch.Tensor) -> bool:
