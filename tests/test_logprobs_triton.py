@@ -24,6 +24,7 @@ from relax.backends.torch import logprobs
 from relax.backends.torch.batch import ModelInputs
 from tests.triton_helpers import needs_triton, run_interpreted
 
+
 def reference_float64(logits, rows, positions, targets, vocab_size, temperature, grad_lp, grad_ent):
     """Float64 log-probs, entropies and the logits' gradient of ``sum(grad_lp * lp + grad_ent * entropy)``."""
     x = logits.detach().double().requires_grad_(True)
