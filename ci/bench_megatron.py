@@ -79,7 +79,10 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ci.* when run as a script
 
 H100_SXM_BF16_TFLOPS = 989.0
 MFU_TARGET = 0.40
@@ -127,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", default=None, help="also write the rows and the setup as JSON to this path")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after the rows, profile one RL step (torch.profiler) and print its N costliest GPU kernels "
-                         "to stderr: where the step's time goes")
+                         "to stderr: where the step's time goes; on CUDA also the N places where the GPU waited "
+                         "for the host longest (ci/host_stalls.py, also in the JSON as host_stalls)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--train-backend", default="megatron", choices=["megatron", "torch"],
                     help="torch: the same code path with the torch backend (CPU smoke test)")
@@ -464,20 +468,34 @@ def run_train_rows(backend: Any, ns: argparse.Namespace, flops: FlopModel) -> Tr
     return res
 
 
-def profile_rl_step(backend: Any, ns: argparse.Namespace) -> None:
-    """One `train_rollout` under torch.profiler: the ``--profile`` costliest kernels, grouped by name, to stderr."""
+def profile_rl_step(backend: Any, ns: argparse.Namespace) -> dict | None:
+    """One `train_rollout` under torch.profiler: the ``--profile`` costliest kernels, grouped by name, to stderr;
+    on CUDA also where the GPU waited for the host and on which line (ci/host_stalls.py), returned for the JSON."""
     from torch.profiler import ProfilerActivity, profile
 
+    from ci import host_stalls
+
     samples = make_samples(ns.global_batch, ns.seq_len, ns.prompt_len, _vocab(backend), ns.seed)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ns.device == "cuda" else [])
-    with profile(activities=activities) as prof:
+    cuda = ns.device == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities, with_stack=cuda) as prof:
+        device_sync(ns.device)
+        t0 = time.perf_counter()
         _checked(backend.train_rollout(samples, 0))
         device_sync(ns.device)
-    sort = "self_cuda_time_total" if ns.device == "cuda" else "self_cpu_time_total"
+        wall_s = time.perf_counter() - t0
+    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
     log(f"profile of one RL step, top {ns.profile} by {sort}:\n"
         + prof.key_averages().table(sort_by=sort, row_limit=ns.profile, max_name_column_width=90))
+    stalls = None
+    if cuda:
+        kernels, ops = host_stalls.from_profiler(prof)
+        stalls = {"traced_wall_s": wall_s, "kernel_s": sum(k.end_us - k.start_us for k in kernels) / 1e6,
+                  **host_stalls.charge(kernels, ops, top=ns.profile)}
+        log(f"traced step {wall_s:.3f} s, kernels {stalls['kernel_s']:.3f} s; " + host_stalls.describe(stalls))
     del prof
     _free_memory(ns.device)
+    return stalls
 
 
 def _checked(metrics: dict[str, float]) -> dict[str, float]:
@@ -632,6 +650,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     failures: list[str] = []
     backend = None
+    profile = None
     micro_batch = ns.micro_batch
     with tempfile.TemporaryDirectory(prefix="bench_megatron_") as tmp:
         try:
@@ -647,7 +666,7 @@ def main(argv: list[str] | None = None) -> int:
             failures += train.failures
             micro_batch = train.micro_batch
             if ns.profile:
-                profile_rl_step(backend, ns)
+                profile = profile_rl_step(backend, ns)
             if "sync" not in ns.skip:
                 try:
                     log("building the embedded engine")
@@ -667,16 +686,13 @@ def main(argv: list[str] | None = None) -> int:
     for f in failures:
         print(f"FAILED: {f}")
     if ns.json:
-        from pathlib import Path
-
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ci.provenance when run as a script
         from ci.provenance import provenance
 
         Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
         Path(ns.json).write_text(json.dumps({"provenance": provenance(), "setup": {k: v for k, v in vars(ns).items()} | {
             "micro_batch_used": micro_batch, "device": torch.cuda.get_device_name() if ns.device == "cuda" else "cpu",
             "total_params": flops.total_params, "matmul_params": flops.matmul_params},
-            "rows": [asdict(r) for r in rows], "failures": failures}, indent=1))
+            "rows": [asdict(r) for r in rows], "host_stalls": profile, "failures": failures}, indent=1))
     return 1 if failures else 0
 
 
