@@ -9,6 +9,9 @@ the innermost CPU operator open then, and the innermost Python frame of relax or
 (the line that asked for it). Stretches charged to the same place are summed, so the table reads "this
 line cost the GPU this much idle time, this often".
 
+The frame needs the profiler to attach Python stacks to its operator events; torch 2.11 on the H100
+attached none (every frame came back "-"), so there the operator names alone say where.
+
 The host view is by time, not by launch: an operator that blocks on the device (``.item()``, a host copy)
 is charged the wait its own sync caused, which is what a fix would remove.
 """
