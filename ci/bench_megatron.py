@@ -130,8 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", default=None, help="also write the rows and the setup as JSON to this path")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after the rows, profile one RL step (torch.profiler) and print its N costliest GPU kernels "
-                         "to stderr: where the step's time goes; on CUDA also the N places where the GPU waited "
-                         "for the host longest (ci/host_stalls.py, also in the JSON as host_stalls)")
+                         "to stderr: where the step's time goes; on CUDA also the N host operators the GPU waited "
+                         "on longest (ci/host_stalls.py, also in the JSON as host_stalls)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--train-backend", default="megatron", choices=["megatron", "torch"],
                     help="torch: the same code path with the torch backend (CPU smoke test)")
@@ -470,7 +470,8 @@ def run_train_rows(backend: Any, ns: argparse.Namespace, flops: FlopModel) -> Tr
 
 def profile_rl_step(backend: Any, ns: argparse.Namespace) -> dict | None:
     """One `train_rollout` under torch.profiler: the ``--profile`` costliest kernels, grouped by name, to stderr;
-    on CUDA also where the GPU waited for the host and on which line (ci/host_stalls.py), returned for the JSON."""
+    on CUDA also where the GPU waited for the host and what the host ran then (ci/host_stalls.py), returned for the
+    JSON."""
     from torch.profiler import ProfilerActivity, profile
 
     from ci import host_stalls
@@ -478,7 +479,7 @@ def profile_rl_step(backend: Any, ns: argparse.Namespace) -> dict | None:
     samples = make_samples(ns.global_batch, ns.seq_len, ns.prompt_len, _vocab(backend), ns.seed)
     cuda = ns.device == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities, with_stack=cuda) as prof:
+    with profile(activities=activities) as prof:
         device_sync(ns.device)
         t0 = time.perf_counter()
         _checked(backend.train_rollout(samples, 0))

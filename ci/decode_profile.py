@@ -50,12 +50,17 @@ def union_us(intervals: Iterable[Interval]) -> float:
     return sum(end - start for start, end in _merged(intervals))
 
 
+def idle_gaps(intervals: Iterable[Interval]) -> list[tuple[float, float]]:
+    """The (start, end) of every idle stretch between the first and the last kernel, in time order."""
+    spans = _merged(intervals)
+    return [(prev[1], nxt[0]) for prev, nxt in zip(spans, spans[1:], strict=False)]
+
+
 def idle_gaps_us(intervals: Iterable[Interval], short_us: float = SHORT_GAP_US) -> tuple[float, float, int]:
     """Idle time between the first and the last kernel, split at ``short_us``: (short gaps µs, long gaps µs,
     number of long gaps). Short gaps are the launch latency between back-to-back kernels (inside a CUDA graph
     too); long ones are the GPU waiting for the host."""
-    spans = _merged(intervals)
-    gaps = [nxt[0] - prev[1] for prev, nxt in zip(spans, spans[1:], strict=False)]
+    gaps = [end - start for start, end in idle_gaps(intervals)]
     long = [g for g in gaps if g > short_us]
     return sum(g for g in gaps if g <= short_us), sum(long), len(long)
 
