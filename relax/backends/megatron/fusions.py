@@ -20,6 +20,12 @@ residual adds, RoPE, the optimizer's per-tensor-list kernels). Four fusions need
 importable (checked when the model is built, with the flags that turn them off in the message).
 The first steps pay the compile (seconds); a new sequence length may recompile once, after which
 torch marks the shapes dynamic.
+
+Past dynamo's recompile limit (8 variants of one function by default) a compiled function silently
+runs eagerly for new variants, and eager bf16 rounding differs from the fused kernel's: the no-grad
+old-log-prob pass and the training forward then disagree (a step-0 PPO ratio != 1). Grad and no-grad
+passes, the reference and teacher models and the q / k views each add variants, so `recompile_headroom`
+raises the limit to `RECOMPILE_LIMIT` in the trainer process before the first compile.
 """
 
 from __future__ import annotations
@@ -32,9 +38,20 @@ import torch
 from relax.backends.megatron.checks import module_available
 from relax.utils.flag_types import ConfigError
 
+RECOMPILE_LIMIT = 64
+
+
+def recompile_headroom() -> None:
+    """Raise dynamo's per-function recompile limit to at least `RECOMPILE_LIMIT` (module docstring)."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+
 
 def fusion_kwargs(args: Namespace) -> dict[str, Any]:
     """`TransformerConfig` fields for every model the backend builds (trainer, reference, teacher)."""
+    recompile_headroom()
     kwargs = {"bias_activation_fusion": not args.no_bias_swiglu_fusion,
               "bias_dropout_fusion": not args.no_bias_dropout_fusion,
               "apply_rope_fusion": not args.no_rope_fusion}

@@ -19,12 +19,14 @@ round once to the input dtype (what its fused kernel computes); elsewhere torch'
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
+from relax.backends.megatron.fusions import recompile_headroom
 from relax.utils.modules import module_available
 
-_compiled = None
+_compiled: dict[str, Any] = {}
 
 
 @functools.cache
@@ -37,19 +39,36 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim, compiled on CUDA (module docstring)."""
-    global _compiled
-    if _compiled is None:
-        _compiled = torch.compile(_rms_norm, dynamic=None)  # a new sequence length recompiles once, then dynamic
-    return _compiled(x, weight, eps)
+def _head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return _rms_norm(x, weight, eps)  # its own code object: its own compile cache (`rms_norm`)
+
+
+_BODIES = {"hidden": _rms_norm, "head": _head_rms_norm}
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, kind: str = "hidden") -> torch.Tensor:
+    """RMSNorm over the last dim, compiled on CUDA (module docstring).
+
+    Each ``kind`` compiles its own code object and a no-grad call passes the weight detached, so that the
+    variants dynamo keeps per code object stay few: (grad, no grad) x (first shape, dynamic). One shared
+    function saw hidden and head shapes (3-D and 4-D), trainable and frozen weights (the reference model)
+    and both grad modes, passed dynamo's recompile limit of 8, and then ran some calls eagerly, whose
+    rounding differs from the fused kernel's: the no-grad old-log-prob pass and the training forward then
+    disagreed (step-0 ppo_kl 1.2e-5 with --use-kl-loss on the H100, tests/gpu/test_megatron_gpu.py)."""
+    fn = _compiled.get(kind)
+    if fn is None:
+        recompile_headroom()
+        fn = _compiled[kind] = torch.compile(_BODIES[kind], dynamic=None)  # a new length: one recompile, then dynamic
+    return fn(x, weight if torch.is_grad_enabled() else weight.detach(), eps)
 
 
 class _CompiledOnCuda(torch.nn.RMSNorm):
+    kind = "hidden"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (x.is_cuda and _triton()):
             return super().forward(x)
-        return rms_norm(x, self.weight, self.eps if self.eps is not None else torch.finfo(x.dtype).eps)
+        return rms_norm(x, self.weight, self.eps if self.eps is not None else torch.finfo(x.dtype).eps, self.kind)
 
 
 def _check(config, persist_layer_norm: bool, zero_centered_gamma: bool) -> None:
@@ -73,6 +92,8 @@ class HiddenRMSNorm(_CompiledOnCuda):
 
 class HeadRMSNorm(_CompiledOnCuda):
     """The Qwen3 q / k norm (over ``head_dim``); megatron all-reduces its gradient over TP by name."""
+
+    kind = "head"
 
     def __init__(self, config, hidden_size: int, eps: float = 1e-5, persist_layer_norm: bool = False,
                  zero_centered_gamma: bool = False, normalization: str = "RMSNorm"):

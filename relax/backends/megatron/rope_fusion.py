@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from relax.backends.megatron.fusions import recompile_headroom
+
 _compiled = None
 
 
@@ -38,6 +40,7 @@ def fused_rope_bshd(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = Fa
         raise ValueError("relax's fused RoPE has no interleaved rotation (rotary_interleaved); pass --no-rope-fusion")
     global _compiled
     if _compiled is None:
+        recompile_headroom()
         _compiled = torch.compile(_rope, dynamic=None)  # a new sequence length recompiles once, then dynamic
     return _compiled(t, freqs)
 
