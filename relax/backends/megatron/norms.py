@@ -9,24 +9,23 @@ every parameter tagged ``sequence_parallel`` (what Apex's `FusedLayerNorm` and T
 which sees the whole sequence (after the qkv projection gathered it) and whose gradient megatron sums
 over TP by name.
 
-On CUDA (with triton) both run `rms_norm` compiled by ``torch.compile``: one Triton kernel forward and
-one backward. Why: torch's own fused RMSNorm kernels took 21 ms of the 108 ms of GPU time of an RL
-step at the GRPO bench's shape (H100, 65 norms, most of them the q/k norms over 64-wide rows, where
-its backward is slowest). The function is torch's: normalise in fp32, scale by the weight in fp32,
-round once to the input dtype (what its fused kernel computes); elsewhere torch's module forward runs.
+On CUDA (with triton) both run `rms_norm`: one compiled Triton kernel forward and one backward
+(compiled_function.py: the same forward kernel in no-grad and training passes, bitwise). Why compiled:
+torch's own fused RMSNorm kernels took 21 ms of the 108 ms of GPU time of an RL step at the GRPO
+bench's shape (H100, 65 norms, most of them the q/k norms over 64-wide rows, where its backward is
+slowest). The forward is torch's: normalise in fp32, scale by the weight in fp32, round once to the
+input dtype (what its fused kernel computes); the backward is the closed form in fp32; elsewhere
+torch's module forward runs.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import torch
 
-from relax.backends.megatron.fusions import recompile_headroom
+from relax.backends.megatron.compiled_function import CompiledOnCuda, records_grad
 from relax.utils.modules import module_available
-
-_compiled: dict[str, Any] = {}
 
 
 @functools.cache
@@ -34,41 +33,57 @@ def _triton() -> bool:
     return module_available("triton")
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """fp32 for bf16/fp16/fp32 (the kernels' math), float64 stays float64 (the CPU tests' references)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
-def _head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return _rms_norm(x, weight, eps)  # its own code object: its own compile cache (`rms_norm`)
+def _rms_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = _wide(x)
+    return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps) * _wide(weight)).to(x.dtype)
 
 
-_BODIES = {"hidden": _rms_norm, "head": _head_rms_norm}
+def _rms_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float):
+    """d/dx and d/dweight of `_rms_forward`: with r = rsqrt(mean(x^2) + eps) and gw = grad * weight,
+    dx = r * (gw - x * r^2 * mean(gw * x)), dweight = sum over rows of grad * x * r (all fp32)."""
+    xf, g = _wide(x), _wide(grad)
+    r = torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+    gw = g * _wide(weight)
+    dx = r * (gw - xf * (r * r) * (gw * xf).mean(-1, keepdim=True))
+    dweight = (g * xf * r).reshape(-1, x.shape[-1]).sum(0)
+    return dx.to(x.dtype), dweight.to(weight.dtype)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, kind: str = "hidden") -> torch.Tensor:
-    """RMSNorm over the last dim, compiled on CUDA (module docstring).
-
-    Each ``kind`` compiles its own code object and a no-grad call passes the weight detached, so that the
-    variants dynamo keeps per code object stay few: (grad, no grad) x (first shape, dynamic). One shared
-    function saw hidden and head shapes (3-D and 4-D), trainable and frozen weights (the reference model)
-    and both grad modes, passed dynamo's recompile limit of 8, and then ran some calls eagerly, whose
-    rounding differs from the fused kernel's: the no-grad old-log-prob pass and the training forward then
-    disagreed (step-0 ppo_kl 1.2e-5 with --use-kl-loss on the H100, tests/gpu/test_megatron_gpu.py)."""
-    fn = _compiled.get(kind)
-    if fn is None:
-        recompile_headroom()
-        fn = _compiled[kind] = torch.compile(_BODIES[kind], dynamic=None)  # a new length: one recompile, then dynamic
-    return fn(x, weight if torch.is_grad_enabled() else weight.detach(), eps)
+_FORWARD, _BACKWARD = CompiledOnCuda(_rms_forward), CompiledOnCuda(_rms_backward)
 
 
-class _CompiledOnCuda(torch.nn.RMSNorm):
-    kind = "hidden"
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.eps = eps
+        return _FORWARD(x.detach(), weight.detach(), eps)
 
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        dx, dweight = _BACKWARD(grad.detach(), x.detach(), weight.detach(), ctx.eps)
+        return dx, dweight, None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim: compiled on CUDA, eager elsewhere; the same forward kernel with or without
+    autograd recording (compiled_function.py)."""
+    if records_grad(x, weight):
+        return _RMSNorm.apply(x, weight, eps)
+    return _FORWARD(x.detach(), weight.detach(), eps)
+
+
+class _CompiledRMSNorm(torch.nn.RMSNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (x.is_cuda and _triton()):
             return super().forward(x)
-        return rms_norm(x, self.weight, self.eps if self.eps is not None else torch.finfo(x.dtype).eps, self.kind)
+        return rms_norm(x, self.weight, self.eps if self.eps is not None else torch.finfo(x.dtype).eps)
 
 
 def _check(config, persist_layer_norm: bool, zero_centered_gamma: bool) -> None:
@@ -80,7 +95,7 @@ def _check(config, persist_layer_norm: bool, zero_centered_gamma: bool) -> None:
         raise ValueError("zero-centered gamma, persistent and memory-efficient layer norms need Apex or TE")
 
 
-class HiddenRMSNorm(_CompiledOnCuda):
+class HiddenRMSNorm(_CompiledRMSNorm):
     """A layer's input / pre-MLP norm and the final norm (over ``hidden_size``), tagged for sequence parallelism."""
 
     def __init__(self, config, hidden_size: int, eps: float = 1e-5, persist_layer_norm: bool = False,
@@ -90,10 +105,8 @@ class HiddenRMSNorm(_CompiledOnCuda):
         self.weight.sequence_parallel = bool(config.sequence_parallel)
 
 
-class HeadRMSNorm(_CompiledOnCuda):
+class HeadRMSNorm(_CompiledRMSNorm):
     """The Qwen3 q / k norm (over ``head_dim``); megatron all-reduces its gradient over TP by name."""
-
-    kind = "head"
 
     def __init__(self, config, hidden_size: int, eps: float = 1e-5, persist_layer_norm: bool = False,
                  zero_centered_gamma: bool = False, normalization: str = "RMSNorm"):

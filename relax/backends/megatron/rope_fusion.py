@@ -10,8 +10,10 @@ kernel from Transformer Engine through the module attribute ``rope_utils.fused_a
 (None without TE). `install` fills that slot, when it is empty, with `fused_rope_bshd`: the same
 formula as megatron's unfused path (``t * cos + rotate_half(t) * sin`` on the first ``rot_dim``
 channels, the rest passed through), compiled by ``torch.compile`` into one Triton kernel forward and
-one backward. The compiled kernel keeps the intermediate products in fp32 and rounds once, where the
-eager path rounds each bf16 op: values agree to within one bf16 ulp (tests/test_megatron_gpu.py).
+one backward (compiled_function.py: the same forward kernel in no-grad and training passes; the
+backward is the transposed rotation, ``g * cos + rotate_half^T(g * sin)``). The compiled kernel keeps
+the intermediate products in fp32 and rounds once, where the eager path rounds each bf16 op: values
+agree to within one bf16 ulp (tests/gpu/test_megatron_fusions_gpu.py).
 Only the bshd layout is filled (relax refuses ``--qkv-format thd``) and only the rotate-half RoPE of the
 models relax converts (none sets ``rotary_interleaved``).
 """
@@ -20,12 +22,10 @@ from __future__ import annotations
 
 import torch
 
-from relax.backends.megatron.fusions import recompile_headroom
-
-_compiled = None
+from relax.backends.megatron.compiled_function import CompiledOnCuda, records_grad
 
 
-def _rope(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+def _rope_forward(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     rot = freqs.shape[-1]
     x, rest = t[..., :rot], t[..., rot:]
     cos, sin = torch.cos(freqs).to(t.dtype), torch.sin(freqs).to(t.dtype)
@@ -33,16 +33,39 @@ def _rope(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     return torch.cat((x * cos + torch.cat((-x2, x1), dim=-1) * sin, rest), dim=-1)
 
 
+def _rope_backward(grad: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """d/dt of `_rope_forward`: the forward is ``x * cos + R(x) * sin`` with ``R(x) = cat(-x2, x1)``, so the
+    gradient is ``g * cos + R^T(g * sin)`` with ``R^T(u) = cat(u2, -u1)``; the rest passes through."""
+    rot = freqs.shape[-1]
+    g, rest = grad[..., :rot], grad[..., rot:]
+    cos, sin = torch.cos(freqs).to(grad.dtype), torch.sin(freqs).to(grad.dtype)
+    u1, u2 = (g * sin).chunk(2, dim=-1)
+    return torch.cat((g * cos + torch.cat((u2, -u1), dim=-1), rest), dim=-1)
+
+
+_FORWARD, _BACKWARD = CompiledOnCuda(_rope_forward), CompiledOnCuda(_rope_backward)
+
+
+class _RoPE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(freqs)
+        return _FORWARD(t.detach(), freqs.detach())
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (freqs,) = ctx.saved_tensors
+        return _BACKWARD(grad.detach(), freqs.detach()), None
+
+
 def fused_rope_bshd(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
     """TE's ``fused_apply_rotary_pos_emb(t, freqs, interleaved)`` signature: ``t`` [s, b, h, d], ``freqs``
     [s, 1, 1, rot_dim] (fp32 angles)."""
     if interleaved:
         raise ValueError("relax's fused RoPE has no interleaved rotation (rotary_interleaved); pass --no-rope-fusion")
-    global _compiled
-    if _compiled is None:
-        recompile_headroom()
-        _compiled = torch.compile(_rope, dynamic=None)  # a new sequence length recompiles once, then dynamic
-    return _compiled(t, freqs)
+    if records_grad(t):
+        return _RoPE.apply(t, freqs)
+    return _FORWARD(t.detach(), freqs.detach())
 
 
 def install() -> bool:
