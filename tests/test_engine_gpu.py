@@ -94,6 +94,38 @@ def test_graphs_follow_weight_updates_and_release_resume() -> None:
     assert resumed == after
 
 
+def test_graphs_outlive_a_release_only_where_the_memory_returns_to_their_addresses() -> None:
+    """A colocate step's release + resume + full sync: the lean runner replays the graphs it captured when its
+    weight buffer and KV cache came back at their addresses, captures again when they did not (a tensor
+    planted in the freed memory moves them); the tokens are the same either way."""
+    model = _model(torch.bfloat16)
+    engine = EmbeddedEngine(model, eos_token_ids=[], device="cuda", runner="lean", cuda_graph=True,
+                            max_context_len=256)
+    reqs = _requests(8, temperature=0.0)
+    first, first_lp = _run(engine, reqs)
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    runner = engine.runner
+    kept_by_cycle, captures_by_cycle = [], []
+    sizes = (runner._arena.nbytes, runner._kv.numel() * runner._kv.element_size())
+    for plant in (False, False, True):
+        captures, kept = runner.captures, runner.graphs_kept
+        engine.release_memory_occupation()
+        # same-sized tensors allocated first take the freed blocks (best fit), so the buffers land elsewhere
+        blocker = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in sizes] if plant else None
+        engine.resume_memory_occupation()
+        engine.update_weights_from_tensors(saved)
+        ids, lp = _run(engine, reqs)
+        assert ids == first and torch.equal(lp, first_lp)
+        kept_by_cycle.append(runner.graphs_kept - kept)
+        captures_by_cycle.append(runner.captures - captures)
+        del blocker
+    # every cycle either replayed the graphs or captured anew, never both, never neither
+    assert all(k + (c > 0) == 1 for k, c in zip(kept_by_cycle, captures_by_cycle, strict=True)), (
+        kept_by_cycle, captures_by_cycle)
+    assert kept_by_cycle[1] == 1, kept_by_cycle  # the steady state of a colocate run: same sizes, same addresses
+    assert kept_by_cycle[2] == 0, kept_by_cycle  # moved by the planted tensor: captured again
+
+
 @pytest.mark.parametrize(("n", "heads", "kvh", "dim", "view"),
                          [(64, 16, 8, 64, 384), (1, 16, 8, 64, 384), (5, 16, 2, 128, 1000), (3, 8, 8, 64, 1)])
 def test_triton_decode_attention_matches_float64_in_bf16(n, heads, kvh, dim, view) -> None:

@@ -405,8 +405,9 @@ class EmbeddedEngine:
     def release_memory_occupation(self, tags: Iterable[str] | None = None) -> None:
         """SGLang's ``/release_memory_occupation``: free what ``tags`` name (None: all of `MEMORY_TAGS`).
 
-        ``kv_cache`` drops the KV cache and the runner's CUDA graphs (they are captured over the cache, so
-        ``cuda_graph`` releases the cache too). ``weights``, as SGLang: without ``weights_cpu_backup`` (its
+        ``kv_cache`` drops the KV cache (``cuda_graph`` releases the cache too); the static runner drops its
+        CUDA graphs with it, the lean runner keeps them for when its cache and weight buffer come back at the
+        addresses they were captured over, and captures again when they do not (`lean_runner`). ``weights``, as SGLang: without ``weights_cpu_backup`` (its
         ``--enable-weights-cpu-backup``, off by default) the parameters' memory is freed and their values
         are lost (buffers, such as RoPE tables, are kept), so a resume must be followed by a weight sync
         that writes every parameter, and generation is refused until it has (`_unwritten_message`); with
@@ -424,8 +425,10 @@ class EmbeddedEngine:
             self.runner.reset()
             tags |= {"kv_cache", "cuda_graph"}
         weights = "weights" in tags and "weights" not in self.released_tags
-        if (weights or "kv_cache" in tags) and isinstance(self.runner, StaticRunner | LeanRunner):
-            self.runner.free()  # the cache, the graphs captured over it and the weights, and fused weight copies
+        if (weights or "kv_cache" in tags) and isinstance(self.runner, LeanRunner):
+            self.runner.free(weights=weights)  # the cache and the weight buffer; its graphs wait for them to return
+        elif (weights or "kv_cache" in tags) and isinstance(self.runner, StaticRunner):
+            self.runner.free()  # the cache and the graphs captured over it
         if weights:
             if not self.weights_cpu_backup:
                 self._discard_weights()
@@ -470,8 +473,10 @@ class EmbeddedEngine:
         if tags & {"kv_cache", "cuda_graph"}:
             tags |= {"kv_cache", "cuda_graph"}
         if "weights" in tags and self._discarded:
-            for _, p, shape in self._discarded:
-                p.data = torch.empty(shape, dtype=p.dtype, device=self.device)
+            # the lean runner allocates its one weight buffer again, at the address its graphs expect if it can
+            if not (isinstance(self.runner, LeanRunner) and self.runner.restore_weights()):
+                for _, p, shape in self._discarded:
+                    p.data = torch.empty(shape, dtype=p.dtype, device=self.device)
             self._unwritten = {id(p): name for name, p, _ in self._discarded}
             self._discarded = []
         elif "weights" in tags and self.device.type == "cuda" and "weights" in self.released_tags:

@@ -5,11 +5,19 @@ CUDA graph (MACHINES.md) — repeat_kv copies, materialized masks over the whole
 separate q/k/v and gate/up GEMMs, sampling outside the graph. This runner keeps HF's weights
 (so weight updates, checksums and the weights checker see one model) and runs:
 
-* **fused projections**: q/k/v and gate/up weights are concatenated into one buffer per layer
-  and the HF parameters become *views* into it, so an in-place weight update of ``q_proj`` is
-  an update of the fused matrix. If anything re-points a parameter (``release_memory``), the
-  next prefill notices and re-fuses (and drops captured graphs, which bake in addresses);
-* **KV cache** ``[slots, kv_heads, max_len, head_dim]`` per layer; row ``i`` lives in slot ``i``;
+* **fused projections, one weight buffer**: every parameter becomes a *view* into one flat buffer
+  (`WeightArena`), q/k/v and gate/up back to back per layer so each pair or triple is one matrix;
+  an in-place weight update of ``q_proj`` is an update of the fused matrix. If anything re-points
+  a parameter (a CPU-backup release), the next prefill notices and lays the buffer out again;
+* **KV cache** ``[slots, kv_heads, max_len, head_dim]`` per layer, all layers' K and V in one
+  buffer; row ``i`` lives in slot ``i``;
+* **graphs that outlive a memory release**: a colocate release frees the KV cache and (without a
+  CPU backup) the weight buffer, each one allocation, and a resume allocates them again with the
+  same sizes in the same order, which the CUDA allocator places where they were; the captured
+  graphs (which bake in addresses) are kept and replayed when both buffers came back at their
+  old addresses, and dropped (captured again) when either did not, so correctness never rests on
+  the placement. Their activation pool stays allocated meanwhile (a few MB per batch bucket).
+  This is what SGLang's memory saver gets by keeping virtual addresses (CUDA VMM);
 * **GQA attention without copies** (`decode_attention`): one op per layer writes the new K/V and
   attends over the cache in place, each query-head group against its KV head; on CUDA a Triton
   flash-decoding kernel that reads each row only as far as it goes (elsewhere the reference attends
@@ -20,8 +28,7 @@ separate q/k/v and gate/up GEMMs, sampling outside the graph. This runner keeps 
   filtered) captures the whole decode step *including sampling* over the fixed-address
   `RowState` buffers; the host replays it and fetches tokens and log-probs once. With the Triton
   attention kernel, which reads each row only as far as it goes, one length serves all
-  (``max_len``): a colocate rollout, whose memory release drops the graphs, recaptures once per
-  batch bucket instead of once per length bucket too;
+  (``max_len``), so one graph per batch bucket;
 * **torch.compile** (``compile=True``): the decode forward and the sampler (`draw`: the counter
   hash's ~30 integer ops, softmax, the top-p/top-k sort, the blocked CDF scan) are compiled with dynamic shapes
   before capture, so their small kernels fuse into a few; a graph alone removes launch overhead
@@ -52,6 +59,7 @@ from relax.backends.embedded.decode_attention import (
 from relax.backends.embedded.rows import RowState
 from relax.backends.embedded.runners import compact_slots
 from relax.backends.embedded.sampling import draw
+from relax.backends.embedded.weight_arena import WeightArena
 
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn", None}
 _MIN_BUCKET = 128
@@ -128,36 +136,57 @@ class LeanRunner:
         self._forward_decode = (torch.compile(self._decode_logits, dynamic=True, mode=compile_mode) if compile
                                 else self._decode_logits)
         self._draw = torch.compile(draw, dynamic=True, mode=compile_mode) if compile else draw
-        self.k: list[torch.Tensor] = []
+        self._kv: torch.Tensor | None = None  # [2, layers, slots, kv_heads, max_len, head_dim]: every K and V
+        self.k: list[torch.Tensor] = []  # views of _kv, one per layer
         self.v: list[torch.Tensor] = []
         self.rows_in_cache = 0
-        self._qkv: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        self._arena: WeightArena | None = None  # every parameter, q/k/v and gate/up fused (`_fuse`)
+        self._qkv: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # views of the arena
         self._gate_up: list[torch.Tensor] = []
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self._graphs: dict[tuple[int, int, bool], Any] = {}
         self._pool: Any = None
+        self._graph_addresses: tuple[int, int] | None = None  # (weights, KV cache) the graphs were captured over
         self._one_view = False  # `_prepare`: one graph view for all lengths (the Triton attention kernel)
         self.captures, self.capture_s = 0, 0.0  # graphs captured so far and the seconds it took (ci/bench_engine.py)
+        self.graphs_kept = 0  # memory releases after which the captured graphs were replayed, not captured again
+        self._after_release = False
 
     # ------------------------------------------------------------------ lifecycle
     def reset(self) -> None:
         self.rows_in_cache = 0
 
-    def free(self) -> None:
-        """Drop the KV cache, the RoPE table and the graphs (memory release)."""
+    def free(self, *, weights: bool = False) -> None:
+        """Memory release: drop the KV cache and, with ``weights``, the weight buffer (the caller re-points the
+        parameters: discarded, or parked on the host). The graphs are kept; `_prepare` replays them only if
+        both buffers come back at the addresses they were captured over."""
         self.rows_in_cache = 0
-        self.k, self.v, self._graphs, self._pool, self._rope = [], [], {}, None, None
-        self._qkv, self._gate_up = [], []
+        self._kv, self.k, self.v = None, [], []
+        self._after_release = True
+        if weights:
+            self._qkv, self._gate_up = [], []
+            if self._arena is not None:
+                self._arena.release()
+
+    def restore_weights(self) -> bool:
+        """After a release that discarded the weights: allocate the weight buffer again (values undefined until
+        a weight update writes them) with every parameter back at its view. False when there is no buffer to
+        restore (nothing fused yet), and the caller allocates the parameters itself."""
+        if self._arena is None or self._arena.buffer is not None:
+            return False
+        self._arena.restore()
+        self._fused_views()
+        return True
 
     @property
     def rows(self) -> int:
         return self.rows_in_cache
 
     def _prepare(self) -> None:
-        """(Re)build fused weights, the RoPE table and the cache where missing or stale."""
+        """(Re)build fused weights, the RoPE table and the cache where missing or stale; keep the graphs only
+        while the weights and the cache are where they were captured."""
         if not self._fused_ok():
             self._fuse()
-            self._graphs, self._pool = {}, None
         if self._rope is None:
             dtype = self.model.lm_head.weight.dtype
             positions = torch.arange(self.max_len, device=self.device).unsqueeze(0)
@@ -166,36 +195,52 @@ class LeanRunner:
             half = sin.shape[-1] // 2
             sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(sin.device, sin.dtype)
             self._rope = (cos[0].contiguous(), (sin[0] * sign).contiguous())
-        if not self.k:
-            shape = (self.slots, self.kv_heads, self.max_len, self.head_dim)
-            dtype = self.model.lm_head.weight.dtype
-            self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in self.layers]
-            self.v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in self.layers]
+        if self._kv is None:
+            shape = (2, len(self.layers), self.slots, self.kv_heads, self.max_len, self.head_dim)
+            self._kv = torch.zeros(shape, dtype=self.model.lm_head.weight.dtype, device=self.device)
+            self.k, self.v = list(self._kv[0].unbind(0)), list(self._kv[1].unbind(0))
             # decided once per cache, not per step: the Triton kernel reads rows only as far as they go, so one
             # graph view (max_len) serves every length
             self._one_view = reads_only_rows(self.k[0], self.heads)
+        addresses = (self._arena.buffer.data_ptr(), self._kv.data_ptr())
+        if addresses != self._graph_addresses:
+            self._graphs, self._pool, self._graph_addresses = {}, None, addresses
+        elif self._graphs and self._after_release:
+            self.graphs_kept += 1
+        self._after_release = False
 
     def _fused_ok(self) -> bool:
-        if len(self._qkv) != len(self.layers):
-            return False
-        for layer, (w, _), gu in zip(self.layers, self._qkv, self._gate_up, strict=True):
-            a, m = layer.self_attn, layer.mlp
-            if not (a.q_proj.weight.data_ptr() == w.data_ptr() and _same_storage(a.v_proj.weight, w)
-                    and _same_storage(a.k_proj.weight, w) and m.gate_proj.weight.data_ptr() == gu.data_ptr()
-                    and _same_storage(m.up_proj.weight, gu)):
-                return False
-        return True
+        return (self._arena is not None and len(self._qkv) == len(self.layers) and self._arena.holds()
+                and [id(p) for p in self._arena.params] == [id(p) for p in _unique_params(self.model)])
 
     @torch.no_grad()
     def _fuse(self) -> None:
-        """Concatenate q/k/v (and gate/up) per layer; re-point the HF parameters at views of it."""
-        self._qkv, self._gate_up = [], []
+        """Lay every parameter out in one buffer, q/k/v (and their biases) and gate/up back to back per layer,
+        and re-point the HF parameters at views of it."""
+        groups: list[list[torch.nn.Parameter]] = []
         for layer in self.layers:
             a, m = layer.self_attn, layer.mlp
             projs = (a.q_proj, a.k_proj, a.v_proj)
-            self._qkv.append((_fuse_params([p.weight for p in projs]),
-                              _fuse_params([p.bias for p in projs]) if a.q_proj.bias is not None else None))
-            self._gate_up.append(_fuse_params([m.gate_proj.weight, m.up_proj.weight]))
+            groups.append([p.weight for p in projs])
+            if a.q_proj.bias is not None:
+                groups.append([p.bias for p in projs])
+            groups.append([m.gate_proj.weight, m.up_proj.weight])
+        fused = {id(p) for g in groups for p in g}
+        groups += [[p] for p in _unique_params(self.model) if id(p) not in fused]
+        self._arena = None  # the old buffer (if any) goes as the parameters move into the new one
+        self._arena = WeightArena(groups, self.device)
+        self._fused_views()
+
+    def _fused_views(self) -> None:
+        """The per-layer fused matrices, as views of the arena (its group order is `_fuse`'s)."""
+        self._qkv, self._gate_up, index = [], [], 0
+        for layer in self.layers:
+            qkv = self._arena.group(index)
+            bias = self._arena.group(index + 1) if layer.self_attn.q_proj.bias is not None else None
+            index += 2 if bias is not None else 1
+            self._qkv.append((qkv, bias))
+            self._gate_up.append(self._arena.group(index))
+            index += 1
 
     # ------------------------------------------------------------------ forwards
     def _attention_in(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -332,15 +377,6 @@ class LeanRunner:
         return order
 
 
-def _same_storage(param: torch.Tensor, fused: torch.Tensor) -> bool:
-    return param.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr()
-
-
-def _fuse_params(params: list[torch.Tensor]) -> torch.Tensor:
-    """One buffer holding ``params`` back to back (dim 0); each parameter becomes a view of it."""
-    fused = torch.cat([p.data for p in params])
-    start = 0
-    for p in params:
-        p.data = fused[start:start + p.shape[0]]
-        start += p.shape[0]
-    return fused
+def _unique_params(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The model's parameters, a tied one once (named_parameters' order)."""
+    return [p for _, p in model.named_parameters()]
