@@ -94,19 +94,21 @@ def test_graphs_follow_weight_updates_and_release_resume() -> None:
     assert resumed == after
 
 
-def test_graphs_outlive_a_release_only_where_the_memory_returns_to_their_addresses() -> None:
+@pytest.mark.parametrize("compile", [False, True])
+def test_graphs_outlive_a_release_only_where_the_memory_returns_to_their_addresses(compile: bool) -> None:
     """A colocate step's release + resume + full sync: the lean runner replays the graphs it captured when its
-    weight buffer and KV cache came back at their addresses, captures again when they did not (a tensor
-    planted in the freed memory moves them); the tokens are the same either way."""
+    weight buffer and KV cache came back at their addresses, captures again when they did not (tensors
+    planted in the freed memory move them); the tokens are the same either way. ``compile``: the GRPO
+    bench's configuration (a first version, whose K/V were views of one buffer, crashed compiled)."""
     model = _model(torch.bfloat16)
     engine = EmbeddedEngine(model, eos_token_ids=[], device="cuda", runner="lean", cuda_graph=True,
-                            max_context_len=256)
+                            compile=compile, max_context_len=256)
     reqs = _requests(8, temperature=0.0)
     first, first_lp = _run(engine, reqs)
     saved = {k: v.clone() for k, v in model.state_dict().items()}
     runner = engine.runner
     kept_by_cycle, captures_by_cycle = [], []
-    sizes = (runner._arena.nbytes, runner._kv.numel() * runner._kv.element_size())
+    sizes = (runner._arena.nbytes, *(t.numel() * t.element_size() for t in (*runner.k, *runner.v)))
     for plant in (False, False, True):
         captures, kept = runner.captures, runner.graphs_kept
         engine.release_memory_occupation()

@@ -9,14 +9,14 @@ separate q/k/v and gate/up GEMMs, sampling outside the graph. This runner keeps 
   (`WeightArena`), q/k/v and gate/up back to back per layer so each pair or triple is one matrix;
   an in-place weight update of ``q_proj`` is an update of the fused matrix. If anything re-points
   a parameter (a CPU-backup release), the next prefill notices and lays the buffer out again;
-* **KV cache** ``[slots, kv_heads, max_len, head_dim]`` per layer, all layers' K and V in one
-  buffer; row ``i`` lives in slot ``i``;
+* **KV cache** ``[slots, kv_heads, max_len, head_dim]`` per layer (K and V each); row ``i`` lives
+  in slot ``i``;
 * **graphs that outlive a memory release**: a colocate release frees the KV cache and (without a
-  CPU backup) the weight buffer, each one allocation, and a resume allocates them again with the
-  same sizes in the same order, which the CUDA allocator places where they were; the captured
-  graphs (which bake in addresses) are kept and replayed when both buffers came back at their
-  old addresses, and dropped (captured again) when either did not, so correctness never rests on
-  the placement. Their activation pool stays allocated meanwhile (a few MB per batch bucket).
+  CPU backup) the weight buffer, and a resume allocates them again with the same sizes in the same
+  order, which the CUDA allocator places where they were; the captured graphs (which bake in
+  addresses) are kept and replayed when the weight buffer and every K and V came back at their old
+  addresses, and dropped (captured again) when any did not, so correctness never rests on the
+  placement. Their activation pool stays allocated meanwhile (a few MB per batch bucket).
   This is what SGLang's memory saver gets by keeping virtual addresses (CUDA VMM);
 * **GQA attention without copies** (`decode_attention`): one op per layer writes the new K/V and
   attends over the cache in place, each query-head group against its KV head; on CUDA a Triton
@@ -136,8 +136,7 @@ class LeanRunner:
         self._forward_decode = (torch.compile(self._decode_logits, dynamic=True, mode=compile_mode) if compile
                                 else self._decode_logits)
         self._draw = torch.compile(draw, dynamic=True, mode=compile_mode) if compile else draw
-        self._kv: torch.Tensor | None = None  # [2, layers, slots, kv_heads, max_len, head_dim]: every K and V
-        self.k: list[torch.Tensor] = []  # views of _kv, one per layer
+        self.k: list[torch.Tensor] = []  # one [slots, kv_heads, max_len, head_dim] tensor per layer
         self.v: list[torch.Tensor] = []
         self.rows_in_cache = 0
         self._arena: WeightArena | None = None  # every parameter, q/k/v and gate/up fused (`_fuse`)
@@ -146,7 +145,7 @@ class LeanRunner:
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self._graphs: dict[tuple[int, int, bool], Any] = {}
         self._pool: Any = None
-        self._graph_addresses: tuple[int, int] | None = None  # (weights, KV cache) the graphs were captured over
+        self._graph_addresses: tuple[int, ...] | None = None  # (weights, each K and V) the graphs were captured over
         self._one_view = False  # `_prepare`: one graph view for all lengths (the Triton attention kernel)
         self.captures, self.capture_s = 0, 0.0  # graphs captured so far and the seconds it took (ci/bench_engine.py)
         self.graphs_kept = 0  # memory releases after which the captured graphs were replayed, not captured again
@@ -161,7 +160,7 @@ class LeanRunner:
         parameters: discarded, or parked on the host). The graphs are kept; `_prepare` replays them only if
         both buffers come back at the addresses they were captured over."""
         self.rows_in_cache = 0
-        self._kv, self.k, self.v = None, [], []
+        self.k, self.v = [], []
         self._after_release = True
         if weights:
             self._qkv, self._gate_up = [], []
@@ -195,14 +194,18 @@ class LeanRunner:
             half = sin.shape[-1] // 2
             sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(sin.device, sin.dtype)
             self._rope = (cos[0].contiguous(), (sin[0] * sign).contiguous())
-        if self._kv is None:
-            shape = (2, len(self.layers), self.slots, self.kv_heads, self.max_len, self.head_dim)
-            self._kv = torch.zeros(shape, dtype=self.model.lm_head.weight.dtype, device=self.device)
-            self.k, self.v = list(self._kv[0].unbind(0)), list(self._kv[1].unbind(0))
+        if not self.k:
+            # one allocation per layer's K and V, not views of one buffer: the decode graph's inputs must not
+            # alias each other (torch.compile rebuilds aliased mutated inputs from a synthetic base; with the
+            # views of one buffer the first compiled decode hit an illegal memory access on the H100)
+            shape = (self.slots, self.kv_heads, self.max_len, self.head_dim)
+            dtype = self.model.lm_head.weight.dtype
+            self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in self.layers]
+            self.v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in self.layers]
             # decided once per cache, not per step: the Triton kernel reads rows only as far as they go, so one
             # graph view (max_len) serves every length
             self._one_view = reads_only_rows(self.k[0], self.heads)
-        addresses = (self._arena.buffer.data_ptr(), self._kv.data_ptr())
+        addresses = (self._arena.buffer.data_ptr(), *(t.data_ptr() for t in (*self.k, *self.v)))
         if addresses != self._graph_addresses:
             self._graphs, self._pool, self._graph_addresses = {}, None, addresses
         elif self._graphs and self._after_release:
