@@ -197,11 +197,14 @@ class LeanRunner:
         if not self.k:
             # one allocation per layer's K and V, not views of one buffer: the decode graph's inputs must not
             # alias each other (torch.compile rebuilds aliased mutated inputs from a synthetic base; with the
-            # views of one buffer the first compiled decode hit an illegal memory access on the H100)
+            # views of one buffer the first compiled decode hit an illegal memory access on the H100). Layers
+            # take the tensors in address order: the allocator may hand back the same blocks in another order
+            # after a release, and then every layer still gets the address its graphs were captured with
             shape = (self.slots, self.kv_heads, self.max_len, self.head_dim)
             dtype = self.model.lm_head.weight.dtype
-            self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in self.layers]
-            self.v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in self.layers]
+            caches = sorted((torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(2 * len(self.layers))),
+                            key=torch.Tensor.data_ptr)
+            self.k, self.v = caches[:len(self.layers)], caches[len(self.layers):]
             # decided once per cache, not per step: the Triton kernel reads rows only as far as they go, so one
             # graph view (max_len) serves every length
             self._one_view = reads_only_rows(self.k[0], self.heads)
