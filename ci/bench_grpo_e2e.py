@@ -356,6 +356,9 @@ def run_relax(ns: argparse.Namespace, backend: str, prompts: Path, workdir: Path
     name = name or f"relax-{backend}"
     result = SystemResult(name, "bf16" if backend == "megatron" else "fp32", ns.prompts * ns.generations, ns.warmup)
     out_dir, log_path = workdir / name, workdir / f"{name}.log"
+    if out_dir.exists():  # relax train resumes into an existing run dir: a kept --workdir would mix two runs' steps
+        log(f"{name}: removing the previous run's {out_dir}")
+        shutil.rmtree(out_dir)
     cmd = [sys.executable, "-m", "relax.cli", "train", *relax_argv(ns, backend, prompts, out_dir, mode)]
     log(f"{name}: relax train, {ns.steps} steps (log: {log_path})")
     ray_dir = tempfile.mkdtemp(prefix="rg", dir="/tmp")  # Ray's socket paths must stay short

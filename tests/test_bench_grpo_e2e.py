@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -230,6 +231,24 @@ def test_sync_seconds_per_gb_come_from_the_runs_sync_events(tmp_path) -> None:
     assert result.sync_gb == pytest.approx(0.5) and result.transports == "cuda-ipc"
     assert result.summary(None)["sync_s_per_gb"] == pytest.approx(0.025 / 0.5)
     assert _result("trl-1.16.0", [5.0, 5.0, 5.0]).summary(None)["sync_s_per_gb"] is None
+
+
+def test_a_kept_workdir_starts_each_relax_run_afresh(monkeypatch, tmp_path) -> None:
+    """A second bench run into the same --workdir once read 8 steps of the first run plus its own 6 (relax
+    train appends to an existing run dir's metrics): the run dir is removed before the run."""
+    def fake_run(cmd, log_path, env, timeout, cwd):
+        out = Path(cmd[cmd.index("--output-dir") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        with (out / "metrics.jsonl").open("a") as f:
+            for step in range(3):
+                f.write(json.dumps({"step": step, "perf/step_time_s": 1.0 + step, "rollout/response_len_mean": 9.0}) + "\n")
+        return 0, 1.0
+
+    monkeypatch.setattr(bg, "run_logged", fake_run)
+    ns = bg.parse(["--steps", "3"])
+    first = bg.run_relax(ns, "torch", tmp_path / "p.jsonl", tmp_path)
+    second = bg.run_relax(ns, "torch", tmp_path / "p.jsonl", tmp_path)
+    assert first.step_s == second.step_s == [1.0, 2.0, 3.0]
 
 
 def test_trl_worker_sees_one_gpu(monkeypatch) -> None:
