@@ -158,7 +158,7 @@ class LeanRunner:
     def free(self, *, weights: bool = False) -> None:
         """Memory release: drop the KV cache and, with ``weights``, the weight buffer (the caller re-points the
         parameters: discarded, or parked on the host). The graphs are kept; `_prepare` replays them only if
-        both buffers come back at the addresses they were captured over."""
+        the weight buffer and every K and V come back at the addresses they were captured over."""
         self.rows_in_cache = 0
         self.k, self.v = [], []
         self._after_release = True
