@@ -32,7 +32,7 @@ from relax.algorithms import AlgorithmConfig
 from relax.algorithms.reducers import merge_metrics
 from relax.backends.megatron.bridge import BridgeWeights
 from relax.backends.megatron.config import McoreModelSpec
-from relax.backends.megatron.fusions import fusion_kwargs, use_fused_torch_adam
+from relax.backends.megatron.fusions import fusion_kwargs, recompile_headroom, use_fused_torch_adam
 from relax.backends.megatron.hf_source import open_hf_weights
 from relax.backends.megatron.logprobs import response_log_probs_from_logits
 from relax.backends.megatron.memory_flags import (
@@ -83,6 +83,7 @@ class MegatronTrainBackend(TorchTrainBackend):
         self.spec = McoreModelSpec.from_hf(self.hf_config)
         check_model_fits(self.sizes, self.spec)
         self.fusions = fusion_kwargs(args)
+        recompile_headroom()  # before any compiled fusion runs (fusions.py)
         self._bridge = BridgeWeights(args.hf_checkpoint) if args.megatron_to_hf_mode == "bridge" else None
         layers_per_stage = self.spec.num_layers // self.sizes.pp
         self.built = self._load(reader, recompute_kwargs(args, layers_per_stage))  # only the trainer recomputes

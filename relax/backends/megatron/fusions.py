@@ -23,9 +23,12 @@ torch marks the shapes dynamic.
 
 Past dynamo's recompile limit (8 variants of one function by default) a compiled function silently
 runs eagerly for new variants, and eager bf16 rounding differs from the fused kernel's: the no-grad
-old-log-prob pass and the training forward then disagree (a step-0 PPO ratio != 1). Grad and no-grad
-passes, the reference and teacher models and the q / k views each add variants, so `recompile_headroom`
-raises the limit to `RECOMPILE_LIMIT` in the trainer process before the first compile.
+old-log-prob pass and the training forward then disagree (a step-0 PPO ratio != 1; seen on the H100 with
+one compiled RMSNorm serving hidden and head shapes, frozen and trainable weights, both grad modes).
+relax's norms and RoPE now see few variants (compiled_function.py), but megatron's own compiled
+SwiGLU and bias-dropout-add still meet every shape and grad mode of the policy, reference and teacher
+passes, so the trainer raises the limit to `RECOMPILE_LIMIT` (`recompile_headroom`) before building
+its models.
 """
 
 from __future__ import annotations
@@ -51,7 +54,6 @@ def recompile_headroom() -> None:
 
 def fusion_kwargs(args: Namespace) -> dict[str, Any]:
     """`TransformerConfig` fields for every model the backend builds (trainer, reference, teacher)."""
-    recompile_headroom()
     kwargs = {"bias_activation_fusion": not args.no_bias_swiglu_fusion,
               "bias_dropout_fusion": not args.no_bias_dropout_fusion,
               "apply_rope_fusion": not args.no_rope_fusion}
