@@ -60,6 +60,21 @@ def test_flatten_copies_so_later_training_does_not_change_a_sent_bucket() -> Non
         payload.flatten_into(torch.empty(8, dtype=torch.uint8), tied)
 
 
+def test_the_tensor_transport_stages_a_host_buffer_before_anyone_reads_it() -> None:
+    """Sharing a host buffer by name moves its bytes to a new segment; the trainer checksums a bucket on a
+    thread while the transport encodes it, so the move must happen at `stage`, before both: encoding a
+    staged bucket leaves its memory where it was (a CPU CI run checksummed half-moved bytes once)."""
+    from relax.weights.transports import PackedBucket
+    from relax.weights.transports.tensor import TensorTransport
+
+    flat, entries = payload.flatten_into(torch.empty(64, dtype=torch.uint8), _named([((3, 4), torch.float32)]))
+    bucket = PackedBucket(flat, tuple(entries), last=True)
+    TensorTransport([], timeout_s=1).stage(bucket)
+    staged = flat.data_ptr()
+    payload.encode_flattened_bucket(flat, list(entries))
+    assert flat.data_ptr() == staged
+
+
 @pytest.mark.parametrize("load_format", [None, "direct", "flattened_bucket"])
 def test_serialized_items_round_trip_in_every_sglang_load_format(load_format) -> None:
     named = _named([((3, 4), torch.float32), ((5,), torch.bfloat16), ((2, 2), torch.int64)])

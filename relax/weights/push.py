@@ -154,6 +154,8 @@ class WeightPusher:
             flat, entries = self._pack(bucket, device)
             bucket = next(pending, None)
             packed = PackedBucket(flat, entries, last=bucket is None)
+            for t in transports:
+                t.stage(packed)
             # the trainer digests the bytes it sends while the targets copy them (the buffer is read-only here)
             sums, *_ = await asyncio.gather(asyncio.to_thread(state_checksums, unflatten(packed.flat, packed.entries)),
                                             *(t.send(packed, version) for t in transports))

@@ -121,6 +121,13 @@ def _forking_table() -> dict:
             torch.UntypedStorage: _share_storage_by_name}
 
 
+def share_host_buffer(t: torch.Tensor) -> None:
+    """Move a host tensor's storage into a named shared-memory segment now (a no-op once it is there, and for
+    CUDA tensors), so that encoding it later neither copies it nor moves it under a concurrent reader."""
+    if t.device.type == "cpu":
+        t.untyped_storage()._share_filename_cpu_()  # noqa: SLF001 - what `_share_storage_by_name` calls
+
+
 def _share_storage_by_name(storage: torch.UntypedStorage):
     """torch's ``file_system`` sharing of a host storage (torch.multiprocessing.reductions.reduce_storage): a
     named shared-memory segment any process on the host can open. The default ``file_descriptor`` strategy

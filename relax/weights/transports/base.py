@@ -61,6 +61,9 @@ class Transport(ABC):
     async def open(self, weights_at: torch.device) -> None:  # noqa: B027 - most transports need no set-up
         """Set-up before the first bucket (e.g. the weight-update group)."""
 
+    def stage(self, bucket: PackedBucket) -> None:  # noqa: B027 - most transports send the buffer as it is
+        """Make ``bucket``'s buffer sendable before the trainer's checksum thread starts reading it."""
+
     @abstractmethod
     async def send(self, bucket: PackedBucket, version: str) -> None:
         """Deliver ``bucket`` to every target; returns once each has copied it (the buffer may be refilled)."""

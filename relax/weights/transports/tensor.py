@@ -26,6 +26,12 @@ class TensorTransport(Transport):
     name = "tensor"
     endpoint = "/update_weights_from_tensor"
 
+    def stage(self, bucket: PackedBucket) -> None:
+        """A host buffer moves into a named shared-memory segment when first shared (torch copies it there and
+        swaps the storage's memory); that must happen before the trainer's checksum thread reads the bucket,
+        not during it: a CPU run once checksummed half-moved bytes (tests/test_engine_server.py, CI)."""
+        serialized_tensors.share_host_buffer(bucket.flat)
+
     async def send(self, bucket: PackedBucket, version: str) -> None:
         from relax.engine.rollout.engine_client import EngineClient
 
