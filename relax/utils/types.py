@@ -8,6 +8,7 @@ list of `n_samples_per_prompt` samples that share a prompt.
 
 from __future__ import annotations
 
+import copy
 import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -62,6 +63,22 @@ class Sample:
     def effective_loss_mask(self) -> list[int]:
         return self.loss_mask if self.loss_mask is not None else [1] * self.response_length
 
+    def copy(self) -> Sample:
+        """An independent copy, as ``copy.deepcopy`` makes, ~10x faster on token-sized samples: the lists of
+        numbers (tokens, masks, log-probs, versions) are copied flat, the free-form fields (prompt messages,
+        label, metadata, multimodal inputs, a dict reward) deeply. A rollout copies its prompt once per sample
+        (64 per step in the GRPO benchmark), where deepcopy's per-element memo walk cost ~10 ms a step."""
+        out = copy.copy(self)
+        for name in _NUMBER_LISTS:
+            value = getattr(self, name)
+            if value is not None:
+                setattr(out, name, list(value))
+        for name in _FREE_FORM:
+            value = getattr(self, name)
+            if not isinstance(value, _IMMUTABLE):
+                setattr(out, name, copy.deepcopy(value))
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["status"] = self.status.value
@@ -72,3 +89,10 @@ class Sample:
         d = dict(d)
         d["status"] = cls.Status(d.get("status", "pending"))
         return cls(**d)
+
+
+# `Sample.copy`'s split of the fields (tests/test_sample_copy.py checks that it names every field once)
+_NUMBER_LISTS = ("tokens", "loss_mask", "rollout_log_probs", "teacher_log_probs", "token_weight_versions")
+_FREE_FORM = ("prompt", "label", "metadata", "multimodal_inputs", "reward")
+_SCALARS = ("index", "group_index", "response", "response_length", "status", "weight_version", "abort_count")
+_IMMUTABLE = (str, int, float, bool, type(None), enum.Enum)

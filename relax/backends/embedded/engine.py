@@ -169,7 +169,9 @@ class EmbeddedEngine:
         if not isinstance(ids, list) or not ids:
             raise ValueError("input_ids must be a non-empty list of token ids")
         vocab = int(self.model.config.vocab_size)
-        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids):
+        # type() and min/max run in C: a batch of 64 x 128 ids per rollout is checked in ~0.1 ms (bools and
+        # numpy integers are refused, as JSON never sends them)
+        if set(map(type, ids)) != {int} or min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"input_ids must be integers in [0, {vocab})")
         return list(ids)
 

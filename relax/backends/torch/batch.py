@@ -8,9 +8,12 @@ same rows; no re-packing happens between phases.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
+import numpy as np
 import torch
 
 from relax.algorithms import AdvantageOutput, AlgorithmConfig, compute_advantages
@@ -69,12 +72,26 @@ class Precomputed:
                 raise ValueError(f"precomputed {name} has shape {tuple(value.shape)}, the batch needs {(n, width)}")
 
 
-def _pad_rows(rows: list[list[float]], width: int, dtype: torch.dtype) -> torch.Tensor:
+def _pad_rows(rows: list[list[float]], width: int, dtype: torch.dtype, what: str) -> torch.Tensor:
+    """``[len(rows), width]``, row ``i`` starting with ``rows[i]``, zeros after. One conversion of all the
+    values and one masked write (row-major, the order of the concatenation), not a tensor per row: with 64
+    rows of 256 a row at a time cost milliseconds of the trainer's step."""
+    lengths = torch.tensor([len(row) for row in rows], dtype=torch.long)
+    too_long = (lengths > width).nonzero()
+    if too_long.numel():
+        i = int(too_long[0])
+        raise ValueError(f"sample {i}: {what} has {len(rows[i])} entries for {width} response tokens at most")
     out = torch.zeros(len(rows), width, dtype=dtype)
-    for i, row in enumerate(rows):
-        if row:
-            out[i, : len(row)] = torch.tensor(row, dtype=dtype)
+    out[torch.arange(width) < lengths[:, None]] = _flat(rows, int(lengths.sum()), dtype)
     return out
+
+
+def _flat(rows: Iterable[list], count: int, dtype: torch.dtype) -> torch.Tensor:
+    """The rows' values back to back, converted by numpy (4x faster than ``torch.tensor`` on Python lists)."""
+    return torch.from_numpy(np.fromiter(chain.from_iterable(rows), dtype=_NUMPY[dtype], count=count))
+
+
+_NUMPY = {torch.float32: np.float32, torch.long: np.int64}
 
 
 def build_rollout_tensors(samples: list[TrainSample]) -> RolloutTensors:
@@ -84,14 +101,14 @@ def build_rollout_tensors(samples: list[TrainSample]) -> RolloutTensors:
     width = max((s.response_length for s in samples), default=0)
     rollout = None
     if all(s.rollout_log_probs is not None for s in samples):
-        rollout = _pad_rows([s.rollout_log_probs or [] for s in samples], width, torch.float32)
+        rollout = _pad_rows([s.rollout_log_probs or [] for s in samples], width, torch.float32, "rollout_log_probs")
     teacher = None
     if all(s.teacher_log_probs is not None for s in samples):
-        teacher = _pad_rows([s.teacher_log_probs or [] for s in samples], width, torch.float32)
+        teacher = _pad_rows([s.teacher_log_probs or [] for s in samples], width, torch.float32, "teacher_log_probs")
     return RolloutTensors(
         samples=samples,
         rewards=torch.tensor([float(s.reward) for s in samples], dtype=torch.float32),
-        loss_mask=_pad_rows([[float(m) for m in s.loss_mask] for s in samples], width, torch.float32),
+        loss_mask=_pad_rows([s.loss_mask for s in samples], width, torch.float32, "loss_mask"),
         rollout_log_probs=rollout,
         teacher_log_probs=teacher,
     )
@@ -109,25 +126,24 @@ class ModelInputs:
 
 
 def build_model_inputs(samples: list[TrainSample], width: int, pad_id: int, device: Any) -> ModelInputs:
-    seq_len = max(len(s.tokens) for s in samples)
-    b = len(samples)
-    input_ids = torch.full((b, seq_len), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((b, seq_len), dtype=torch.long)
-    positions = torch.zeros((b, width), dtype=torch.long)
-    targets = torch.full((b, width), pad_id, dtype=torch.long)
-    valid = torch.zeros((b, width), dtype=torch.bool)
-    for i, s in enumerate(samples):
-        n = len(s.tokens)
-        input_ids[i, :n] = torch.tensor(s.tokens, dtype=torch.long)
-        attention_mask[i, :n] = 1
-        r = s.response_length
-        if r:
-            positions[i, :r] = torch.arange(s.prompt_length - 1, n - 1)
-            targets[i, :r] = input_ids[i, s.prompt_length : n]
-            valid[i, :r] = True
-    return ModelInputs(
-        input_ids.to(device), attention_mask.to(device), positions.to(device), targets.to(device), valid.to(device)
-    )
+    """Built with whole-batch tensor ops from one conversion of all the tokens (see `_pad_rows`)."""
+    lengths = torch.tensor([len(s.tokens) for s in samples], dtype=torch.long)
+    responses = torch.tensor([s.response_length for s in samples], dtype=torch.long)
+    if len(samples) and int(responses.max()) > width:
+        i = int(responses.argmax())
+        raise ValueError(f"sample {i}: {samples[i].response_length} response tokens, the batch is {width} wide")
+    seq_len = int(lengths.max())
+    in_row = torch.arange(seq_len) < lengths[:, None]
+    input_ids = torch.full((len(samples), seq_len), pad_id, dtype=torch.long)
+    input_ids[in_row] = _flat((s.tokens for s in samples), int(lengths.sum()), torch.long)
+    t = torch.arange(width)
+    valid = t < responses[:, None]
+    # response token t of a row sits at prompt_length + t and is predicted by the logits at the position before
+    at = (lengths - responses)[:, None] + t
+    positions = torch.where(valid, at - 1, 0)
+    targets = torch.where(valid, input_ids.gather(1, at.clamp(max=seq_len - 1)), pad_id)
+    return ModelInputs(input_ids.to(device), in_row.long().to(device), positions.to(device), targets.to(device),
+                       valid.to(device))
 
 
 def rollout_advantages(algo: AlgorithmConfig, batch: RolloutTensors, group_size: int, old_log_probs: torch.Tensor,

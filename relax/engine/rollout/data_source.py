@@ -13,7 +13,6 @@ resumed run serves exactly the prompts the straight run would have served.
 
 from __future__ import annotations
 
-import copy
 import math
 from argparse import Namespace
 from typing import Any
@@ -96,7 +95,7 @@ class RolloutDataSourceWithBuffer:
         group_index, prompt = self._next_prompt()
         group = []
         for _ in range(self.n_samples):
-            s = copy.deepcopy(prompt)
+            s = prompt.copy()
             s.group_index = group_index
             s.index = self.sample_counter
             self.sample_counter += 1

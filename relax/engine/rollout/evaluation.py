@@ -15,7 +15,6 @@ function that declares seed 001's optional ``evaluation`` parameter gets ``evalu
 from __future__ import annotations
 
 import asyncio
-import copy
 from argparse import Namespace
 from dataclasses import dataclass
 from math import comb
@@ -87,7 +86,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 async def _evaluate_set(args: Namespace, step: int, set_index: int, eval_set: EvalSet) -> dict[str, float]:
     n = args.n_samples_per_eval_prompt
-    samples = [copy.deepcopy(p) for p in eval_set.prompts for _ in range(n)]
+    samples = [p.copy() for p in eval_set.prompts for _ in range(n)]
     params = eval_sampling_params(args)
     seeds = [sample_seed(args.rollout_seed + EVAL_SEED_OFFSET + set_index, step, i) for i in range(len(samples))]
     if args.custom_generate_function_path:  # the recipe's own rollout, told it is evaluating (seed 001)

@@ -12,7 +12,6 @@ sampled, whatever the batch composition or number of engines.
 from __future__ import annotations
 
 import asyncio
-import copy
 import time
 from argparse import Namespace
 from typing import Any
@@ -175,7 +174,7 @@ def dynamic_filter(args: Namespace):
 
 def _as_prompt(sample: Sample) -> Sample:
     """A generated sample reset to its prompt, to be generated again (same index: same seed)."""
-    prompt = copy.deepcopy(sample)
+    prompt = sample.copy()
     prompt.tokens = prompt.tokens[: prompt.prompt_length]
     prompt.response, prompt.response_length, prompt.reward = "", 0, None
     prompt.loss_mask = prompt.rollout_log_probs = prompt.teacher_log_probs = prompt.token_weight_versions = None
