@@ -414,7 +414,8 @@ class EmbeddedEngine:
         default) the parameters' memory is freed and their values are lost (buffers, such as RoPE tables,
         are kept), so a resume must be followed by a weight sync that writes every parameter, and
         generation is refused until it has (`_unwritten_message`); with it they are parked in pinned host
-        memory (GPU; on a CPU device they stay where they are) and come back at resume. Requires an idle engine (abort or finish requests first), as SGLang does.
+        memory (GPU; on a CPU device they stay where they are) and come back at resume. Requires an idle
+        engine (abort or finish requests first), as SGLang does.
         """
         tags = _memory_tags(tags)
         if self.has_work():

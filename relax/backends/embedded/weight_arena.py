@@ -77,8 +77,8 @@ class WeightArena:
         for index, (_, _, members, shapes) in enumerate(self._layout):
             fused, start = self.group(index), 0
             for p, shape in zip(members, shapes, strict=True):
-                view = fused if len(members) == 1 else fused[start:start + shape[0]]
+                view = fused if len(members) == 1 else fused[start:start + shape[0]]  # a lone member keeps its shape
                 if copy_values:
                     view.copy_(p.data)
                 p.data = view
-                start += shape[0] if len(members) > 1 else 0
+                start += shape[0]
