@@ -94,6 +94,29 @@ def test_fused_adam_makes_the_foreach_update() -> None:
         torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6)
 
 
+def test_megatrons_clipping_runs_the_foreach_stand_ins_against_float64(mcore) -> None:
+    """multi_tensor.py: after `install`, megatron's own grad-norm and clipping functions run the foreach
+    stand-ins and give the float64 global norm and the clipped gradients of the local fallback's arithmetic."""
+    from megatron.core.optimizer import clip_grads
+
+    from relax.backends.megatron.multi_tensor import install
+
+    assert install() == ["clip_grads.l2_norm_impl", "clip_grads.multi_tensor_scale_impl",
+                         "optimizer.multi_tensor_scale_impl"]
+    g = torch.Generator(device="cuda").manual_seed(1)
+    params = [torch.nn.Parameter(torch.zeros(s, device="cuda")) for s in [(1024, 512), (512,), (3, 7), (4096,)]]
+    for p in params:
+        p.grad = torch.randn(p.shape, device="cuda", generator=g)
+    grads = [p.grad.clone() for p in params]
+    norm = clip_grads.get_grad_norm_fp32([p.grad for p in params])
+    expected = float(torch.cat([gr.double().reshape(-1) for gr in grads]).norm())
+    assert abs(norm - expected) <= 1e-6 * expected
+    clip_grads.clip_grad_by_total_norm_fp32(params, max_norm=1.0, total_norm=norm)
+    coeff = 1.0 / (norm + 1.0e-6)
+    for p, gr in zip(params, grads, strict=True):
+        assert torch.equal(p.grad, gr * coeff)
+
+
 @pytest.mark.parametrize(("s", "b", "h", "d", "rot"), [(384, 4, 16, 64, 64), (100, 2, 8, 128, 64)])
 def test_fused_rope_matches_megatrons_rope_against_float64(s, b, h, d, rot) -> None:
     """relax's fused RoPE (rope_fusion.py) and megatron's unfused one, both in bf16, against megatron's formula in

@@ -41,6 +41,7 @@ from relax.backends.megatron.memory_flags import (
     recompute_kwargs,
 )
 from relax.backends.megatron.model import BuiltModel, build_gpt_model
+from relax.backends.megatron.multi_tensor import install as install_foreach_multi_tensor
 from relax.backends.megatron.parallel import ParallelSizes, check_model_fits, init_parallel_state, rank_pos
 from relax.backends.megatron.schedule import StageRunner
 from relax.backends.megatron.sharding import global_name
@@ -152,6 +153,7 @@ class MegatronTrainBackend(TorchTrainBackend):
         )
         optimizer = get_megatron_optimizer(opt_config, [ddp])
         self.fused_adam = use_fused_torch_adam(optimizer) > 0
+        self.foreach_multi_tensor = install_foreach_multi_tensor()  # grad norm / scale without per-tensor host reads
         return ddp, optimizer
 
     # ------------------------------------------------------------------ the RL step's passes, through megatron's schedules
@@ -295,6 +297,7 @@ class MegatronTrainBackend(TorchTrainBackend):
                 "backend": "megatron", "frozen_params": len(self.frozen_params),
                 "layer_spec": "transformer_engine" if self.built.layout.fused_norms else "local",
                 "fusions": sorted(k for k, on in self.fusions.items() if on), "fused_adam": self.fused_adam,
+                "foreach_multi_tensor": self.foreach_multi_tensor,
                 "parallel": {"tp": sizes.tp, "pp": sizes.pp, "ep": sizes.ep, "etp": sizes.etp, "dp": self.dp.size,
                              "sequence_parallel": sizes.sequence_parallel}}
 
