@@ -23,8 +23,9 @@ from tests.triton_helpers import needs_triton, run_interpreted
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def naive(qk, v_new, k_cache, v_cache, positions, scale):
-    """float64, one (row, head) at a time: the row's cache ``[:pos]`` plus its new K/V."""
+def naive(qk, v_new, k_cache, v_cache, positions, scale, prefix_rows=None, prefix_lens=None):
+    """float64, one (row, head) at a time: the row's cache ``[:pos]`` plus its new K/V; with shared prompts, the
+    positions before ``prefix_lens[b]`` from slot ``prefix_rows[b]``."""
     kvh = k_cache.shape[1]
     n, heads = qk.shape[0], qk.shape[1] - kvh
     q, k_new = qk[:, :heads], qk[:, heads:]
@@ -32,10 +33,13 @@ def naive(qk, v_new, k_cache, v_cache, positions, scale):
     out = torch.empty(q.shape, dtype=torch.float64)
     for b in range(n):
         pos = int(positions[b])
+        src, shared = (b, 0) if prefix_rows is None else (int(prefix_rows[b]), min(int(prefix_lens[b]), pos))
         for h in range(heads):
             kv = h // group
-            keys = torch.cat([k_cache[b, kv, :pos].double(), k_new[b, kv, None].double()])
-            values = torch.cat([v_cache[b, kv, :pos].double(), v_new[b, kv, None].double()])
+            keys = torch.cat([k_cache[src, kv, :shared].double(), k_cache[b, kv, shared:pos].double(),
+                              k_new[b, kv, None].double()])
+            values = torch.cat([v_cache[src, kv, :shared].double(), v_cache[b, kv, shared:pos].double(),
+                                v_new[b, kv, None].double()])
             probs = torch.softmax(keys @ q[b, h].double() * scale, dim=0)
             out[b, h] = probs @ values
     return out
@@ -64,6 +68,33 @@ def test_reference_matches_float64_per_row_attention_and_writes_the_new_kv(n, kv
     assert torch.equal(kc[rows, :, pos], kn) and torch.equal(vc[rows, :, pos], vn)
     kc[rows, :, pos], vc[rows, :, pos] = before_k[rows, :, pos], before_v[rows, :, pos]
     assert torch.equal(kc, before_k) and torch.equal(vc, before_v)  # nothing else written
+
+
+def _shared_prompts(n: int, positions: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row reads its first positions from a random other row (or itself): at most as far as its own position
+    and the other row's (a shared prompt precedes both rows' new tokens, so no row reads what this step writes)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = torch.randint(0, n, (n,), generator=gen)
+    lens = (torch.rand(n, generator=gen) * (positions + 1).float()).long()
+    return rows, torch.minimum(lens, positions[rows])
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 5), kvh=st.sampled_from([1, 2]), group=st.sampled_from([1, 2]), view=st.integers(1, 40),
+       seed=st.integers(0, 10_000))
+def test_shared_prompts_read_their_prefix_from_the_other_slot_and_write_their_own(n, kvh, group, view, seed) -> None:
+    qk, vn, kc, vc, pos = _inputs(n, kvh * group, kvh, 8, 48, view, seed)
+    rows, lens = _shared_prompts(n, pos, seed)
+    before_k, before_v = kc.clone(), vc.clone()
+    expected = naive(qk, vn, kc, vc, pos, 0.3, rows, lens)
+    out = reference_decode_attention(qk, vn, kc, vc, pos, 0.3, view, rows, lens)
+    assert (out.double() - expected).abs().max() < 1e-5
+    own = torch.arange(n)
+    assert torch.equal(kc[own, :, pos], qk[:, kvh * group:]) and torch.equal(vc[own, :, pos], vn)
+    kc[own, :, pos], vc[own, :, pos] = before_k[own, :, pos], before_v[own, :, pos]
+    assert torch.equal(kc, before_k) and torch.equal(vc, before_v)  # the shared slots are only read
+    op = decode_attention(qk, vn, kc, vc, pos, 0.3, view, rows, lens)
+    assert torch.equal(op, out)
 
 
 def test_op_under_torch_compile_mutates_the_caches_in_place_and_matches_eager() -> None:
@@ -100,6 +131,23 @@ _TRITON_CHECK = textwrap.dedent("""
         results.append(dict(case=[n, heads, kvh, dim, view, sms], splits=triton_decode.split_count(n, kvh, view, sms),
                             err=float((out.double() - expected).abs().max()),
                             caches_equal=bool(torch.equal(kc, ref_k) and torch.equal(vc, ref_v))))
+    # shared prompts: rows read a prefix from another slot (one split and several; a prefix ending mid-block)
+    from tests.test_decode_attention import _shared_prompts
+    for n, heads, kvh, dim, view, sms in [(4, 4, 2, 16, 150, 132), (4, 4, 2, 16, 200, 1)]:
+        triton_decode._sm_count = lambda device, sms=sms: sms
+        qk, vn, kc, vc, pos = _inputs(n, heads, kvh, dim, 300, view, seed=view + 1, dtype=torch.float16)
+        pos[1] = view - 2
+        rows, lens = _shared_prompts(n, pos, seed=view)
+        rows[0], lens[0] = 1, 70  # row 0 (at the view's bound) reads row 1's first 70: the prefix ends mid-block
+        expected = naive(qk, vn, kc, vc, pos, 0.125, rows, lens)
+        ref_k, ref_v = kc.clone(), vc.clone()
+        out = triton_decode.decode_attention(qk, vn, kc, vc, pos, 0.125, view, rows, lens)
+        own = torch.arange(n)
+        ref_k[own, :, pos], ref_v[own, :, pos] = qk[:, heads:], vn
+        results.append(dict(case=[n, heads, kvh, dim, view, sms, "shared"],
+                            splits=triton_decode.split_count(n, kvh, view, sms),
+                            err=float((out.double() - expected).abs().max()),
+                            caches_equal=bool(torch.equal(kc, ref_k) and torch.equal(vc, ref_v))))
     print("RESULT " + json.dumps(results))
 """)
 
@@ -108,6 +156,8 @@ _TRITON_CHECK = textwrap.dedent("""
 def test_triton_kernel_matches_float64_reference_in_the_interpreter() -> None:
     results = run_interpreted(_TRITON_CHECK)
     assert {r["splits"] for r in results} >= {1, 2, 3}, results  # one-split and combine paths both ran
+    shared = [r for r in results if "shared" in r["case"]]
+    assert len(shared) == 2 and {r["splits"] for r in shared} >= {1, 2}, shared
     for r in results:
         assert r["caches_equal"], r  # the new K/V written at its position, nothing else
         assert r["err"] < 2e-3, r  # fp16 inputs, fp32 softmax: the float64 answer to fp16 output rounding

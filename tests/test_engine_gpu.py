@@ -128,10 +128,12 @@ def test_graphs_outlive_a_release_only_where_the_memory_returns_to_their_address
     assert kept_by_cycle[2] == 0, kept_by_cycle  # moved by the planted tensor: captured again
 
 
+@pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize(("n", "heads", "kvh", "dim", "view"),
                          [(64, 16, 8, 64, 384), (1, 16, 8, 64, 384), (5, 16, 2, 128, 1000), (3, 8, 8, 64, 1)])
-def test_triton_decode_attention_matches_float64_in_bf16(n, heads, kvh, dim, view) -> None:
-    """The flash-decoding kernel (one split at batch 64, the split + combine path at batch 1 and 5)."""
+def test_triton_decode_attention_matches_float64_in_bf16(n, heads, kvh, dim, view, shared) -> None:
+    """The flash-decoding kernel (one split at batch 64, the split + combine path at batch 1 and 5); ``shared``:
+    rows in groups of 8 read a 128-position prompt (or as much as the rows have) from their group's first slot."""
     from relax.backends.embedded import triton_decode
     from relax.backends.embedded.decode_attention import decode_attention, reference_decode_attention
 
@@ -141,9 +143,14 @@ def test_triton_decode_attention_matches_float64_in_bf16(n, heads, kvh, dim, vie
     kc, vc = rand(n, kvh, view + 8, dim), rand(n, kvh, view + 8, dim)
     pos = torch.randint(0, view, (n,), generator=gen).cuda()
     pos[0] = view - 1
+    prefix = ()
+    if shared:
+        rows = torch.arange(n) // 8 * 8
+        pos = torch.maximum(pos, pos[rows.cuda()])  # a shared prompt precedes every row of its group
+        prefix = (rows.cuda(), torch.minimum(pos[rows.cuda()], torch.tensor(128).cuda()))
     expected_k, expected_v = kc.double(), vc.double()
-    expected = reference_decode_attention(qk.double(), vn.double(), expected_k, expected_v, pos, 0.125, view)
-    out = decode_attention(qk, vn, kc, vc, pos, 0.125, view)
+    expected = reference_decode_attention(qk.double(), vn.double(), expected_k, expected_v, pos, 0.125, view, *prefix)
+    out = decode_attention(qk, vn, kc, vc, pos, 0.125, view, *prefix)
     assert triton_decode.supports(qk, kc)
     assert torch.equal(kc.double(), expected_k) and torch.equal(vc.double(), expected_v)
     assert (out.double() - expected).abs().max() < 2e-2  # bf16 output rounding of values ~1
@@ -179,6 +186,34 @@ def test_bf16_compiled_graph_decode_agrees_with_eager_lean() -> None:
     lengths = [len(ids) for ids in graph_ids]
     starts = [sum(lengths[:i]) for i in range(len(lengths))]
     diffs = torch.cat([(graph_lp - eager_lp)[starts[i]:starts[i] + lengths[i]] for i in same]).abs()
+    assert diffs.mean() < 2e-2, diffs.mean()
+
+
+def test_bf16_shared_prompts_sample_what_each_request_samples_alone() -> None:
+    """The lean runner's shared prompts on the GPU (compiled CUDA-graph decode, the Triton kernel's prefix lookup):
+    groups of one prompt generated together, with the row holding a prompt leaving first, against each request
+    alone (its own prefill, no sharing). The prefill's batch differs (bf16 GEMMs may round differently), so rows
+    may flip; most must agree and the log-probs of those that do stay close."""
+    model = _model(torch.bfloat16)
+    prompts = [r["input_ids"] for r in _requests(3)]
+    reqs = [{"input_ids": prompts[i % 3], "return_logprob": True,
+             "sampling_params": {"temperature": 1.0, "max_new_tokens": 6 if i < 3 else 40, "sampling_seed": 7 + i}}
+            for i in range(15)]
+
+    def engine():
+        return EmbeddedEngine(model, eos_token_ids=[], device="cuda", runner="lean", cuda_graph=True, compile=True,
+                              max_context_len=256)
+
+    together = engine()
+    ids, lp = _run(together, reqs)
+    assert together.runner.shared_prompt_rows == 12
+    alone = engine()
+    alone_out = [_run(alone, [r]) for r in reqs]
+    assert alone.runner.shared_prompt_rows == 0
+    same = [i for i, (a, (b, _)) in enumerate(zip(ids, alone_out, strict=True)) if a == b[0]]
+    assert len(same) >= 12, (ids, [b[0] for b, _ in alone_out])
+    starts = [sum(len(x) for x in ids[:i]) for i in range(len(ids))]
+    diffs = torch.cat([(lp[starts[i]:starts[i] + len(ids[i])] - alone_out[i][1]).abs() for i in same])
     assert diffs.mean() < 2e-2, diffs.mean()
 
 

@@ -19,6 +19,10 @@ slices of it out for the op), ``v_new [n, kv_heads, dim]``, caches
 ``[slots, kv_heads, max_len, dim]`` with row ``i`` in slot ``i``, ``positions [n]`` (tokens of
 row ``i`` already in the cache; the new K/V goes there), ``view`` an upper bound of
 ``max(positions) + 1`` (the captured graph's length bucket). Returns ``[n, heads, dim]``.
+
+Shared prompts: with ``prefix_rows``/``prefix_lens`` (``[n]`` each), row ``i`` reads its positions
+``< prefix_lens[i]`` from slot ``prefix_rows[i]`` (the row that holds the prompt they share; the lean
+runner's prompt sharing) and the rest from its own slot; it writes only its own slot.
 """
 
 from __future__ import annotations
@@ -39,10 +43,12 @@ def mask_bias(positions: torch.Tensor, view: int, heads: int, kv_heads: int, dty
 
 def reference_decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                positions: torch.Tensor, scale: float, view: int,
+                               prefix_rows: torch.Tensor | None = None, prefix_lens: torch.Tensor | None = None,
                                bias: torch.Tensor | None = None) -> torch.Tensor:
     """Write K/V at ``positions``, then grouped attention over ``[:view]`` with keys past each row masked.
 
-    ``bias``: `mask_bias` of these positions, when the caller shares one across layers."""
+    ``prefix_rows``/``prefix_lens``: shared prompts (module docstring). ``bias``: `mask_bias` of these
+    positions, when the caller shares one across layers."""
     kvh = k_cache.shape[1]
     n, heads, dim = qk.shape[0], qk.shape[1] - kvh, qk.shape[2]
     q, k_new = qk[:, :heads], qk[:, heads:]
@@ -52,8 +58,12 @@ def reference_decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: t
     v_cache[rows, :, positions] = v_new
     if bias is None:
         bias = mask_bias(positions, view, heads, kvh, q.dtype)
-    keys_i = k_cache[:n, :, :view].reshape(n * kvh, view, dim)
-    values_i = v_cache[:n, :, :view].reshape(n * kvh, view, dim)
+    keys_i, values_i = k_cache[:n, :, :view], v_cache[:n, :, :view]
+    if prefix_rows is not None:
+        shared = (torch.arange(view, device=q.device) < prefix_lens[:, None])[:, None, :, None]
+        keys_i = torch.where(shared, k_cache[prefix_rows, :, :view], keys_i)
+        values_i = torch.where(shared, v_cache[prefix_rows, :, :view], values_i)
+    keys_i, values_i = keys_i.reshape(n * kvh, view, dim), values_i.reshape(n * kvh, view, dim)
     scores = torch.baddbmm(bias, q.reshape(n * kvh, group, dim), keys_i.transpose(1, 2), alpha=scale)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     return torch.bmm(probs, values_i).reshape(n, heads, dim)
@@ -61,22 +71,24 @@ def reference_decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: t
 
 @torch.library.custom_op("relax::decode_attention", mutates_args=("k_cache", "v_cache"))
 def decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     positions: torch.Tensor, scale: float, view: int) -> torch.Tensor:
+                     positions: torch.Tensor, scale: float, view: int, prefix_rows: torch.Tensor | None = None,
+                     prefix_lens: torch.Tensor | None = None) -> torch.Tensor:
     """See the module docstring; this is the CPU (and fallback) implementation."""
-    return reference_decode_attention(qk, v_new, k_cache, v_cache, positions, scale, view)
+    return reference_decode_attention(qk, v_new, k_cache, v_cache, positions, scale, view, prefix_rows, prefix_lens)
 
 
 @decode_attention.register_fake
-def _(qk, v_new, k_cache, v_cache, positions, scale, view):
+def _(qk, v_new, k_cache, v_cache, positions, scale, view, prefix_rows=None, prefix_lens=None):
     return qk.new_empty((qk.shape[0], qk.shape[1] - k_cache.shape[1], qk.shape[2]))
 
 
 @decode_attention.register_kernel("cuda")
-def _(qk, v_new, k_cache, v_cache, positions, scale, view):
+def _(qk, v_new, k_cache, v_cache, positions, scale, view, prefix_rows=None, prefix_lens=None):
     kernel = _triton_decode()
     if kernel is None or not kernel.supports(qk, k_cache):
-        return reference_decode_attention(qk, v_new, k_cache, v_cache, positions, scale, view)
-    return kernel.decode_attention(qk, v_new, k_cache, v_cache, positions, scale, view)
+        return reference_decode_attention(qk, v_new, k_cache, v_cache, positions, scale, view, prefix_rows,
+                                          prefix_lens)
+    return kernel.decode_attention(qk, v_new, k_cache, v_cache, positions, scale, view, prefix_rows, prefix_lens)
 
 
 def reads_only_rows(k_cache: torch.Tensor, heads: int) -> bool:

@@ -24,8 +24,16 @@ separate q/k/v and gate/up GEMMs, sampling outside the graph. This runner keeps 
   over a length bucket, `_length_bucket`, with a mask);
 * **batched prefill**: admitted prompts go through one right-padded forward (SDPA, causal +
   key-padding mask), K/V written straight into their slots;
+* **shared prompts**: rows admitted together with the same prompt (GRPO's n completions of one
+  prompt, sent as one SGLang batch) prefill it once; the first row's slot keeps its K/V and the
+  others read their prompt positions from that slot (``decode_attention``'s ``prefix_rows`` /
+  ``prefix_lens``, device buffers at fixed addresses like `RowState`'s), so the prefill does 1/n of
+  the work and decode reads the prompt's K/V once per group instead of n times (L2 serves the
+  rest). When the row that holds a prompt leaves while rows that read it stay, `keep` first copies
+  the prompt's K/V into the next of them, which then holds it for the others (SGLang shares
+  prompts through its radix cache; this is the same saving for one admission batch);
 * **CUDA graphs** (``cuda_graph=True`` on CUDA): one graph per (batch bucket, length bucket,
-  filtered) captures the whole decode step *including sampling* over the fixed-address
+  filtered, shared prompts or not) captures the whole decode step *including sampling* over the fixed-address
   `RowState` buffers; the host replays it and fetches tokens and log-probs once. With the Triton
   attention kernel, which reads each row only as far as it goes, one length serves all
   (``max_len``), so one graph per batch bucket;
@@ -143,10 +151,18 @@ class LeanRunner:
         self._qkv: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # views of the arena
         self._gate_up: list[torch.Tensor] = []
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._graphs: dict[tuple[int, int, bool], Any] = {}
+        self._graphs: dict[tuple[int, int, bool, bool], Any] = {}  # (batch bucket, view, filtered, shared prompts)
         self._pool: Any = None
         self._graph_addresses: tuple[int, ...] | None = None  # (weights, each K and V) the graphs were captured over
         self._one_view = False  # `_prepare`: one graph view for all lengths (the Triton attention kernel)
+        # shared prompts (module docstring): the row whose slot holds row i's prompt (i itself: its own) and how many
+        # positions row i reads there; device buffers for the decode graphs, host mirrors for the bookkeeping
+        self._prefix_rows = torch.arange(slots, device=device)
+        self._prefix_lens = torch.zeros(slots, dtype=torch.long, device=device)
+        self._shared_from: list[int] = []
+        self._shared_len: list[int] = []
+        self._sharing = False
+        self.shared_prompt_rows = 0  # rows admitted so far that read another row's prompt (tests, ci/bench_engine.py)
         self.captures, self.capture_s = 0, 0.0  # graphs captured so far and the seconds it took (ci/bench_engine.py)
         self.graphs_kept = 0  # memory releases after which the captured graphs were replayed, not captured again
         self._after_release = False
@@ -154,12 +170,14 @@ class LeanRunner:
     # ------------------------------------------------------------------ lifecycle
     def reset(self) -> None:
         self.rows_in_cache = 0
+        self._set_prefixes([], [])
 
     def free(self, *, weights: bool = False) -> None:
         """Memory release: drop the KV cache and, with ``weights``, the weight buffer (the caller re-points the
         parameters: discarded, or parked on the host). The graphs are kept; `_prepare` replays them only if
         the weight buffer and every K and V come back at the addresses they were captured over."""
         self.rows_in_cache = 0
+        self._set_prefixes([], [])
         self.k, self.v = [], []
         self._after_release = True
         if weights:
@@ -273,21 +291,46 @@ class LeanRunner:
 
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
-        """Add rows at the end: right-padded batched forwards; K/V go straight into their slots."""
+        """Add rows at the end: right-padded batched forwards of the distinct prompts, K/V straight into the slot
+        of each prompt's first row; a repeated prompt's rows read it from there (shared prompts)."""
         self._prepare()
         if self.rows + len(prompts) > self.slots:
             raise RuntimeError(f"no free KV slot ({self.slots} slots)")
+        first: dict[tuple[int, ...], int] = {}
+        source = [first.setdefault(tuple(p), j) for j, p in enumerate(prompts)]  # each prompt's first row
+        owners = [j for j, src in enumerate(source) if src == j]
         out, chunk = [], []
-        for p in prompts:
-            width = max(len(q) for q in [*chunk, p])
+        for j in owners:
+            width = max(len(prompts[i]) for i in [*chunk, j])
             if chunk and (len(chunk) + 1) * width > _PREFILL_TOKENS:
-                out.append(self._prefill_chunk(chunk))
+                out.append(self._prefill_chunk([prompts[i] for i in chunk], [self.rows + i for i in chunk]))
                 chunk = []
-            chunk.append(p)
-        out.append(self._prefill_chunk(chunk))
-        return torch.cat(out)
+            chunk.append(j)
+        out.append(self._prefill_chunk([prompts[i] for i in chunk], [self.rows + i for i in chunk]))
+        logits = torch.cat(out)
+        start = self.rows
+        self.rows_in_cache += len(prompts)
+        self.shared_prompt_rows += len(prompts) - len(owners)
+        self._set_prefixes([*self._shared_from, *(start + src for src in source)],
+                           [*self._shared_len, *(0 if src == j else len(prompts[j]) for j, src in enumerate(source))])
+        if len(owners) == len(prompts):
+            return logits
+        row_of_owner = {j: k for k, j in enumerate(owners)}
+        return logits[torch.tensor([row_of_owner[src] for src in source], device=logits.device)]
 
-    def _prefill_chunk(self, prompts: list[list[int]]) -> torch.Tensor:
+    def _set_prefixes(self, shared_from: list[int], shared_len: list[int]) -> None:
+        """Rows' prompt sources (host mirrors) and the decode's device buffers; rows past the end read nothing shared."""
+        self._shared_from, self._shared_len = shared_from, shared_len
+        self._sharing = any(shared_len)
+        n = len(shared_from)
+        rows = torch.arange(self.slots)
+        rows[:n] = torch.tensor(shared_from, dtype=torch.long)
+        lens = torch.zeros(self.slots, dtype=torch.long)
+        lens[:n] = torch.tensor(shared_len, dtype=torch.long)
+        self._prefix_rows.copy_(rows)
+        self._prefix_lens.copy_(lens)
+
+    def _prefill_chunk(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
         n, width = len(prompts), max(len(p) for p in prompts)
         ids = torch.zeros((n, width), dtype=torch.long)
         for j, p in enumerate(prompts):
@@ -299,7 +342,8 @@ class LeanRunner:
         mask = (keys[None, None, :] <= keys[None, :, None]) & (keys[None, None, :] < lengths[:, None, None])
         mask = mask.unsqueeze(1)
         cos, sin = (t[:width].unsqueeze(1) for t in self._rope)  # [T, 1, D]
-        slots = slice(self.rows, self.rows + n)
+        slots = (slice(slots[0], slots[0] + n) if slots == list(range(slots[0], slots[0] + n))
+                 else torch.tensor(slots, device=self.device))
         x = self.base.embed_tokens(ids)
         for i in range(len(self.layers)):
             qk, v = self._attention_in(i, x, cos, sin)  # [n, T, heads + kv_heads, D], [n, T, kv_heads, D]
@@ -310,15 +354,15 @@ class LeanRunner:
                                                enable_gqa=self.heads != self.kv_heads)
             x = self._attention_out_and_mlp(i, x, o.transpose(1, 2).reshape(n, width, -1))
         last = x[torch.arange(n, device=self.device), lengths - 1]
-        self.rows_in_cache += n
         return self._logits(last)
 
     def _decode(self, state: RowState, n: int, view: int, filtered: bool) -> None:
         """One decode step + sampling for rows ``[:n]`` over cache positions ``[:view]`` (graph-safe)."""
-        logits = self._forward_decode(state.tokens[:n], state.positions[:n], view)
+        logits = self._forward_decode(state.tokens[:n], state.positions[:n], view, *self._shared_prefixes(n))
         state.sample(logits, slice(0, n), filtered=filtered, sampler=self._draw)
 
-    def _decode_logits(self, tokens: torch.Tensor, positions: torch.Tensor, view: int) -> torch.Tensor:
+    def _decode_logits(self, tokens: torch.Tensor, positions: torch.Tensor, view: int,
+                       *shared: torch.Tensor) -> torch.Tensor:
         """Feed one token per row, write its K/V, return next-token logits (the compiled part).
 
         Attention is one op per layer (`decode_attention`: on CUDA a flash-decoding Triton kernel
@@ -330,9 +374,14 @@ class LeanRunner:
         attend = self._attention_op(positions, view)
         for i in range(len(self.layers)):
             qk, v = self._attention_in(i, x, cos, sin)  # [n, H + KV, D], [n, KV, D]
-            o = attend(qk, v, self.k[i], self.v[i], positions, self.layers[i].self_attn.scaling, view)
+            o = attend(qk, v, self.k[i], self.v[i], positions, self.layers[i].self_attn.scaling, view, *shared)
             x = self._attention_out_and_mlp(i, x, o.reshape(n, self.heads * self.head_dim))
         return self._logits(x)
+
+    def _shared_prefixes(self, n: int) -> tuple[torch.Tensor, torch.Tensor] | tuple[()]:
+        """The attention op's shared-prompt buffers for rows ``[:n]`` while some row reads another's prompt (the
+        decode graphs are keyed on it: a batch without shared prompts runs the kernel without the lookup)."""
+        return (self._prefix_rows[:n], self._prefix_lens[:n]) if self._sharing else ()
 
     def _attention_op(self, positions: torch.Tensor, view: int):
         """On CUDA the custom op (what reaches the Triton kernel); elsewhere its reference, called directly with one
@@ -350,9 +399,9 @@ class LeanRunner:
             self._decode(state, n, max(state.lengths) + 1, state.filtered)
             return
         view = self.max_len if self._one_view else _length_bucket(max(state.lengths) + 1, self.max_len)
-        key = (_bucket(n, self.slots), view, state.filtered)
+        key = (_bucket(n, self.slots), view, state.filtered, self._sharing)
         if key not in self._graphs:
-            self._graphs[key] = self._capture(state, *key)
+            self._graphs[key] = self._capture(state, *key[:3])
         self._graphs[key].replay()
 
     def _capture(self, state: RowState, size: int, view: int, filtered: bool) -> Any:
@@ -378,9 +427,28 @@ class LeanRunner:
         return graph
 
     def keep(self, indices: list[int]) -> list[int]:
+        self._hand_over_prompts(set(indices))
         order = compact_slots(self.k, self.v, self.rows, indices)
         self.rows_in_cache = len(order)
+        new_row = {old: new for new, old in enumerate(order)}
+        self._set_prefixes([new_row[self._shared_from[old]] for old in order],
+                           [self._shared_len[old] for old in order])
         return order
+
+    def _hand_over_prompts(self, kept: set[int]) -> None:
+        """Before rows leave: a leaving row whose slot holds the prompt of rows that stay copies that prompt's K/V
+        into the first of them, which then holds it for the rest."""
+        readers: dict[int, list[int]] = {}
+        for row, source in enumerate(self._shared_from):
+            if source != row and row in kept and source not in kept:
+                readers.setdefault(source, []).append(row)
+        for source, rows in readers.items():
+            heir, length = rows[0], self._shared_len[rows[0]]
+            for cache in (*self.k, *self.v):
+                cache[heir, :, :length].copy_(cache[source, :, :length])
+            for row in rows:
+                self._shared_from[row] = heir
+            self._shared_len[heir] = 0
 
 
 def _unique_params(model: torch.nn.Module) -> list[torch.nn.Parameter]:

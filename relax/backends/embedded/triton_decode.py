@@ -9,6 +9,12 @@ reads a position another one writes. With one split the program normalizes and s
 with several (few rows, long contexts: too few programs to fill the GPU) each stores its partial
 output and log-sum-exp, and `_combine_kernel` merges them.
 
+Shared prompts (``HAS_PREFIX``): a row may read its first ``prefix_lens[b]`` positions from another
+slot, ``prefix_rows[b]``, the row that holds a prompt they share (the lean runner's prompt sharing:
+GRPO's n completions of one prompt keep its K/V once, and the programs of a group read the same
+bytes, mostly from L2). Each key/value row of a block picks its slot by position, so a block may
+straddle the prefix's end.
+
 Runs under ``TRITON_INTERPRET=1`` on CPU tensors too, which is how CI tests it without a GPU.
 """
 
@@ -25,13 +31,13 @@ _MIN_GROUP_ROWS = 16  # tl.dot's smallest M
 
 
 @triton.jit
-def _decode_kernel(QK, VN, KC, VC, POS, OUT, PO, PL,
+def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL,
                    stride_qb, stride_qh, stride_vnb, stride_vnh,
                    stride_kcb, stride_kch, stride_kct, stride_vcb, stride_vch, stride_vct,
                    stride_ob, stride_oh, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
                    scale, chunk,
                    HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                   SPLITS: tl.constexpr):
+                   SPLITS: tl.constexpr, HAS_PREFIX: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -43,6 +49,9 @@ def _decode_kernel(QK, VN, KC, VC, POS, OUT, PO, PL,
     q = tl.load(QK + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
     k_base = KC + b * stride_kcb + h * stride_kch
     v_base = VC + b * stride_vcb + h * stride_vch
+    if HAS_PREFIX:
+        shared_row = tl.load(PREFIX_ROWS + b)
+        shared_len = tl.load(PREFIX_LENS + b)
 
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_G], tl.float32)
@@ -52,14 +61,21 @@ def _decode_kernel(QK, VN, KC, VC, POS, OUT, PO, PL,
     for n0 in range(start, end, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
         nmask = offs < end
-        k = tl.load(k_base + offs[:, None] * stride_kct + d[None, :], mask=nmask[:, None], other=0.0)
+        if HAS_PREFIX:  # positions before the shared prompt's end come from the slot that holds it
+            row = tl.where(offs < shared_len, shared_row, b).to(tl.int64)
+            k_rows = (KC + row * stride_kcb + h * stride_kch)[:, None]
+            v_rows = (VC + row * stride_vcb + h * stride_vch)[:, None]
+        else:
+            k_rows = k_base
+            v_rows = v_base
+        k = tl.load(k_rows + offs[:, None] * stride_kct + d[None, :], mask=nmask[:, None], other=0.0)
         scores = tl.dot(q, tl.trans(k)) * scale
         scores = tl.where(nmask[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, 1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(scores - m_new[:, None])
         denom = denom * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + offs[:, None] * stride_vct + d[None, :], mask=nmask[:, None], other=0.0)
+        v = tl.load(v_rows + offs[:, None] * stride_vct + d[None, :], mask=nmask[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
 
@@ -127,9 +143,11 @@ def split_count(rows: int, kv_heads: int, view: int, sms: int, block_n: int = BL
 
 
 def decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     positions: torch.Tensor, scale: float, view: int, *, splits: int | None = None,
+                     positions: torch.Tensor, scale: float, view: int, prefix_rows: torch.Tensor | None = None,
+                     prefix_lens: torch.Tensor | None = None, *, splits: int | None = None,
                      block_n: int = BLOCK_N, num_warps: int = 4) -> torch.Tensor:
     """The op's CUDA implementation; ``splits``/``block_n``/``num_warps`` are for ci/bench_decode_attention.py."""
+    has_prefix = prefix_rows is not None
     kvh = k_cache.shape[1]
     n, heads, dim = qk.shape[0], qk.shape[1] - kvh, qk.shape[2]
     group = heads // kvh
@@ -145,13 +163,14 @@ def decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tenso
         lse = torch.empty((n, heads, splits), dtype=torch.float32, device=qk.device)
         part_strides, lse_strides = part.stride()[:3], lse.stride()[:2]
     _decode_kernel[(n, kvh, splits)](
-        qk, v_new, k_cache, v_cache, positions, out, part, lse,
+        qk, v_new, k_cache, v_cache, positions, prefix_rows if has_prefix else positions,
+        prefix_lens if has_prefix else positions, out, part, lse,
         qk.stride(0), qk.stride(1), v_new.stride(0), v_new.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
         v_cache.stride(2), out.stride(0), out.stride(1), *part_strides, *lse_strides,
         scale, chunk,
         HEADS=heads, GROUP=group, BLOCK_G=max(_MIN_GROUP_ROWS, triton.next_power_of_2(group)), DIM=dim,
-        BLOCK_N=block_n, SPLITS=splits, num_warps=num_warps)
+        BLOCK_N=block_n, SPLITS=splits, HAS_PREFIX=has_prefix, num_warps=num_warps)
     if splits > 1:
         _combine_kernel[(n, heads)](part, lse, out, *part_strides, *lse_strides, out.stride(0), out.stride(1),
                                     DIM=dim, SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits))
