@@ -14,7 +14,7 @@
 #   gpu_scenarios  what `nox -s gpu_scenarios` runs (ci/sessions.py): every GPU scenario, throughput against
 #                  ci/baselines (required), then the gate; results, JUnit, report and summary in $OUT/gpu_scenarios
 # grpo: GRPO_TRL_MODES picks TRL's paths (default: all three), GRPO_SYSTEMS the systems (default: trl relax-megatron),
-# GRPO_STEPS the steps per system (default 6). It also needs .whl4/ (TRL's wheels, ci/wheelhouse/build.sh); without it the TRL row is skipped.
+# GRPO_STEPS the steps per TRL row (default 6), GRPO_RELAX_STEPS per relax row (default 12). It also needs .whl4/ (TRL's wheels, ci/wheelhouse/build.sh); without it the TRL row is skipped.
 set -uo pipefail
 # One device call may run 600 s in all, install included: every item's own limit is cut to what is left of
 # RELAX_SESSION_BUDGET_S (counted from here), so a late item stops itself and its partial output still comes back.
@@ -69,7 +69,7 @@ for w in $WHAT; do
           # TRL's three generation paths + relax-megatron in one run; 6 steps keep continuous batching (~27 s a step)
           # inside the call's limit
           timeout $(cap 580) python3 ci/bench_grpo_e2e.py --systems ${GRPO_SYSTEMS:-trl relax-megatron} --engine-compile \
-            --steps ${GRPO_STEPS:-6} \
+            --steps ${GRPO_STEPS:-6} --relax-steps ${GRPO_RELAX_STEPS:-12} \
             --trl-modes ${GRPO_TRL_MODES:-default static continuous-batching} \
             --json "$OUT/bench_grpo_e2e.json" --workdir /tmp/grpo_runs 2>&1 \
             | tee "$OUT/bench_grpo_e2e.txt"

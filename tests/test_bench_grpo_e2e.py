@@ -25,9 +25,20 @@ def test_defaults_are_machines_md_trl_workload() -> None:
     assert ns.systems == ["trl", "relax-torch", "relax-megatron"] and not ns.engine_compile
     assert ns.trl_modes == ["default", "static", "continuous-batching"]  # TRL's three paths, every run
     assert bg.parse(["--quick"]).steps == 5 and bg.parse(["--quick", "--steps", "4"]).steps == 4
+    assert bg.parse(["--steps", "6"]).relax_steps == 6  # relax runs --steps unless told otherwise
 
 
-@pytest.mark.parametrize("argv", [["--steps", "2", "--warmup", "2"], ["--generations", "1"], ["--prompt-len", "0"],
+def test_relax_rows_may_run_more_steps_than_trl_rows(tmp_path) -> None:
+    from relax.utils.arguments import parse_args
+
+    ns = bg.parse(["--steps", "6", "--relax-steps", "12"])
+    assert (ns.steps, ns.relax_steps) == (6, 12)
+    assert parse_args(bg.relax_argv(ns, "torch", tmp_path / "p.jsonl", tmp_path / "run")).num_rollout == 12
+    assert any("6 steps per TRL row and 12 per relax row" in line for line in bg.header_lines(ns))
+
+
+@pytest.mark.parametrize("argv", [["--steps", "2", "--warmup", "2"], ["--relax-steps", "2", "--warmup", "2"],
+                                  ["--generations", "1"], ["--prompt-len", "0"],
                                   ["--device", "tpu"], ["--systems", "vllm"], ["--trl-modes", "vllm"]])
 def test_bad_arguments_exit_with_a_message(argv: list[str], capsys) -> None:
     with pytest.raises(SystemExit) as exc:
