@@ -327,8 +327,9 @@ class LeanRunner:
         rows[:n] = torch.tensor(shared_from, dtype=torch.long)
         lens = torch.zeros(self.slots, dtype=torch.long)
         lens[:n] = torch.tensor(shared_len, dtype=torch.long)
-        self._prefix_rows.copy_(rows)
-        self._prefix_lens.copy_(lens)
+        # non_blocking: stream-ordered after any decode step already queued (overlap mode), without waiting for it
+        self._prefix_rows.copy_(rows, non_blocking=True)
+        self._prefix_lens.copy_(lens, non_blocking=True)
 
     def _prefill_chunk(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
         n, width = len(prompts), max(len(p) for p in prompts)
