@@ -392,7 +392,8 @@ ADDED_FLAGS: list[FlagSpec] = [
       "token budget; default: the trainer's micro-batching), only_load_weight (true: forward-only, no optimizer)"),
     F("embedded-runner", "str", "auto", ADDITIONS_GROUP,
       "Model runner of the embedded rollout engines: hf (HF modules, DynamicCache), static (HF modules over "
-      "preallocated KV slots) or lean (our fused decoder forward, the fast GPU path). auto: lean with CUDA graphs "
+      "preallocated KV slots) or lean (our fused decoder forward, the fast GPU path; the rows of one prompt "
+      "admitted together, as GRPO's n samples are, prefill it once and share its KV cache). auto: lean with CUDA graphs "
       "on CUDA, hf on CPU; on CUDA auto falls back to hf (and says so) when lean's preallocated KV cache "
       "(one slot per sample of a rollout step, at most 256, x --rollout-max-context-len, else the model's "
       "max_position_embeddings) would exceed 25% of GPU memory. Rule: relax/backends/embedded/runner_choice.py; "
