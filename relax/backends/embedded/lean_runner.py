@@ -319,9 +319,14 @@ class LeanRunner:
         return logits[torch.tensor([row_of_owner[src] for src in source], device=logits.device)]
 
     def _set_prefixes(self, shared_from: list[int], shared_len: list[int]) -> None:
-        """Rows' prompt sources (host mirrors) and the decode's device buffers; rows past the end read nothing shared."""
+        """Rows' prompt sources (host mirrors) and the decode's device buffers (rows past the end read nothing
+        shared). The buffers are written only while some row shares or when sharing ends (then back to none):
+        a batch that never shares, which the decode runs without them, costs no copies here."""
+        was_sharing = self._sharing
         self._shared_from, self._shared_len = shared_from, shared_len
         self._sharing = any(shared_len)
+        if not (self._sharing or was_sharing):
+            return
         n = len(shared_from)
         rows = torch.arange(self.slots)
         rows[:n] = torch.tensor(shared_from, dtype=torch.long)
