@@ -230,3 +230,41 @@ def test_compiled_draw_keeps_ties_in_vocabulary_order() -> None:
     eager = draw(logits, *args, filtered=True)
     compiled = torch.compile(draw, dynamic=True)(logits, *args, filtered=True)
     assert torch.equal(eager[0], compiled[0])
+
+
+def test_pdl_skinny_gemm_chain_in_a_graph_is_bitwise_the_chain_without_pdl() -> None:
+    """bench-270m's four projections of 4 layers, each reading the one before, as one CUDA graph: launched with PDL
+    (each kernel starts during its predecessor and waits in gdc_wait) the outputs must be bitwise those of the same
+    kernels launched plainly (a read ahead of the predecessor's writes would differ), and close to float64."""
+    from relax.backends.embedded import triton_linear
+    from relax.backends.embedded.pdl import pdl_available
+
+    if not pdl_available(torch.device("cuda")):
+        pytest.skip("PDL needs compute capability 9+ and a Triton with gdc_wait")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    shapes = [(2048, 1024), (1024, 1024), (6144, 1024), (1024, 3072)]
+    weights = [(torch.randn(n, k, generator=gen, device="cuda") / k ** 0.5).bfloat16() for _ in range(4) for n, k in shapes]
+    x0 = torch.randn(64, 1024, generator=gen, device="cuda").bfloat16()
+
+    def chain(pdl):
+        h = x0
+        for w in weights:
+            h = triton_linear.skinny_linear(h[:, :w.shape[1]], w, pdl=pdl)  # a strided view: no copy kernel between
+        return h
+
+    outs = {}
+    for pdl in (True, False):
+        chain(pdl)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = chain(pdl)
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        outs[pdl] = out.clone()
+    assert torch.equal(outs[True], outs[False])
+    h = x0.double()
+    for w in weights:
+        h = (h[:, :w.shape[1]] @ w.double().T).bfloat16().double()  # the kernels round each output to bf16
+    assert ((outs[True].double() - h).abs().max() / h.abs().max()) < 2e-2

@@ -265,7 +265,7 @@ class EmbeddedEngine:
             rows = slice(0, self.state.rows)
             self.runner.decode_sample(self.state)
             self._inflight.append((list(self.reqs), self.state.fetch(rows)))
-            self.state.advance(rows, fed=True)
+            self.state.fed(rows)
         if self._inflight and (not self.overlap or len(self._inflight) > 1 or not self.reqs):
             reqs, fetch = self._inflight.pop(0)
             finished += self._apply(reqs, fetch)
@@ -316,7 +316,7 @@ class EmbeddedEngine:
         self.state.sample(logits, rows)
         self.reqs += reqs
         fetch = self.state.fetch(rows)
-        self.state.advance(rows, fed=False)
+        self.state.advance(rows)
         return self._apply(reqs, fetch)
 
     def _apply(self, reqs: list[Request], fetch: Fetch) -> list[Request]:

@@ -64,7 +64,9 @@ from relax.backends.embedded.decode_attention import (
     reads_only_rows,
     reference_decode_attention,
 )
-from relax.backends.embedded.rows import RowState
+from relax.backends.embedded.decode_linear import decode_linear
+from relax.backends.embedded.pdl import compile_options
+from relax.backends.embedded.rows import RowState, store_decoded
 from relax.backends.embedded.runners import compact_slots
 from relax.backends.embedded.sampling import draw
 from relax.backends.embedded.weight_arena import WeightArena
@@ -141,9 +143,11 @@ class LeanRunner:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.eps = float(cfg.rms_norm_eps)
         self.cuda_graph = cuda_graph and device.type == "cuda"
-        self._forward_decode = (torch.compile(self._decode_logits, dynamic=True, mode=compile_mode) if compile
+        options = compile_options(device, compile_mode)
+        self._forward_decode = (torch.compile(self._decode_logits, dynamic=True, **options) if compile
                                 else self._decode_logits)
-        self._draw = torch.compile(draw, dynamic=True, mode=compile_mode) if compile else draw
+        self._draw = torch.compile(draw, dynamic=True, **options) if compile else draw
+        self._store = torch.compile(store_decoded, dynamic=True, **options) if compile else store_decoded
         self.k: list[torch.Tensor] = []  # one [slots, kv_heads, max_len, head_dim] tensor per layer
         self.v: list[torch.Tensor] = []
         self.rows_in_cache = 0
@@ -267,12 +271,13 @@ class LeanRunner:
             index += 1
 
     # ------------------------------------------------------------------ forwards
-    def _attention_in(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """Norm, fused QKV, q/k-norm and RoPE over q and k together: ``qk [..., H + KV, D]``, ``v [..., KV, D]``."""
+    def _attention_in(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, linear=F.linear):
+        """Norm, fused QKV, q/k-norm and RoPE over q and k together: ``qk [..., H + KV, D]``, ``v [..., KV, D]``.
+        ``linear`` is the projection (``F.linear``; the decode step's `decode_linear` on CUDA)."""
         layer = self.layers[i]
         a = layer.self_attn
         w, b = self._qkv[i]
-        qkv = F.linear(_rms(x, layer.input_layernorm.weight, self.eps), w, b)
+        qkv = linear(_rms(x, layer.input_layernorm.weight, self.eps), w, b)
         qkv = qkv.view(*x.shape[:-1], self.heads + 2 * self.kv_heads, self.head_dim)
         qk, v = qkv[..., :self.heads + self.kv_heads, :], qkv[..., self.heads + self.kv_heads:, :]
         if hasattr(a, "q_norm"):
@@ -280,11 +285,12 @@ class LeanRunner:
             qk = _rms(qk, norm_w, self.eps)
         return _rotate(qk, cos, sin), v
 
-    def _attention_out_and_mlp(self, i: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    def _attention_out_and_mlp(self, i: int, x: torch.Tensor, attn: torch.Tensor, linear=F.linear) -> torch.Tensor:
         layer = self.layers[i]
-        x = x + layer.self_attn.o_proj(attn)
-        gate, up = F.linear(_rms(x, layer.post_attention_layernorm.weight, self.eps), self._gate_up[i]).chunk(2, -1)
-        return x + layer.mlp.down_proj(F.silu(gate) * up)
+        o, down = layer.self_attn.o_proj, layer.mlp.down_proj
+        x = x + linear(attn, o.weight, o.bias)
+        gate, up = linear(_rms(x, layer.post_attention_layernorm.weight, self.eps), self._gate_up[i]).chunk(2, -1)
+        return x + linear(F.silu(gate) * up, down.weight, down.bias)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(_rms(x, self.base.norm.weight, self.eps))
@@ -365,7 +371,7 @@ class LeanRunner:
     def _decode(self, state: RowState, n: int, view: int, filtered: bool) -> None:
         """One decode step + sampling for rows ``[:n]`` over cache positions ``[:view]`` (graph-safe)."""
         logits = self._forward_decode(state.tokens[:n], state.positions[:n], view, *self._shared_prefixes(n))
-        state.sample(logits, slice(0, n), filtered=filtered, sampler=self._draw)
+        state.sample(logits, slice(0, n), filtered=filtered, sampler=self._draw, decoded=True, store=self._store)
 
     def _decode_logits(self, tokens: torch.Tensor, positions: torch.Tensor, view: int,
                        *shared: torch.Tensor) -> torch.Tensor:
@@ -378,10 +384,11 @@ class LeanRunner:
         cos, sin = (t[positions].unsqueeze(1) for t in self._rope)  # [n, 1, D]
         x = self.base.embed_tokens(tokens)
         attend = self._attention_op(positions, view)
+        linear = decode_linear if self.device.type == "cuda" else F.linear  # the op's dispatch costs on CPU
         for i in range(len(self.layers)):
-            qk, v = self._attention_in(i, x, cos, sin)  # [n, H + KV, D], [n, KV, D]
+            qk, v = self._attention_in(i, x, cos, sin, linear)  # [n, H + KV, D], [n, KV, D]
             o = attend(qk, v, self.k[i], self.v[i], positions, self.layers[i].self_attn.scaling, view, *shared)
-            x = self._attention_out_and_mlp(i, x, o.reshape(n, self.heads * self.head_dim))
+            x = self._attention_out_and_mlp(i, x, o.reshape(n, self.heads * self.head_dim), linear)
         return self._logits(x)
 
     def _shared_prefixes(self, n: int) -> tuple[torch.Tensor, torch.Tensor] | tuple[()]:
@@ -413,7 +420,8 @@ class LeanRunner:
     def _capture(self, state: RowState, size: int, view: int, filtered: bool) -> Any:
         """Capture a decode step for ``size`` rows (rows past ``state.rows`` are zeroed: harmless)."""
         started = time.perf_counter()
-        saved = [t.clone() for t in (state.tokens, state.logprobs)]
+        kept = (state.tokens, state.logprobs, state.counter, state.positions)
+        saved = [t.clone() for t in kept]
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -425,9 +433,9 @@ class LeanRunner:
         with torch.cuda.graph(graph, pool=self._pool):
             self._decode(state, size, view, filtered)
         # capturing ran nothing; undo the warm-up's writes to the state (the cache rows it wrote
-        # are overwritten by the replay that follows, at the same positions)
-        state.tokens.copy_(saved[0])
-        state.logprobs.copy_(saved[1])
+        # are overwritten by the replay that follows, at the same positions; ``staged`` by the replay itself)
+        for t, old in zip(kept, saved, strict=True):
+            t.copy_(old)
         self.captures += 1
         self.capture_s += time.perf_counter() - started
         return graph

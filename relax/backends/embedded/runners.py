@@ -6,7 +6,8 @@ pending tokens in the same order. The interface:
 * ``prefill(prompts) -> logits [n, V]``: add ``n`` rows at the end, return next-token logits;
 * ``decode(tokens [B]) -> logits [B, V]``: feed one token per row;
 * ``decode_sample(state)``: feed every row's pending token and sample the next one in place
-  (`relax.backends.embedded.rows.RowState`); here eager ``decode`` + ``RowState.sample``;
+  (`relax.backends.embedded.rows.RowState`, ``sample(..., decoded=True)``: the rows' counters and
+  positions move on with it); here eager ``decode`` + ``RowState.sample``;
 * ``keep(indices) -> order``: drop the other rows; returns the old index of each new row;
 * ``reset()``: drop everything (free the cache).
 
@@ -74,7 +75,7 @@ class _EagerSampling:
 
     def decode_sample(self, state: RowState) -> None:
         rows = slice(0, state.rows)
-        state.sample(self.decode(state.tokens[rows]), rows)
+        state.sample(self.decode(state.tokens[rows]), rows, decoded=True)
 
 
 class HFRunner(_EagerSampling):

@@ -15,7 +15,9 @@ GRPO's n completions of one prompt keep its K/V once, and the programs of a grou
 bytes, mostly from L2). Each key/value row of a block picks its slot by position, so a block may
 straddle the prefix's end.
 
-Runs under ``TRITON_INTERPRET=1`` on CPU tensors too, which is how CI tests it without a GPU.
+On Hopper and newer it is launched with programmatic dependent launch (`relax.backends.embedded.pdl`).
+
+Runs under ``TRITON_INTERPRET=1`` on CPU tensors too (without PDL), which is how CI tests it without a GPU.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import functools
 import torch
 import triton
 import triton.language as tl
+
+from relax.backends.embedded.pdl import pdl_available
 
 BLOCK_N = 64
 _MIN_GROUP_ROWS = 16  # tl.dot's smallest M
@@ -37,10 +41,13 @@ def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL,
                    stride_ob, stride_oh, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
                    scale, chunk,
                    HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                   SPLITS: tl.constexpr, HAS_PREFIX: tl.constexpr):
+                   SPLITS: tl.constexpr, HAS_PREFIX: tl.constexpr, PDL: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
+    if PDL:  # relax.backends.embedded.pdl: wait for the previous grid before the first load, then let the next launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pos = tl.load(POS + b)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, DIM)
@@ -105,9 +112,12 @@ def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL,
 
 @triton.jit
 def _combine_kernel(PO, PL, OUT, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh, stride_ob, stride_oh,
-                    DIM: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr):
+                    DIM: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, DIM)
     smask = s < SPLITS
@@ -148,6 +158,8 @@ def decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tenso
                      block_n: int = BLOCK_N, num_warps: int = 4) -> torch.Tensor:
     """The op's CUDA implementation; ``splits``/``block_n``/``num_warps`` are for ci/bench_decode_attention.py."""
     has_prefix = prefix_rows is not None
+    pdl = pdl_available(qk.device)
+    launch = {"launch_pdl": True} if pdl else {}
     kvh = k_cache.shape[1]
     n, heads, dim = qk.shape[0], qk.shape[1] - kvh, qk.shape[2]
     group = heads // kvh
@@ -170,8 +182,8 @@ def decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tenso
         v_cache.stride(2), out.stride(0), out.stride(1), *part_strides, *lse_strides,
         scale, chunk,
         HEADS=heads, GROUP=group, BLOCK_G=max(_MIN_GROUP_ROWS, triton.next_power_of_2(group)), DIM=dim,
-        BLOCK_N=block_n, SPLITS=splits, HAS_PREFIX=has_prefix, num_warps=num_warps)
+        BLOCK_N=block_n, SPLITS=splits, HAS_PREFIX=has_prefix, PDL=pdl, num_warps=num_warps, **launch)
     if splits > 1:
         _combine_kernel[(n, heads)](part, lse, out, *part_strides, *lse_strides, out.stride(0), out.stride(1),
-                                    DIM=dim, SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits))
+                                    DIM=dim, SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), PDL=pdl, **launch)
     return out

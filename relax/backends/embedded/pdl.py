@@ -1,0 +1,42 @@
+"""Programmatic dependent launch (PDL) for the decode step's kernels on Hopper and newer GPUs.
+
+A kernel launched with PDL may start while the kernel before it in the stream is still running: its
+programs become resident and stop in ``gdc_wait`` until the previous grid has completed and its writes
+are visible, so a kernel's launch and ramp overlap its predecessor's tail. In the decode step (~180
+kernels of a few microseconds each at batch 64) those fixed costs are much of the time. The rule every
+relax kernel launched this way keeps: ``gdc_wait`` before its first load, ``gdc_launch_dependents`` only
+after it, so when a kernel starts, everything before its predecessor has completed. The lean runner's
+compiled kernels follow inductor's own PDL codegen (``triton.enable_pdl``).
+
+``RELAX_DECODE_PDL=0`` in the engine's environment turns it off (an A/B, or a driver that mishandles it).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+
+@functools.cache
+def pdl_available(device: torch.device) -> bool:
+    """A CUDA device of compute capability 9 or newer and a Triton that has ``gdc_wait`` (3.4+), unless
+    ``RELAX_DECODE_PDL=0``."""
+    if os.environ.get("RELAX_DECODE_PDL", "1") == "0":
+        return False
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
+        return False
+    try:
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def compile_options(device: torch.device, mode: str | None) -> dict:
+    """``torch.compile`` keyword arguments for the decode step: ``mode`` when one is asked for (torch.compile takes
+    a mode or options, not both), else inductor's PDL codegen where PDL is available."""
+    if mode is not None or not pdl_available(device):
+        return {"mode": mode}
+    return {"options": {"triton.enable_pdl": True}}

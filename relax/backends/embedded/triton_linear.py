@@ -1,0 +1,98 @@
+"""Skinny GEMM in Triton for the decode projections, launched with programmatic dependent launch (PDL).
+
+Why: at decode time the lean runner's projections are GEMMs with M = the batch (<= 64 rows) and
+weights of 2-12 MB. Each takes 4-8 us however it is tiled (cuBLAS or Triton, ci/bench_decode_linear.py
+in git history, docs/performance.md): what bounds them is each kernel's fixed cost (launch, the first
+loads' latency, the tail), not the tiles. On Hopper a kernel launched with PDL may start while the
+kernel before it in the stream is still running: its programs become resident, then wait in
+``gdc_wait`` until the previous grid has completed and its writes are visible, so the launch and the
+ramp overlap the previous kernel's tail. Measured on the H100 (bench-270m's four projections of 16
+layers chained as one CUDA graph, M = 64): cuBLAS 25.9 us per layer, this kernel without PDL 23.9,
+with PDL 21.2 (docs/performance.md). The chain gains most when its neighbours are PDL kernels too (the
+lean runner compiles with inductor's PDL option and launches its attention kernel with PDL).
+
+The kernel: grid ``(N / BLOCK_N, ceil(M / BLOCK_M))``; each program owns ``BLOCK_N`` output columns, reads
+its ``BLOCK_N x K`` slice of the weight once and the matching rows of the small ``x`` (from L2), and
+accumulates in fp32 (as cuBLAS), then adds the bias and rounds once. With PDL it waits for the previous
+grid before its first load and lets the next grid launch right after (the next one waits for this grid's
+completion in turn, so no write is read early). Runs under ``TRITON_INTERPRET=1`` on CPU tensors without
+PDL, which is how CI checks it without a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from relax.backends.embedded.pdl import pdl_available
+
+BLOCK_M = 64
+BLOCK_K = 128
+MAX_ROWS = 64  # above this the GEMMs are not launch-bound and cuBLAS is used (the caller's F.linear)
+
+
+@triton.jit
+def _skinny_kernel(X, W, B, OUT, M, stride_xm, stride_wn, stride_om, K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_in = rm[:, None] < M
+    if PDL:  # the previous grid is complete (its writes visible) past this point; let the next one launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        x = tl.load(X + rm[:, None] * stride_xm + (k0 + rk)[None, :], mask=m_in, other=0.0)
+        w = tl.load(W + rn[:, None] * stride_wn + (k0 + rk)[None, :])
+        acc += tl.dot(x, tl.trans(w))
+    if HAS_BIAS:
+        acc += tl.load(B + rn)[None, :].to(tl.float32)
+    tl.store(OUT + rm[:, None] * stride_om + rn[None, :], acc.to(OUT.dtype.element_ty), mask=m_in)
+
+
+def block_n(n: int, sms: int) -> int | None:
+    """The widest column tile (64, 32 or 16) that still gives about half the SMs a program, else the narrowest
+    that tiles ``n``; None when none does. Measured on the H100 at M = 64: q/k/v (N 2048) 32, o and down
+    (N 1024) 16, gate/up (N 6144) 64."""
+    fitting = [b for b in (64, 32, 16) if n % b == 0]
+    for b in fitting:
+        if n // b >= sms // 2:
+            return b
+    return fitting[-1] if fitting else None
+
+
+def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """2-D half-precision ``x`` of at most `MAX_ROWS` rows, a row-major weight whose K is a multiple of `BLOCK_K`
+    and whose N some column tile divides."""
+    return (x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype in (torch.float16, torch.bfloat16)
+            and weight.dtype == x.dtype and weight.dim() == 2 and weight.shape[1] == x.shape[1]
+            and x.shape[1] % BLOCK_K == 0 and weight.shape[0] % 16 == 0
+            and x.stride(1) == 1 and weight.stride(1) == 1)
+
+
+@functools.cache
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                  pdl: bool | None = None, num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
+    """``x [M, K] @ weight[N, K].T (+ bias)``; the caller checks `supports` first. ``pdl`` defaults to
+    `pdl_available` on ``x``'s device."""
+    m, k = x.shape
+    n = weight.shape[0]
+    bn = block_n(n, _sms(x.device))
+    use_pdl = pdl_available(x.device) if pdl is None else pdl
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    launch = {"launch_pdl": True} if use_pdl else {}
+    _skinny_kernel[(n // bn, triton.cdiv(m, BLOCK_M))](
+        x, weight, bias if bias is not None else out, out, m, x.stride(0), weight.stride(0), out.stride(0),
+        K=k, HAS_BIAS=bias is not None, BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_K=BLOCK_K, PDL=use_pdl,
+        num_warps=num_warps, num_stages=num_stages, **launch)
+    return out

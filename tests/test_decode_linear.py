@@ -1,0 +1,124 @@
+"""The decode projection op (relax/backends/embedded/decode_linear.py) and its Triton skinny GEMM
+(triton_linear.py) against float64, PDL's availability rule, and the torch.compile options it implies.
+
+The kernel runs here under ``TRITON_INTERPRET=1`` (CPU tensors, numpy) in a subprocess, without PDL (the
+interpreter has no grid dependencies); fp16 only, as the interpreter's ``tl.dot`` has no bf16. On the GPU,
+tests/test_engine_gpu.py runs it with PDL inside the lean runner's compiled CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from relax.backends.embedded import pdl
+from relax.backends.embedded.decode_linear import decode_linear
+from tests.triton_helpers import needs_triton, run_interpreted
+
+
+def test_the_op_is_f_linear_on_cpu_and_one_opaque_call_under_compile() -> None:
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(*s, generator=gen) for s in ((5, 32), (48, 32), (48,)))
+    assert torch.equal(decode_linear(x, w, b), F.linear(x, w, b))
+    assert torch.equal(decode_linear(x, w), F.linear(x, w))
+    compiled = torch.compile(lambda x: decode_linear(x * 2.0, w, b) + 1.0, dynamic=True)
+    torch.testing.assert_close(compiled(x), F.linear(x * 2.0, w, b) + 1.0)
+
+
+_KERNEL_CHECK = textwrap.dedent("""
+    import json, sys, torch
+    sys.path.insert(0, sys.argv[1])
+    from relax.backends.embedded import triton_linear
+    results = []
+    gen = torch.Generator().manual_seed(0)
+    # (rows, N, K, bias, SMs): one row, a partial row block, a full one, two row blocks; each column tile width
+    for m, n, k, bias, sms in [(1, 64, 128, False, 2), (7, 48, 256, True, 132), (64, 256, 128, False, 132),
+                               (64, 96, 384, True, 6), (65, 32, 128, True, 132)]:
+        triton_linear._sms = lambda device, sms=sms: sms
+        x = (torch.randn(m, k, generator=gen) / 4).half()
+        w = (torch.randn(n, k, generator=gen) / k ** 0.5).half()
+        b = torch.randn(n, generator=gen).half() if bias else None
+        expected = x.double() @ w.double().T + (b.double() if bias else 0)
+        out = triton_linear.skinny_linear(x, w, b, pdl=False)
+        results.append(dict(case=[m, n, k, bias, sms], block_n=triton_linear.block_n(n, sms),
+                            supported=triton_linear.supports(x, w), shape=list(out.shape), dtype=str(out.dtype),
+                            err=float((out.double() - expected).abs().max()),
+                            scale=float(expected.abs().max())))
+    print("RESULT " + json.dumps(results))
+""")
+
+
+@needs_triton
+def test_skinny_kernel_matches_float64_in_the_interpreter() -> None:
+    results = run_interpreted(_KERNEL_CHECK)
+    assert {r["block_n"] for r in results} == {64, 32, 16}, results  # every column tile width ran
+    for r in results:
+        m, n = r["case"][:2]
+        assert r["shape"] == [m, n] and r["dtype"] == "torch.float16", r
+        assert r["supported"] == (m <= 64), r  # 65 rows: the op leaves it to F.linear (the kernel still tiles it)
+        assert r["err"] < 2e-3 * max(1.0, r["scale"]), r  # fp32 accumulation, one fp16 rounding of the output
+
+
+@needs_triton
+@settings(max_examples=60, deadline=None)
+@given(n=st.sampled_from([16, 48, 96, 1024, 2048, 6144, 32000, 40]), sms=st.integers(1, 200))
+def test_column_tile_tiles_n_and_prefers_wide_tiles_that_still_spread(n, sms) -> None:
+    from relax.backends.embedded.triton_linear import block_n
+
+    b = block_n(n, sms)
+    if n % 16:
+        assert b is None
+        return
+    fitting = [w for w in (64, 32, 16) if n % w == 0]
+    assert b in fitting
+    assert all(n // w < sms // 2 for w in fitting if w > b)  # a wider tile would have left over half the SMs idle
+    if n // b < sms // 2:
+        assert b == min(fitting)  # none spreads: the narrowest, the most programs
+
+
+@needs_triton
+def test_supports_only_what_the_kernel_tiles() -> None:
+    from relax.backends.embedded.triton_linear import supports
+
+    h = torch.float16
+    ok = (torch.zeros(64, 256, dtype=h), torch.zeros(48, 256, dtype=h))
+    assert supports(*ok)
+    assert not supports(torch.zeros(65, 256, dtype=h), ok[1])  # past MAX_ROWS: cuBLAS
+    assert not supports(torch.zeros(0, 256, dtype=h), ok[1])
+    assert not supports(torch.zeros(8, 200, dtype=h), torch.zeros(48, 200, dtype=h))  # K not a multiple of 128
+    assert not supports(ok[0], torch.zeros(40, 256, dtype=h))  # N not a multiple of 16
+    assert not supports(ok[0].float(), ok[1].float())  # fp32: F.linear
+    assert not supports(torch.zeros(8, 512, dtype=h)[:, ::2], ok[1])  # strided K
+    assert not supports(ok[0], torch.zeros(48, 128, dtype=h))  # K mismatch
+
+
+def test_pdl_needs_hopper_and_can_be_turned_off(monkeypatch) -> None:
+    pdl.pdl_available.cache_clear()
+    assert not pdl.pdl_available(torch.device("cpu"))
+    assert pdl.compile_options(torch.device("cpu"), None) == {"mode": None}
+    assert pdl.compile_options(torch.device("cpu"), "max-autotune") == {"mode": "max-autotune"}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    pdl.pdl_available.cache_clear()
+    has_gdc = pytest.importorskip("triton") is not None
+    try:
+        from triton.language.extra.cuda import gdc_wait  # noqa: F401
+    except ImportError:
+        has_gdc = False
+    cuda = torch.device("cuda", 0)
+    assert pdl.pdl_available(cuda) == has_gdc
+    if has_gdc:
+        assert pdl.compile_options(cuda, None) == {"options": {"triton.enable_pdl": True}}
+        assert pdl.compile_options(cuda, "max-autotune") == {"mode": "max-autotune"}  # a mode or options, not both
+    monkeypatch.setenv("RELAX_DECODE_PDL", "0")
+    pdl.pdl_available.cache_clear()
+    assert not pdl.pdl_available(cuda)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.delenv("RELAX_DECODE_PDL")
+    pdl.pdl_available.cache_clear()
+    assert not pdl.pdl_available(cuda)  # Ampere: no PDL
+    pdl.pdl_available.cache_clear()
