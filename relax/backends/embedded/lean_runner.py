@@ -143,11 +143,13 @@ class LeanRunner:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.eps = float(cfg.rms_norm_eps)
         self.cuda_graph = cuda_graph and device.type == "cuda"
-        options = compile_options(device, compile_mode)
-        self._forward_decode = (torch.compile(self._decode_logits, dynamic=True, **options) if compile
+        # inductor's PDL codegen for the forward only: on the sampler's looped reductions over the vocabulary it made
+        # each kernel ~7x longer on the H100 (torch 2.11), so the sampler compiles without it (`relax...pdl`)
+        self._forward_decode = (torch.compile(self._decode_logits, dynamic=True,
+                                              **compile_options(device, compile_mode)) if compile
                                 else self._decode_logits)
-        self._draw = torch.compile(draw, dynamic=True, **options) if compile else draw
-        self._store = torch.compile(store_decoded, dynamic=True, **options) if compile else store_decoded
+        self._draw = torch.compile(draw, dynamic=True, mode=compile_mode) if compile else draw
+        self._store = torch.compile(store_decoded, dynamic=True, mode=compile_mode) if compile else store_decoded
         self.k: list[torch.Tensor] = []  # one [slots, kv_heads, max_len, head_dim] tensor per layer
         self.v: list[torch.Tensor] = []
         self.rows_in_cache = 0
