@@ -122,3 +122,18 @@ def test_pdl_needs_hopper_and_can_be_turned_off(monkeypatch) -> None:
     pdl.pdl_available.cache_clear()
     assert not pdl.pdl_available(cuda)  # Ampere: no PDL
     pdl.pdl_available.cache_clear()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_linear_bench_says_in_one_line_that_it_needs_a_gpu() -> None:
+    import subprocess
+    import sys
+
+    from tests.triton_helpers import ROOT
+
+    proc = subprocess.run([sys.executable, str(ROOT / "ci" / "bench_decode_linear.py")], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "bench_decode_linear: needs a CUDA GPU; tests/test_decode_linear.py checks the kernel on CPU under "
+        "TRITON_INTERPRET=1"]

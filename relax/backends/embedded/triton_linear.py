@@ -6,10 +6,11 @@ in git history, docs/performance.md): what bounds them is each kernel's fixed co
 loads' latency, the tail), not the tiles. On Hopper a kernel launched with PDL may start while the
 kernel before it in the stream is still running: its programs become resident, then wait in
 ``gdc_wait`` until the previous grid has completed and its writes are visible, so the launch and the
-ramp overlap the previous kernel's tail. Measured on the H100 (bench-270m's four projections of 16
-layers chained as one CUDA graph, M = 64): cuBLAS 25.9 us per layer, this kernel without PDL 23.9,
-with PDL 21.2 (docs/performance.md). The chain gains most when its neighbours are PDL kernels too (the
-lean runner compiles with inductor's PDL option and launches its attention kernel with PDL).
+ramp overlap the previous kernel's tail. `ci/bench_decode_linear.py` times bench-270m's four projections
+of 16 layers chained as one CUDA graph (M = 64) against cuBLAS, with and without PDL (figures in
+docs/performance.md). The chain gains most when its neighbours are PDL kernels too (the lean runner's
+compiled decode forward uses inductor's PDL codegen and its attention kernel is launched with PDL); in the
+decode step the kernel without PDL was slower than cuBLAS.
 
 The kernel: grid ``(N / BLOCK_N, ceil(M / BLOCK_M))``; each program owns ``BLOCK_N`` output columns, reads
 its ``BLOCK_N x K`` slice of the weight once and the matching rows of the small ``x`` (from L2), and

@@ -1,0 +1,176 @@
+"""Decode projections as a chain: cuBLAS against relax's Triton skinny GEMM with and without PDL.
+
+    python ci/bench_decode_linear.py [--rows 64] [--layers 16] --json out.json
+
+bench-270m's four projections per layer (fused q/k/v 2048x1024, o 1024x1024, fused gate/up 6144x1024,
+down 1024x3072, bf16), each reading the output of the one before (o reads q/k/v's first 1024 columns, down
+gate/up's first 3072), for ``--layers`` layers with weights of their own (384 MB at 16: no projection finds
+its weight in the 50 MB L2), captured as one CUDA graph and replayed; reported as microseconds per layer
+(best and median of 5 timings of 50 replays) and the speed-up over cuBLAS in the same run. Variants:
+
+* ``cublas``: ``F.linear``;
+* ``skinny``: `relax.backends.embedded.triton_linear.skinny_linear` launched plainly;
+* ``skinny_pdl``: the same kernel launched with programmatic dependent launch (what the lean runner runs on
+  Hopper): each kernel starts during its predecessor and waits in ``gdc_wait``;
+* ``splitk_pdl``: a split-K variant kept here for the record (wider column tiles, the K range split across
+  programs, fp32 partials summed by a second PDL kernel), so each program re-reads less of the activation
+  from L2; its per-projection configs are in `SPLITK_CONFIGS`.
+
+Outputs are compared with cuBLAS's (relative max difference: bf16 rounding of a different sum order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ci.provenance import provenance  # noqa: E402
+
+SHAPES = {"qkv": (2048, 1024), "o": (1024, 1024), "gate_up": (6144, 1024), "down": (1024, 3072)}
+# per projection: column tile, K splits, K block, warps, pipeline stages
+SPLITK_CONFIGS = {"qkv": (64, 2, 128, 4, 4), "o": (32, 4, 128, 4, 2), "gate_up": (64, 1, 128, 4, 4),
+                  "down": (64, 4, 128, 4, 4)}
+REPLAYS, TIMINGS = 50, 5
+
+
+def _splitk_kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def splitk(X, W, P, M, N, stride_xm, stride_wn, K_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        pid_n = tl.program_id(0)
+        s = tl.program_id(1)
+        rm = tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        m_in = rm[:, None] < M
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for k0 in range(s * K_SPLIT, (s + 1) * K_SPLIT, BLOCK_K):
+            x = tl.load(X + rm[:, None] * stride_xm + (k0 + rk)[None, :], mask=m_in, other=0.0)
+            w = tl.load(W + rn[:, None] * stride_wn + (k0 + rk)[None, :])
+            acc += tl.dot(x, tl.trans(w))
+        tl.store(P + s * M * N + rm[:, None] * N + rn[None, :], acc, mask=m_in)
+
+    @triton.jit
+    def sum_cast(P, OUT, TOTAL, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < TOTAL
+        acc = tl.zeros((BLOCK,), tl.float32)
+        for s in tl.static_range(SPLITS):
+            acc += tl.load(P + s * TOTAL + offs, mask=mask, other=0.0)
+        tl.store(OUT + offs, acc.to(OUT.dtype.element_ty), mask=mask)
+
+    return splitk, sum_cast
+
+
+def variants(rows: int) -> dict:
+    """name -> projection function ``(x, weight, name) -> out``."""
+    import torch
+    import torch.nn.functional as F
+    import triton
+
+    from relax.backends.embedded import triton_linear
+
+    splitk, sum_cast = _splitk_kernels()
+    parts = {nm: torch.empty(4, rows, n, device="cuda") for nm, (n, _) in SHAPES.items()}
+    outs = {nm: torch.empty(rows, n, device="cuda", dtype=torch.bfloat16) for nm, (n, _) in SHAPES.items()}
+
+    def splitk_pdl(x, w, nm):
+        bn, splits, bk, warps, stages = SPLITK_CONFIGS[nm]
+        m, k = x.shape
+        n = w.shape[0]
+        splitk[(n // bn, splits)](x, w, parts[nm], m, n, x.stride(0), w.stride(0), K_SPLIT=k // splits, BLOCK_M=64,
+                                  BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages, launch_pdl=True)
+        sum_cast[(triton.cdiv(m * n, 1024),)](parts[nm], outs[nm], m * n, SPLITS=splits, BLOCK=1024, launch_pdl=True)
+        return outs[nm]
+
+    return {"cublas": lambda x, w, nm: F.linear(x, w),
+            "skinny": lambda x, w, nm: triton_linear.skinny_linear(x, w, pdl=False),
+            "skinny_pdl": lambda x, w, nm: triton_linear.skinny_linear(x, w, pdl=True),
+            "splitk_pdl": splitk_pdl}
+
+
+def time_chain(linear, layers: list[dict], x0) -> tuple[float, float, object]:
+    import torch
+
+    def run():
+        h = x0
+        for layer in layers:
+            qkv = linear(h, layer["qkv"], "qkv")
+            o = linear(qkv[:, :1024], layer["o"], "o")
+            gate_up = linear(o, layer["gate_up"], "gate_up")
+            h = linear(gate_up[:, :3072], layer["down"], "down")
+        return h
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    graph.replay()
+    torch.cuda.synchronize()
+    per_layer = []
+    for _ in range(TIMINGS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(REPLAYS):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        per_layer.append(start.elapsed_time(end) * 1000 / REPLAYS / len(layers))
+    per_layer.sort()
+    return per_layer[0], per_layer[len(per_layer) // 2], out.clone()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=64, help="decode batch rows (the skinny kernel serves <= 64)")
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--json", type=Path)
+    ns = ap.parse_args()
+
+    import torch
+
+    from relax.backends.embedded.pdl import pdl_available
+
+    if not torch.cuda.is_available():
+        sys.exit("bench_decode_linear: needs a CUDA GPU; tests/test_decode_linear.py checks the kernel on CPU under "
+                 "TRITON_INTERPRET=1")
+    if not pdl_available(torch.device("cuda")):
+        sys.exit("bench_decode_linear: needs a GPU of compute capability 9+ and a Triton with gdc_wait (PDL)")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    layers = [{nm: (torch.randn(n, k, generator=gen, device="cuda") / k ** 0.5).bfloat16()
+               for nm, (n, k) in SHAPES.items()} for _ in range(ns.layers)]
+    x0 = torch.randn(ns.rows, 1024, generator=gen, device="cuda").bfloat16()
+    rows, reference = [], None
+    for name, linear in variants(ns.rows).items():
+        best, median, out = time_chain(linear, layers, x0)
+        reference = out.double() if reference is None else reference
+        row = dict(variant=name, us_per_layer_best=best, us_per_layer_median=median,
+                   rel_diff_vs_cublas=float((out.double() - reference).abs().max() / reference.abs().max()))
+        rows.append(row)
+    for row in rows:
+        row["speedup_vs_cublas"] = rows[0]["us_per_layer_best"] / row["us_per_layer_best"]
+        print(f"{row['variant']:11s} {row['us_per_layer_best']:6.2f} us per layer (median {row['us_per_layer_median']:6.2f}), "
+              f"{row['speedup_vs_cublas']:.2f}x cuBLAS, rel. diff {row['rel_diff_vs_cublas']:.1e}", flush=True)
+    if ns.json:
+        ns.json.parent.mkdir(parents=True, exist_ok=True)
+        ns.json.write_text(json.dumps({"provenance": provenance(), "setup": vars(ns) | {"json": str(ns.json)},
+                                       "device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
