@@ -143,13 +143,12 @@ class LeanRunner:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.eps = float(cfg.rms_norm_eps)
         self.cuda_graph = cuda_graph and device.type == "cuda"
-        # inductor's PDL codegen for the forward only: on the sampler's looped reductions over the vocabulary it made
-        # each kernel ~7x longer on the H100 (torch 2.11), so the sampler compiles without it (`relax...pdl`)
-        self._forward_decode = (torch.compile(self._decode_logits, dynamic=True,
-                                              **compile_options(device, compile_mode)) if compile
-                                else self._decode_logits)
-        self._draw = torch.compile(draw, dynamic=True, mode=compile_mode) if compile else draw
-        self._store = torch.compile(store_decoded, dynamic=True, mode=compile_mode) if compile else store_decoded
+        # the sampler and its store compile without inductor's PDL codegen: they follow the LM head's cuBLAS GEMM,
+        # which takes no part in PDL
+        self._forward_decode = (_compile_over_rows(self._decode_logits, **compile_options(device, compile_mode))
+                                if compile else self._decode_logits)
+        self._draw = _compile_over_rows(draw, mode=compile_mode) if compile else draw
+        self._store = _compile_over_rows(store_decoded, mode=compile_mode) if compile else store_decoded
         self.k: list[torch.Tensor] = []  # one [slots, kv_heads, max_len, head_dim] tensor per layer
         self.v: list[torch.Tensor] = []
         self.rows_in_cache = 0
@@ -465,6 +464,27 @@ class LeanRunner:
             for row in rows:
                 self._shared_from[row] = heir
             self._shared_len[heir] = 0
+
+
+def _compile_over_rows(fn, **options):
+    """``torch.compile(fn)`` with the rows (dim 0 of every tensor argument) dynamic and every other size static.
+
+    Why not ``dynamic=True``: then the vocabulary and hidden sizes are symbols too, and inductor's on-disk cache
+    serves a graph compiled for another model's sizes, with kernel configs chosen for them: on the H100, after the
+    GPU tests compiled the sampler for a 512-token vocabulary, bench-270m's sampler reused it and its two looped
+    reductions over the 32,000-token vocabulary took 7x longer (0.03 -> 0.24 ms per decode step together; 48.9k
+    against 57.3k tok/s at batch 64). With only the rows dynamic, a batch of any size reuses one compile and another model
+    gets its own. Integers (the graph's length bucket) start static and turn dynamic on their second value
+    (torch.compile's automatic dynamic shapes)."""
+    compiled = torch.compile(fn, **options)
+
+    def call(*args):
+        for arg in args:
+            if isinstance(arg, torch.Tensor) and arg.dim() > 0:
+                torch._dynamo.maybe_mark_dynamic(arg, 0)
+        return compiled(*args)
+
+    return call
 
 
 def _unique_params(model: torch.nn.Module) -> list[torch.nn.Parameter]:
