@@ -37,9 +37,13 @@ separate q/k/v and gate/up GEMMs, sampling outside the graph. This runner keeps 
   `RowState` buffers; the host replays it and fetches tokens and log-probs once. With the Triton
   attention kernel, which reads each row only as far as it goes, one length serves all
   (``max_len``), so one graph per batch bucket;
+* **PDL on Hopper** (`relax.backends.embedded.pdl`): the decode step's projections are `decode_linear` (on CUDA
+  for <= 64 rows a Triton skinny GEMM, `triton_linear`), launched like the attention kernel with programmatic
+  dependent launch, and the compiled forward uses inductor's PDL codegen, so each kernel's launch overlaps the
+  tail of the one before (``RELAX_DECODE_PDL=0`` turns it off);
 * **torch.compile** (``compile=True``): the decode forward and the sampler (`draw`: the counter
-  hash's ~30 integer ops, softmax, the top-p/top-k sort, the blocked CDF scan) are compiled with dynamic shapes
-  before capture, so their small kernels fuse into a few; a graph alone removes launch overhead
+  hash's ~30 integer ops, softmax, the top-p/top-k sort, the blocked CDF scan) are compiled with the rows
+  dynamic (`_compile_over_rows`) before capture, so their small kernels fuse into a few; a graph alone removes launch overhead
   but not the kernel count. ``compile_mode`` is torch.compile's ``mode`` (ci/bench_engine.py's
   ``lean+graph+autotune`` row tries ``max-autotune-no-cudagraphs``: Triton GEMM templates tuned for
   the decode's M <= 64 projections against cuBLAS; the runner captures its own graphs).
