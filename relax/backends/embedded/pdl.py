@@ -6,9 +6,10 @@ are visible, so a kernel's launch and ramp overlap its predecessor's tail. In th
 kernels of a few microseconds each at batch 64) those fixed costs are much of the time. The rule every
 relax kernel launched this way keeps: ``gdc_wait`` before its first load, ``gdc_launch_dependents`` only
 after it, so when a kernel starts, everything before its predecessor has completed. The lean runner's
-compiled decode forward follows inductor's own PDL codegen (``triton.enable_pdl``); its sampler does not
-(on the H100 with torch 2.11, that codegen made the sampler's looped reductions over the vocabulary ~7x
-slower: 4.3 -> 29 ms for 257 calls of one of them).
+compiled decode forward follows inductor's own PDL codegen (``triton.enable_pdl``); its sampler does not: it
+follows the LM head's cuBLAS GEMM, which takes no part in PDL. (A first reading that the codegen made the
+sampler's reductions ~7x slower was inductor's on-disk cache serving another model's sampler: see the lean
+runner's ``_compile_over_rows``.)
 
 ``RELAX_DECODE_PDL=0`` in the engine's environment turns it off (an A/B, or a driver that mishandles it).
 """
