@@ -121,7 +121,7 @@ _TRITON_CHECK = textwrap.dedent("""
     # (rows, heads, kv heads, dim, view, SMs): one split, several, a view of one, group 1 and 4
     for n, heads, kvh, dim, view, sms in [(3, 4, 2, 16, 150, 132), (3, 4, 2, 16, 150, 1), (2, 8, 2, 32, 257, 132),
                                           (4, 4, 4, 16, 70, 132), (5, 6, 2, 16, 1, 132)]:
-        triton_decode._sm_count = lambda device, sms=sms: sms
+        triton_decode.sm_count = lambda device, sms=sms: sms
         qk, vn, kc, vc, pos = _inputs(n, heads, kvh, dim, 300, view, seed=view, dtype=torch.float16)
         expected = naive(qk, vn, kc, vc, pos, 0.125)
         ref_k, ref_v = kc.clone(), vc.clone()
@@ -134,7 +134,7 @@ _TRITON_CHECK = textwrap.dedent("""
     # shared prompts: rows read a prefix from another slot (one split and several; a prefix ending mid-block)
     from tests.test_decode_attention import _shared_prompts
     for n, heads, kvh, dim, view, sms in [(4, 4, 2, 16, 150, 132), (4, 4, 2, 16, 200, 1)]:
-        triton_decode._sm_count = lambda device, sms=sms: sms
+        triton_decode.sm_count = lambda device, sms=sms: sms
         qk, vn, kc, vc, pos = _inputs(n, heads, kvh, dim, 300, view, seed=view + 1, dtype=torch.float16)
         pos[1] = view - 2
         rows, lens = _shared_prompts(n, pos, seed=view)

@@ -39,7 +39,7 @@ _KERNEL_CHECK = textwrap.dedent("""
     # (rows, N, K, bias, SMs): one row, a partial row block, a full one, two row blocks; each column tile width
     for m, n, k, bias, sms in [(1, 64, 128, False, 2), (7, 48, 256, True, 132), (64, 256, 128, False, 132),
                                (64, 96, 384, True, 6), (65, 32, 128, True, 132)]:
-        triton_linear._sms = lambda device, sms=sms: sms
+        triton_linear.sm_count = lambda device, sms=sms: sms
         x = (torch.randn(m, k, generator=gen) / 4).half()
         w = (torch.randn(n, k, generator=gen) / k ** 0.5).half()
         b = torch.randn(n, generator=gen).half() if bias else None

@@ -22,13 +22,12 @@ Runs under ``TRITON_INTERPRET=1`` on CPU tensors too (without PDL), which is how
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from relax.backends.embedded.pdl import pdl_available
+from relax.backends.embedded.sm_count import sm_count
 
 BLOCK_N = 64
 _MIN_GROUP_ROWS = 16  # tl.dot's smallest M
@@ -141,11 +140,6 @@ def supports_cache(k_cache: torch.Tensor, heads: int) -> bool:
             and heads % kv_heads == 0)
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
-
-
 def split_count(rows: int, kv_heads: int, view: int, sms: int, block_n: int = BLOCK_N) -> int:
     """Splits of the context per (row, KV head): enough programs for two per SM, each >= 2 blocks long."""
     programs = rows * kv_heads
@@ -165,7 +159,7 @@ def decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tenso
     group = heads // kvh
     qk, v_new = (t if t.stride(-1) == 1 else t.contiguous() for t in (qk, v_new))
     out = torch.empty((n, heads, dim), dtype=qk.dtype, device=qk.device)
-    splits = splits or split_count(n, kvh, view, _sm_count(qk.device), block_n)
+    splits = splits or split_count(n, kvh, view, sm_count(qk.device), block_n)
     chunk = triton.cdiv(triton.cdiv(view, splits), block_n) * block_n
     if splits == 1:
         part, lse = out, out  # unused by the kernel's one-split branch

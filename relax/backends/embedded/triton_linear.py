@@ -22,13 +22,12 @@ PDL, which is how CI checks it without a GPU.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from relax.backends.embedded.pdl import pdl_available
+from relax.backends.embedded.sm_count import sm_count
 
 BLOCK_M = 64
 BLOCK_K = 128
@@ -77,18 +76,13 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and x.stride(1) == 1 and weight.stride(1) == 1)
 
 
-@functools.cache
-def _sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
-
-
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                   pdl: bool | None = None, num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
     """``x [M, K] @ weight[N, K].T (+ bias)``; the caller checks `supports` first. ``pdl`` defaults to
     `pdl_available` on ``x``'s device."""
     m, k = x.shape
     n = weight.shape[0]
-    bn = block_n(n, _sms(x.device))
+    bn = block_n(n, sm_count(x.device))
     use_pdl = pdl_available(x.device) if pdl is None else pdl
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     launch = {"launch_pdl": True} if use_pdl else {}
