@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ci.provenance when run as a script
-from ci import decode_profile  # noqa: E402
+from ci import decode_profile, host_stalls  # noqa: E402
 from ci.provenance import provenance  # noqa: E402
 
 RUNNERS = {"hf": dict(runner="hf"), "static": dict(runner="static"), "static+graph": dict(runner="static", cuda_graph=True),
@@ -174,7 +174,7 @@ def measure(ns: argparse.Namespace, runner: str, batch: int) -> Row:
     row.mismatch_mean, row.mismatch_max = mismatch(model, reqs, holder["out"], ns.device)
     if ns.profile:  # one more run, traced (ci/decode_profile.py); the timed run above was not
         try:
-            row.profile = decode_profile.profile(lambda: engine.generate(reqs), ns.device)
+            row.profile = decode_profile.profile(lambda: engine.generate(reqs), ns.device, host_stalls.charge)
             # tracing slows the host (on the H100 at batch 256: 1.66 s traced vs 0.76 s timed), so the busy
             # share that tells host-bound from kernel-bound is the kernels' time over the *timed* run's wall
             row.profile["timed_wall_s"] = tokens / row.tokens_per_s

@@ -65,6 +65,24 @@ def idle_gaps_us(intervals: Iterable[Interval], short_us: float = SHORT_GAP_US) 
     return sum(g for g in gaps if g <= short_us), sum(long), len(long)
 
 
+def long_gaps_after(kernels: list[Interval], *, short_us: float = SHORT_GAP_US, top: int = TOP) -> list[dict]:
+    """The long gaps (> ``short_us``) summed by the kernel that ran last before each: where in a step the GPU
+    waits (after a CUDA graph's last kernel: between replays; after a host copy: on the host's read-back).
+    ``[{"after", "count", "idle_ms"}]``, largest first."""
+    ends = sorted(kernels, key=lambda k: k.end_us)
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    j, last = 0, None
+    for start, end in idle_gaps(kernels):
+        while j < len(ends) and ends[j].end_us <= start:
+            last = ends[j]
+            j += 1
+        if end - start > short_us and last is not None:
+            by_name[last.name][0] += 1
+            by_name[last.name][1] += end - start
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
+    return [{"after": name[:160], "count": int(n), "idle_ms": us / 1e3} for name, (n, us) in ranked]
+
+
 def summarize(kernels: list[Interval], wall_s: float, *, top: int = TOP) -> dict:
     """The busy share and the ``top`` kernel names by total time (count, total ms, share of kernel time)."""
     by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
@@ -75,7 +93,7 @@ def summarize(kernels: list[Interval], wall_s: float, *, top: int = TOP) -> dict
     busy_us = union_us(kernels)
     ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
     short, long, stalls = idle_gaps_us(kernels)
-    return {"wall_s": wall_s, "busy_s": busy_us / 1e6, "busy_share": busy_us / 1e6 / wall_s if wall_s else None,
+    return {"gaps_after": long_gaps_after(kernels, top=top), "wall_s": wall_s, "busy_s": busy_us / 1e6, "busy_share": busy_us / 1e6 / wall_s if wall_s else None,
             "kernels": len(kernels), "kernel_s": kernel_us / 1e6,
             "short_gaps_s": short / 1e6, "long_gaps_s": long / 1e6, "long_gaps": stalls,
             "short_gap_us": SHORT_GAP_US,
@@ -83,8 +101,11 @@ def summarize(kernels: list[Interval], wall_s: float, *, top: int = TOP) -> dict
                      "share": total / kernel_us if kernel_us else None} for name, (count, total) in ranked]}
 
 
-def profile(fn: Callable[[], object], device: str) -> dict:
-    """Run ``fn`` once under torch.profiler; on CUDA the kernels, on the CPU the top-level operators."""
+def profile(fn: Callable[[], object], device: str,
+            host: Callable[[list[Interval], list[Interval]], dict] | None = None) -> dict:
+    """Run ``fn`` once under torch.profiler; on CUDA the kernels, on the CPU the top-level operators. ``host``
+    (CUDA): called with the kernels and the traced CPU operators, its dict stored as ``host_at_gaps``
+    (`ci.host_stalls.charge`: what the host ran while the GPU waited)."""
     import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
@@ -103,7 +124,12 @@ def profile(fn: Callable[[], object], device: str) -> dict:
     want = DeviceType.CUDA if cuda else DeviceType.CPU
     events = [e for e in prof.events() if e.device_type == want and (cuda or e.cpu_parent is None)]
     kernels = [Interval(e.name, e.time_range.start, e.time_range.end) for e in events]
-    return {"device": device, "what": "CUDA kernels" if cuda else "top-level CPU operators", **summarize(kernels, wall)}
+    out = {"device": device, "what": "CUDA kernels" if cuda else "top-level CPU operators", **summarize(kernels, wall)}
+    if cuda and host is not None:
+        ops = [Interval(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+               if e.device_type == DeviceType.CPU]
+        out["host_at_gaps"] = host(kernels, ops)
+    return out
 
 
 def describe(summary: dict, *, top: int = 5) -> str:

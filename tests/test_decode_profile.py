@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ci.decode_profile import Interval, describe, idle_gaps_us, summarize, union_us
+from ci.decode_profile import Interval, describe, idle_gaps_us, long_gaps_after, summarize, union_us
 
 spans = st.lists(st.tuples(st.integers(0, 200), st.integers(0, 40)), max_size=25)
 
@@ -48,3 +48,13 @@ def test_short_gaps_are_launch_latency_and_long_ones_host_stalls() -> None:
     assert idle_gaps_us(kernels, short_us=10) == (3, 40, 1)
     s = summarize(kernels, wall_s=100e-6)
     assert (s["short_gaps_s"], s["long_gaps_s"], s["long_gaps"]) == (pytest.approx(3e-6), pytest.approx(40e-6), 1)
+
+
+def test_long_gaps_are_charged_to_the_kernel_that_ended_last_before_them() -> None:
+    # "copy" ends before "gemm" (which overlaps it) ends: the gap after them belongs to "gemm", the one that ended last
+    kernels = [Interval("copy", 0, 10), Interval("gemm", 5, 20), Interval("attn", 50, 60), Interval("gemm", 62, 70),
+               Interval("copy", 70, 75), Interval("attn", 95, 100)]
+    assert long_gaps_after(kernels, short_us=10) == [{"after": "gemm", "count": 1, "idle_ms": pytest.approx(0.03)},
+                                                     {"after": "copy", "count": 1, "idle_ms": pytest.approx(0.02)}]
+    assert summarize(kernels, 1e-4)["gaps_after"][0]["after"] == "gemm"
+    assert long_gaps_after([]) == []
