@@ -149,6 +149,24 @@ def test_lean_runner_follows_in_place_updates_and_repointed_parameters() -> None
     assert _greedy(lean, [1, 2, 3]) == _greedy(reference, [1, 2, 3])  # re-pointed: the runner re-fuses
 
 
+def test_lean_runner_keeps_its_weight_layout_across_generates_and_redoes_it_only_when_a_parameter_moves() -> None:
+    """The fused layout (and with it every captured decode graph, which bakes in its address) outlives a generate;
+    until 2026-11-26 the check compared the arena's parameter order with the model's and every prefill laid the
+    weights out again (on the H100: a graph capture per generate)."""
+    from relax.backends.embedded.engine import EmbeddedEngine
+
+    model = _qwen3()
+    lean = EmbeddedEngine(model, eos_token_ids=[], runner="lean")
+    _greedy(lean, [1, 2, 3])
+    arena = lean.runner._arena
+    _greedy(lean, [4, 5])
+    assert lean.runner._arena is arena and lean.runner._fused_ok()
+    model.lm_head.weight.data = model.lm_head.weight.data.clone()  # re-pointed: not the arena's view any more
+    assert not lean.runner._fused_ok()
+    _greedy(lean, [4, 5])
+    assert lean.runner._arena is not arena and lean.runner._fused_ok()
+
+
 def test_lean_runner_rejects_unsupported_models_with_the_reason() -> None:
     from relax.backends.embedded.lean_runner import LeanRunner
 

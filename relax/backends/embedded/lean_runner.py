@@ -243,8 +243,14 @@ class LeanRunner:
         self._after_release = False
 
     def _fused_ok(self) -> bool:
-        return (self._arena is not None and len(self._qkv) == len(self.layers) and self._arena.holds()
-                and [id(p) for p in self._arena.params] == [id(p) for p in _unique_params(self.model)])
+        """The arena still holds exactly the model's parameters, each at its view. (The arena lists them in its
+        layout's order, fused groups first, not the model's: compared as sets. Compared in order, as until
+        2026-11-26, this was never true, and every prefill laid the weights out again and dropped the graphs:
+        a capture per generate, ~21 ms of bench-270m's 0.27 s at batch 64 on the H100.)"""
+        if self._arena is None or len(self._qkv) != len(self.layers) or not self._arena.holds():
+            return False
+        mine = [id(p) for p in self._arena.params]
+        return len(mine) == len(set(mine)) and set(mine) == {id(p) for p in _unique_params(self.model)}
 
     @torch.no_grad()
     def _fuse(self) -> None:
