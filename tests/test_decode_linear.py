@@ -64,6 +64,71 @@ def test_skinny_kernel_matches_float64_in_the_interpreter() -> None:
         assert r["err"] < 2e-3 * max(1.0, r["scale"]), r  # fp32 accumulation, one fp16 rounding of the output
 
 
+_FUSED_CHECK = textwrap.dedent("""
+    import json, sys, torch
+    sys.path.insert(0, sys.argv[1])
+    from relax.backends.embedded import triton_linear
+    results = []
+    gen = torch.Generator().manual_seed(1)
+    # (rows, N, K, variant, bias): a partial row block, a full one and two row blocks
+    for m, n, k, variant, bias in [(5, 48, 256, "norm", True), (64, 64, 128, "norm", False),
+                                   (7, 32, 256, "gated", False), (64, 48, 128, "gated", True),
+                                   (3, 64, 384, "residual", True), (65, 16, 128, "residual", False),
+                                   (9, 32, 128, "norm+residual", False)]:
+        x = (torch.randn(m, 2 * k if variant == "gated" else k, generator=gen) / 2).half()
+        w = (torch.randn(n, k, generator=gen) / k ** 0.5).half()
+        b = torch.randn(n, generator=gen).half() if bias else None
+        g = (1 + torch.randn(k, generator=gen) / 4).half() if "norm" in variant else None
+        r = torch.randn(m, n, generator=gen).half() if "residual" in variant else None
+        xd = x.double()
+        if g is not None:  # float64 RMSNorm (eps 1e-6), then the weight
+            xd = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * g.double()
+        if variant == "gated":
+            gate, up = xd.chunk(2, -1)
+            xd = torch.nn.functional.silu(gate) * up
+        expected = xd @ w.double().T + (b.double() if bias else 0) + (r.double() if r is not None else 0)
+        out = triton_linear.skinny_linear(x, w, b, norm_weight=g, eps=1e-6, gated=variant == "gated", residual=r,
+                                          pdl=False)
+        results.append(dict(case=[m, n, k, variant, bias], shape=list(out.shape),
+                            supported=triton_linear.supports(x, w, gated=variant == "gated"),
+                            err=float((out.double() - expected).abs().max()), scale=float(expected.abs().max())))
+    try:
+        triton_linear.skinny_linear(x[:, :k], w, norm_weight=torch.ones(k).half(), gated=True)
+        results.append("no error for a norm and a gate")
+    except ValueError as exc:
+        results.append(str(exc))
+    print("RESULT " + json.dumps(results))
+""")
+
+
+@needs_triton
+def test_fused_variants_match_float64_in_the_interpreter() -> None:
+    """The norm, gate and residual add fused into the projection against float64 of the unfused math: within one
+    rounding of the fused operand and one of the output (a second for the add), as the unfused ops round."""
+    *results, refusal = run_interpreted(_FUSED_CHECK)
+    assert refusal == "skinny_linear: a norm or a gate, not both"
+    for r in results:
+        m, n = r["case"][:2]
+        assert r["shape"] == [m, n] and r["supported"] == (m <= 64), r
+        assert r["err"] < 4e-3 * max(1.0, r["scale"]), r
+
+
+def test_fused_op_on_cpu_is_the_unfused_math() -> None:
+    from relax.backends.embedded.decode_linear import fused_available, reference
+
+    gen = torch.Generator().manual_seed(2)
+    x, w, b, g, r = (torch.randn(*s, generator=gen) for s in ((5, 32), (48, 32), (48,), (32,), (5, 48)))
+    normed = g * F.rms_norm(x, (32,), eps=1e-5)
+    assert torch.equal(decode_linear(x, w, b, g, 1e-5), F.linear(normed, w, b))
+    assert torch.equal(decode_linear(x, w, residual=r), r + F.linear(x, w))
+    gate_up = torch.randn(5, 64, generator=gen)
+    assert torch.equal(decode_linear(gate_up, w, b, gated=True, residual=r),
+                       r + F.linear(F.silu(gate_up[:, :32]) * gate_up[:, 32:], w, b))
+    with pytest.raises(ValueError, match="a norm or a gate, not both"):
+        reference(gate_up, w, norm_weight=torch.ones(64), gated=True)
+    assert not fused_available(torch.device("cpu"), 1024, 2048)  # CPU: the runner keeps the ops unfused
+
+
 @needs_triton
 @settings(max_examples=60, deadline=None)
 @given(n=st.sampled_from([16, 48, 96, 1024, 2048, 6144, 32000, 40]), sms=st.integers(1, 200))
