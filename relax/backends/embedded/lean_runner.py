@@ -68,7 +68,7 @@ from relax.backends.embedded.decode_attention import (
     reads_only_rows,
     reference_decode_attention,
 )
-from relax.backends.embedded.decode_linear import decode_linear, fused_available, fused_rows
+from relax.backends.embedded.decode_linear import decode_linear
 from relax.backends.embedded.pdl import compile_options
 from relax.backends.embedded.rows import RowState, store_decoded
 from relax.backends.embedded.runners import compact_slots
@@ -133,42 +133,6 @@ def _length_bucket(n: int, cap: int) -> int:
     return min(-(-n // step) * step, cap)
 
 
-class _Unfused:
-    """A layer's projections with the norm before, the gate before and the residual add after each as ops of their
-    own around ``linear`` (``F.linear``, or plain `decode_linear`), which ``torch.compile`` fuses with their
-    neighbours into kernels of its own: the prefill, the CPU, and decode batches the fused kernel does not take."""
-
-    def __init__(self, linear):
-        self.linear = linear
-
-    def normed(self, x, norm_weight, eps: float, weight, bias):
-        return self.linear(_rms(x, norm_weight, eps), weight, bias)
-
-    def added(self, x, weight, bias, residual):
-        return residual + self.linear(x, weight, bias)
-
-    def gated_added(self, gate_up, weight, bias, residual):
-        gate, up = gate_up.chunk(2, -1)
-        return residual + self.linear(F.silu(gate) * up, weight, bias)
-
-
-class _Fused:
-    """The same three as one `decode_linear` kernel each (the module docstring's fused projections)."""
-
-    def normed(self, x, norm_weight, eps: float, weight, bias):
-        return decode_linear(x, weight, bias, norm_weight, eps)
-
-    def added(self, x, weight, bias, residual):
-        return decode_linear(x, weight, bias, residual=residual)
-
-    def gated_added(self, gate_up, weight, bias, residual):
-        return decode_linear(gate_up, weight, bias, gated=True, residual=residual)
-
-
-_PREFILL = _Unfused(F.linear)
-_FUSED = _Fused()
-
-
 class LeanRunner:
     """Fused-weight decoder forward with a slot KV cache; optional CUDA-graph decode + sampling."""
 
@@ -200,7 +164,6 @@ class LeanRunner:
         self._pool: Any = None
         self._graph_addresses: tuple[int, ...] | None = None  # (weights, each K and V) the graphs were captured over
         self._one_view = False  # `_prepare`: one graph view for all lengths (the Triton attention kernel)
-        self._fused = self._fusable()  # decode projections with norm / gate / residual add in their kernel
         # shared prompts (module docstring): the row whose slot holds row i's prompt (i itself: its own) and how many
         # positions row i reads there; device buffers for the decode graphs, host mirrors for the bookkeeping
         self._prefix_rows = torch.arange(slots, device=device)
@@ -319,13 +282,13 @@ class LeanRunner:
             index += 1
 
     # ------------------------------------------------------------------ forwards
-    def _attention_in(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, proj: _Unfused | _Fused):
+    def _attention_in(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, linear=F.linear):
         """Norm, fused QKV, q/k-norm and RoPE over q and k together: ``qk [..., H + KV, D]``, ``v [..., KV, D]``.
-        ``proj``: the projections (`_Unfused` over ``F.linear``; in the decode step `decode_linear`, fused or not)."""
+        ``linear`` is the projection (``F.linear``; the decode step's `decode_linear` on CUDA)."""
         layer = self.layers[i]
         a = layer.self_attn
         w, b = self._qkv[i]
-        qkv = proj.normed(x, layer.input_layernorm.weight, self.eps, w, b)
+        qkv = linear(_rms(x, layer.input_layernorm.weight, self.eps), w, b)
         qkv = qkv.view(*x.shape[:-1], self.heads + 2 * self.kv_heads, self.head_dim)
         qk, v = qkv[..., :self.heads + self.kv_heads, :], qkv[..., self.heads + self.kv_heads:, :]
         if hasattr(a, "q_norm"):
@@ -333,21 +296,12 @@ class LeanRunner:
             qk = _rms(qk, norm_w, self.eps)
         return _rotate(qk, cos, sin), v
 
-    def _attention_out_and_mlp(self, i: int, x: torch.Tensor, attn: torch.Tensor, proj: _Unfused | _Fused) -> torch.Tensor:
+    def _attention_out_and_mlp(self, i: int, x: torch.Tensor, attn: torch.Tensor, linear=F.linear) -> torch.Tensor:
         layer = self.layers[i]
         o, down = layer.self_attn.o_proj, layer.mlp.down_proj
-        x = proj.added(attn, o.weight, o.bias, x)
-        gate_up = proj.normed(x, layer.post_attention_layernorm.weight, self.eps, self._gate_up[i], None)
-        return proj.gated_added(gate_up, down.weight, down.bias, x)
-
-    def _fusable(self) -> bool:
-        """Whether the decode step's projections can run `decode_linear`'s fused kernel (half precision on CUDA,
-        every projection's shape tiled by it)."""
-        cfg = self.model.config
-        hidden, inter, qkv = cfg.hidden_size, cfg.intermediate_size, (self.heads + 2 * self.kv_heads) * self.head_dim
-        shapes = [(hidden, qkv), (self.heads * self.head_dim, hidden), (hidden, 2 * inter), (inter, hidden)]
-        return (self.model.lm_head.weight.dtype in (torch.float16, torch.bfloat16)
-                and all(fused_available(self.device, k, n) for k, n in shapes))
+        x = x + linear(attn, o.weight, o.bias)
+        gate, up = linear(_rms(x, layer.post_attention_layernorm.weight, self.eps), self._gate_up[i]).chunk(2, -1)
+        return x + linear(F.silu(gate) * up, down.weight, down.bias)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(_rms(x, self.base.norm.weight, self.eps))
@@ -415,13 +369,13 @@ class LeanRunner:
                  else torch.tensor(slots, device=self.device))
         x = self.base.embed_tokens(ids)
         for i in range(len(self.layers)):
-            qk, v = self._attention_in(i, x, cos, sin, _PREFILL)  # [n, T, heads + kv_heads, D], [n, T, kv_heads, D]
+            qk, v = self._attention_in(i, x, cos, sin)  # [n, T, heads + kv_heads, D], [n, T, kv_heads, D]
             q, k, v = qk[:, :, :self.heads].transpose(1, 2), qk[:, :, self.heads:].transpose(1, 2), v.transpose(1, 2)
             self.k[i][slots, :, :width] = k
             self.v[i][slots, :, :width] = v
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.layers[i].self_attn.scaling,
                                                enable_gqa=self.heads != self.kv_heads)
-            x = self._attention_out_and_mlp(i, x, o.transpose(1, 2).reshape(n, width, -1), _PREFILL)
+            x = self._attention_out_and_mlp(i, x, o.transpose(1, 2).reshape(n, width, -1))
         last = x[torch.arange(n, device=self.device), lengths - 1]
         return self._logits(last)
 
@@ -441,14 +395,11 @@ class LeanRunner:
         cos, sin = (t[positions].unsqueeze(1) for t in self._rope)  # [n, 1, D]
         x = self.base.embed_tokens(tokens)
         attend = self._attention_op(positions, view)
-        if self._fused and n <= fused_rows():  # under torch.compile: a guard, one compile on each side
-            proj: _Unfused | _Fused = _FUSED
-        else:  # the op's dispatch costs on CPU: F.linear there
-            proj = _Unfused(decode_linear if self.device.type == "cuda" else F.linear)
+        linear = decode_linear if self.device.type == "cuda" else F.linear  # the op's dispatch costs on CPU
         for i in range(len(self.layers)):
-            qk, v = self._attention_in(i, x, cos, sin, proj)  # [n, H + KV, D], [n, KV, D]
+            qk, v = self._attention_in(i, x, cos, sin, linear)  # [n, H + KV, D], [n, KV, D]
             o = attend(qk, v, self.k[i], self.v[i], positions, self.layers[i].self_attn.scaling, view, *shared)
-            x = self._attention_out_and_mlp(i, x, o.reshape(n, self.heads * self.head_dim), proj)
+            x = self._attention_out_and_mlp(i, x, o.reshape(n, self.heads * self.head_dim), linear)
         return self._logits(x)
 
     def _shared_prefixes(self, n: int) -> tuple[torch.Tensor, torch.Tensor] | tuple[()]:

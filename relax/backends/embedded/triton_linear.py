@@ -35,8 +35,7 @@ MAX_ROWS = 64  # above this the GEMMs are not launch-bound and cuBLAS is used (t
 
 
 @triton.jit
-def _skinny_kernel(X, W, B, G, R, OUT, M, stride_xm, stride_wn, stride_om, stride_rm, eps, K: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+def _skinny_kernel(X, W, B, OUT, M, stride_xm, stride_wn, stride_om, K: tl.constexpr, HAS_BIAS: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -48,30 +47,13 @@ def _skinny_kernel(X, W, B, G, R, OUT, M, stride_xm, stride_wn, stride_om, strid
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    sumsq = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        x_at = X + rm[:, None] * stride_xm + (k0 + rk)[None, :]
-        if GATED:  # x holds [gate | up]: the MLP's silu(gate) * up, in fp32, rounded once
-            gate = tl.load(x_at, mask=m_in, other=0.0).to(tl.float32)
-            up = tl.load(x_at + K, mask=m_in, other=0.0).to(tl.float32)
-            x = (gate * tl.sigmoid(gate) * up).to(W.dtype.element_ty)
-        else:
-            x = tl.load(x_at, mask=m_in, other=0.0)
-            if NORM:  # RMSNorm: the weight here, the row's 1/rms (known once the K-loop is over) on the sums
-                xf = x.to(tl.float32)
-                sumsq += tl.sum(xf * xf, 1)
-                x = (xf * tl.load(G + k0 + rk).to(tl.float32)[None, :]).to(W.dtype.element_ty)
+        x = tl.load(X + rm[:, None] * stride_xm + (k0 + rk)[None, :], mask=m_in, other=0.0)
         w = tl.load(W + rn[:, None] * stride_wn + (k0 + rk)[None, :])
         acc += tl.dot(x, tl.trans(w))
-    if NORM:
-        acc = acc * tl.rsqrt(sumsq / K + eps)[:, None]
     if HAS_BIAS:
         acc += tl.load(B + rn)[None, :].to(tl.float32)
-    out = acc.to(OUT.dtype.element_ty)
-    if RESIDUAL:  # the residual stream's add, rounded as ``residual + linear(x)`` in the model dtype is
-        res = tl.load(R + rm[:, None] * stride_rm + rn[None, :], mask=m_in, other=0.0)
-        out = (out.to(tl.float32) + res.to(tl.float32)).to(OUT.dtype.element_ty)
-    tl.store(OUT + rm[:, None] * stride_om + rn[None, :], out, mask=m_in)
+    tl.store(OUT + rm[:, None] * stride_om + rn[None, :], acc.to(OUT.dtype.element_ty), mask=m_in)
 
 
 def block_n(n: int, sms: int) -> int | None:
@@ -85,42 +67,27 @@ def block_n(n: int, sms: int) -> int | None:
     return fitting[-1] if fitting else None
 
 
-def supports(x: torch.Tensor, weight: torch.Tensor, *, gated: bool = False) -> bool:
+def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """2-D half-precision ``x`` of at most `MAX_ROWS` rows, a row-major weight whose K is a multiple of `BLOCK_K`
-    and whose N some column tile divides; ``gated``: ``x`` is ``[gate | up]``, twice the weight's K."""
-    k = x.shape[-1] // 2 if gated else x.shape[-1]
+    and whose N some column tile divides."""
     return (x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype in (torch.float16, torch.bfloat16)
-            and weight.dtype == x.dtype and weight.dim() == 2 and fits(k, weight.shape[0])
-            and weight.shape[1] * (2 if gated else 1) == x.shape[1] and x.stride(1) == 1 and weight.stride(1) == 1)
-
-
-def fits(k: int, n: int) -> bool:
-    """Whether the kernel tiles a ``K = k``, ``N = n`` projection (the shapes alone)."""
-    return k > 0 and k % BLOCK_K == 0 and n > 0 and n % 16 == 0
+            and weight.dtype == x.dtype and weight.dim() == 2 and weight.shape[1] == x.shape[1]
+            and x.shape[1] % BLOCK_K == 0 and weight.shape[0] % 16 == 0
+            and x.stride(1) == 1 and weight.stride(1) == 1)
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                  norm_weight: torch.Tensor | None = None, eps: float = 0.0, gated: bool = False,
-                  residual: torch.Tensor | None = None, pdl: bool | None = None, num_warps: int = 4,
-                  num_stages: int = 4) -> torch.Tensor:
-    """``x [M, K] @ weight[N, K].T (+ bias)``, with optionally, fused: ``norm_weight`` (RMSNorm of ``x`` first:
-    ``x * norm_weight`` in the K-loop, each row's ``1/rms`` on its sums at the end), ``gated`` (``x`` is
-    ``[gate | up]``, ``[M, 2K]``: the MLP's ``silu(gate) * up`` first) and ``residual`` (``[M, N]``, added to the
-    output). The caller checks `supports` first. ``pdl`` defaults to `pdl_available` on ``x``'s device."""
-    m = x.shape[0]
-    n, k = weight.shape
-    if norm_weight is not None and gated:
-        raise ValueError("skinny_linear: a norm or a gate, not both")
+                  pdl: bool | None = None, num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
+    """``x [M, K] @ weight[N, K].T (+ bias)``; the caller checks `supports` first. ``pdl`` defaults to
+    `pdl_available` on ``x``'s device."""
+    m, k = x.shape
+    n = weight.shape[0]
     bn = block_n(n, sm_count(x.device))
     use_pdl = pdl_available(x.device) if pdl is None else pdl
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     launch = {"launch_pdl": True} if use_pdl else {}
-    unused = out  # a pointer for the operands a variant does not read
     _skinny_kernel[(n // bn, triton.cdiv(m, BLOCK_M))](
-        x, weight, bias if bias is not None else unused, norm_weight if norm_weight is not None else unused,
-        residual if residual is not None else unused, out, m, x.stride(0), weight.stride(0), out.stride(0),
-        residual.stride(0) if residual is not None else 0, eps,
-        K=k, HAS_BIAS=bias is not None, NORM=norm_weight is not None, GATED=gated, RESIDUAL=residual is not None,
-        BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_K=BLOCK_K, PDL=use_pdl, num_warps=num_warps, num_stages=num_stages,
-        **launch)
+        x, weight, bias if bias is not None else out, out, m, x.stride(0), weight.stride(0), out.stride(0),
+        K=k, HAS_BIAS=bias is not None, BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_K=BLOCK_K, PDL=use_pdl,
+        num_warps=num_warps, num_stages=num_stages, **launch)
     return out
