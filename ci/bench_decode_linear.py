@@ -11,9 +11,7 @@ its weight in the 50 MB L2), captured as one CUDA graph and replayed; reported a
 * ``cublas``: ``F.linear``;
 * ``skinny``: `relax.backends.embedded.triton_linear.skinny_linear` launched plainly;
 * ``skinny_pdl``: the same kernel launched with programmatic dependent launch (what the lean runner runs on
-  Hopper until 2026-11-26): each kernel starts during its predecessor and waits in ``gdc_wait``;
-* ``skinny_pdl_prefetch``: the same, each kernel asking L2 for its weights before it waits (what the lean
-  runner runs now, `relax.backends.embedded.triton_prefetch`);
+  Hopper): each kernel starts during its predecessor and waits in ``gdc_wait``;
 * ``splitk_pdl``: a split-K variant kept here for the record (wider column tiles, the K range split across
   programs, fp32 partials summed by a second PDL kernel), so each program re-reads less of the activation
   from L2; its per-projection configs are in `SPLITK_CONFIGS`.
@@ -97,8 +95,7 @@ def variants(rows: int) -> dict:
 
     return {"cublas": lambda x, w, nm: F.linear(x, w),
             "skinny": lambda x, w, nm: triton_linear.skinny_linear(x, w, pdl=False),
-            "skinny_pdl": lambda x, w, nm: triton_linear.skinny_linear(x, w, pdl=True, prefetch=False),
-            "skinny_pdl_prefetch": lambda x, w, nm: triton_linear.skinny_linear(x, w, pdl=True, prefetch=True),
+            "skinny_pdl": lambda x, w, nm: triton_linear.skinny_linear(x, w, pdl=True),
             "splitk_pdl": splitk_pdl}
 
 

@@ -12,8 +12,6 @@ sampler's reductions ~7x slower was inductor's on-disk cache serving another mod
 runner's ``_compile_over_rows``.)
 
 ``RELAX_DECODE_PDL=0`` in the engine's environment turns it off (an A/B, or a driver that mishandles it).
-While they wait, the skinny GEMM and the attention kernel prefetch into L2 what no earlier kernel of the step
-writes (`relax.backends.embedded.triton_prefetch`); ``RELAX_DECODE_PREFETCH=0`` turns that off alone.
 """
 
 from __future__ import annotations
@@ -37,11 +35,6 @@ def pdl_available(device: torch.device) -> bool:
     except ImportError:
         return False
     return True
-
-
-def prefetch_available(device: torch.device) -> bool:
-    """PDL is on (`pdl_available`) and ``RELAX_DECODE_PREFETCH`` is not ``0``: the kernels prefetch while they wait."""
-    return pdl_available(device) and os.environ.get("RELAX_DECODE_PREFETCH", "1") != "0"
 
 
 def compile_options(device: torch.device, mode: str | None) -> dict:

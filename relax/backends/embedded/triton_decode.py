@@ -15,8 +15,7 @@ GRPO's n completions of one prompt keep its K/V once, and the programs of a grou
 bytes, mostly from L2). Each key/value row of a block picks its slot by position, so a block may
 straddle the prefix's end.
 
-On Hopper and newer it is launched with programmatic dependent launch (`relax.backends.embedded.pdl`), and
-prefetches the cache rows it will read into L2 while it waits (`relax.backends.embedded.triton_prefetch`).
+On Hopper and newer it is launched with programmatic dependent launch (`relax.backends.embedded.pdl`).
 
 Runs under ``TRITON_INTERPRET=1`` on CPU tensors too (without PDL), which is how CI tests it without a GPU.
 """
@@ -27,9 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from relax.backends.embedded.pdl import pdl_available, prefetch_available
+from relax.backends.embedded.pdl import pdl_available
 from relax.backends.embedded.sm_count import sm_count
-from relax.backends.embedded.triton_prefetch import prefetch_l2
 
 BLOCK_N = 64
 _MIN_GROUP_ROWS = 16  # tl.dot's smallest M
@@ -42,15 +40,10 @@ def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL,
                    stride_ob, stride_oh, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
                    scale, chunk,
                    HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                   SPLITS: tl.constexpr, HAS_PREFIX: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
-                   LINE: tl.constexpr):
+                   SPLITS: tl.constexpr, HAS_PREFIX: tl.constexpr, PDL: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
-    if PREFETCH:  # the cache rows this program will read, into L2 while the previous grid runs (hints: a stale
-        # position or prompt slot read here only moves what is prefetched; the loop below reads them again after the wait)
-        _prefetch_rows(KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, b, h, s, chunk, stride_kcb, stride_kch, stride_kct,
-                       stride_vcb, stride_vch, stride_vct, DIM, HAS_PREFIX, LINE)
     if PDL:  # relax.backends.embedded.pdl: wait for the previous grid before the first load, then let the next launch
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -114,22 +107,6 @@ def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL,
         tl.store(PO + b * stride_pob + heads[:, None] * stride_poh + s * stride_pos + d[None, :],
                  acc / safe[:, None], mask=gmask[:, None])
         tl.store(PL + b * stride_plb + heads * stride_plh + s, m + tl.log(safe), mask=gmask)
-
-
-@triton.jit
-def _prefetch_rows(KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, b, h, s, chunk, stride_kcb, stride_kch, stride_kct,
-                   stride_vcb, stride_vch, stride_vct, DIM: tl.constexpr, HAS_PREFIX: tl.constexpr, LINE: tl.constexpr):
-    """`prefetch_l2` of the K and V rows of split ``s`` of row ``b``, KV head ``h``: every 128-byte line."""
-    end = tl.minimum((s + 1) * chunk, tl.load(POS + b))
-    lines = tl.arange(0, (DIM + LINE - 1) // LINE) * LINE
-    for n0 in range(s * chunk, end, 128):
-        offs = tl.minimum(n0 + tl.arange(0, 128), end - 1)
-        if HAS_PREFIX:
-            row = tl.where(offs < tl.load(PREFIX_LENS + b), tl.load(PREFIX_ROWS + b), b).to(tl.int64)
-        else:
-            row = b
-        prefetch_l2(KC + row * stride_kcb + h * stride_kch + offs[:, None] * stride_kct + lines[None, :])
-        prefetch_l2(VC + row * stride_vcb + h * stride_vch + offs[:, None] * stride_vct + lines[None, :])
 
 
 @triton.jit
@@ -199,8 +176,7 @@ def decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tenso
         v_cache.stride(2), out.stride(0), out.stride(1), *part_strides, *lse_strides,
         scale, chunk,
         HEADS=heads, GROUP=group, BLOCK_G=max(_MIN_GROUP_ROWS, triton.next_power_of_2(group)), DIM=dim,
-        BLOCK_N=block_n, SPLITS=splits, HAS_PREFIX=has_prefix, PDL=pdl, PREFETCH=pdl and prefetch_available(qk.device),
-        LINE=128 // k_cache.element_size(), num_warps=num_warps, **launch)
+        BLOCK_N=block_n, SPLITS=splits, HAS_PREFIX=has_prefix, PDL=pdl, num_warps=num_warps, **launch)
     if splits > 1:
         _combine_kernel[(n, heads)](part, lse, out, *part_strides, *lse_strides, out.stride(0), out.stride(1),
                                     DIM=dim, SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), PDL=pdl, **launch)

@@ -16,9 +16,7 @@ The kernel: grid ``(N / BLOCK_N, ceil(M / BLOCK_M))``; each program owns ``BLOCK
 its ``BLOCK_N x K`` slice of the weight once and the matching rows of the small ``x`` (from L2), and
 accumulates in fp32 (as cuBLAS), then adds the bias and rounds once. With PDL it waits for the previous
 grid before its first load and lets the next grid launch right after (the next one waits for this grid's
-completion in turn, so no write is read early). Before it waits it asks L2 for its weight rows (which no
-kernel of the step writes; `relax.backends.embedded.triton_prefetch`), so its loads after the wait hit L2.
-Runs under ``TRITON_INTERPRET=1`` on CPU tensors without
+completion in turn, so no write is read early). Runs under ``TRITON_INTERPRET=1`` on CPU tensors without
 PDL, which is how CI checks it without a GPU.
 """
 
@@ -28,9 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from relax.backends.embedded.pdl import pdl_available, prefetch_available
+from relax.backends.embedded.pdl import pdl_available
 from relax.backends.embedded.sm_count import sm_count
-from relax.backends.embedded.triton_prefetch import prefetch_l2
 
 BLOCK_M = 64
 BLOCK_K = 128
@@ -39,17 +36,13 @@ MAX_ROWS = 64  # above this the GEMMs are not launch-bound and cuBLAS is used (t
 
 @triton.jit
 def _skinny_kernel(X, W, B, OUT, M, stride_xm, stride_wn, stride_om, K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-                   PREFETCH: tl.constexpr, LINE: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     m_in = rm[:, None] < M
-    if PREFETCH:  # this program's weight rows into L2 while the previous grid runs: one address per 128-byte line
-        for k0 in tl.static_range(0, K, BLOCK_K):  # (LINE elements)
-            prefetch_l2(W + rn[:, None] * stride_wn + (k0 + tl.arange(0, BLOCK_K // LINE) * LINE)[None, :])
     if PDL:  # the previous grid is complete (its writes visible) past this point; let the next one launch
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -84,21 +77,17 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                  pdl: bool | None = None, prefetch: bool | None = None, num_warps: int = 4,
-                  num_stages: int = 4) -> torch.Tensor:
+                  pdl: bool | None = None, num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
     """``x [M, K] @ weight[N, K].T (+ bias)``; the caller checks `supports` first. ``pdl`` defaults to
-    `pdl_available` on ``x``'s device, ``prefetch`` (the weights into L2 before the wait; PDL only) to
-    `prefetch_available`."""
+    `pdl_available` on ``x``'s device."""
     m, k = x.shape
     n = weight.shape[0]
     bn = block_n(n, sm_count(x.device))
     use_pdl = pdl_available(x.device) if pdl is None else pdl
-    use_prefetch = use_pdl and (prefetch_available(x.device) if prefetch is None else prefetch)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     launch = {"launch_pdl": True} if use_pdl else {}
     _skinny_kernel[(n // bn, triton.cdiv(m, BLOCK_M))](
         x, weight, bias if bias is not None else out, out, m, x.stride(0), weight.stride(0), out.stride(0),
-        K=k, HAS_BIAS=bias is not None, BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_K=BLOCK_K, PDL=use_pdl, PREFETCH=use_prefetch,
-        LINE=128 // weight.element_size(),
+        K=k, HAS_BIAS=bias is not None, BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_K=BLOCK_K, PDL=use_pdl,
         num_warps=num_warps, num_stages=num_stages, **launch)
     return out
