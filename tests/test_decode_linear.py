@@ -64,6 +64,63 @@ def test_skinny_kernel_matches_float64_in_the_interpreter() -> None:
         assert r["err"] < 2e-3 * max(1.0, r["scale"]), r  # fp32 accumulation, one fp16 rounding of the output
 
 
+_GLU_CHECK = textwrap.dedent("""
+    import json, sys, torch
+    sys.path.insert(0, sys.argv[1])
+    from relax.backends.embedded import triton_linear
+    results = []
+    gen = torch.Generator().manual_seed(3)
+    for m, i, k in [(1, 32, 128), (9, 48, 256), (64, 64, 128)]:  # (rows, I, K): gate/up weight [2I, K]
+        x = (torch.randn(m, k, generator=gen) / 2).half()
+        w = (torch.randn(2 * i, k, generator=gen) / k ** 0.5).half()
+        gate, up = (x.double() @ w.double().T).chunk(2, -1)
+        expected = torch.nn.functional.silu(gate) * up
+        out = triton_linear.skinny_linear(x, w, glu=True, pdl=False)
+        results.append(dict(case=[m, i, k], shape=list(out.shape), supported=triton_linear.supports(x, w, glu=True),
+                            err=float((out.double() - expected).abs().max()), scale=float(expected.abs().max())))
+    try:
+        triton_linear.skinny_linear(x, w, torch.zeros(2 * i).half(), glu=True, pdl=False)
+        results.append("no error for a bias")
+    except ValueError as exc:
+        results.append(str(exc))
+    print("RESULT " + json.dumps(results))
+""")
+
+
+@needs_triton
+def test_gate_up_kernel_applies_silu_gate_times_up_like_float64_in_the_interpreter() -> None:
+    *results, refusal = run_interpreted(_GLU_CHECK)
+    assert "glu takes no bias" in refusal
+    for r in results:
+        m, i = r["case"][:2]
+        assert r["shape"] == [m, i] and r["supported"], r
+        # fp32 sums, the gate and up rounded to fp16 as the two projections are, the product rounded once
+        assert r["err"] < 3e-3 * max(1.0, r["scale"]), r
+
+
+def test_glu_op_on_cpu_is_the_two_projections_then_silu_gate_times_up() -> None:
+    from relax.backends.embedded.decode_linear import glu_rows
+
+    gen = torch.Generator().manual_seed(4)
+    x, w = torch.randn(5, 32, generator=gen), torch.randn(96, 32, generator=gen)
+    gate, up = F.linear(x, w).chunk(2, -1)
+    assert torch.equal(decode_linear(x, w, None, True), F.silu(gate) * up)
+    compiled = torch.compile(lambda x: decode_linear(x, w, None, True) * 2.0, dynamic=True)
+    torch.testing.assert_close(compiled(x), F.silu(gate) * up * 2.0)  # the fake kernel's shape: [5, 48]
+    assert glu_rows(w) == 0  # CPU: the lean runner keeps silu(gate) * up outside the op
+
+
+@needs_triton
+def test_supports_glu_needs_halves_the_column_tile_divides() -> None:
+    from relax.backends.embedded.triton_linear import supports
+
+    h = torch.float16
+    x = torch.zeros(64, 256, dtype=h)
+    assert supports(x, torch.zeros(96, 256, dtype=h), glu=True)  # halves of 48
+    assert not supports(x, torch.zeros(48, 256, dtype=h), glu=True)  # halves of 24: no tile divides them
+    assert not supports(x, torch.zeros(33, 256, dtype=h), glu=True)
+
+
 @needs_triton
 @settings(max_examples=60, deadline=None)
 @given(n=st.sampled_from([16, 48, 96, 1024, 2048, 6144, 32000, 40]), sms=st.integers(1, 200))

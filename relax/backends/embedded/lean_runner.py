@@ -40,7 +40,8 @@ separate q/k/v and gate/up GEMMs, sampling outside the graph. This runner keeps 
 * **PDL on Hopper** (`relax.backends.embedded.pdl`): the decode step's projections are `decode_linear` (on CUDA
   for <= 64 rows a Triton skinny GEMM, `triton_linear`), launched like the attention kernel with programmatic
   dependent launch, and the compiled forward uses inductor's PDL codegen, so each kernel's launch overlaps the
-  tail of the one before (``RELAX_DECODE_PDL=0`` turns it off);
+  tail of the one before (``RELAX_DECODE_PDL=0`` turns it off); the MLP's gate/up kernel applies
+  ``silu(gate) * up`` in its epilogue (``glu``: eight kernels a layer instead of nine; ``RELAX_DECODE_GLU=0``);
 * **torch.compile** (``compile=True``): the decode forward and the sampler (`draw`: the counter
   hash's ~30 integer ops, softmax, the top-p/top-k sort, the blocked CDF scan) are compiled with the rows
   dynamic (`_compile_over_rows`) before capture, so their small kernels fuse into a few; a graph alone removes launch overhead
@@ -68,7 +69,7 @@ from relax.backends.embedded.decode_attention import (
     reads_only_rows,
     reference_decode_attention,
 )
-from relax.backends.embedded.decode_linear import decode_linear
+from relax.backends.embedded.decode_linear import decode_linear, glu_rows
 from relax.backends.embedded.pdl import compile_options
 from relax.backends.embedded.rows import RowState, store_decoded
 from relax.backends.embedded.runners import compact_slots
@@ -164,6 +165,7 @@ class LeanRunner:
         self._pool: Any = None
         self._graph_addresses: tuple[int, ...] | None = None  # (weights, each K and V) the graphs were captured over
         self._one_view = False  # `_prepare`: one graph view for all lengths (the Triton attention kernel)
+        self._glu_rows = 0  # `_fuse`: the most rows whose gate/up kernel applies silu(gate) * up itself (`glu_rows`)
         # shared prompts (module docstring): the row whose slot holds row i's prompt (i itself: its own) and how many
         # positions row i reads there; device buffers for the decode graphs, host mirrors for the bookkeeping
         self._prefix_rows = torch.arange(slots, device=device)
@@ -269,6 +271,7 @@ class LeanRunner:
         self._arena = None  # the old buffer (if any) goes as the parameters move into the new one
         self._arena = WeightArena(groups, self.device)
         self._fused_views()
+        self._glu_rows = glu_rows(self._gate_up[0])
 
     def _fused_views(self) -> None:
         """The per-layer fused matrices, as views of the arena (its group order is `_fuse`'s)."""
@@ -296,12 +299,19 @@ class LeanRunner:
             qk = _rms(qk, norm_w, self.eps)
         return _rotate(qk, cos, sin), v
 
-    def _attention_out_and_mlp(self, i: int, x: torch.Tensor, attn: torch.Tensor, linear=F.linear) -> torch.Tensor:
+    def _attention_out_and_mlp(self, i: int, x: torch.Tensor, attn: torch.Tensor, linear=F.linear,
+                               glu: bool = False) -> torch.Tensor:
+        """``glu``: ``linear`` is `decode_linear`, whose gate/up kernel applies ``silu(gate) * up`` itself."""
         layer = self.layers[i]
         o, down = layer.self_attn.o_proj, layer.mlp.down_proj
         x = x + linear(attn, o.weight, o.bias)
-        gate, up = linear(_rms(x, layer.post_attention_layernorm.weight, self.eps), self._gate_up[i]).chunk(2, -1)
-        return x + linear(F.silu(gate) * up, down.weight, down.bias)
+        normed = _rms(x, layer.post_attention_layernorm.weight, self.eps)
+        if glu:
+            act = linear(normed, self._gate_up[i], None, True)
+        else:
+            gate, up = linear(normed, self._gate_up[i]).chunk(2, -1)
+            act = F.silu(gate) * up
+        return x + linear(act, down.weight, down.bias)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(_rms(x, self.base.norm.weight, self.eps))
@@ -396,10 +406,13 @@ class LeanRunner:
         x = self.base.embed_tokens(tokens)
         attend = self._attention_op(positions, view)
         linear = decode_linear if self.device.type == "cuda" else F.linear  # the op's dispatch costs on CPU
+        # gate/up with silu(gate) * up in its kernel where that kernel takes the batch (a guard under torch.compile:
+        # one compile on each side), else the two ops outside, where torch.compile fuses them
+        glu = 0 < n <= self._glu_rows
         for i in range(len(self.layers)):
             qk, v = self._attention_in(i, x, cos, sin, linear)  # [n, H + KV, D], [n, KV, D]
             o = attend(qk, v, self.k[i], self.v[i], positions, self.layers[i].self_attn.scaling, view, *shared)
-            x = self._attention_out_and_mlp(i, x, o.reshape(n, self.heads * self.head_dim), linear)
+            x = self._attention_out_and_mlp(i, x, o.reshape(n, self.heads * self.head_dim), linear, glu)
         return self._logits(x)
 
     def _shared_prefixes(self, n: int) -> tuple[torch.Tensor, torch.Tensor] | tuple[()]:

@@ -36,7 +36,8 @@ MAX_ROWS = 64  # above this the GEMMs are not launch-bound and cuBLAS is used (t
 
 @triton.jit
 def _skinny_kernel(X, W, B, OUT, M, stride_xm, stride_wn, stride_om, K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                   GLU: tl.constexpr, N_OUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -47,13 +48,21 @@ def _skinny_kernel(X, W, B, OUT, M, stride_xm, stride_wn, stride_om, K: tl.const
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         x = tl.load(X + rm[:, None] * stride_xm + (k0 + rk)[None, :], mask=m_in, other=0.0)
         w = tl.load(W + rn[:, None] * stride_wn + (k0 + rk)[None, :])
         acc += tl.dot(x, tl.trans(w))
+        if GLU:  # the same columns of the up half of the weight (rows N_OUT + rn)
+            w_up = tl.load(W + (N_OUT + rn)[:, None] * stride_wn + (k0 + rk)[None, :])
+            up += tl.dot(x, tl.trans(w_up))
     if HAS_BIAS:
         acc += tl.load(B + rn)[None, :].to(tl.float32)
-    tl.store(OUT + rm[:, None] * stride_om + rn[None, :], acc.to(OUT.dtype.element_ty), mask=m_in)
+    out = acc.to(OUT.dtype.element_ty)
+    if GLU:  # silu(gate) * up of the two projections as the model dtype rounds them, in fp32, rounded once
+        gate = out.to(tl.float32)
+        out = (gate * tl.sigmoid(gate) * up.to(OUT.dtype.element_ty).to(tl.float32)).to(OUT.dtype.element_ty)
+    tl.store(OUT + rm[:, None] * stride_om + rn[None, :], out, mask=m_in)
 
 
 def block_n(n: int, sms: int) -> int | None:
@@ -67,27 +76,31 @@ def block_n(n: int, sms: int) -> int | None:
     return fitting[-1] if fitting else None
 
 
-def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def supports(x: torch.Tensor, weight: torch.Tensor, *, glu: bool = False) -> bool:
     """2-D half-precision ``x`` of at most `MAX_ROWS` rows, a row-major weight whose K is a multiple of `BLOCK_K`
-    and whose N some column tile divides."""
+    and whose N (with ``glu``: each half's) some column tile divides."""
+    n = weight.shape[0] // 2 if glu and weight.dim() == 2 else weight.shape[0]
     return (x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype in (torch.float16, torch.bfloat16)
             and weight.dtype == x.dtype and weight.dim() == 2 and weight.shape[1] == x.shape[1]
-            and x.shape[1] % BLOCK_K == 0 and weight.shape[0] % 16 == 0
+            and x.shape[1] % BLOCK_K == 0 and n % 16 == 0 and (not glu or weight.shape[0] % 2 == 0)
             and x.stride(1) == 1 and weight.stride(1) == 1)
 
 
-def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, glu: bool = False,
                   pdl: bool | None = None, num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
-    """``x [M, K] @ weight[N, K].T (+ bias)``; the caller checks `supports` first. ``pdl`` defaults to
-    `pdl_available` on ``x``'s device."""
+    """``x [M, K] @ weight[N, K].T (+ bias)``; with ``glu`` (the MLP's fused gate/up weight, ``[2I, K]``, no bias)
+    ``silu(gate) * up`` of its two halves, ``[M, I]``, as ``F.silu(gate) * up`` of the two projections rounds it.
+    The caller checks `supports` first. ``pdl`` defaults to `pdl_available` on ``x``'s device."""
     m, k = x.shape
-    n = weight.shape[0]
+    if glu and bias is not None:
+        raise ValueError("skinny_linear: glu takes no bias (the MLP's gate/up projections have none)")
+    n = weight.shape[0] // 2 if glu else weight.shape[0]
     bn = block_n(n, sm_count(x.device))
     use_pdl = pdl_available(x.device) if pdl is None else pdl
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     launch = {"launch_pdl": True} if use_pdl else {}
     _skinny_kernel[(n // bn, triton.cdiv(m, BLOCK_M))](
         x, weight, bias if bias is not None else out, out, m, x.stride(0), weight.stride(0), out.stride(0),
-        K=k, HAS_BIAS=bias is not None, BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_K=BLOCK_K, PDL=use_pdl,
-        num_warps=num_warps, num_stages=num_stages, **launch)
+        K=k, HAS_BIAS=bias is not None, GLU=glu, N_OUT=n, BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_K=BLOCK_K,
+        PDL=use_pdl, num_warps=num_warps, num_stages=num_stages, **launch)
     return out
