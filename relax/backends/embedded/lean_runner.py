@@ -45,7 +45,9 @@ separate q/k/v and gate/up GEMMs, sampling outside the graph. This runner keeps 
 * **torch.compile** (``compile=True``): the decode forward and the sampler (`draw`: the counter
   hash's ~30 integer ops, softmax, the top-p/top-k sort, the blocked CDF scan) are compiled with the rows
   dynamic (`_compile_over_rows`) before capture, so their small kernels fuse into a few; a graph alone removes launch overhead
-  but not the kernel count. ``compile_mode`` is torch.compile's ``mode`` (ci/bench_engine.py's
+  but not the kernel count. On CUDA the prefill's per-layer dense parts (norms, projections, RoPE, MLP) are
+  compiled too (`_layer_in` / `_layer_out`: functions of the layer's tensors, one compile for every layer).
+  ``compile_mode`` is torch.compile's ``mode`` (ci/bench_engine.py's
   ``lean+graph+autotune`` row tries ``max-autotune-no-cudagraphs``: Triton GEMM templates tuned for
   the decode's M <= 64 projections against cuBLAS; the runner captures its own graphs).
 
@@ -153,6 +155,12 @@ class LeanRunner:
         self._forward_decode = (_compile_over_rows(self._decode_logits, **compile_options(device, compile_mode))
                                 if compile else self._decode_logits)
         self._draw = _compile_over_rows(draw, mode=compile_mode) if compile else draw
+        # the prefill's dense parts, each layer's norm / projections / RoPE / MLP around the cache writes and SDPA
+        # (eager: ~25 kernels a layer, most of bench-270m's 26 ms prefill of 64 x 128 tokens on the H100); compiled
+        # on CUDA with automatic dynamic shapes (the batch and the width turn symbolic on their second value)
+        prefill_compiled = compile and device.type == "cuda"
+        self._prefill_in = torch.compile(self._layer_in, mode=compile_mode) if prefill_compiled else self._layer_in
+        self._prefill_out = torch.compile(self._layer_out, mode=compile_mode) if prefill_compiled else self._layer_out
         self._store = _compile_over_rows(store_decoded, mode=compile_mode) if compile else store_decoded
         self.k: list[torch.Tensor] = []  # one [slots, kv_heads, max_len, head_dim] tensor per layer
         self.v: list[torch.Tensor] = []
@@ -288,30 +296,46 @@ class LeanRunner:
     def _attention_in(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, linear=F.linear):
         """Norm, fused QKV, q/k-norm and RoPE over q and k together: ``qk [..., H + KV, D]``, ``v [..., KV, D]``.
         ``linear`` is the projection (``F.linear``; the decode step's `decode_linear` on CUDA)."""
+        return self._layer_in(x, cos, sin, *self._in_weights(i), linear=linear)
+
+    def _in_weights(self, i: int) -> tuple[torch.Tensor | None, ...]:
+        """Layer ``i``'s input norm, fused QKV weight and bias, q-norm and k-norm weights (None where absent)."""
         layer = self.layers[i]
         a = layer.self_attn
         w, b = self._qkv[i]
-        qkv = linear(_rms(x, layer.input_layernorm.weight, self.eps), w, b)
+        q_norm, k_norm = (a.q_norm.weight, a.k_norm.weight) if hasattr(a, "q_norm") else (None, None)
+        return layer.input_layernorm.weight, w, b, q_norm, k_norm
+
+    def _layer_in(self, x, cos, sin, norm_w, w, b, q_norm, k_norm, linear=F.linear):
+        """`_attention_in` over the weights given (a function of tensors only: one compile serves every layer)."""
+        qkv = linear(_rms(x, norm_w, self.eps), w, b)
         qkv = qkv.view(*x.shape[:-1], self.heads + 2 * self.kv_heads, self.head_dim)
         qk, v = qkv[..., :self.heads + self.kv_heads, :], qkv[..., self.heads + self.kv_heads:, :]
-        if hasattr(a, "q_norm"):
-            norm_w = torch.cat([a.q_norm.weight.expand(self.heads, -1), a.k_norm.weight.expand(self.kv_heads, -1)])
-            qk = _rms(qk, norm_w, self.eps)
+        if q_norm is not None:
+            qk = _rms(qk, torch.cat([q_norm.expand(self.heads, -1), k_norm.expand(self.kv_heads, -1)]), self.eps)
         return _rotate(qk, cos, sin), v
 
     def _attention_out_and_mlp(self, i: int, x: torch.Tensor, attn: torch.Tensor, linear=F.linear,
                                glu: bool = False) -> torch.Tensor:
         """``glu``: ``linear`` is `decode_linear`, whose gate/up kernel applies ``silu(gate) * up`` itself."""
+        return self._layer_out(x, attn, *self._out_weights(i), linear=linear, glu=glu)
+
+    def _out_weights(self, i: int) -> tuple[torch.Tensor | None, ...]:
+        """Layer ``i``'s o projection (weight, bias), post-attention norm, fused gate/up, down (weight, bias)."""
         layer = self.layers[i]
         o, down = layer.self_attn.o_proj, layer.mlp.down_proj
-        x = x + linear(attn, o.weight, o.bias)
-        normed = _rms(x, layer.post_attention_layernorm.weight, self.eps)
+        return o.weight, o.bias, layer.post_attention_layernorm.weight, self._gate_up[i], down.weight, down.bias
+
+    def _layer_out(self, x, attn, o_w, o_b, norm_w, gate_up, down_w, down_b, linear=F.linear, glu: bool = False):
+        """`_attention_out_and_mlp` over the weights given (tensors only, as `_layer_in`)."""
+        x = x + linear(attn, o_w, o_b)
+        normed = _rms(x, norm_w, self.eps)
         if glu:
-            act = linear(normed, self._gate_up[i], None, True)
+            act = linear(normed, gate_up, None, True)
         else:
-            gate, up = linear(normed, self._gate_up[i]).chunk(2, -1)
+            gate, up = linear(normed, gate_up).chunk(2, -1)
             act = F.silu(gate) * up
-        return x + linear(act, down.weight, down.bias)
+        return x + linear(act, down_w, down_b)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(_rms(x, self.base.norm.weight, self.eps))
@@ -379,13 +403,13 @@ class LeanRunner:
                  else torch.tensor(slots, device=self.device))
         x = self.base.embed_tokens(ids)
         for i in range(len(self.layers)):
-            qk, v = self._attention_in(i, x, cos, sin)  # [n, T, heads + kv_heads, D], [n, T, kv_heads, D]
+            qk, v = self._prefill_in(x, cos, sin, *self._in_weights(i))  # [n, T, H + KV, D], [n, T, KV, D]
             q, k, v = qk[:, :, :self.heads].transpose(1, 2), qk[:, :, self.heads:].transpose(1, 2), v.transpose(1, 2)
             self.k[i][slots, :, :width] = k
             self.v[i][slots, :, :width] = v
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.layers[i].self_attn.scaling,
                                                enable_gqa=self.heads != self.kv_heads)
-            x = self._attention_out_and_mlp(i, x, o.transpose(1, 2).reshape(n, width, -1))
+            x = self._prefill_out(x, o.transpose(1, 2).reshape(n, width, -1), *self._out_weights(i))
         last = x[torch.arange(n, device=self.device), lengths - 1]
         return self._logits(last)
 
