@@ -5,8 +5,9 @@ of `relax.backends.embedded.triton_linear`, launched with programmatic dependent
 overlaps the tail of the kernel before it; there, each projection is bound by a kernel's fixed cost, not by
 its tiles. With ``glu`` it is the MLP's gate/up projection with ``silu(gate) * up`` in the kernel's
 epilogue (one kernel fewer per layer, rounded as the two ops round it). Everywhere else (CPU, larger
-batches, shapes the kernel does not tile, no Triton) it is ``F.linear`` (`reference`). A ``torch.library`` custom op, so ``torch.compile`` keeps it as one opaque call and a CUDA
-graph captures its kernel like any other; the prefill keeps ``F.linear``.
+batches, shapes the kernel does not tile, no Triton) it is ``F.linear`` (`reference`). A ``torch.library``
+custom op, so ``torch.compile`` keeps it as one opaque call and a CUDA graph captures its kernel like any
+other; the prefill keeps ``F.linear``.
 """
 
 from __future__ import annotations
@@ -19,13 +20,6 @@ import torch.nn.functional as F
 from relax.utils.modules import optional_module
 
 
-@torch.library.custom_op("relax::decode_linear", mutates_args=())
-def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  glu: bool = False) -> torch.Tensor:
-    """See the module docstring; this is the CPU (and fallback) implementation."""
-    return reference(x, weight, bias, glu)
-
-
 def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, glu: bool = False) -> torch.Tensor:
     """``F.linear``; with ``glu`` (a fused gate/up weight, ``[2I, K]``) then ``silu(gate) * up`` of its halves."""
     out = F.linear(x, weight, bias)
@@ -33,6 +27,13 @@ def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
         return out
     gate, up = out.chunk(2, -1)
     return F.silu(gate) * up
+
+
+@torch.library.custom_op("relax::decode_linear", mutates_args=())
+def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  glu: bool = False) -> torch.Tensor:
+    """See the module docstring; this is the CPU (and fallback) implementation."""
+    return reference(x, weight, bias, glu)
 
 
 @decode_linear.register_fake

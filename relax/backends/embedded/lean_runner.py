@@ -155,13 +155,13 @@ class LeanRunner:
         self._forward_decode = (_compile_over_rows(self._decode_logits, **compile_options(device, compile_mode))
                                 if compile else self._decode_logits)
         self._draw = _compile_over_rows(draw, mode=compile_mode) if compile else draw
+        self._store = _compile_over_rows(store_decoded, mode=compile_mode) if compile else store_decoded
         # the prefill's dense parts, each layer's norm / projections / RoPE / MLP around the cache writes and SDPA
         # (eager: ~25 kernels a layer, most of bench-270m's 26 ms prefill of 64 x 128 tokens on the H100); compiled
         # on CUDA with automatic dynamic shapes (the batch and the width turn symbolic on their second value)
         prefill_compiled = compile and device.type == "cuda"
         self._prefill_in = torch.compile(self._layer_in, mode=compile_mode) if prefill_compiled else self._layer_in
         self._prefill_out = torch.compile(self._layer_out, mode=compile_mode) if prefill_compiled else self._layer_out
-        self._store = _compile_over_rows(store_decoded, mode=compile_mode) if compile else store_decoded
         self.k: list[torch.Tensor] = []  # one [slots, kv_heads, max_len, head_dim] tensor per layer
         self.v: list[torch.Tensor] = []
         self.rows_in_cache = 0
