@@ -167,6 +167,28 @@ def test_lean_runner_keeps_its_weight_layout_across_generates_and_redoes_it_only
     assert lean.runner._arena is not arena and lean.runner._fused_ok()
 
 
+def test_compiled_prefill_layers_round_as_the_eager_ones() -> None:
+    """The prefill's compiled dense parts (on CUDA; compiled here on the CPU) equal the eager ones bit for bit in
+    bf16: inductor rounds each intermediate as the eager ops do (`_compile_as_eager`), so compiling the prefill
+    moves no log-prob. Without that option the same compile differs here (checked when this test was written)."""
+    from relax.backends.embedded.lean_runner import LeanRunner, _compile_as_eager
+
+    model = _qwen3().bfloat16()
+    runner = LeanRunner(model, torch.device("cpu"), slots=4, max_len=64)
+    runner._prepare()
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 17, 32, generator=gen).bfloat16()
+    attn = torch.randn(3, 17, runner.heads * runner.head_dim, generator=gen).bfloat16()
+    cos, sin = (t[:17].unsqueeze(1) for t in runner._rope)
+    torch._dynamo.reset()
+    qk, v = _compile_as_eager(runner._layer_in, None)(x, cos, sin, *runner._in_weights(0))
+    eager_qk, eager_v = runner._layer_in(x, cos, sin, *runner._in_weights(0))
+    assert torch.equal(qk, eager_qk) and torch.equal(v, eager_v)
+    out = _compile_as_eager(runner._layer_out, None)(x, attn, *runner._out_weights(1))
+    assert torch.equal(out, runner._layer_out(x, attn, *runner._out_weights(1)))
+    torch._dynamo.reset()
+
+
 def test_lean_runner_rejects_unsupported_models_with_the_reason() -> None:
     from relax.backends.embedded.lean_runner import LeanRunner
 

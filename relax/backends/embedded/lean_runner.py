@@ -41,7 +41,8 @@ separate q/k/v and gate/up GEMMs, sampling outside the graph. This runner keeps 
   for <= 64 rows a Triton skinny GEMM, `triton_linear`), launched like the attention kernel with programmatic
   dependent launch, and the compiled forward uses inductor's PDL codegen, so each kernel's launch overlaps the
   tail of the one before (``RELAX_DECODE_PDL=0`` turns it off); the MLP's gate/up kernel applies
-  ``silu(gate) * up`` in its epilogue (``glu``: eight kernels a layer instead of nine; ``RELAX_DECODE_GLU=0``);
+  ``silu(gate) * up`` in its epilogue when the decode is compiled (``glu``: eight kernels a layer instead of
+  nine, rounded as the compiled ops round; ``RELAX_DECODE_GLU=0``);
 * **torch.compile** (``compile=True``): the decode forward and the sampler (`draw`: the counter
   hash's ~30 integer ops, softmax, the top-p/top-k sort, the blocked CDF scan) are compiled with the rows
   dynamic (`_compile_over_rows`) before capture, so their small kernels fuse into a few; a graph alone removes launch overhead
@@ -160,8 +161,8 @@ class LeanRunner:
         # (eager: ~25 kernels a layer, most of bench-270m's 26 ms prefill of 64 x 128 tokens on the H100); compiled
         # on CUDA with automatic dynamic shapes (the batch and the width turn symbolic on their second value)
         prefill_compiled = compile and device.type == "cuda"
-        self._prefill_in = torch.compile(self._layer_in, mode=compile_mode) if prefill_compiled else self._layer_in
-        self._prefill_out = torch.compile(self._layer_out, mode=compile_mode) if prefill_compiled else self._layer_out
+        self._prefill_in = _compile_as_eager(self._layer_in, compile_mode) if prefill_compiled else self._layer_in
+        self._prefill_out = _compile_as_eager(self._layer_out, compile_mode) if prefill_compiled else self._layer_out
         self.k: list[torch.Tensor] = []  # one [slots, kv_heads, max_len, head_dim] tensor per layer
         self.v: list[torch.Tensor] = []
         self.rows_in_cache = 0
@@ -174,6 +175,7 @@ class LeanRunner:
         self._graph_addresses: tuple[int, ...] | None = None  # (weights, each K and V) the graphs were captured over
         self._one_view = False  # `_prepare`: one graph view for all lengths (the Triton attention kernel)
         self._glu_rows = 0  # `_fuse`: the most rows whose gate/up kernel applies silu(gate) * up itself (`glu_rows`)
+        self._compiled = compile
         # shared prompts (module docstring): the row whose slot holds row i's prompt (i itself: its own) and how many
         # positions row i reads there; device buffers for the decode graphs, host mirrors for the bookkeeping
         self._prefix_rows = torch.arange(slots, device=device)
@@ -279,7 +281,9 @@ class LeanRunner:
         self._arena = None  # the old buffer (if any) goes as the parameters move into the new one
         self._arena = WeightArena(groups, self.device)
         self._fused_views()
-        self._glu_rows = glu_rows(self._gate_up[0])
+        # the epilogue rounds silu(gate) * up once, as the compiled ops do; uncompiled, the two eager ops round twice
+        # (as HF does), and a GLU there raised the eager runners' log-prob mismatch (9.18e-3 -> 9.34e-3, H100)
+        self._glu_rows = glu_rows(self._gate_up[0]) if self._compiled else 0
 
     def _fused_views(self) -> None:
         """The per-layer fused matrices, as views of the arena (its group order is `_fuse`'s)."""
@@ -532,6 +536,17 @@ def _compile_over_rows(fn, **options):
         return compiled(*args)
 
     return call
+
+
+def _compile_as_eager(fn, mode: str | None):
+    """``torch.compile(fn)`` whose fused kernels round every intermediate to its dtype as the eager ops do
+    (inductor's ``emulate_precision_casts``), for the prefill: the prompt's K/V and first token are then the
+    eager prefill's, bit for bit where the GEMMs are (tests/test_engine_sampling.py, on CPU). Compiled without
+    it (commit 2c4940a), the H100's log-prob mismatch at batch 64 rose from 9.06e-3 to 9.19e-3 (a fresh
+    process) and to 9.31e-3 in the in-process order runs, past the 9.3e-3 the engine must stay under."""
+    if mode is not None:  # torch.compile takes a mode or options, not both
+        return torch.compile(fn, mode=mode)
+    return torch.compile(fn, options={"emulate_precision_casts": True})
 
 
 def _unique_params(model: torch.nn.Module) -> list[torch.nn.Parameter]:
