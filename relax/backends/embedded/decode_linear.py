@@ -56,8 +56,7 @@ def glu_rows(weight: torch.Tensor) -> int:
     if weight.device.type != "cuda" or os.environ.get("RELAX_DECODE_GLU", "1") == "0":
         return 0
     kernel = _triton_linear()
-    probe = weight.new_empty((1, weight.shape[-1]))
-    if kernel is None or not kernel.supports(probe, weight, glu=True):
+    if kernel is None or weight.dtype not in (torch.float16, torch.bfloat16) or not kernel.tiles(weight, glu=True):
         return 0
     return kernel.MAX_ROWS
 

@@ -77,13 +77,18 @@ def block_n(n: int, sms: int) -> int | None:
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, *, glu: bool = False) -> bool:
-    """2-D half-precision ``x`` of at most `MAX_ROWS` rows, a row-major weight whose K is a multiple of `BLOCK_K`
-    and whose N (with ``glu``: each half's) some column tile divides."""
-    n = weight.shape[0] // 2 if glu and weight.dim() == 2 else weight.shape[0]
+    """2-D half-precision ``x`` of at most `MAX_ROWS` rows and a weight `tiles` takes, of ``x``'s K and dtype."""
     return (x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype in (torch.float16, torch.bfloat16)
-            and weight.dtype == x.dtype and weight.dim() == 2 and weight.shape[1] == x.shape[1]
-            and x.shape[1] % BLOCK_K == 0 and n % 16 == 0 and (not glu or weight.shape[0] % 2 == 0)
-            and x.stride(1) == 1 and weight.stride(1) == 1)
+            and weight.dtype == x.dtype and tiles(weight, glu=glu) and weight.shape[1] == x.shape[1]
+            and x.stride(1) == 1)
+
+
+def tiles(weight: torch.Tensor, *, glu: bool = False) -> bool:
+    """A row-major 2-D weight whose K is a multiple of `BLOCK_K` and whose N (with ``glu``: each of its two halves)
+    some column tile divides."""
+    if weight.dim() != 2 or weight.stride(1) != 1 or weight.shape[1] % BLOCK_K or (glu and weight.shape[0] % 2):
+        return False
+    return (weight.shape[0] // 2 if glu else weight.shape[0]) % 16 == 0
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, glu: bool = False,
