@@ -9,14 +9,12 @@ its weight in the 50 MB L2), captured as one CUDA graph and replayed; reported a
 (best and median of 5 timings of 50 replays) and the speed-up over cuBLAS in the same run. Variants:
 
 * ``cublas``: ``F.linear``;
-* ``skinny``: `relax.backends.embedded.triton_linear.skinny_linear` launched plainly (its `plan`: split-K where
-  it applies);
+* ``skinny``: `relax.backends.embedded.triton_linear.skinny_linear` launched plainly;
 * ``skinny_pdl``: the same kernel launched with programmatic dependent launch (what the lean runner runs on
   Hopper): each kernel starts during its predecessor and waits in ``gdc_wait``;
-* ``skinny_pdl_one_split``: the kernel without split-K (`triton_linear.block_n`'s column tile, the whole K range
-  a program: what the lean runner ran until 2026-11-26);
-* ``skinny_pdl_half_splits`` / ``skinny_pdl_twice_splits``: `triton_linear.plan`'s split-K with half / twice its
-  K splits (where K divides), to check the plan's choice.
+* ``splitk_pdl``: a split-K variant kept here for the record (wider column tiles, the K range split across
+  programs, fp32 partials summed by a second PDL kernel), so each program re-reads less of the activation
+  from L2; its per-projection configs are in `SPLITK_CONFIGS`.
 
 Outputs are compared with cuBLAS's (relative max difference: bf16 rounding of a different sum order).
 """
@@ -32,39 +30,73 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ci.provenance import provenance  # noqa: E402
 
 SHAPES = {"qkv": (2048, 1024), "o": (1024, 1024), "gate_up": (6144, 1024), "down": (1024, 3072)}
+# per projection: column tile, K splits, K block, warps, pipeline stages
+SPLITK_CONFIGS = {"qkv": (64, 2, 128, 4, 4), "o": (32, 4, 128, 4, 2), "gate_up": (64, 1, 128, 4, 4),
+                  "down": (64, 4, 128, 4, 4)}
 REPLAYS, TIMINGS = 50, 5
+
+
+def _splitk_kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def splitk(X, W, P, M, N, stride_xm, stride_wn, K_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        pid_n = tl.program_id(0)
+        s = tl.program_id(1)
+        rm = tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        m_in = rm[:, None] < M
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for k0 in range(s * K_SPLIT, (s + 1) * K_SPLIT, BLOCK_K):
+            x = tl.load(X + rm[:, None] * stride_xm + (k0 + rk)[None, :], mask=m_in, other=0.0)
+            w = tl.load(W + rn[:, None] * stride_wn + (k0 + rk)[None, :])
+            acc += tl.dot(x, tl.trans(w))
+        tl.store(P + s * M * N + rm[:, None] * N + rn[None, :], acc, mask=m_in)
+
+    @triton.jit
+    def sum_cast(P, OUT, TOTAL, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < TOTAL
+        acc = tl.zeros((BLOCK,), tl.float32)
+        for s in tl.static_range(SPLITS):
+            acc += tl.load(P + s * TOTAL + offs, mask=mask, other=0.0)
+        tl.store(OUT + offs, acc.to(OUT.dtype.element_ty), mask=mask)
+
+    return splitk, sum_cast
 
 
 def variants(rows: int) -> dict:
     """name -> projection function ``(x, weight, name) -> out``."""
     import torch
     import torch.nn.functional as F
+    import triton
 
     from relax.backends.embedded import triton_linear
-    from relax.backends.embedded.sm_count import sm_count
 
-    sms = sm_count(torch.device("cuda"))
+    splitk, sum_cast = _splitk_kernels()
+    parts = {nm: torch.empty(4, rows, n, device="cuda") for nm, (n, _) in SHAPES.items()}
+    outs = {nm: torch.empty(rows, n, device="cuda", dtype=torch.bfloat16) for nm, (n, _) in SHAPES.items()}
 
-    def planned(scale: float = 1.0):
-        """`triton_linear.plan`'s tile with its K splits scaled (where K still divides)."""
-        def tile(x, w):
-            bn, splits = triton_linear.plan(x.shape[0], w.shape[0], w.shape[1], sms)
-            scaled = max(1, int(splits * scale))
-            return (bn, scaled) if (w.shape[1] // triton_linear.BLOCK_K) % scaled == 0 else (bn, splits)
-        return tile
-
-    def skinny(tile, pdl: bool):
-        return lambda x, w, nm: triton_linear.skinny_linear(x, w, pdl=pdl, tile=tile(x, w))
-
-    def one_split(x, w):
-        return triton_linear.block_n(w.shape[0], sms), 1
+    def splitk_pdl(x, w, nm):
+        bn, splits, bk, warps, stages = SPLITK_CONFIGS[nm]
+        m, k = x.shape
+        n = w.shape[0]
+        splitk[(n // bn, splits)](x, w, parts[nm], m, n, x.stride(0), w.stride(0), K_SPLIT=k // splits, BLOCK_M=64,
+                                  BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages, launch_pdl=True)
+        sum_cast[(triton.cdiv(m * n, 1024),)](parts[nm], outs[nm], m * n, SPLITS=splits, BLOCK=1024, launch_pdl=True)
+        return outs[nm]
 
     return {"cublas": lambda x, w, nm: F.linear(x, w),
-            "skinny": skinny(planned(), False),
-            "skinny_pdl": skinny(planned(), True),
-            "skinny_pdl_one_split": skinny(one_split, True),
-            "skinny_pdl_half_splits": skinny(planned(0.5), True),
-            "skinny_pdl_twice_splits": skinny(planned(2.0), True)}
+            "skinny": lambda x, w, nm: triton_linear.skinny_linear(x, w, pdl=False),
+            "skinny_pdl": lambda x, w, nm: triton_linear.skinny_linear(x, w, pdl=True),
+            "splitk_pdl": splitk_pdl}
 
 
 def time_chain(linear, layers: list[dict], x0) -> tuple[float, float, object]:
@@ -132,7 +164,7 @@ def main() -> None:
         rows.append(row)
     for row in rows:
         row["speedup_vs_cublas"] = rows[0]["us_per_layer_best"] / row["us_per_layer_best"]
-        print(f"{row['variant']:24s} {row['us_per_layer_best']:6.2f} us per layer (median {row['us_per_layer_median']:6.2f}), "
+        print(f"{row['variant']:11s} {row['us_per_layer_best']:6.2f} us per layer (median {row['us_per_layer_median']:6.2f}), "
               f"{row['speedup_vs_cublas']:.2f}x cuBLAS, rel. diff {row['rel_diff_vs_cublas']:.1e}", flush=True)
     if ns.json:
         ns.json.parent.mkdir(parents=True, exist_ok=True)

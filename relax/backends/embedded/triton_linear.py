@@ -22,8 +22,6 @@ PDL, which is how CI checks it without a GPU.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -34,35 +32,15 @@ from relax.backends.embedded.sm_count import sm_count
 BLOCK_M = 64
 BLOCK_K = 128
 MAX_ROWS = 64  # above this the GEMMs are not launch-bound and cuBLAS is used (the caller's F.linear)
-SPLIT_BLOCK_N = 64  # the column tile of a split-K launch
-MAX_TILES = 1024  # column tiles a split-K launch may have (its counters)
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
 @triton.jit
-def _finish(acc, up, B, OUT, rm, rn, m_in, stride_om, HAS_BIAS: tl.constexpr, GLU: tl.constexpr):
-    """Bias, rounding to the output dtype, ``silu(gate) * up`` with ``GLU``, and the store of one output tile."""
-    if HAS_BIAS:
-        acc += tl.load(B + rn)[None, :].to(tl.float32)
-    out = acc.to(OUT.dtype.element_ty)
-    if GLU:  # silu(gate) * up of the two projections as the model dtype rounds them, in fp32, rounded once
-        gate = out.to(tl.float32)
-        out = (gate * tl.sigmoid(gate) * up.to(OUT.dtype.element_ty).to(tl.float32)).to(OUT.dtype.element_ty)
-    tl.store(OUT + rm[:, None] * stride_om + rn[None, :], out, mask=m_in)
-
-
-@triton.jit
-def _skinny_kernel(X, W, B, OUT, PART, COUNT, M, stride_xm, stride_wn, stride_om, K: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, GLU: tl.constexpr, N_OUT: tl.constexpr, SPLITS: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+def _skinny_kernel(X, W, B, OUT, M, stride_xm, stride_wn, stride_om, K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   GLU: tl.constexpr, N_OUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
-    pid_s = tl.program_id(1)  # the K split (SPLITS > 1, one row block) or the row block (SPLITS == 1)
-    if SPLITS == 1:
-        rm = pid_s * BLOCK_M + tl.arange(0, BLOCK_M)
-        k_lo = 0
-    else:
-        rm = tl.arange(0, BLOCK_M)
-        k_lo = pid_s * (K // SPLITS)
+    pid_m = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     m_in = rm[:, None] < M
@@ -71,36 +49,20 @@ def _skinny_kernel(X, W, B, OUT, PART, COUNT, M, stride_xm, stride_wn, stride_om
         tl.extra.cuda.gdc_launch_dependents()
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_lo, k_lo + K // SPLITS, BLOCK_K):
+    for k0 in range(0, K, BLOCK_K):
         x = tl.load(X + rm[:, None] * stride_xm + (k0 + rk)[None, :], mask=m_in, other=0.0)
         w = tl.load(W + rn[:, None] * stride_wn + (k0 + rk)[None, :])
         acc += tl.dot(x, tl.trans(w))
         if GLU:  # the same columns of the up half of the weight (rows N_OUT + rn)
             w_up = tl.load(W + (N_OUT + rn)[:, None] * stride_wn + (k0 + rk)[None, :])
             up += tl.dot(x, tl.trans(w_up))
-    if SPLITS == 1:
-        _finish(acc, up, B, OUT, rm, rn, m_in, stride_om, HAS_BIAS, GLU)
-    else:
-        # this split's fp32 partial tile into the workspace ([split, tile, BLOCK_M, BLOCK_N], the up half's after
-        # all the gate half's), then count it in; the program that counts last sums every split in split order
-        # (the same sum whichever program that is) and finishes the tile, and puts its counter back to 0 for the
-        # next launch (which waits for this grid's completion under PDL, and starts after it without)
-        tiles = tl.num_programs(0)
-        tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        tl.store(PART + (pid_s * tiles + pid_n) * BLOCK_M * BLOCK_N + tile, acc)
-        if GLU:
-            tl.store(PART + ((SPLITS + pid_s) * tiles + pid_n) * BLOCK_M * BLOCK_N + tile, up)
-        tl.debug_barrier()  # every thread's partial is stored before the count (release) publishes them
-        if tl.atomic_add(COUNT + pid_n, 1, sem="acq_rel") == SPLITS - 1:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in tl.static_range(SPLITS):
-                acc += tl.load(PART + (s * tiles + pid_n) * BLOCK_M * BLOCK_N + tile, cache_modifier=".cg")
-                if GLU:
-                    up += tl.load(PART + ((SPLITS + s) * tiles + pid_n) * BLOCK_M * BLOCK_N + tile,
-                                  cache_modifier=".cg")
-            tl.atomic_xchg(COUNT + pid_n, 0)
-            _finish(acc, up, B, OUT, rm, rn, m_in, stride_om, HAS_BIAS, GLU)
+    if HAS_BIAS:
+        acc += tl.load(B + rn)[None, :].to(tl.float32)
+    out = acc.to(OUT.dtype.element_ty)
+    if GLU:  # silu(gate) * up of the two projections as the model dtype rounds them, in fp32, rounded once
+        gate = out.to(tl.float32)
+        out = (gate * tl.sigmoid(gate) * up.to(OUT.dtype.element_ty).to(tl.float32)).to(OUT.dtype.element_ty)
+    tl.store(OUT + rm[:, None] * stride_om + rn[None, :], out, mask=m_in)
 
 
 def block_n(n: int, sms: int) -> int | None:
@@ -129,51 +91,21 @@ def tiles(weight: torch.Tensor, *, glu: bool = False) -> bool:
     return (weight.shape[0] // 2 if glu else weight.shape[0]) % 16 == 0
 
 
-def plan(m: int, n: int, k: int, sms: int) -> tuple[int, int]:
-    """(column tile, K splits) for ``m`` rows of an ``[n, k]`` projection (``n``: output columns, each half's with
-    ``glu``). Split-K where the rows fit one row block and 64-column tiles divide ``n``: 64 columns a program (the
-    activation it re-reads from L2 per weight byte is a quarter of a 16-column tile's) and the K range split in
-    the most powers of two that still leave every program an SM of its own; else one split of `block_n`'s tile."""
-    if m <= BLOCK_M and n % SPLIT_BLOCK_N == 0:
-        tiles, blocks, splits = n // SPLIT_BLOCK_N, k // BLOCK_K, 1
-        while blocks % (2 * splits) == 0 and tiles * 2 * splits <= min(sms, MAX_TILES):
-            splits *= 2
-        if splits > 1:
-            return SPLIT_BLOCK_N, splits
-    return block_n(n, sms), 1
-
-
-def _counters(device: torch.device) -> torch.Tensor:
-    """The split-K tile counters of ``device``: zeros that each launch counts up and its last programs put back."""
-    if device not in _COUNTERS:
-        _COUNTERS[device] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
-    return _COUNTERS[device]
-
-
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, glu: bool = False,
-                  pdl: bool | None = None, num_warps: int = 4, num_stages: int = 4,
-                  tile: tuple[int, int] | None = None) -> torch.Tensor:
+                  pdl: bool | None = None, num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
     """``x [M, K] @ weight[N, K].T (+ bias)``; with ``glu`` (the MLP's fused gate/up weight, ``[2I, K]``, no bias)
     ``silu(gate) * up`` of its two halves, ``[M, I]``, as ``F.silu(gate) * up`` of the two projections rounds it.
-    The caller checks `supports` first. ``pdl`` defaults to `pdl_available` on ``x``'s device; ``tile`` (column
-    tile, K splits) to `plan`'s (ci/bench_decode_linear.py tries others; ``RELAX_DECODE_SPLITK=0`` in the
-    environment: one split, `block_n`'s tile, an A/B)."""
+    The caller checks `supports` first. ``pdl`` defaults to `pdl_available` on ``x``'s device."""
     m, k = x.shape
     if glu and bias is not None:
         raise ValueError("skinny_linear: glu takes no bias (the MLP's gate/up projections have none)")
     n = weight.shape[0] // 2 if glu else weight.shape[0]
-    sms = sm_count(x.device)
-    bn, splits = tile or (plan(m, n, k, sms) if os.environ.get("RELAX_DECODE_SPLITK", "1") != "0" else (block_n(n, sms), 1))
+    bn = block_n(n, sm_count(x.device))
     use_pdl = pdl_available(x.device) if pdl is None else pdl
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     launch = {"launch_pdl": True} if use_pdl else {}
-    if splits > 1:
-        part = torch.empty((2 if glu else 1) * splits * n * BLOCK_M, dtype=torch.float32, device=x.device)
-        count = _counters(x.device)
-    else:
-        part = count = out  # unused by the one-split kernel
-    _skinny_kernel[(n // bn, splits if splits > 1 else triton.cdiv(m, BLOCK_M))](
-        x, weight, bias if bias is not None else out, out, part, count, m, x.stride(0), weight.stride(0),
-        out.stride(0), K=k, HAS_BIAS=bias is not None, GLU=glu, N_OUT=n, SPLITS=splits, BLOCK_M=BLOCK_M,
-        BLOCK_N=bn, BLOCK_K=BLOCK_K, PDL=use_pdl, num_warps=num_warps, num_stages=num_stages, **launch)
+    _skinny_kernel[(n // bn, triton.cdiv(m, BLOCK_M))](
+        x, weight, bias if bias is not None else out, out, m, x.stride(0), weight.stride(0), out.stride(0),
+        K=k, HAS_BIAS=bias is not None, GLU=glu, N_OUT=n, BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_K=BLOCK_K,
+        PDL=use_pdl, num_warps=num_warps, num_stages=num_stages, **launch)
     return out
