@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import subprocess
 import sys
 import time
@@ -62,7 +63,8 @@ class Row:
 
     runner: str
     batch: int
-    tokens_per_s: float | None = None
+    tokens_per_s: float | None = None  # engine rows: over the median of the timed runs' walls (``--repeats``)
+    walls_s: list[float] | None = None  # engine rows: every timed run's wall, in run order
     mismatch_mean: float | None = None
     mismatch_max: float | None = None
     held_gib: float | None = None
@@ -170,9 +172,10 @@ def measure(ns: argparse.Namespace, runner: str, batch: int) -> Row:
     engine.generate(engine_requests(prompts, ns.new, 20_000))
     reqs = engine_requests(prompts, ns.new, 0)
     holder: dict[str, Any] = {}
-    row.tokens_per_s = tokens / timed(lambda: holder.update(out=engine.generate(reqs)), ns.device)
+    row.walls_s = [timed(lambda: holder.update(out=engine.generate(reqs)), ns.device) for _ in range(ns.repeats)]
+    row.tokens_per_s = tokens / statistics.median(row.walls_s)
     row.mismatch_mean, row.mismatch_max = mismatch(model, reqs, holder["out"], ns.device)
-    if ns.profile:  # one more run, traced (ci/decode_profile.py); the timed run above was not
+    if ns.profile:  # one more run, traced (ci/decode_profile.py); the timed runs above were not
         try:
             row.profile = decode_profile.profile(lambda: engine.generate(reqs), ns.device, host_stalls.charge)
             # tracing slows the host (on the H100 at batch 256: 1.66 s traced vs 0.76 s timed), so the busy
@@ -206,7 +209,7 @@ def measure_in_subprocess(ns: argparse.Namespace, runner: str, batch: int) -> Ro
     """The same measurement in a fresh Python process: nothing that ran before can touch it."""
     argv = [sys.executable, str(Path(__file__).resolve()), "--worker", runner, "--worker-batch", str(batch),
             "--device", ns.device, "--model", ns.model, "--prompt", str(ns.prompt), "--new", str(ns.new),
-            "--runners", *ns.runners] + (["--profile"] if ns.profile else [])
+            "--runners", *ns.runners, "--repeats", str(ns.repeats)] + (["--profile"] if ns.profile else [])
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=ns.timeout)
     except subprocess.TimeoutExpired:
@@ -248,8 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="HBM bandwidth for the roofline (default: the device's spec, HBM_TBPS)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: the smoke path (fp32)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per measurement subprocess")
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="timed generates per engine row; its tok/s is over their median wall, the note gives the "
+                         "slowest and fastest (HF generate: one)")
     ap.add_argument("--profile", action="store_true",
-                    help="after each engine row's timed run, one more run under torch.profiler: GPU-busy share of "
+                    help="after each engine row's timed runs, one more run under torch.profiler: GPU-busy share of "
                          "the wall time and the heaviest kernels (ci/decode_profile.py), printed and in the JSON")
     ap.add_argument("--json", default=None, help="also write the rows, the roofline and the provenance here")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # internal: one measurement
@@ -260,8 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = build_parser()
     ns = ap.parse_args(argv)
-    if min(*ns.batches, ns.prompt, ns.new) < 1:
-        ap.error("--batches, --prompt and --new must be >= 1")
+    if min(*ns.batches, ns.prompt, ns.new, ns.repeats) < 1:
+        ap.error("--batches, --prompt, --new and --repeats must be >= 1")
     if ns.hbm_tbps is not None and ns.hbm_tbps <= 0:
         ap.error("--hbm-tbps must be > 0")
     graphs = [r for r in ns.runners if RUNNERS[r].get("cuda_graph")]
@@ -289,6 +295,14 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _spread(row: Row) -> str:
+    """The timed runs' range, ``median of N (slowest-fastest tok/s)``, for rows timed more than once."""
+    if not row.walls_s or len(row.walls_s) < 2:
+        return ""
+    tokens = row.tokens_per_s * statistics.median(row.walls_s)
+    return (f"median of {len(row.walls_s)} ({tokens / max(row.walls_s):,.0f}-{tokens / min(row.walls_s):,.0f})")
+
+
 def table(rows: list[Row], roofline: dict[int, float | None]) -> str:
     base = {r.batch: r.tokens_per_s for r in rows if r.runner == HF_GENERATE}
     out = [f"| {'runner':<20} | {'batch':>5} | {'tok/s':>9} | {'vs HF':>6} | {'% roofline':>10} | "
@@ -301,7 +315,7 @@ def table(rows: list[Row], roofline: dict[int, float | None]) -> str:
         out.append(f"| {r.runner:<20} | {r.batch:>5} | {_fmt(r.tokens_per_s, ',.0f'):>9} | "
                    f"{_fmt(vs, '.1f') + ('x' if vs else ''):>6} | {_fmt(share, '.1f'):>10} | "
                    f"{_fmt(r.mismatch_mean, '.2e'):>12} | {_fmt(r.mismatch_max, '.2e'):>11} | "
-                   f"{_fmt(r.held_gib, '.2f'):>8} | {_fmt(r.freed_gib, '.2f'):>9} | {r.error or ''} |")
+                   f"{_fmt(r.held_gib, '.2f'):>8} | {_fmt(r.freed_gib, '.2f'):>9} | {r.error or _spread(r)} |")
     return "\n".join(out)
 
 

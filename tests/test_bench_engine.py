@@ -42,7 +42,7 @@ def test_runner_order_is_given_reversed_or_a_seeded_shuffle() -> None:
 
 
 @pytest.mark.parametrize("argv", [["--batches", "0"], ["--device", "cpu", "--runners", "lean+graph"],
-                                  ["--hbm-tbps", "-1"], ["--runners", "vllm"]])
+                                  ["--hbm-tbps", "-1"], ["--runners", "vllm"], ["--repeats", "0"]])
 def test_bad_arguments_exit_with_a_message(argv: list[str], capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         be.parse(argv)
@@ -52,7 +52,7 @@ def test_bad_arguments_exit_with_a_message(argv: list[str], capsys) -> None:
 def test_defaults_are_the_issues_workload_with_a_batch_256_row() -> None:
     ns = be.parse([])
     assert (ns.model, ns.batches, ns.prompt, ns.new, ns.device) == ("bench-270m", [64, 256], 128, 256, "cuda")
-    assert ns.runners == be.DEFAULT_RUNNERS and not ns.in_process
+    assert ns.runners == be.DEFAULT_RUNNERS and not ns.in_process and ns.repeats == 5
 
 
 SMOKE = ["--device", "cpu", "--model", "tiny-qwen3", "--batches", "4", "--prompt", "8", "--new", "6",
@@ -61,7 +61,7 @@ SMOKE = ["--device", "cpu", "--model", "tiny-qwen3", "--batches", "4", "--prompt
 
 def test_cpu_smoke_measures_each_runner_in_its_own_process_and_writes_json(tmp_path, capsys) -> None:
     out = tmp_path / "engine.json"
-    assert be.main([*SMOKE, "--order", "reversed", "--json", str(out)]) == 0
+    assert be.main([*SMOKE, "--order", "reversed", "--repeats", "3", "--json", str(out)]) == 0
     stdout = capsys.readouterr().out
     assert "a fresh process each" in stdout and "runners in reversed order" in stdout
     data = json.loads(out.read_text())
@@ -69,6 +69,10 @@ def test_cpu_smoke_measures_each_runner_in_its_own_process_and_writes_json(tmp_p
     assert all(r["tokens_per_s"] > 0 and not r["error"] for r in data["rows"])
     engine_rows = data["rows"][1:]
     assert all(0 <= r["mismatch_mean"] <= r["mismatch_max"] < 1e-4 for r in engine_rows)  # fp32 on both sides
+    for r in engine_rows:  # --repeats 3: the figure is over the median of three timed generates, in the note
+        walls = sorted(r["walls_s"])
+        assert len(walls) == 3 and r["tokens_per_s"] == pytest.approx(4 * 6 / walls[1], rel=1e-12)
+    assert stdout.count("median of 3 (") == 2
     assert data["hbm_source"] == "--hbm-tbps" and data["roofline_tok_s"]["4"] > 0
     assert data["provenance"]["command"] and data["provenance"]["commit"] and data["complete"] is True
 
