@@ -29,9 +29,7 @@ import triton.language as tl
 from relax.backends.embedded.pdl import pdl_available
 from relax.backends.embedded.sm_count import sm_count
 
-BLOCK_N = 32  # cache positions a loop step; with NUM_WARPS the fastest of ci/bench_decode_attention.py's 27 configs
-NUM_WARPS = 2  # at every measured point on the H100 (64 and 256 rows, positions 128 / 256 / 383: 0.4-6.7% over 64 / 4)
-SPLIT_MIN = 128  # positions a context split gets at least
+BLOCK_N = 64
 _MIN_GROUP_ROWS = 16  # tl.dot's smallest M
 
 
@@ -142,16 +140,16 @@ def supports_cache(k_cache: torch.Tensor, heads: int) -> bool:
             and heads % kv_heads == 0)
 
 
-def split_count(rows: int, kv_heads: int, view: int, sms: int) -> int:
-    """Splits of the context per (row, KV head): enough programs for two per SM, each >= `SPLIT_MIN` positions."""
+def split_count(rows: int, kv_heads: int, view: int, sms: int, block_n: int = BLOCK_N) -> int:
+    """Splits of the context per (row, KV head): enough programs for two per SM, each >= 2 blocks long."""
     programs = rows * kv_heads
-    return max(1, min(triton.cdiv(view, SPLIT_MIN), triton.cdiv(2 * sms, programs)))
+    return max(1, min(triton.cdiv(view, 2 * block_n), triton.cdiv(2 * sms, programs)))
 
 
 def decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      positions: torch.Tensor, scale: float, view: int, prefix_rows: torch.Tensor | None = None,
                      prefix_lens: torch.Tensor | None = None, *, splits: int | None = None,
-                     block_n: int = BLOCK_N, num_warps: int = NUM_WARPS) -> torch.Tensor:
+                     block_n: int = BLOCK_N, num_warps: int = 4) -> torch.Tensor:
     """The op's CUDA implementation; ``splits``/``block_n``/``num_warps`` are for ci/bench_decode_attention.py."""
     has_prefix = prefix_rows is not None
     pdl = pdl_available(qk.device)
@@ -161,7 +159,7 @@ def decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tenso
     group = heads // kvh
     qk, v_new = (t if t.stride(-1) == 1 else t.contiguous() for t in (qk, v_new))
     out = torch.empty((n, heads, dim), dtype=qk.dtype, device=qk.device)
-    splits = splits or split_count(n, kvh, view, sm_count(qk.device))
+    splits = splits or split_count(n, kvh, view, sm_count(qk.device), block_n)
     chunk = triton.cdiv(triton.cdiv(view, splits), block_n) * block_n
     if splits == 1:
         part, lse = out, out  # unused by the kernel's one-split branch
