@@ -17,6 +17,10 @@ its weight in the 50 MB L2), captured as one CUDA graph and replayed; reported a
   from L2; its per-projection configs are in `SPLITK_CONFIGS`.
 
 Outputs are compared with cuBLAS's (relative max difference: bf16 rounding of a different sum order).
+
+``--sweep`` times each projection alone instead (gate/up with its ``silu(gate) * up`` epilogue, as the runner
+calls it), chained over copies of its weight (200 MB: no L2 hits), for every tile of `SWEEP` that divides it
+(`triton_linear.Tile`: rows, columns, K step, warps, stages), with PDL, against the default tile.
 """
 
 from __future__ import annotations
@@ -99,17 +103,10 @@ def variants(rows: int) -> dict:
             "splitk_pdl": splitk_pdl}
 
 
-def time_chain(linear, layers: list[dict], x0) -> tuple[float, float, object]:
+def time_graph(run) -> tuple[float, float, object]:
+    """``run()`` captured as one CUDA graph: (best, median) microseconds of a replay over `TIMINGS` timings of
+    `REPLAYS` replays, and the captured run's output."""
     import torch
-
-    def run():
-        h = x0
-        for layer in layers:
-            qkv = linear(h, layer["qkv"], "qkv")
-            o = linear(qkv[:, :1024], layer["o"], "o")
-            gate_up = linear(o, layer["gate_up"], "gate_up")
-            h = linear(gate_up[:, :3072], layer["down"], "down")
-        return h
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -122,7 +119,7 @@ def time_chain(linear, layers: list[dict], x0) -> tuple[float, float, object]:
         out = run()
     graph.replay()
     torch.cuda.synchronize()
-    per_layer = []
+    per_replay = []
     for _ in range(TIMINGS):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -130,9 +127,75 @@ def time_chain(linear, layers: list[dict], x0) -> tuple[float, float, object]:
             graph.replay()
         end.record()
         torch.cuda.synchronize()
-        per_layer.append(start.elapsed_time(end) * 1000 / REPLAYS / len(layers))
-    per_layer.sort()
-    return per_layer[0], per_layer[len(per_layer) // 2], out.clone()
+        per_replay.append(start.elapsed_time(end) * 1000 / REPLAYS)
+    per_replay.sort()
+    return per_replay[0], per_replay[len(per_replay) // 2], out
+
+
+def time_chain(linear, layers: list[dict], x0) -> tuple[float, float, object]:
+    """The four projections of every layer, each reading the one before: (best, median) us per layer, output."""
+    def run():
+        h = x0
+        for layer in layers:
+            qkv = linear(h, layer["qkv"], "qkv")
+            o = linear(qkv[:, :1024], layer["o"], "o")
+            gate_up = linear(o, layer["gate_up"], "gate_up")
+            h = linear(gate_up[:, :3072], layer["down"], "down")
+        return h
+
+    best, median, out = time_graph(run)
+    return best / len(layers), median / len(layers), out.clone()
+
+
+SWEEP = dict(block_m=(16, 32, 64), block_n=(16, 32, 64), block_k=(128, 256), warps=(4, 8), stages=(3, 5))
+"""``--sweep``'s grid: every combination that tiles the projection."""
+SWEEP_BYTES = 200e6  # each sweep chain cycles over weight copies this large: no call finds its weight in L2
+
+
+def sweep(rows: int, budget_s: float, emit) -> None:
+    """Each projection alone, chained over weight copies (``--sweep``): every `SWEEP` tile with PDL, as microseconds
+    per call, the lean runner's default tile marked; ``emit(rows)`` after each projection (a run cut short keeps
+    what it measured). gate/up runs with ``glu`` (its output is the I = 3072 columns of ``silu(gate) * up``)."""
+    import itertools
+    import time
+
+    import torch
+
+    from relax.backends.embedded import triton_linear
+    from relax.backends.embedded.sm_count import sm_count
+
+    sms, started, out = sm_count(torch.device("cuda")), time.perf_counter(), []
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for name, (n_w, k) in SHAPES.items():
+        glu = name == "gate_up"
+        n = n_w // 2 if glu else n_w
+        copies = max(16, int(SWEEP_BYTES // (n_w * k * 2)) + 1)
+        weights = [(torch.randn(n_w, k, generator=gen, device="cuda") / k ** 0.5).bfloat16() for _ in range(copies)]
+        x = torch.randn(rows, k, generator=gen, device="cuda").bfloat16()
+        default = triton_linear.default_tile(n, sms)
+        grid = [triton_linear.Tile(*c) for c in itertools.product(*SWEEP.values())]
+        for tile in sorted({default, *(t for t in grid if n % t.block_n == 0 and k % t.block_k == 0)},
+                           key=lambda t: t != default):
+            if time.perf_counter() - started > budget_s:
+                emit(out)
+                return
+
+            def run(tile=tile, weights=weights, x=x, glu=glu):
+                for w in weights:
+                    triton_linear.skinny_linear(x, w, glu=glu, pdl=True, tile=tile)
+
+            try:
+                _, median, _ = time_graph(run)
+            except Exception as exc:  # noqa: BLE001 - a config Triton cannot build (registers, shared memory) is a row
+                out.append(dict(projection=name, **vars(tile), default=tile == default, error=str(exc)[:120]))
+                continue
+            out.append(dict(projection=name, **vars(tile), default=tile == default, us=median / len(weights)))
+        mine = [r for r in out if r["projection"] == name and "us" in r]
+        best = min(mine, key=lambda r: r["us"])
+        base = next(r for r in mine if r["default"])
+        print(f"{name:8s} default {base['us']:6.2f} us; best {best['us']:6.2f} us "
+              f"({ {k: best[k] for k in SWEEP} }), {base['us'] / best['us']:.2f}x", flush=True)
+        emit(out)
 
 
 def main() -> None:
@@ -140,6 +203,9 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=64, help="decode batch rows (the skinny kernel serves <= 64)")
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--sweep", action="store_true",
+                    help="instead of the chain: each projection alone over the SWEEP grid of tiles (with PDL)")
+    ap.add_argument("--budget-s", type=float, default=480, help="--sweep stops starting tiles after this long")
     ns = ap.parse_args()
 
     import torch
@@ -151,6 +217,15 @@ def main() -> None:
                  "TRITON_INTERPRET=1")
     if not pdl_available(torch.device("cuda")):
         sys.exit("bench_decode_linear: needs a GPU of compute capability 9+ and a Triton with gdc_wait (PDL)")
+    def write(rows: list[dict]) -> None:
+        if ns.json:
+            ns.json.parent.mkdir(parents=True, exist_ok=True)
+            ns.json.write_text(json.dumps({"provenance": provenance(), "setup": vars(ns) | {"json": str(ns.json)},
+                                           "device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+
+    if ns.sweep:
+        sweep(ns.rows, ns.budget_s, write)
+        return
     gen = torch.Generator(device="cuda").manual_seed(0)
     layers = [{nm: (torch.randn(n, k, generator=gen, device="cuda") / k ** 0.5).bfloat16()
                for nm, (n, k) in SHAPES.items()} for _ in range(ns.layers)]
@@ -166,10 +241,7 @@ def main() -> None:
         row["speedup_vs_cublas"] = rows[0]["us_per_layer_best"] / row["us_per_layer_best"]
         print(f"{row['variant']:11s} {row['us_per_layer_best']:6.2f} us per layer (median {row['us_per_layer_median']:6.2f}), "
               f"{row['speedup_vs_cublas']:.2f}x cuBLAS, rel. diff {row['rel_diff_vs_cublas']:.1e}", flush=True)
-    if ns.json:
-        ns.json.parent.mkdir(parents=True, exist_ok=True)
-        ns.json.write_text(json.dumps({"provenance": provenance(), "setup": vars(ns) | {"json": str(ns.json)},
-                                       "device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+    write(rows)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ PDL, which is how CI checks it without a GPU.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -91,21 +93,38 @@ def tiles(weight: torch.Tensor, *, glu: bool = False) -> bool:
     return (weight.shape[0] // 2 if glu else weight.shape[0]) % 16 == 0
 
 
+@dataclass(frozen=True)
+class Tile:
+    """A launch config of the skinny kernel: a program's rows, columns and K step, its warps and pipeline stages."""
+
+    block_m: int
+    block_n: int
+    block_k: int = BLOCK_K
+    warps: int = 4
+    stages: int = 4
+
+
+def default_tile(n: int, sms: int) -> Tile:
+    """`BLOCK_M` rows, `block_n`'s columns, `BLOCK_K`, 4 warps, 4 stages: what the lean runner launches."""
+    return Tile(BLOCK_M, block_n(n, sms))
+
+
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, glu: bool = False,
-                  pdl: bool | None = None, num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
+                  pdl: bool | None = None, tile: Tile | None = None) -> torch.Tensor:
     """``x [M, K] @ weight[N, K].T (+ bias)``; with ``glu`` (the MLP's fused gate/up weight, ``[2I, K]``, no bias)
     ``silu(gate) * up`` of its two halves, ``[M, I]``, as ``F.silu(gate) * up`` of the two projections rounds it.
-    The caller checks `supports` first. ``pdl`` defaults to `pdl_available` on ``x``'s device."""
+    The caller checks `supports` first. ``pdl`` defaults to `pdl_available` on ``x``'s device, ``tile`` to
+    `default_tile` (ci/bench_decode_linear.py ``--sweep`` tries others; the tile must divide N and K)."""
     m, k = x.shape
     if glu and bias is not None:
         raise ValueError("skinny_linear: glu takes no bias (the MLP's gate/up projections have none)")
     n = weight.shape[0] // 2 if glu else weight.shape[0]
-    bn = block_n(n, sm_count(x.device))
+    tile = tile or default_tile(n, sm_count(x.device))
     use_pdl = pdl_available(x.device) if pdl is None else pdl
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     launch = {"launch_pdl": True} if use_pdl else {}
-    _skinny_kernel[(n // bn, triton.cdiv(m, BLOCK_M))](
+    _skinny_kernel[(n // tile.block_n, triton.cdiv(m, tile.block_m))](
         x, weight, bias if bias is not None else out, out, m, x.stride(0), weight.stride(0), out.stride(0),
-        K=k, HAS_BIAS=bias is not None, GLU=glu, N_OUT=n, BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_K=BLOCK_K,
-        PDL=use_pdl, num_warps=num_warps, num_stages=num_stages, **launch)
+        K=k, HAS_BIAS=bias is not None, GLU=glu, N_OUT=n, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+        BLOCK_K=tile.block_k, PDL=use_pdl, num_warps=tile.warps, num_stages=tile.stages, **launch)
     return out
