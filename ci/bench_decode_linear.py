@@ -152,10 +152,11 @@ SWEEP = dict(block_m=(16, 32, 64), block_n=(16, 32, 64), block_k=(128, 256), war
 SWEEP_BYTES = 200e6  # each sweep chain cycles over weight copies this large: no call finds its weight in L2
 
 
-def sweep(rows: int, budget_s: float, emit) -> None:
+def sweep(rows: int, budget_s: float, emit, grid: dict[str, tuple[int, ...]] = SWEEP) -> None:
     """Each projection alone, chained over weight copies (``--sweep``): every `SWEEP` tile with PDL, as microseconds
     per call, the lean runner's default tile marked; ``emit(rows)`` after each projection (a run cut short keeps
-    what it measured). gate/up runs with ``glu`` (its output is the I = 3072 columns of ``silu(gate) * up``)."""
+    what it measured). gate/up runs with ``glu`` (its output is the I = 3072 columns of ``silu(gate) * up``).
+    ``grid``: `SWEEP` with some of its axes replaced (``--grid``)."""
     import itertools
     import time
 
@@ -173,8 +174,8 @@ def sweep(rows: int, budget_s: float, emit) -> None:
         weights = [(torch.randn(n_w, k, generator=gen, device="cuda") / k ** 0.5).bfloat16() for _ in range(copies)]
         x = torch.randn(rows, k, generator=gen, device="cuda").bfloat16()
         default = triton_linear.default_tile(n, sms)
-        grid = [triton_linear.Tile(*c) for c in itertools.product(*SWEEP.values())]
-        for tile in sorted({default, *(t for t in grid if n % t.block_n == 0 and k % t.block_k == 0)},
+        tiles = [triton_linear.Tile(**dict(zip(grid, c, strict=True))) for c in itertools.product(*grid.values())]
+        for tile in sorted({default, *(t for t in tiles if n % t.block_n == 0 and k % t.block_k == 0)},
                            key=lambda t: t != default):
             if time.perf_counter() - started > budget_s:
                 emit(out)
@@ -206,6 +207,8 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true",
                     help="instead of the chain: each projection alone over the SWEEP grid of tiles (with PDL)")
     ap.add_argument("--budget-s", type=float, default=480, help="--sweep stops starting tiles after this long")
+    ap.add_argument("--grid", nargs="+", default=[], metavar="AXIS=V1,V2",
+                    help=f"--sweep: replace axes of the grid, e.g. stages=5,6,8 (axes: {', '.join(SWEEP)})")
     ns = ap.parse_args()
 
     import torch
@@ -224,7 +227,13 @@ def main() -> None:
                                            "device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
 
     if ns.sweep:
-        sweep(ns.rows, ns.budget_s, write)
+        grid = dict(SWEEP)
+        for item in ns.grid:
+            axis, _, values = item.partition("=")
+            if axis not in SWEEP or not values:
+                sys.exit(f"bench_decode_linear: --grid {item!r}: want AXIS=V1,V2 with AXIS one of {', '.join(SWEEP)}")
+            grid[axis] = tuple(int(v) for v in values.split(","))
+        sweep(ns.rows, ns.budget_s, write, grid)
         return
     gen = torch.Generator(device="cuda").manual_seed(0)
     layers = [{nm: (torch.randn(n, k, generator=gen, device="cuda") / k ** 0.5).bfloat16()
