@@ -41,6 +41,24 @@ def mask_bias(positions: torch.Tensor, view: int, heads: int, kv_heads: int, dty
     return bias.expand(n, kv_heads, group, view).reshape(n * kv_heads, group, view)
 
 
+def prepare_qk(qk: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float, kv_heads: int) -> torch.Tensor:
+    """q/k-norm (each head's RMSNorm, when ``q_norm`` is given) and RoPE of the raw ``qk`` at ``positions``, rounded
+    as HF's eager modules round them (the op's ``cos=`` form; its Triton kernel does the same in registers): the
+    normalized value, its product with the weight, ``q * cos``, ``rotate_half(q) * sin`` and their sum each rounded
+    to the model dtype. (torch.compile rounds none of these: it elides a fused kernel's downcast-upcast pairs.)
+    ``cos`` / ``sin`` are the runner's ``[max_len, dim]`` tables (``sin`` with the rotate-half sign folded in)."""
+    heads, dim, dtype = qk.shape[1] - kv_heads, qk.shape[2], qk.dtype
+    x = qk
+    if q_norm is not None:
+        weight = torch.cat([q_norm.expand(heads, -1), k_norm.expand(kv_heads, -1)]).float()
+        f = qk.float()
+        x = ((f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps)).to(dtype).float() * weight).to(dtype)
+    c, s = cos[positions].float().unsqueeze(1), sin[positions].float().unsqueeze(1)
+    x = x.float()
+    return ((x * c).to(dtype).float() + (torch.roll(x, dim // 2, -1) * s).to(dtype).float()).to(dtype)
+
+
 def reference_decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                positions: torch.Tensor, scale: float, view: int,
                                prefix_rows: torch.Tensor | None = None, prefix_lens: torch.Tensor | None = None,
@@ -72,23 +90,34 @@ def reference_decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: t
 @torch.library.custom_op("relax::decode_attention", mutates_args=("k_cache", "v_cache"))
 def decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      positions: torch.Tensor, scale: float, view: int, prefix_rows: torch.Tensor | None = None,
-                     prefix_lens: torch.Tensor | None = None) -> torch.Tensor:
-    """See the module docstring; this is the CPU (and fallback) implementation."""
+                     prefix_lens: torch.Tensor | None = None, cos: torch.Tensor | None = None,
+                     sin: torch.Tensor | None = None, q_norm: torch.Tensor | None = None,
+                     k_norm: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
+    """See the module docstring; this is the CPU (and fallback) implementation. With ``cos`` / ``sin`` the op takes
+    ``qk`` raw, as the QKV projection leaves it, and applies q/k-norm and RoPE first (`prepare_qk`)."""
+    if cos is not None:
+        qk = prepare_qk(qk, positions, cos, sin, q_norm, k_norm, eps, k_cache.shape[1])
     return reference_decode_attention(qk, v_new, k_cache, v_cache, positions, scale, view, prefix_rows, prefix_lens)
 
 
 @decode_attention.register_fake
-def _(qk, v_new, k_cache, v_cache, positions, scale, view, prefix_rows=None, prefix_lens=None):
+def _(qk, v_new, k_cache, v_cache, positions, scale, view, prefix_rows=None, prefix_lens=None, cos=None, sin=None,
+      q_norm=None, k_norm=None, eps=0.0):
     return qk.new_empty((qk.shape[0], qk.shape[1] - k_cache.shape[1], qk.shape[2]))
 
 
 @decode_attention.register_kernel("cuda")
-def _(qk, v_new, k_cache, v_cache, positions, scale, view, prefix_rows=None, prefix_lens=None):
+def _(qk, v_new, k_cache, v_cache, positions, scale, view, prefix_rows=None, prefix_lens=None, cos=None, sin=None,
+      q_norm=None, k_norm=None, eps=0.0):
     kernel = _triton_decode()
     if kernel is None or not kernel.supports(qk, k_cache):
+        if cos is not None:
+            qk = prepare_qk(qk, positions, cos, sin, q_norm, k_norm, eps, k_cache.shape[1])
         return reference_decode_attention(qk, v_new, k_cache, v_cache, positions, scale, view, prefix_rows,
                                           prefix_lens)
-    return kernel.decode_attention(qk, v_new, k_cache, v_cache, positions, scale, view, prefix_rows, prefix_lens)
+    rope = None if cos is None else (cos, sin, q_norm, k_norm, eps)
+    return kernel.decode_attention(qk, v_new, k_cache, v_cache, positions, scale, view, prefix_rows, prefix_lens,
+                                   rope=rope)
 
 
 def reads_only_rows(k_cache: torch.Tensor, heads: int) -> bool:

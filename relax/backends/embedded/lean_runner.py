@@ -60,6 +60,7 @@ construction with the reason.
 from __future__ import annotations
 
 import functools
+import os
 import time
 from typing import Any
 
@@ -174,6 +175,7 @@ class LeanRunner:
         self._pool: Any = None
         self._graph_addresses: tuple[int, ...] | None = None  # (weights, each K and V) the graphs were captured over
         self._one_view = False  # `_prepare`: one graph view for all lengths (the Triton attention kernel)
+        self._rope_in_attention = False  # `_prepare`: that kernel applies q/k-norm and RoPE (compiled runners)
         self._glu_rows = 0  # `_fuse`: the most rows whose gate/up kernel applies silu(gate) * up itself (`glu_rows`)
         self._compiled = compile
         # shared prompts (module docstring): the row whose slot holds row i's prompt (i itself: its own) and how many
@@ -247,6 +249,10 @@ class LeanRunner:
             # decided once per cache, not per step: the Triton kernel reads rows only as far as they go, so one
             # graph view (max_len) serves every length
             self._one_view = reads_only_rows(self.k[0], self.heads)
+            # q/k-norm and RoPE inside that kernel: rounded as the compiled ops round them, so for compiled runners only
+            # (as the gate/up epilogue); RELAX_DECODE_ROPE=0 keeps them outside (an A/B)
+            self._rope_in_attention = (self._one_view and self._compiled
+                                       and os.environ.get("RELAX_DECODE_ROPE", "1") != "0")
         addresses = (self._arena.buffer.data_ptr(), *(t.data_ptr() for t in (*self.k, *self.v)))
         if addresses != self._graph_addresses:
             self._graphs, self._pool, self._graph_addresses = {}, None, addresses
@@ -310,11 +316,15 @@ class LeanRunner:
         q_norm, k_norm = (a.q_norm.weight, a.k_norm.weight) if hasattr(a, "q_norm") else (None, None)
         return layer.input_layernorm.weight, w, b, q_norm, k_norm
 
-    def _layer_in(self, x, cos, sin, norm_w, w, b, q_norm, k_norm, linear=F.linear):
-        """`_attention_in` over the weights given (a function of tensors only: one compile serves every layer)."""
+    def _layer_qkv(self, x, norm_w, w, b, linear=F.linear):
+        """Norm and fused QKV only: ``qk [..., H + KV, D]`` raw (before q/k-norm and RoPE), ``v [..., KV, D]``."""
         qkv = linear(_rms(x, norm_w, self.eps), w, b)
         qkv = qkv.view(*x.shape[:-1], self.heads + 2 * self.kv_heads, self.head_dim)
-        qk, v = qkv[..., :self.heads + self.kv_heads, :], qkv[..., self.heads + self.kv_heads:, :]
+        return qkv[..., :self.heads + self.kv_heads, :], qkv[..., self.heads + self.kv_heads:, :]
+
+    def _layer_in(self, x, cos, sin, norm_w, w, b, q_norm, k_norm, linear=F.linear):
+        """`_attention_in` over the weights given (a function of tensors only: one compile serves every layer)."""
+        qk, v = self._layer_qkv(x, norm_w, w, b, linear)
         if q_norm is not None:
             qk = _rms(qk, torch.cat([q_norm.expand(self.heads, -1), k_norm.expand(self.kv_heads, -1)]), self.eps)
         return _rotate(qk, cos, sin), v
@@ -430,7 +440,7 @@ class LeanRunner:
         that writes the new K/V and reads each row's cache in place, only as far as the row goes).
         """
         n = tokens.shape[0]
-        cos, sin = (t[positions].unsqueeze(1) for t in self._rope)  # [n, 1, D]
+        cos, sin = (t[positions].unsqueeze(1) for t in self._rope)  # [n, 1, D] (unused with the rope in attention)
         x = self.base.embed_tokens(tokens)
         attend = self._attention_op(positions, view)
         linear = decode_linear if self.device.type == "cuda" else F.linear  # the op's dispatch costs on CPU
@@ -438,8 +448,15 @@ class LeanRunner:
         # one compile on each side), else the two ops outside, where torch.compile fuses them
         glu = 0 < n <= self._glu_rows
         for i in range(len(self.layers)):
-            qk, v = self._attention_in(i, x, cos, sin, linear)  # [n, H + KV, D], [n, KV, D]
-            o = attend(qk, v, self.k[i], self.v[i], positions, self.layers[i].self_attn.scaling, view, *shared)
+            scaling = self.layers[i].self_attn.scaling
+            if self._rope_in_attention:  # the kernel applies q/k-norm and RoPE to the raw projection itself
+                norm_w, w, b, q_norm, k_norm = self._in_weights(i)
+                qk, v = self._layer_qkv(x, norm_w, w, b, linear)
+                o = attend(qk, v, self.k[i], self.v[i], positions, scaling, view, *shared, cos=self._rope[0],
+                           sin=self._rope[1], q_norm=q_norm, k_norm=k_norm, eps=self.eps)
+            else:
+                qk, v = self._attention_in(i, x, cos, sin, linear)  # [n, H + KV, D], [n, KV, D]
+                o = attend(qk, v, self.k[i], self.v[i], positions, scaling, view, *shared)
             x = self._attention_out_and_mlp(i, x, o.reshape(n, self.heads * self.head_dim), linear, glu)
         return self._logits(x)
 

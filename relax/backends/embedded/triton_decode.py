@@ -34,13 +34,33 @@ _MIN_GROUP_ROWS = 16  # tl.dot's smallest M
 
 
 @triton.jit
-def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL,
+def _norm_rope(ptrs, d, mask, NORM_W, COS_ROW, SIN_ROW, eps, QK_NORM: tl.constexpr, DIM: tl.constexpr):
+    """Raw heads at ``ptrs`` (``[rows, 1]`` or a scalar pointer; ``d`` the head dim's offsets) through q/k-norm (with
+    ``QK_NORM``) and RoPE, rounded to the model dtype where HF's eager modules round (`decode_attention.prepare_qk`):
+    ``[rows, DIM]`` fp32 of the last sum, which the caller rounds. The rotated half is read again at the rolled
+    offsets rather than moved in registers."""
+    dt = ptrs.dtype.element_ty
+    rolled = (d + DIM // 2) % DIM
+    x = tl.load(ptrs + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    xr = tl.load(ptrs + rolled[None, :], mask=mask, other=0.0).to(tl.float32)
+    if QK_NORM:  # one scale per head for both reads: RMSNorm in fp32, rounded, times the weight, rounded
+        rstd = tl.math.rsqrt(tl.sum(x * x, 1) / DIM + eps)
+        x = ((x * rstd[:, None]).to(dt).to(tl.float32) * tl.load(NORM_W + d).to(tl.float32)[None, :]).to(dt)
+        xr = ((xr * rstd[:, None]).to(dt).to(tl.float32) * tl.load(NORM_W + rolled).to(tl.float32)[None, :]).to(dt)
+    cos = tl.load(COS_ROW + d).to(tl.float32)[None, :]
+    sin = tl.load(SIN_ROW + d).to(tl.float32)[None, :]
+    return (x.to(tl.float32) * cos).to(dt).to(tl.float32) + (xr.to(tl.float32) * sin).to(dt).to(tl.float32)
+
+
+@triton.jit
+def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL, COS, SIN, QN, KN,
                    stride_qb, stride_qh, stride_vnb, stride_vnh,
                    stride_kcb, stride_kch, stride_kct, stride_vcb, stride_vch, stride_vct,
-                   stride_ob, stride_oh, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh,
-                   scale, chunk,
+                   stride_ob, stride_oh, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh, stride_rope,
+                   scale, chunk, eps,
                    HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                   SPLITS: tl.constexpr, HAS_PREFIX: tl.constexpr, PDL: tl.constexpr):
+                   SPLITS: tl.constexpr, HAS_PREFIX: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr,
+                   PDL: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -52,7 +72,11 @@ def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL,
     d = tl.arange(0, DIM)
     heads = h * GROUP + g
     gmask = g < GROUP
-    q = tl.load(QK + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
+    if ROPE:  # raw projection in: this program's query heads through q-norm and RoPE here (`_norm_rope`)
+        q = _norm_rope(QK + b * stride_qb + heads[:, None] * stride_qh, d, gmask[:, None], QN, COS + pos * stride_rope,
+                       SIN + pos * stride_rope, eps, QK_NORM, DIM).to(QK.dtype.element_ty)
+    else:
+        q = tl.load(QK + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
     k_base = KC + b * stride_kcb + h * stride_kch
     v_base = VC + b * stride_vcb + h * stride_vch
     if HAS_PREFIX:
@@ -86,7 +110,12 @@ def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL,
         m = m_new
 
     if s == SPLITS - 1:  # the new token: written by this split only, attended from registers
-        kn = tl.load(QK + b * stride_qb + (HEADS + h) * stride_qh + d)
+        if ROPE:
+            kn = tl.reshape(_norm_rope(QK + b * stride_qb + (HEADS + h) * stride_qh, d, d[None, :] < DIM, KN,
+                                       COS + pos * stride_rope, SIN + pos * stride_rope, eps, QK_NORM, DIM),
+                            (DIM,)).to(QK.dtype.element_ty)
+        else:
+            kn = tl.load(QK + b * stride_qb + (HEADS + h) * stride_qh + d)
         vn = tl.load(VN + b * stride_vnb + h * stride_vnh + d)
         tl.store(k_base + pos * stride_kct + d, kn)
         tl.store(v_base + pos * stride_vct + d, vn)
@@ -148,9 +177,11 @@ def split_count(rows: int, kv_heads: int, view: int, sms: int, block_n: int = BL
 
 def decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      positions: torch.Tensor, scale: float, view: int, prefix_rows: torch.Tensor | None = None,
-                     prefix_lens: torch.Tensor | None = None, *, splits: int | None = None,
+                     prefix_lens: torch.Tensor | None = None, *, rope: tuple | None = None, splits: int | None = None,
                      block_n: int = BLOCK_N, num_warps: int = 4) -> torch.Tensor:
-    """The op's CUDA implementation; ``splits``/``block_n``/``num_warps`` are for ci/bench_decode_attention.py."""
+    """The op's CUDA implementation; ``rope`` ``(cos, sin, q_norm, k_norm, eps)``: ``qk`` is raw, the kernel applies
+    q/k-norm (``q_norm`` None: none) and RoPE itself; ``splits``/``block_n``/``num_warps`` are for
+    ci/bench_decode_attention.py."""
     has_prefix = prefix_rows is not None
     pdl = pdl_available(qk.device)
     launch = {"launch_pdl": True} if pdl else {}
@@ -168,15 +199,20 @@ def decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tenso
         part = torch.empty((n, heads, splits, dim), dtype=torch.float32, device=qk.device)
         lse = torch.empty((n, heads, splits), dtype=torch.float32, device=qk.device)
         part_strides, lse_strides = part.stride()[:3], lse.stride()[:2]
+    cos, sin, q_norm, k_norm, eps = rope or (qk, qk, None, None, 0.0)  # qk: unused stand-ins without rope
+    if rope is not None and (cos.stride() != sin.stride() or cos.stride(-1) != 1 or cos.shape[-1] != dim):
+        raise ValueError(f"decode_attention: RoPE tables must be [positions, {dim}] alike with unit last stride")
     _decode_kernel[(n, kvh, splits)](
         qk, v_new, k_cache, v_cache, positions, prefix_rows if has_prefix else positions,
-        prefix_lens if has_prefix else positions, out, part, lse,
+        prefix_lens if has_prefix else positions, out, part, lse, cos, sin,
+        q_norm if q_norm is not None else qk, k_norm if k_norm is not None else qk,
         qk.stride(0), qk.stride(1), v_new.stride(0), v_new.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
-        v_cache.stride(2), out.stride(0), out.stride(1), *part_strides, *lse_strides,
-        scale, chunk,
+        v_cache.stride(2), out.stride(0), out.stride(1), *part_strides, *lse_strides, cos.stride(0),
+        scale, chunk, eps,
         HEADS=heads, GROUP=group, BLOCK_G=max(_MIN_GROUP_ROWS, triton.next_power_of_2(group)), DIM=dim,
-        BLOCK_N=block_n, SPLITS=splits, HAS_PREFIX=has_prefix, PDL=pdl, num_warps=num_warps, **launch)
+        BLOCK_N=block_n, SPLITS=splits, HAS_PREFIX=has_prefix, ROPE=rope is not None, QK_NORM=q_norm is not None,
+        PDL=pdl, num_warps=num_warps, **launch)
     if splits > 1:
         _combine_kernel[(n, heads)](part, lse, out, *part_strides, *lse_strides, out.stride(0), out.stride(1),
                                     DIM=dim, SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), PDL=pdl, **launch)
