@@ -112,6 +112,56 @@ def test_op_under_torch_compile_mutates_the_caches_in_place_and_matches_eager() 
     assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
 
 
+def _rope_tables(dim: int, length: int, dtype=torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The lean runner's RoPE tables (``sin`` with the rotate-half sign folded in) and HF's unsigned ``sin``."""
+    angles = torch.arange(length)[:, None] * (1.0 / 10000 ** (torch.arange(dim // 2) / (dim // 2)))[None, :]
+    angles = torch.cat([angles, angles], -1)
+    sign = torch.cat([-torch.ones(dim // 2), torch.ones(dim // 2)])
+    return angles.cos().to(dtype), (angles.sin().to(dtype) * sign.to(dtype)), angles.sin().to(dtype)
+
+
+def test_prepare_qk_and_the_lean_runners_eager_norm_and_rope_are_bitwise_hfs() -> None:
+    """What the kernel's fused q/k-norm + RoPE must reproduce: HF's Qwen3RMSNorm then apply_rotary_pos_emb, in bf16."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, apply_rotary_pos_emb
+
+    from relax.backends.embedded.decode_attention import prepare_qk
+    from relax.backends.embedded.lean_runner import _rms, _rotate
+
+    heads, kvh, dim, n, eps = 16, 8, 64, 64, 1e-6
+    gen = torch.Generator().manual_seed(0)
+    qk = (torch.randn(n, heads + kvh, dim, generator=gen) * 3).bfloat16()
+    pos = torch.randint(0, 300, (n,), generator=gen)
+    cos, sin_signed, sin = _rope_tables(dim, 300)
+    q_norm, k_norm = Qwen3RMSNorm(dim, eps=eps).bfloat16(), Qwen3RMSNorm(dim, eps=eps).bfloat16()
+    with torch.no_grad():
+        q_norm.weight.copy_(1 + torch.randn(dim, generator=gen) / 4)
+        k_norm.weight.copy_(1 + torch.randn(dim, generator=gen) / 4)
+        q, k = apply_rotary_pos_emb(q_norm(qk[:, :heads]).unsqueeze(2), k_norm(qk[:, heads:]).unsqueeze(2),
+                                    cos[pos].unsqueeze(1), sin[pos].unsqueeze(1))
+        hf = torch.cat([q.squeeze(2), k.squeeze(2)], 1)
+        assert torch.equal(prepare_qk(qk, pos, cos, sin_signed, q_norm.weight, k_norm.weight, eps, kvh), hf)
+        weights = torch.cat([q_norm.weight.expand(heads, -1), k_norm.weight.expand(kvh, -1)])
+        assert torch.equal(_rotate(_rms(qk, weights, eps), cos[pos].unsqueeze(1), sin_signed[pos].unsqueeze(1)), hf)
+        plain = apply_rotary_pos_emb(qk[:, :heads].unsqueeze(2), qk[:, heads:].unsqueeze(2), cos[pos].unsqueeze(1),
+                                     sin[pos].unsqueeze(1))  # no q/k-norm (Qwen2, Llama): RoPE alone
+        expected = torch.cat([plain[0].squeeze(2), plain[1].squeeze(2)], 1)
+        assert torch.equal(prepare_qk(qk, pos, cos, sin_signed, None, None, eps, kvh), expected)
+
+
+def test_op_with_rope_tables_normalizes_and_rotates_the_raw_projection_first() -> None:
+    from relax.backends.embedded.decode_attention import prepare_qk
+
+    qk, vn, kc, vc, pos = _inputs(3, 4, 2, 8, 32, 20, seed=2)
+    cos, sin, _ = _rope_tables(8, 32, torch.float32)
+    q_norm, k_norm = torch.rand(8) + 0.5, torch.rand(8) + 0.5
+    kc2, vc2 = kc.clone(), vc.clone()
+    out = decode_attention(qk, vn, kc, vc, pos, 0.25, 20, cos=cos, sin=sin, q_norm=q_norm, k_norm=k_norm, eps=1e-6)
+    prepared = prepare_qk(qk, pos, cos, sin, q_norm, k_norm, 1e-6, 2)
+    assert torch.equal(out, reference_decode_attention(prepared, vn, kc2, vc2, pos, 0.25, 20))
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)  # the rotated key went into the cache
+    assert not torch.equal(prepared, qk)
+
+
 _TRITON_CHECK = textwrap.dedent("""
     import json, sys, torch
     sys.path.insert(0, sys.argv[1])
@@ -148,6 +198,26 @@ _TRITON_CHECK = textwrap.dedent("""
                             splits=triton_decode.split_count(n, kvh, view, sms),
                             err=float((out.double() - expected).abs().max()),
                             caches_equal=bool(torch.equal(kc, ref_k) and torch.equal(vc, ref_v))))
+    # q/k-norm and RoPE in the kernel (the raw projection in; without q/k-norm: RoPE alone), one split and several
+    from tests.test_decode_attention import _rope_tables
+    from relax.backends.embedded.decode_attention import prepare_qk
+    for n, heads, kvh, dim, view, sms, norm in [(3, 4, 2, 16, 150, 132, True), (3, 4, 2, 16, 150, 1, True),
+                                                (2, 8, 2, 32, 100, 132, False)]:
+        triton_decode.sm_count = lambda device, sms=sms: sms
+        qk, vn, kc, vc, pos = _inputs(n, heads, kvh, dim, 300, view, seed=view + 2, dtype=torch.float16)
+        cos, sin, _ = _rope_tables(dim, 300, torch.float16)
+        gen = torch.Generator().manual_seed(view)
+        q_norm, k_norm = ((1 + torch.randn(2, dim, generator=gen) / 4).half() if norm else (None, None))
+        prepared = prepare_qk(qk, pos, cos, sin, q_norm, k_norm, 1e-6, kvh)
+        expected = naive(prepared, vn, kc, vc, pos, 0.125)
+        ref_k, ref_v = kc.clone(), vc.clone()
+        out = triton_decode.decode_attention(qk, vn, kc, vc, pos, 0.125, view, rope=(cos, sin, q_norm, k_norm, 1e-6))
+        own = torch.arange(n)
+        ref_k[own, :, pos], ref_v[own, :, pos] = prepared[:, heads:], vn
+        results.append(dict(case=[n, heads, kvh, dim, view, sms, "rope", norm],
+                            splits=triton_decode.split_count(n, kvh, view, sms),
+                            err=float((out.double() - expected).abs().max()),
+                            caches_equal=bool(torch.equal(kc, ref_k) and torch.equal(vc, ref_v))))
     print("RESULT " + json.dumps(results))
 """)
 
@@ -158,6 +228,8 @@ def test_triton_kernel_matches_float64_reference_in_the_interpreter() -> None:
     assert {r["splits"] for r in results} >= {1, 2, 3}, results  # one-split and combine paths both ran
     shared = [r for r in results if "shared" in r["case"]]
     assert len(shared) == 2 and {r["splits"] for r in shared} >= {1, 2}, shared
+    rope = [r for r in results if "rope" in r["case"]]  # caches_equal below: the key normalized and rotated bitwise
+    assert len(rope) == 3 and {r["splits"] for r in rope} >= {1, 2} and {r["case"][-1] for r in rope} == {True, False}
     for r in results:
         assert r["caches_equal"], r  # the new K/V written at its position, nothing else
         assert r["err"] < 2e-3, r  # fp16 inputs, fp32 softmax: the float64 answer to fp16 output rounding

@@ -91,8 +91,9 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """RoPE, HF's half-rotation: ``x*cos + rotate_half(x)*sin`` with the sign folded into the table."""
-    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, dims=-1), sin_signed)
+    """RoPE, HF's half-rotation: ``x*cos + rotate_half(x)*sin`` with the sign folded into the table; in eager mode
+    rounded as HF's (each product, then the sum: `decode_attention.prepare_qk`; an ``addcmul`` rounds once)."""
+    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin_signed
 
 
 def _check_supported(model: torch.nn.Module) -> None:
