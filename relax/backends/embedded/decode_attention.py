@@ -20,6 +20,11 @@ slices of it out for the op), ``v_new [n, kv_heads, dim]``, caches
 row ``i`` already in the cache; the new K/V goes there), ``view`` an upper bound of
 ``max(positions) + 1`` (the captured graph's length bucket). Returns ``[n, heads, dim]``.
 
+Fused q/k-norm and RoPE: with ``cos``/``sin`` (the lean runner's ``[max_len, dim]`` tables, the rotate-half sign
+folded into ``sin``), ``q_norm``/``k_norm`` (per-head RMSNorm weights, or None) and ``eps``, ``qk`` is the raw
+projection and the op normalizes and rotates it at ``positions`` first (`prepare_qk`: rounded as HF's eager
+modules; the Triton kernel does it in registers, one elementwise kernel a layer fewer).
+
 Shared prompts: with ``prefix_rows``/``prefix_lens`` (``[n]`` each), row ``i`` reads its positions
 ``< prefix_lens[i]`` from slot ``prefix_rows[i]`` (the row that holds the prompt they share; the lean
 runner's prompt sharing) and the rest from its own slot; it writes only its own slot.

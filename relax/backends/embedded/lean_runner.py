@@ -42,7 +42,8 @@ separate q/k/v and gate/up GEMMs, sampling outside the graph. This runner keeps 
   dependent launch, and the compiled forward uses inductor's PDL codegen, so each kernel's launch overlaps the
   tail of the one before (``RELAX_DECODE_PDL=0`` turns it off); the MLP's gate/up kernel applies
   ``silu(gate) * up`` in its epilogue when the decode is compiled (``glu``: eight kernels a layer instead of
-  nine, rounded as the compiled ops round; ``RELAX_DECODE_GLU=0``);
+  nine, rounded as the compiled ops round; ``RELAX_DECODE_GLU=0``), and the attention kernel takes the raw QKV
+  projection and applies q/k-norm and RoPE itself, rounded as HF's eager modules (seven; ``RELAX_DECODE_ROPE=0``);
 * **torch.compile** (``compile=True``): the decode forward and the sampler (`draw`: the counter
   hash's ~30 integer ops, softmax, the top-p/top-k sort, the blocked CDF scan) are compiled with the rows
   dynamic (`_compile_over_rows`) before capture, so their small kernels fuse into a few; a graph alone removes launch overhead
