@@ -84,7 +84,8 @@ def long_gaps_after(kernels: list[Interval], *, short_us: float = SHORT_GAP_US, 
 
 
 def summarize(kernels: list[Interval], wall_s: float, *, top: int = TOP) -> dict:
-    """The busy share and the ``top`` kernel names by total time (count, total ms, share of kernel time)."""
+    """The busy share, the ``top`` kernel names by total time (count, total ms, share of kernel time) and the long
+    gaps by the kernel that ran before them (`long_gaps_after`)."""
     by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for k in kernels:
         by_name[k.name][0] += 1
@@ -93,10 +94,10 @@ def summarize(kernels: list[Interval], wall_s: float, *, top: int = TOP) -> dict
     busy_us = union_us(kernels)
     ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
     short, long, stalls = idle_gaps_us(kernels)
-    return {"gaps_after": long_gaps_after(kernels, top=top), "wall_s": wall_s, "busy_s": busy_us / 1e6, "busy_share": busy_us / 1e6 / wall_s if wall_s else None,
+    return {"wall_s": wall_s, "busy_s": busy_us / 1e6, "busy_share": busy_us / 1e6 / wall_s if wall_s else None,
             "kernels": len(kernels), "kernel_s": kernel_us / 1e6,
             "short_gaps_s": short / 1e6, "long_gaps_s": long / 1e6, "long_gaps": stalls,
-            "short_gap_us": SHORT_GAP_US,
+            "short_gap_us": SHORT_GAP_US, "gaps_after": long_gaps_after(kernels, top=top),
             "top": [{"name": name[:160], "count": int(count), "total_ms": total / 1e3,
                      "share": total / kernel_us if kernel_us else None} for name, (count, total) in ranked]}
 

@@ -125,7 +125,7 @@ def test_prepare_qk_and_the_lean_runners_eager_norm_and_rope_are_bitwise_hfs() -
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, apply_rotary_pos_emb
 
     from relax.backends.embedded.decode_attention import prepare_qk
-    from relax.backends.embedded.lean_runner import _rms, _rotate
+    from relax.backends.embedded.norm_rope import rms_norm, rotate
 
     heads, kvh, dim, n, eps = 16, 8, 64, 64, 1e-6
     gen = torch.Generator().manual_seed(0)
@@ -141,7 +141,7 @@ def test_prepare_qk_and_the_lean_runners_eager_norm_and_rope_are_bitwise_hfs() -
         hf = torch.cat([q.squeeze(2), k.squeeze(2)], 1)
         assert torch.equal(prepare_qk(qk, pos, cos, sin_signed, q_norm.weight, k_norm.weight, eps, kvh), hf)
         weights = torch.cat([q_norm.weight.expand(heads, -1), k_norm.weight.expand(kvh, -1)])
-        assert torch.equal(_rotate(_rms(qk, weights, eps), cos[pos].unsqueeze(1), sin_signed[pos].unsqueeze(1)), hf)
+        assert torch.equal(rotate(rms_norm(qk, weights, eps), cos[pos].unsqueeze(1), sin_signed[pos].unsqueeze(1)), hf)
         plain = apply_rotary_pos_emb(qk[:, :heads].unsqueeze(2), qk[:, heads:].unsqueeze(2), cos[pos].unsqueeze(1),
                                      sin[pos].unsqueeze(1))  # no q/k-norm (Qwen2, Llama): RoPE alone
         expected = torch.cat([plain[0].squeeze(2), plain[1].squeeze(2)], 1)

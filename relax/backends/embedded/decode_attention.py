@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import torch
 
+from relax.backends.embedded.norm_rope import rms_norm, rotate
 from relax.utils.modules import optional_module
 
 
@@ -50,18 +51,12 @@ def prepare_qk(qk: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin
                q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float, kv_heads: int) -> torch.Tensor:
     """q/k-norm (each head's RMSNorm, when ``q_norm`` is given) and RoPE of the raw ``qk`` at ``positions``, rounded
     as HF's eager modules round them (the op's ``cos=`` form; its Triton kernel does the same in registers): the
-    normalized value, its product with the weight, ``q * cos``, ``rotate_half(q) * sin`` and their sum each rounded
-    to the model dtype. (torch.compile rounds none of these: it elides a fused kernel's downcast-upcast pairs.)
+    lean runner's own eager `norm_rope` functions (the op's body runs eagerly, also under torch.compile).
     ``cos`` / ``sin`` are the runner's ``[max_len, dim]`` tables (``sin`` with the rotate-half sign folded in)."""
-    heads, dim, dtype = qk.shape[1] - kv_heads, qk.shape[2], qk.dtype
-    x = qk
+    heads = qk.shape[1] - kv_heads
     if q_norm is not None:
-        weight = torch.cat([q_norm.expand(heads, -1), k_norm.expand(kv_heads, -1)]).float()
-        f = qk.float()
-        x = ((f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps)).to(dtype).float() * weight).to(dtype)
-    c, s = cos[positions].float().unsqueeze(1), sin[positions].float().unsqueeze(1)
-    x = x.float()
-    return ((x * c).to(dtype).float() + (torch.roll(x, dim // 2, -1) * s).to(dtype).float()).to(dtype)
+        qk = rms_norm(qk, torch.cat([q_norm.expand(heads, -1), k_norm.expand(kv_heads, -1)]), eps)
+    return rotate(qk, cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
 
 
 def reference_decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -75,6 +75,7 @@ from relax.backends.embedded.decode_attention import (
     reference_decode_attention,
 )
 from relax.backends.embedded.decode_linear import decode_linear, glu_rows
+from relax.backends.embedded.norm_rope import rms_norm, rotate
 from relax.backends.embedded.pdl import compile_options
 from relax.backends.embedded.rows import RowState, store_decoded
 from relax.backends.embedded.runners import compact_slots
@@ -84,17 +85,6 @@ from relax.backends.embedded.weight_arena import WeightArena
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn", None}
 _MIN_BUCKET = 128
 _PREFILL_TOKENS = 16384  # tokens per prefill forward (n prompts x padded length)
-
-
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF's RMSNorm: normalize in fp32, cast back, then scale (same rounding order)."""
-    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """RoPE, HF's half-rotation: ``x*cos + rotate_half(x)*sin`` with the sign folded into the table; in eager mode
-    rounded as HF's (each product, then the sum: `decode_attention.prepare_qk`; an ``addcmul`` rounds once)."""
-    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin_signed
 
 
 def _check_supported(model: torch.nn.Module) -> None:
@@ -321,7 +311,7 @@ class LeanRunner:
 
     def _layer_qkv(self, x, norm_w, w, b, linear=F.linear):
         """Norm and fused QKV only: ``qk [..., H + KV, D]`` raw (before q/k-norm and RoPE), ``v [..., KV, D]``."""
-        qkv = linear(_rms(x, norm_w, self.eps), w, b)
+        qkv = linear(rms_norm(x, norm_w, self.eps), w, b)
         qkv = qkv.view(*x.shape[:-1], self.heads + 2 * self.kv_heads, self.head_dim)
         return qkv[..., :self.heads + self.kv_heads, :], qkv[..., self.heads + self.kv_heads:, :]
 
@@ -329,8 +319,8 @@ class LeanRunner:
         """`_attention_in` over the weights given (a function of tensors only: one compile serves every layer)."""
         qk, v = self._layer_qkv(x, norm_w, w, b, linear)
         if q_norm is not None:
-            qk = _rms(qk, torch.cat([q_norm.expand(self.heads, -1), k_norm.expand(self.kv_heads, -1)]), self.eps)
-        return _rotate(qk, cos, sin), v
+            qk = rms_norm(qk, torch.cat([q_norm.expand(self.heads, -1), k_norm.expand(self.kv_heads, -1)]), self.eps)
+        return rotate(qk, cos, sin), v
 
     def _attention_out_and_mlp(self, i: int, x: torch.Tensor, attn: torch.Tensor, linear=F.linear,
                                glu: bool = False) -> torch.Tensor:
@@ -346,7 +336,7 @@ class LeanRunner:
     def _layer_out(self, x, attn, o_w, o_b, norm_w, gate_up, down_w, down_b, linear=F.linear, glu: bool = False):
         """`_attention_out_and_mlp` over the weights given (tensors only, as `_layer_in`)."""
         x = x + linear(attn, o_w, o_b)
-        normed = _rms(x, norm_w, self.eps)
+        normed = rms_norm(x, norm_w, self.eps)
         if glu:
             act = linear(normed, gate_up, None, True)
         else:
@@ -355,7 +345,7 @@ class LeanRunner:
         return x + linear(act, down_w, down_b)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model.lm_head(_rms(x, self.base.norm.weight, self.eps))
+        return self.model.lm_head(rms_norm(x, self.base.norm.weight, self.eps))
 
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
