@@ -20,7 +20,7 @@ Outputs are compared with cuBLAS's (relative max difference: bf16 rounding of a 
 
 ``--sweep`` times each projection alone instead (gate/up with its ``silu(gate) * up`` epilogue, as the runner
 calls it), chained over copies of its weight (200 MB: no L2 hits), for every tile of `SWEEP` that divides it
-(`triton_linear.Tile`: rows, columns, K step, warps, stages), with PDL, against the default tile.
+(`triton_linear.Tile`: rows, columns, K step, warps, stages; and K splits), with PDL, against the default tile.
 """
 
 from __future__ import annotations
@@ -147,17 +147,34 @@ def time_chain(linear, layers: list[dict], x0) -> tuple[float, float, object]:
     return best / len(layers), median / len(layers), out.clone()
 
 
-SWEEP = dict(block_m=(16, 32, 64), block_n=(16, 32, 64), block_k=(128, 256), warps=(4, 8), stages=(3, 5))
-"""``--sweep``'s grid: every combination that tiles the projection."""
+SWEEP = dict(block_m=(16, 32, 64), block_n=(16, 32, 64), block_k=(128, 256), warps=(4, 8), stages=(3, 5), splits=(1,))
+"""``--sweep``'s grid: every combination that tiles the projection. ``splits`` > 1: `triton_linear.skinny_partials`
+(fp32 partials, not added up: the lean runner adds them inside its next fused kernel), not for gate/up."""
 SWEEP_BYTES = 200e6  # each sweep chain cycles over weight copies this large: no call finds its weight in L2
 
 
+def _configs(grid: dict[str, tuple[int, ...]], n: int, k: int, rows: int, glu: bool) -> list[tuple]:
+    """(tile, splits) of ``grid`` that tile an ``[n, k]`` projection of ``rows`` rows."""
+    import itertools
+
+    from relax.backends.embedded import triton_linear
+
+    out = []
+    for combo in itertools.product(*grid.values()):
+        axes = dict(zip(grid, combo, strict=True))
+        splits = axes.pop("splits")
+        tile = triton_linear.Tile(**axes)
+        if n % tile.block_n or k % (tile.block_k * splits) or (splits > 1 and (glu or rows > tile.block_m)):
+            continue
+        out.append((tile, splits))
+    return out
+
+
 def sweep(rows: int, budget_s: float, emit, grid: dict[str, tuple[int, ...]] = SWEEP) -> None:
-    """Each projection alone, chained over weight copies (``--sweep``): every `SWEEP` tile with PDL, as microseconds
+    """Each projection alone, chained over weight copies (``--sweep``): every `SWEEP` config with PDL, as microseconds
     per call, the lean runner's default tile marked; ``emit(rows)`` after each projection (a run cut short keeps
     what it measured). gate/up runs with ``glu`` (its output is the I = 3072 columns of ``silu(gate) * up``).
     ``grid``: `SWEEP` with some of its axes replaced (``--grid``)."""
-    import itertools
     import time
 
     import torch
@@ -173,24 +190,26 @@ def sweep(rows: int, budget_s: float, emit, grid: dict[str, tuple[int, ...]] = S
         copies = max(16, int(SWEEP_BYTES // (n_w * k * 2)) + 1)
         weights = [(torch.randn(n_w, k, generator=gen, device="cuda") / k ** 0.5).bfloat16() for _ in range(copies)]
         x = torch.randn(rows, k, generator=gen, device="cuda").bfloat16()
-        default = triton_linear.default_tile(n, sms)
-        tiles = [triton_linear.Tile(**dict(zip(grid, c, strict=True))) for c in itertools.product(*grid.values())]
-        for tile in sorted({default, *(t for t in tiles if n % t.block_n == 0 and k % t.block_k == 0)},
-                           key=lambda t: t != default):
+        default = (triton_linear.default_tile(n, sms), 1)
+        for tile, splits in sorted({default, *_configs(grid, n, k, rows, glu)}, key=lambda c: c != default):
             if time.perf_counter() - started > budget_s:
                 emit(out)
                 return
 
-            def run(tile=tile, weights=weights, x=x, glu=glu):
+            def run(tile=tile, splits=splits, weights=weights, x=x, glu=glu):
                 for w in weights:
-                    triton_linear.skinny_linear(x, w, glu=glu, pdl=True, tile=tile)
+                    if splits > 1:
+                        triton_linear.skinny_partials(x, w, None, splits, pdl=True, tile=tile)
+                    else:
+                        triton_linear.skinny_linear(x, w, glu=glu, pdl=True, tile=tile)
 
+            row = dict(projection=name, **vars(tile), splits=splits, default=(tile, splits) == default)
             try:
                 _, median, _ = time_graph(run)
             except Exception as exc:  # noqa: BLE001 - a config Triton cannot build (registers, shared memory) is a row
-                out.append(dict(projection=name, **vars(tile), default=tile == default, error=str(exc)[:120]))
+                out.append(row | dict(error=str(exc)[:120]))
                 continue
-            out.append(dict(projection=name, **vars(tile), default=tile == default, us=median / len(weights)))
+            out.append(row | dict(us=median / len(weights)))
         mine = [r for r in out if r["projection"] == name and "us" in r]
         best = min(mine, key=lambda r: r["us"])
         base = next(r for r in mine if r["default"])

@@ -98,6 +98,91 @@ def test_gate_up_kernel_applies_silu_gate_times_up_like_float64_in_the_interpret
         assert r["err"] < 3e-3 * max(1.0, r["scale"]), r
 
 
+_PARTIALS_CHECK = textwrap.dedent("""
+    import json, sys, torch
+    sys.path.insert(0, sys.argv[1])
+    from relax.backends.embedded import triton_linear
+    results = []
+    gen = torch.Generator().manual_seed(5)
+    # (rows, N, K, splits, bias): one row, a partial row block, a full one; 2, 4 and 8 K ranges
+    for m, n, k, splits, bias in [(1, 64, 256, 2, False), (7, 32, 512, 4, True), (64, 96, 1024, 8, True)]:
+        x = (torch.randn(m, k, generator=gen) / 4).half()
+        w = (torch.randn(n, k, generator=gen) / k ** 0.5).half()
+        b = torch.randn(n, generator=gen).half() if bias else None
+        parts = triton_linear.skinny_partials(x, w, b, splits, pdl=False)
+        step = k // splits
+        expected = torch.stack([x[:, s * step:(s + 1) * step].double() @ w[:, s * step:(s + 1) * step].double().T
+                                for s in range(splits)])
+        if bias:
+            expected[0] += b.double()
+        results.append(dict(case=[m, n, k, splits, bias], shape=list(parts.shape), dtype=str(parts.dtype),
+                            err=float((parts.double() - expected).abs().max()), scale=float(expected.abs().max())))
+    try:
+        triton_linear.skinny_partials(torch.zeros(65, 256).half(), torch.zeros(32, 256).half(), None, 2, pdl=False)
+        results.append("no error for 65 rows")
+    except ValueError as exc:
+        results.append(str(exc))
+    print("RESULT " + json.dumps(results))
+""")
+
+
+@needs_triton
+def test_split_k_kernel_writes_each_k_range_partial_like_float64_in_the_interpreter() -> None:
+    *results, refusal = run_interpreted(_PARTIALS_CHECK)
+    assert refusal.startswith("skinny_partials: 65 rows, N 32, K 256 do not take 2 splits"), refusal
+    for r in results:
+        m, n, k, splits, _ = r["case"]
+        assert r["shape"] == [splits, m, n] and r["dtype"] == "torch.float32", r
+        assert r["err"] < 1e-5 * max(1.0, r["scale"]), r  # fp32 sums of fp16 products: no output rounding
+
+
+def test_partials_op_on_cpu_adds_up_to_the_projection_and_keeps_its_shape_under_compile() -> None:
+    from relax.backends.embedded.decode_linear import add_partials, decode_linear_partials, partial_splits
+
+    gen = torch.Generator().manual_seed(6)
+    x, w, b = (torch.randn(*s, generator=gen, dtype=torch.float64) for s in ((5, 64), (48, 64), (48,)))
+    parts = decode_linear_partials(x, w, b, 4)
+    assert parts.shape == (4, 5, 48) and parts.dtype == torch.float32
+    for s in range(4):  # each K range's product, the bias in the first only
+        want = x[:, 16 * s:16 * (s + 1)].float() @ w[:, 16 * s:16 * (s + 1)].float().T + (b.float() if s == 0 else 0)
+        torch.testing.assert_close(parts[s], want)
+    summed = add_partials(parts, torch.float64)
+    assert summed.dtype == torch.float64
+    assert torch.equal(summed, (((parts[0] + parts[1]) + parts[2]) + parts[3]).double())  # in split order
+    torch.testing.assert_close(summed, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    compiled = torch.compile(lambda x: add_partials(decode_linear_partials(x, w.float(), None, 2), torch.float32) + 1.0,
+                             dynamic=True)
+    torch.testing.assert_close(compiled(x.float()), F.linear(x.float(), w.float()) + 1.0)
+    assert partial_splits(w.float()) == 1  # CPU: the lean runner keeps one projection
+
+
+@needs_triton
+def test_partial_rows_is_the_kernels_row_block() -> None:
+    from relax.backends.embedded import triton_linear
+    from relax.backends.embedded.decode_linear import PARTIAL_ROWS
+
+    assert PARTIAL_ROWS == triton_linear.BLOCK_M
+
+
+@needs_triton
+@settings(max_examples=80, deadline=None)
+@given(n=st.sampled_from([32, 96, 1024, 2048, 40]), k=st.sampled_from([128, 256, 384, 1024, 3072, 200]),
+       sms=st.integers(1, 200))
+def test_split_count_fills_the_sms_without_oversubscribing_them(n, k, sms) -> None:
+    from relax.backends.embedded.triton_linear import BLOCK_K, SPLIT_BLOCK_N, split_count
+
+    s = split_count(n, k, sms)
+    assert s in (1, 2, 4, 8)
+    if s > 1:
+        assert n % SPLIT_BLOCK_N == 0 and k % (s * BLOCK_K) == 0 and n // SPLIT_BLOCK_N * s <= sms
+    if n % SPLIT_BLOCK_N == 0 and s < 8 and k % (2 * s * BLOCK_K) == 0:
+        assert n // SPLIT_BLOCK_N * 2 * s > sms  # twice the splits would have oversubscribed the SMs
+    if (n, k, sms) == (1024, 3072, 132):
+        assert s == 4  # bench-270m's down projection on the H100: 128 programs
+    if (n, k, sms) == (1024, 1024, 132):
+        assert s == 4  # its o projection
+
+
 def test_glu_op_on_cpu_is_the_two_projections_then_silu_gate_times_up() -> None:
     from relax.backends.embedded.decode_linear import glu_rows
 

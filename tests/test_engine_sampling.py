@@ -189,6 +189,25 @@ def test_compiled_prefill_layers_round_as_the_eager_ones() -> None:
     torch._dynamo.reset()
 
 
+def test_split_k_o_and_down_projections_give_the_layer_the_unsplit_output() -> None:
+    """The decode's split-K o and down projections (`decode_linear_partials`, their partials added in the residual
+    add, compiled on CUDA): the layer's output equals the unsplit one's up to the fp32 sum order, float64 model."""
+    from relax.backends.embedded.lean_runner import LeanRunner
+
+    model = _qwen3().double()
+    runner = LeanRunner(model, torch.device("cpu"), slots=4, max_len=64)
+    runner._prepare()
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 32, generator=gen, dtype=torch.float64)
+    attn = torch.randn(5, runner.heads * runner.head_dim, generator=gen, dtype=torch.float64)
+    whole = runner._layer_out(x, attn, *runner._out_weights(0))
+    for splits in [(2, 1), (1, 2), (2, 4)]:
+        split = runner._layer_out(x, attn, *runner._out_weights(0), splits=splits)
+        assert split.dtype == torch.float64
+        torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-5)  # fp32 partials of a float64 model
+    assert runner._splits == (1, 1)  # uncompiled (and off CUDA): no splits
+
+
 def test_lean_runner_rejects_unsupported_models_with_the_reason() -> None:
     from relax.backends.embedded.lean_runner import LeanRunner
 

@@ -74,7 +74,14 @@ from relax.backends.embedded.decode_attention import (
     reads_only_rows,
     reference_decode_attention,
 )
-from relax.backends.embedded.decode_linear import decode_linear, glu_rows
+from relax.backends.embedded.decode_linear import (
+    PARTIAL_ROWS,
+    add_partials,
+    decode_linear,
+    decode_linear_partials,
+    glu_rows,
+    partial_splits,
+)
 from relax.backends.embedded.norm_rope import rms_norm, rotate
 from relax.backends.embedded.pdl import compile_options
 from relax.backends.embedded.rows import RowState, store_decoded
@@ -169,6 +176,7 @@ class LeanRunner:
         self._one_view = False  # `_prepare`: one graph view for all lengths (the Triton attention kernel)
         self._rope_in_attention = False  # `_prepare`: that kernel applies q/k-norm and RoPE (compiled runners)
         self._glu_rows = 0  # `_fuse`: the most rows whose gate/up kernel applies silu(gate) * up itself (`glu_rows`)
+        self._splits = (1, 1)  # `_fuse`: the o and down projections' K splits in the decode (`partial_splits`)
         self._compiled = compile
         # shared prompts (module docstring): the row whose slot holds row i's prompt (i itself: its own) and how many
         # positions row i reads there; device buffers for the decode graphs, host mirrors for the bookkeeping
@@ -283,6 +291,11 @@ class LeanRunner:
         # the epilogue rounds silu(gate) * up once, as the compiled ops do; uncompiled, the two eager ops round twice
         # (as HF does), and a GLU there raised the eager runners' log-prob mismatch (9.18e-3 -> 9.34e-3, H100)
         self._glu_rows = glu_rows(self._gate_up[0]) if self._compiled else 0
+        # o and down split along K where their N leaves SMs idle, the partials added inside the residual add's
+        # compiled kernel (compiled runners only: uncompiled, the adds would be kernels of their own)
+        layer = self.layers[0]
+        self._splits = ((partial_splits(layer.self_attn.o_proj.weight), partial_splits(layer.mlp.down_proj.weight))
+                        if self._compiled else (1, 1))
 
     def _fused_views(self) -> None:
         """The per-layer fused matrices, as views of the arena (its group order is `_fuse`'s)."""
@@ -323,9 +336,10 @@ class LeanRunner:
         return rotate(qk, cos, sin), v
 
     def _attention_out_and_mlp(self, i: int, x: torch.Tensor, attn: torch.Tensor, linear=F.linear,
-                               glu: bool = False) -> torch.Tensor:
-        """``glu``: ``linear`` is `decode_linear`, whose gate/up kernel applies ``silu(gate) * up`` itself."""
-        return self._layer_out(x, attn, *self._out_weights(i), linear=linear, glu=glu)
+                               glu: bool = False, splits: tuple[int, int] = (1, 1)) -> torch.Tensor:
+        """``glu``: ``linear`` is `decode_linear`, whose gate/up kernel applies ``silu(gate) * up`` itself; ``splits``:
+        the o and down projections' K splits (`decode_linear_partials` where > 1)."""
+        return self._layer_out(x, attn, *self._out_weights(i), linear=linear, glu=glu, splits=splits)
 
     def _out_weights(self, i: int) -> tuple[torch.Tensor | None, ...]:
         """Layer ``i``'s o projection (weight, bias), post-attention norm, fused gate/up, down (weight, bias)."""
@@ -333,16 +347,17 @@ class LeanRunner:
         o, down = layer.self_attn.o_proj, layer.mlp.down_proj
         return o.weight, o.bias, layer.post_attention_layernorm.weight, self._gate_up[i], down.weight, down.bias
 
-    def _layer_out(self, x, attn, o_w, o_b, norm_w, gate_up, down_w, down_b, linear=F.linear, glu: bool = False):
+    def _layer_out(self, x, attn, o_w, o_b, norm_w, gate_up, down_w, down_b, linear=F.linear, glu: bool = False,
+                   splits: tuple[int, int] = (1, 1)):
         """`_attention_out_and_mlp` over the weights given (tensors only, as `_layer_in`)."""
-        x = x + linear(attn, o_w, o_b)
+        x = x + _projection(linear, attn, o_w, o_b, splits[0])
         normed = rms_norm(x, norm_w, self.eps)
         if glu:
             act = linear(normed, gate_up, None, True)
         else:
             gate, up = linear(normed, gate_up).chunk(2, -1)
             act = F.silu(gate) * up
-        return x + linear(act, down_w, down_b)
+        return x + _projection(linear, act, down_w, down_b, splits[1])
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(rms_norm(x, self.base.norm.weight, self.eps))
@@ -441,6 +456,7 @@ class LeanRunner:
         # gate/up with silu(gate) * up in its kernel where that kernel takes the batch (a guard under torch.compile:
         # one compile on each side), else the two ops outside, where torch.compile fuses them
         glu = 0 < n <= self._glu_rows
+        splits = self._splits if 0 < n <= PARTIAL_ROWS else (1, 1)  # a guard as glu's
         for i in range(len(self.layers)):
             scaling = self.layers[i].self_attn.scaling
             if self._rope_in_attention:  # the kernel applies q/k-norm and RoPE to the raw projection itself
@@ -451,7 +467,7 @@ class LeanRunner:
             else:
                 qk, v = self._attention_in(i, x, cos, sin, linear)  # [n, H + KV, D], [n, KV, D]
                 o = attend(qk, v, self.k[i], self.v[i], positions, scaling, view, *shared)
-            x = self._attention_out_and_mlp(i, x, o.reshape(n, self.heads * self.head_dim), linear, glu)
+            x = self._attention_out_and_mlp(i, x, o.reshape(n, self.heads * self.head_dim), linear, glu, splits)
         return self._logits(x)
 
     def _shared_prefixes(self, n: int) -> tuple[torch.Tensor, torch.Tensor] | tuple[()]:
@@ -526,6 +542,14 @@ class LeanRunner:
             for row in rows:
                 self._shared_from[row] = heir
             self._shared_len[heir] = 0
+
+
+def _projection(linear, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, splits: int) -> torch.Tensor:
+    """``linear(x, weight, bias)``, or with ``splits`` > 1 the split-K op's partials added where the caller's fused
+    kernel (the residual add) reads them (`decode_linear_partials`, `add_partials`)."""
+    if splits == 1:
+        return linear(x, weight, bias)
+    return add_partials(decode_linear_partials(x, weight, bias, splits), x.dtype)
 
 
 def _compile_over_rows(fn, **options):

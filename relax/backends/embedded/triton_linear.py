@@ -34,15 +34,21 @@ from relax.backends.embedded.sm_count import sm_count
 BLOCK_M = 64
 BLOCK_K = 128
 MAX_ROWS = 64  # above this the GEMMs are not launch-bound and cuBLAS is used (the caller's F.linear)
+SPLIT_BLOCK_N = 32  # the column tile of a split-K launch (`skinny_partials`)
 
 
 @triton.jit
-def _skinny_kernel(X, W, B, OUT, M, stride_xm, stride_wn, stride_om, K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   GLU: tl.constexpr, N_OUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+def _skinny_kernel(X, W, B, OUT, M, stride_xm, stride_wn, stride_om, stride_os, K: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, GLU: tl.constexpr, N_OUT: tl.constexpr, SPLITS: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pid = tl.program_id(1)  # the row block, or with SPLITS > 1 (one row block) the K split
+    if SPLITS == 1:
+        rm = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+        k_lo = 0
+    else:
+        rm = tl.arange(0, BLOCK_M)
+        k_lo = pid * (K // SPLITS)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     m_in = rm[:, None] < M
@@ -51,20 +57,24 @@ def _skinny_kernel(X, W, B, OUT, M, stride_xm, stride_wn, stride_om, K: tl.const
         tl.extra.cuda.gdc_launch_dependents()
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_lo, k_lo + K // SPLITS, BLOCK_K):
         x = tl.load(X + rm[:, None] * stride_xm + (k0 + rk)[None, :], mask=m_in, other=0.0)
         w = tl.load(W + rn[:, None] * stride_wn + (k0 + rk)[None, :])
         acc += tl.dot(x, tl.trans(w))
         if GLU:  # the same columns of the up half of the weight (rows N_OUT + rn)
             w_up = tl.load(W + (N_OUT + rn)[:, None] * stride_wn + (k0 + rk)[None, :])
             up += tl.dot(x, tl.trans(w_up))
-    if HAS_BIAS:
-        acc += tl.load(B + rn)[None, :].to(tl.float32)
-    out = acc.to(OUT.dtype.element_ty)
+    if HAS_BIAS:  # once: in the first split's partial
+        bias = tl.load(B + rn).to(tl.float32)
+        if SPLITS == 1:
+            acc += bias[None, :]
+        else:
+            acc += tl.where(pid == 0, bias, 0.0)[None, :]
+    out = acc.to(OUT.dtype.element_ty)  # with SPLITS > 1 OUT holds fp32 partials (stride_os apart): no rounding
     if GLU:  # silu(gate) * up of the two projections as the model dtype rounds them, in fp32, rounded once
         gate = out.to(tl.float32)
         out = (gate * tl.sigmoid(gate) * up.to(OUT.dtype.element_ty).to(tl.float32)).to(OUT.dtype.element_ty)
-    tl.store(OUT + rm[:, None] * stride_om + rn[None, :], out, mask=m_in)
+    tl.store(OUT + pid * stride_os + rm[:, None] * stride_om + rn[None, :], out, mask=m_in)
 
 
 def block_n(n: int, sms: int) -> int | None:
@@ -109,6 +119,45 @@ def default_tile(n: int, sms: int) -> Tile:
     return Tile(BLOCK_M, block_n(n, sms))
 
 
+
+def split_count(n: int, k: int, sms: int) -> int:
+    """K splits for `skinny_partials` through an ``[n, k]`` weight (any rows up to `BLOCK_M`): the most of 2, 4 or 8
+    that divide K into whole `BLOCK_K` steps and still leave every program (``n / SPLIT_BLOCK_N`` column tiles per
+    split) an SM of its own; 1 where none does (then the plain kernel). Why 32-column tiles: a program re-reads its
+    rows of the activation from L2 once per column tile, so 16-column tiles (the plain kernel's at N = 1024) read
+    four times the activation's bytes per weight byte, 32-column ones twice."""
+    if n % SPLIT_BLOCK_N or k % BLOCK_K:
+        return 1
+    splits = 1
+    while splits < 8 and k % (2 * splits * BLOCK_K) == 0 and n // SPLIT_BLOCK_N * 2 * splits <= sms:
+        splits *= 2
+    return splits
+
+
+def skinny_partials(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, splits: int, *,
+                    pdl: bool | None = None, tile: Tile | None = None) -> torch.Tensor:
+    """Split-K ``x [M, K] @ weight[N, K].T (+ bias)`` as fp32 partial sums ``[splits, M, N]`` over consecutive K
+    ranges (the bias in the first), which the caller adds in split order and rounds once. Why: where N / 16
+    programs leave SMs idle (o and down of bench-270m: 64 programs on 132 SMs), programs that each take a K range
+    fill them, and each re-reads only its slice of the activation; the caller's next fused kernel (the residual
+    add) takes the sum in, so the split costs no kernel of its own. The caller checks `supports` first; ``tile``
+    defaults to `BLOCK_M` rows and `SPLIT_BLOCK_N` columns (one row block: ``M <= tile.block_m``)."""
+    m, k = x.shape
+    n = weight.shape[0]
+    tile = tile or Tile(BLOCK_M, SPLIT_BLOCK_N)
+    if m > tile.block_m or k % (splits * tile.block_k) or n % tile.block_n:
+        raise ValueError(f"skinny_partials: {m} rows, N {n}, K {k} do not take {splits} splits of {tile}")
+    use_pdl = pdl_available(x.device) if pdl is None else pdl
+    out = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+    launch = {"launch_pdl": True} if use_pdl else {}
+    _skinny_kernel[(n // tile.block_n, splits)](
+        x, weight, bias if bias is not None else out, out, m, x.stride(0), weight.stride(0), out.stride(1),
+        out.stride(0), K=k, HAS_BIAS=bias is not None, GLU=False, N_OUT=n, SPLITS=splits, BLOCK_M=tile.block_m,
+        BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, PDL=use_pdl, num_warps=tile.warps, num_stages=tile.stages,
+        **launch)
+    return out
+
+
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, glu: bool = False,
                   pdl: bool | None = None, tile: Tile | None = None) -> torch.Tensor:
     """``x [M, K] @ weight[N, K].T (+ bias)``; with ``glu`` (the MLP's fused gate/up weight, ``[2I, K]``, no bias)
@@ -124,7 +173,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     launch = {"launch_pdl": True} if use_pdl else {}
     _skinny_kernel[(n // tile.block_n, triton.cdiv(m, tile.block_m))](
-        x, weight, bias if bias is not None else out, out, m, x.stride(0), weight.stride(0), out.stride(0),
-        K=k, HAS_BIAS=bias is not None, GLU=glu, N_OUT=n, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+        x, weight, bias if bias is not None else out, out, m, x.stride(0), weight.stride(0), out.stride(0), 0,
+        K=k, HAS_BIAS=bias is not None, GLU=glu, N_OUT=n, SPLITS=1, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
         BLOCK_K=tile.block_k, PDL=use_pdl, num_warps=tile.warps, num_stages=tile.stages, **launch)
     return out
