@@ -39,7 +39,11 @@ def pdl_available(device: torch.device) -> bool:
 
 def compile_options(device: torch.device, mode: str | None) -> dict:
     """``torch.compile`` keyword arguments for the decode step: ``mode`` when one is asked for (torch.compile takes
-    a mode or options, not both), else inductor's PDL codegen where PDL is available."""
-    if mode is not None or not pdl_available(device):
+    a mode or options, not both), else inductor's PDL codegen where PDL is available; ``RELAX_DECODE_EMULATE=1``
+    adds inductor's ``emulate_precision_casts`` (an A/B)."""
+    if mode is not None:
         return {"mode": mode}
-    return {"options": {"triton.enable_pdl": True}}
+    options = {"triton.enable_pdl": True} if pdl_available(device) else {}
+    if os.environ.get("RELAX_DECODE_EMULATE", "0") == "1":
+        options["emulate_precision_casts"] = True
+    return {"options": options} if options else {"mode": None}
