@@ -22,6 +22,8 @@ Runs under ``TRITON_INTERPRET=1`` on CPU tensors too (without PDL), which is how
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -53,6 +55,38 @@ def _norm_rope(ptrs, d, mask, NORM_W, COS_ROW, SIN_ROW, eps, QK_NORM: tl.constex
 
 
 @triton.jit
+def _attend_block(q, k, v, nmask, m, denom, acc, scale):
+    """One block of cache positions into the online softmax: ``(m, denom, acc)`` updated with keys ``k`` and values
+    ``v`` (``[BLOCK_N, DIM]``); positions outside ``nmask`` weigh nothing, and a block without any (the first
+    block of an empty split, of a padding row) leaves the state as it was."""
+    scores = tl.dot(q, tl.trans(k)) * scale
+    scores = tl.where(nmask[None, :], scores, float("-inf"))
+    m_new = tl.maximum(m, tl.max(scores, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no score yet: exp(-inf - 0) = 0, not exp(nan)
+    alpha = tl.exp(m - m_safe)
+    p = tl.exp(scores - m_safe[:, None])
+    denom = denom * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, denom, acc
+
+
+@triton.jit
+def _block_rows(KC, VC, b, h, offs, shared_row, shared_len, stride_kcb, stride_kch, stride_vcb, stride_vch,
+                HAS_PREFIX: tl.constexpr):
+    """The K and V row pointers of cache positions ``offs`` of row ``b``, KV head ``h``: with ``HAS_PREFIX``
+    ``[BLOCK_N, 1]`` each, from the slot that holds the shared prompt for positions before its end; else the row's
+    own slot's base."""
+    if HAS_PREFIX:
+        row = tl.where(offs < shared_len, shared_row, b).to(tl.int64)
+        k_rows = (KC + row * stride_kcb + h * stride_kch)[:, None]
+        v_rows = (VC + row * stride_vcb + h * stride_vch)[:, None]
+    else:  # one base pointer (scalar: the loads' contiguity stays plain to the compiler)
+        k_rows = KC + b * stride_kcb + h * stride_kch
+        v_rows = VC + b * stride_vcb + h * stride_vch
+    return k_rows, v_rows
+
+
+@triton.jit
 def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL, COS, SIN, QN, KN,
                    stride_qb, stride_qh, stride_vnb, stride_vnh,
                    stride_kcb, stride_kch, stride_kct, stride_vcb, stride_vch, stride_vct,
@@ -60,18 +94,38 @@ def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL, C
                    scale, chunk, eps,
                    HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                    SPLITS: tl.constexpr, HAS_PREFIX: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr,
-                   PDL: tl.constexpr):
+                   PDL: tl.constexpr, EARLY: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
-    if PDL:  # relax.backends.embedded.pdl: wait for the previous grid before the first load, then let the next launch
+    if PDL and not EARLY:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
+    # With EARLY, before the wait (PDL), what no kernel of this step writes: the row's position and prompt source
+    # (written before the step), and its first block of cache positions (written by earlier steps; this step's new
+    # K/V goes to `pos`, past every position read here); their latency then overlaps the previous kernel's tail
     pos = tl.load(POS + b)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, DIM)
     heads = h * GROUP + g
     gmask = g < GROUP
+    if HAS_PREFIX:
+        shared_row = tl.load(PREFIX_ROWS + b)
+        shared_len = tl.load(PREFIX_LENS + b)
+    else:
+        shared_row = b
+        shared_len = 0
+    start = s * chunk
+    end = tl.minimum(start + chunk, pos)
+    offs = start + tl.arange(0, BLOCK_N)
+    first = offs < end
+    k_rows, v_rows = _block_rows(KC, VC, b, h, offs, shared_row, shared_len, stride_kcb, stride_kch, stride_vcb,
+                                 stride_vch, HAS_PREFIX)
+    k_first = tl.load(k_rows + offs[:, None] * stride_kct + d[None, :], mask=first[:, None], other=0.0)
+    v_first = tl.load(v_rows + offs[:, None] * stride_vct + d[None, :], mask=first[:, None], other=0.0)
+    if PDL and EARLY:  # relax.backends.embedded.pdl: wait for the previous grid before loading what it wrote, then
+        tl.extra.cuda.gdc_wait()  # let the next one launch
+        tl.extra.cuda.gdc_launch_dependents()
     if ROPE:  # raw projection in: this program's query heads through q-norm and RoPE here (`_norm_rope`)
         q = _norm_rope(QK + b * stride_qb + heads[:, None] * stride_qh, d, gmask[:, None], QN, COS + pos * stride_rope,
                        SIN + pos * stride_rope, eps, QK_NORM, DIM).to(QK.dtype.element_ty)
@@ -79,35 +133,19 @@ def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL, C
         q = tl.load(QK + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
     k_base = KC + b * stride_kcb + h * stride_kch
     v_base = VC + b * stride_vcb + h * stride_vch
-    if HAS_PREFIX:
-        shared_row = tl.load(PREFIX_ROWS + b)
-        shared_len = tl.load(PREFIX_LENS + b)
 
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, DIM], tl.float32)
-    start = s * chunk
-    end = tl.minimum(start + chunk, pos)
-    for n0 in range(start, end, BLOCK_N):
+    m, denom, acc = _attend_block(q, k_first, v_first, first, m, denom, acc, scale)
+    for n0 in range(start + BLOCK_N, end, BLOCK_N):
         offs = n0 + tl.arange(0, BLOCK_N)
         nmask = offs < end
-        if HAS_PREFIX:  # positions before the shared prompt's end come from the slot that holds it
-            row = tl.where(offs < shared_len, shared_row, b).to(tl.int64)
-            k_rows = (KC + row * stride_kcb + h * stride_kch)[:, None]
-            v_rows = (VC + row * stride_vcb + h * stride_vch)[:, None]
-        else:
-            k_rows = k_base
-            v_rows = v_base
+        k_rows, v_rows = _block_rows(KC, VC, b, h, offs, shared_row, shared_len, stride_kcb, stride_kch, stride_vcb,
+                                     stride_vch, HAS_PREFIX)
         k = tl.load(k_rows + offs[:, None] * stride_kct + d[None, :], mask=nmask[:, None], other=0.0)
-        scores = tl.dot(q, tl.trans(k)) * scale
-        scores = tl.where(nmask[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, 1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        denom = denom * alpha + tl.sum(p, 1)
         v = tl.load(v_rows + offs[:, None] * stride_vct + d[None, :], mask=nmask[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m = m_new
+        m, denom, acc = _attend_block(q, k, v, nmask, m, denom, acc, scale)
 
     if s == SPLITS - 1:  # the new token: written by this split only, attended from registers
         if ROPE:
@@ -212,7 +250,7 @@ def decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tenso
         scale, chunk, eps,
         HEADS=heads, GROUP=group, BLOCK_G=max(_MIN_GROUP_ROWS, triton.next_power_of_2(group)), DIM=dim,
         BLOCK_N=block_n, SPLITS=splits, HAS_PREFIX=has_prefix, ROPE=rope is not None, QK_NORM=q_norm is not None,
-        PDL=pdl, num_warps=num_warps, **launch)
+        PDL=pdl, EARLY=os.environ.get("RELAX_DECODE_EARLY", "1") != "0", num_warps=num_warps, **launch)
     if splits > 1:
         _combine_kernel[(n, heads)](part, lse, out, *part_strides, *lse_strides, out.stride(0), out.stride(1),
                                     DIM=dim, SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), PDL=pdl, **launch)
