@@ -138,13 +138,13 @@ def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL, C
     denom = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, DIM], tl.float32)
     m, denom, acc = _attend_block(q, k_first, v_first, first, m, denom, acc, scale)
-    for n0 in range(start + BLOCK_N, end, BLOCK_N):
-        offs = n0 + tl.arange(0, BLOCK_N)
-        nmask = offs < end
-        k_rows, v_rows = _block_rows(KC, VC, b, h, offs, shared_row, shared_len, stride_kcb, stride_kch, stride_vcb,
+    for n0 in range(start + BLOCK_N, end, BLOCK_N):  # the rest (names of their own: none is loop-carried)
+        block = n0 + tl.arange(0, BLOCK_N)
+        nmask = block < end
+        k_ptrs, v_ptrs = _block_rows(KC, VC, b, h, block, shared_row, shared_len, stride_kcb, stride_kch, stride_vcb,
                                      stride_vch, HAS_PREFIX)
-        k = tl.load(k_rows + offs[:, None] * stride_kct + d[None, :], mask=nmask[:, None], other=0.0)
-        v = tl.load(v_rows + offs[:, None] * stride_vct + d[None, :], mask=nmask[:, None], other=0.0)
+        k = tl.load(k_ptrs + block[:, None] * stride_kct + d[None, :], mask=nmask[:, None], other=0.0)
+        v = tl.load(v_ptrs + block[:, None] * stride_vct + d[None, :], mask=nmask[:, None], other=0.0)
         m, denom, acc = _attend_block(q, k, v, nmask, m, denom, acc, scale)
 
     if s == SPLITS - 1:  # the new token: written by this split only, attended from registers
