@@ -44,6 +44,8 @@ separate q/k/v and gate/up GEMMs, sampling outside the graph. This runner keeps 
   ``silu(gate) * up`` in its epilogue when the decode is compiled (``glu``: eight kernels a layer instead of
   nine, rounded as the compiled ops round; ``RELAX_DECODE_GLU=0``), and the attention kernel takes the raw QKV
   projection and applies q/k-norm and RoPE itself, rounded as HF's eager modules (seven; ``RELAX_DECODE_ROPE=0``);
+  the o and down projections split K across programs (`decode_linear_partials`: their N leaves SMs idle), and the
+  residual add that follows sums the fp32 partials inside its compiled kernel (``RELAX_DECODE_SPLITK=0``);
 * **torch.compile** (``compile=True``): the decode forward and the sampler (`draw`: the counter
   hash's ~30 integer ops, softmax, the top-p/top-k sort, the blocked CDF scan) are compiled with the rows
   dynamic (`_compile_over_rows`) before capture, so their small kernels fuse into a few; a graph alone removes launch overhead

@@ -15,7 +15,9 @@ GRPO's n completions of one prompt keep its K/V once, and the programs of a grou
 bytes, mostly from L2). Each key/value row of a block picks its slot by position, so a block may
 straddle the prefix's end.
 
-On Hopper and newer it is launched with programmatic dependent launch (`relax.backends.embedded.pdl`).
+On Hopper and newer it is launched with programmatic dependent launch (`relax.backends.embedded.pdl`), and
+loads what no kernel of the step writes before it waits for the previous grid (``EARLY``): the row's position,
+its prompt source, its first block of cache positions (``RELAX_DECODE_EARLY=0`` loads them after the wait).
 
 Runs under ``TRITON_INTERPRET=1`` on CPU tensors too (without PDL), which is how CI tests it without a GPU.
 """
