@@ -73,11 +73,11 @@ def _attend_block(q, k, v, nmask, m, denom, acc, scale):
 
 
 @triton.jit
-def _block_rows(KC, VC, b, h, offs, shared_row, shared_len, stride_kcb, stride_kch, stride_vcb, stride_vch,
-                HAS_PREFIX: tl.constexpr):
-    """The K and V row pointers of cache positions ``offs`` of row ``b``, KV head ``h``: with ``HAS_PREFIX``
-    ``[BLOCK_N, 1]`` each, from the slot that holds the shared prompt for positions before its end; else the row's
-    own slot's base."""
+def _load_block(KC, VC, b, h, offs, end, d, shared_row, shared_len, stride_kcb, stride_kch, stride_kct, stride_vcb,
+                stride_vch, stride_vct, HAS_PREFIX: tl.constexpr):
+    """K and V (``[BLOCK_N, DIM]``, zero past ``end``) of cache positions ``offs`` of row ``b``, KV head ``h``, and the
+    positions' mask: with ``HAS_PREFIX`` those before the shared prompt's end from the slot that holds it."""
+    mask = offs < end
     if HAS_PREFIX:
         row = tl.where(offs < shared_len, shared_row, b).to(tl.int64)
         k_rows = (KC + row * stride_kcb + h * stride_kch)[:, None]
@@ -85,7 +85,9 @@ def _block_rows(KC, VC, b, h, offs, shared_row, shared_len, stride_kcb, stride_k
     else:  # one base pointer (scalar: the loads' contiguity stays plain to the compiler)
         k_rows = KC + b * stride_kcb + h * stride_kch
         v_rows = VC + b * stride_vcb + h * stride_vch
-    return k_rows, v_rows
+    k = tl.load(k_rows + offs[:, None] * stride_kct + d[None, :], mask=mask[:, None], other=0.0)
+    v = tl.load(v_rows + offs[:, None] * stride_vct + d[None, :], mask=mask[:, None], other=0.0)
+    return k, v, mask
 
 
 @triton.jit
@@ -119,12 +121,9 @@ def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL, C
         shared_len = 0
     start = s * chunk
     end = tl.minimum(start + chunk, pos)
-    offs = start + tl.arange(0, BLOCK_N)
-    first = offs < end
-    k_rows, v_rows = _block_rows(KC, VC, b, h, offs, shared_row, shared_len, stride_kcb, stride_kch, stride_vcb,
-                                 stride_vch, HAS_PREFIX)
-    k_first = tl.load(k_rows + offs[:, None] * stride_kct + d[None, :], mask=first[:, None], other=0.0)
-    v_first = tl.load(v_rows + offs[:, None] * stride_vct + d[None, :], mask=first[:, None], other=0.0)
+    k_first, v_first, first = _load_block(KC, VC, b, h, start + tl.arange(0, BLOCK_N), end, d, shared_row, shared_len,
+                                          stride_kcb, stride_kch, stride_kct, stride_vcb, stride_vch, stride_vct,
+                                          HAS_PREFIX)
     if PDL and EARLY:  # relax.backends.embedded.pdl: wait for the previous grid before loading what it wrote, then
         tl.extra.cuda.gdc_wait()  # let the next one launch
         tl.extra.cuda.gdc_launch_dependents()
@@ -140,13 +139,9 @@ def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL, C
     denom = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, DIM], tl.float32)
     m, denom, acc = _attend_block(q, k_first, v_first, first, m, denom, acc, scale)
-    for n0 in range(start + BLOCK_N, end, BLOCK_N):  # the rest (names of their own: none is loop-carried)
-        block = n0 + tl.arange(0, BLOCK_N)
-        nmask = block < end
-        k_ptrs, v_ptrs = _block_rows(KC, VC, b, h, block, shared_row, shared_len, stride_kcb, stride_kch, stride_vcb,
-                                     stride_vch, HAS_PREFIX)
-        k = tl.load(k_ptrs + block[:, None] * stride_kct + d[None, :], mask=nmask[:, None], other=0.0)
-        v = tl.load(v_ptrs + block[:, None] * stride_vct + d[None, :], mask=nmask[:, None], other=0.0)
+    for n0 in range(start + BLOCK_N, end, BLOCK_N):  # the rest
+        k, v, nmask = _load_block(KC, VC, b, h, n0 + tl.arange(0, BLOCK_N), end, d, shared_row, shared_len, stride_kcb,
+                                  stride_kch, stride_kct, stride_vcb, stride_vch, stride_vct, HAS_PREFIX)
         m, denom, acc = _attend_block(q, k, v, nmask, m, denom, acc, scale)
 
     if s == SPLITS - 1:  # the new token: written by this split only, attended from registers
