@@ -12,9 +12,9 @@ its weight in the 50 MB L2), captured as one CUDA graph and replayed; reported a
 * ``skinny``: `relax.backends.embedded.triton_linear.skinny_linear` launched plainly;
 * ``skinny_pdl``: the same kernel launched with programmatic dependent launch (what the lean runner runs on
   Hopper): each kernel starts during its predecessor and waits in ``gdc_wait``;
-* ``splitk_pdl``: a split-K variant kept here for the record (wider column tiles, the K range split across
-  programs, fp32 partials summed by a second PDL kernel), so each program re-reads less of the activation
-  from L2; its per-projection configs are in `SPLITK_CONFIGS`.
+* ``splitk_pdl``: split-K for every projection, `triton_linear.skinny_partials` (the kernel the lean runner runs
+  for o and down) at the per-projection configs of `SPLITK_CONFIGS`, its fp32 partials summed by a second PDL
+  kernel here (the runner sums them inside its next fused kernel instead, which a chain of projections has not).
 
 Outputs are compared with cuBLAS's (relative max difference: bf16 rounding of a different sum order).
 
@@ -40,27 +40,9 @@ SPLITK_CONFIGS = {"qkv": (64, 2, 128, 4, 4), "o": (32, 4, 128, 4, 2), "gate_up":
 REPLAYS, TIMINGS = 50, 5
 
 
-def _splitk_kernels():
+def _sum_cast_kernel():
     import triton
     import triton.language as tl
-
-    @triton.jit
-    def splitk(X, W, P, M, N, stride_xm, stride_wn, K_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        pid_n = tl.program_id(0)
-        s = tl.program_id(1)
-        rm = tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        rk = tl.arange(0, BLOCK_K)
-        m_in = rm[:, None] < M
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        for k0 in range(s * K_SPLIT, (s + 1) * K_SPLIT, BLOCK_K):
-            x = tl.load(X + rm[:, None] * stride_xm + (k0 + rk)[None, :], mask=m_in, other=0.0)
-            w = tl.load(W + rn[:, None] * stride_wn + (k0 + rk)[None, :])
-            acc += tl.dot(x, tl.trans(w))
-        tl.store(P + s * M * N + rm[:, None] * N + rn[None, :], acc, mask=m_in)
 
     @triton.jit
     def sum_cast(P, OUT, TOTAL, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
@@ -73,7 +55,7 @@ def _splitk_kernels():
             acc += tl.load(P + s * TOTAL + offs, mask=mask, other=0.0)
         tl.store(OUT + offs, acc.to(OUT.dtype.element_ty), mask=mask)
 
-    return splitk, sum_cast
+    return sum_cast
 
 
 def variants(rows: int) -> dict:
@@ -84,17 +66,15 @@ def variants(rows: int) -> dict:
 
     from relax.backends.embedded import triton_linear
 
-    splitk, sum_cast = _splitk_kernels()
-    parts = {nm: torch.empty(4, rows, n, device="cuda") for nm, (n, _) in SHAPES.items()}
+    sum_cast = _sum_cast_kernel()
     outs = {nm: torch.empty(rows, n, device="cuda", dtype=torch.bfloat16) for nm, (n, _) in SHAPES.items()}
 
     def splitk_pdl(x, w, nm):
         bn, splits, bk, warps, stages = SPLITK_CONFIGS[nm]
-        m, k = x.shape
-        n = w.shape[0]
-        splitk[(n // bn, splits)](x, w, parts[nm], m, n, x.stride(0), w.stride(0), K_SPLIT=k // splits, BLOCK_M=64,
-                                  BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages, launch_pdl=True)
-        sum_cast[(triton.cdiv(m * n, 1024),)](parts[nm], outs[nm], m * n, SPLITS=splits, BLOCK=1024, launch_pdl=True)
+        parts = triton_linear.skinny_partials(x, w, None, splits, pdl=True,
+                                              tile=triton_linear.Tile(64, bn, bk, warps, stages))
+        total = parts[0].numel()
+        sum_cast[(triton.cdiv(total, 1024),)](parts, outs[nm], total, SPLITS=splits, BLOCK=1024, launch_pdl=True)
         return outs[nm]
 
     return {"cublas": lambda x, w, nm: F.linear(x, w),

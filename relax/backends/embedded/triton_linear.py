@@ -126,7 +126,6 @@ def default_tile(n: int, sms: int) -> Tile:
     return Tile(BLOCK_M, block_n(n, sms))
 
 
-
 def split_count(n: int, k: int, sms: int) -> int:
     """K splits for `skinny_partials` through an ``[n, k]`` weight (any rows up to `BLOCK_M`): the most of 2, 4 or 8
     that divide K into whole `BLOCK_K` steps and still leave every program (``n / SPLIT_BLOCK_N`` column tiles per
