@@ -46,10 +46,11 @@ separate q/k/v and gate/up GEMMs, sampling outside the graph. This runner keeps 
   projection and applies q/k-norm and RoPE itself, rounded as HF's eager modules (seven; ``RELAX_DECODE_ROPE=0``);
   the o and down projections split K across programs (`decode_linear_partials`: their N leaves SMs idle), and the
   residual add that follows sums the fp32 partials inside its compiled kernel (``RELAX_DECODE_SPLITK=0``);
-* **torch.compile** (``compile=True``): the decode forward and the sampler (`draw`: the counter
-  hash's ~30 integer ops, softmax, the top-p/top-k sort, the blocked CDF scan) are compiled with the rows
-  dynamic (`_compile_over_rows`) before capture, so their small kernels fuse into a few; a graph alone removes launch overhead
-  but not the kernel count. On CUDA the prefill's per-layer dense parts (norms, projections, RoPE, MLP) are
+* **torch.compile** (``compile=True``): the decode forward and the sampler (`draw_step`: on CUDA an unfiltered batch
+  is one op, `draw_unfiltered`, two Triton kernels that spread each row's vocabulary over many programs
+  (``RELAX_DECODE_SAMPLER=0``: `draw`); a filtered one is `draw`: the counter hash's ~30 integer ops, softmax, the
+  top-p/top-k sort, the blocked CDF scan) are compiled with the rows dynamic (`_compile_over_rows`) before capture,
+  so their small kernels fuse into a few; a graph alone removes launch overhead but not the kernel count. On CUDA the prefill's per-layer dense parts (norms, projections, RoPE, MLP) are
   compiled too (`_layer_in` / `_layer_out`: functions of the layer's tensors, one compile for every layer).
   ``compile_mode`` is torch.compile's ``mode`` (ci/bench_engine.py's
   ``lean+graph+autotune`` row tries ``max-autotune-no-cudagraphs``: Triton GEMM templates tuned for
@@ -84,11 +85,11 @@ from relax.backends.embedded.decode_linear import (
     glu_rows,
     partial_splits,
 )
+from relax.backends.embedded.draw_op import draw_step
 from relax.backends.embedded.norm_rope import rms_norm, rotate
 from relax.backends.embedded.pdl import compile_options
 from relax.backends.embedded.rows import RowState, store_decoded
 from relax.backends.embedded.runners import compact_slots
-from relax.backends.embedded.sampling import draw
 from relax.backends.embedded.weight_arena import WeightArena
 
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn", None}
@@ -157,7 +158,7 @@ class LeanRunner:
         # which takes no part in PDL
         self._forward_decode = (_compile_over_rows(self._decode_logits, **compile_options(device, compile_mode))
                                 if compile else self._decode_logits)
-        self._draw = _compile_over_rows(draw, mode=compile_mode) if compile else draw
+        self._draw = _compile_over_rows(draw_step, mode=compile_mode) if compile else draw_step
         self._store = _compile_over_rows(store_decoded, mode=compile_mode) if compile else store_decoded
         # the prefill's dense parts, each layer's norm / projections / RoPE / MLP around the cache writes and SDPA
         # (eager: ~25 kernels a layer, most of bench-270m's 26 ms prefill of 64 x 128 tokens on the H100); compiled
