@@ -15,30 +15,30 @@ import pytest
 import torch
 
 from relax.backends.embedded.draw_op import draw_step, draw_unfiltered, reference_unfiltered
-from relax.backends.embedded.sampling import draw
+from relax.backends.embedded.sampling import counter_uniform, draw
 from tests.triton_helpers import needs_triton, run_interpreted
 
-# the float64 reference: the token whose CDF step holds u * total, and how far the target is from that step's ends
-_REFERENCE = textwrap.dedent("""
-    def reference(logits, temp, seed, counter):
-        scaled = logits.double() / torch.where(temp > 0, temp, torch.ones_like(temp)).double().unsqueeze(-1)
-        logp = torch.log_softmax(scaled, -1)
-        cdf = logp.exp().cumsum(-1)
-        target = counter_uniform(seed, counter).double() * cdf[:, -1]
-        tok = (cdf <= target.unsqueeze(-1)).sum(-1).clamp(max=logits.shape[1] - 1)
-        tok = torch.where(temp > 0, tok, logits.float().argmax(-1))
-        hi = cdf.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
-        lo = hi - logp.exp().gather(-1, tok.unsqueeze(-1)).squeeze(-1)
-        margin = torch.minimum(target - lo, hi - target).abs()
-        return tok, logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1), torch.where(temp > 0, margin, torch.inf)
-""")
+
+def reference(logits, temp, seed, counter):
+    """float64 inverse CDF: the token whose CDF step holds ``u * total`` (greedy rows: the first largest logit), its
+    log-prob, and how far the target sits from that step's ends (inf for greedy rows)."""
+    scaled = logits.double() / torch.where(temp > 0, temp, torch.ones_like(temp)).double().unsqueeze(-1)
+    logp = torch.log_softmax(scaled, -1)
+    cdf = logp.exp().cumsum(-1)
+    target = counter_uniform(seed, counter).double() * cdf[:, -1]
+    tok = (cdf <= target.unsqueeze(-1)).sum(-1).clamp(max=logits.shape[1] - 1)
+    tok = torch.where(temp > 0, tok, logits.float().argmax(-1))
+    hi = cdf.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+    lo = hi - logp.exp().gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+    margin = torch.minimum(target - lo, hi - target).abs()
+    return tok, logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1), torch.where(temp > 0, margin, torch.inf)
+
 
 _KERNEL_CHECK = textwrap.dedent("""
     import json, sys, torch
     sys.path.insert(0, sys.argv[1])
     from relax.backends.embedded import triton_sample
-    from relax.backends.embedded.sampling import counter_uniform
-    """) + _REFERENCE + textwrap.dedent("""
+    from tests.test_triton_sample import reference
     results = []
     gen = torch.Generator().manual_seed(0)
     # (rows, vocab, chunk, dtype): one piece, pieces that do not divide the vocabulary, many pieces
@@ -159,7 +159,6 @@ def test_gpu_kernels_draw_what_torch_draws_eagerly_and_in_a_graph() -> None:
     """bench-270m's shape (64 rows, 32,000 bf16 logits, 8 pieces): the compiled kernels against torch's `draw` on
     the same GPU (fp32 sums in another order: a token may move only where the target sits within rounding of a CDF
     step), then the op captured in a CUDA graph replays the eager op's draw bit for bit."""
-    exec(_REFERENCE, globals())
     gen = torch.Generator().manual_seed(4)
     rows, vocab = 64, 32000
     logits = (torch.randn(rows, vocab, generator=gen) * 4).bfloat16().cuda()
@@ -170,7 +169,7 @@ def test_gpu_kernels_draw_what_torch_draws_eagerly_and_in_a_graph() -> None:
     counter = torch.randint(0, 1 << 20, (rows,), generator=gen).cuda()
     tok, lp = draw_unfiltered(logits, temp, seed, counter)
     ref_tok, ref_lp = draw(logits, temp, top_p, top_k, seed, counter, filtered=False)
-    _, f64_lp, margin = reference(logits.cpu(), temp.cpu(), seed.cpu(), counter.cpu())  # noqa: F821 (exec above)
+    _, f64_lp, margin = reference(logits.cpu(), temp.cpu(), seed.cpu(), counter.cpu())
     moved = (tok != ref_tok).cpu()
     assert not moved.any() or (margin[moved] < 1e-5).all(), (tok, ref_tok, margin)
     assert (lp.cpu().double() - f64_lp).abs().max() < 1e-5
