@@ -9,7 +9,7 @@ cost does not count), the calls cycling over copies of the caches that together 
 so that no call finds its K/V in the 50 MB L2 (a first version reused one copy and read "104% of
 HBM"; docs/results/bench_decode_attention_h100_l2warm.json is that run), and reported as microseconds per call, the HBM bandwidth it reaches on the
 K/V bytes it must read, and its speed-up over the reference in the same run. The default config
-(`triton_decode.BLOCK_N`, `num_warps_default`, `split_count`) is marked.
+(`triton_decode.BLOCK_N`, 4 warps, `split_count`) is marked.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def measure_shape(n: int, pos: int, calls: int, tbps: float) -> list[dict]:
     kc, vc = caches[0]
     expected = reference_decode_attention(qk.double(), vn.double(), kc.double(), vc.double(), positions, 0.125, VIEW)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    default = (triton_decode.BLOCK_N, triton_decode.num_warps_default(), triton_decode.split_count(n, KV_HEADS, VIEW, sms))
+    default = (triton_decode.BLOCK_N, 4, triton_decode.split_count(n, KV_HEADS, VIEW, sms))
     out = []
     for block_n, warps, splits in sorted({default, *itertools.product([32, 64, 128], [2, 4, 8], [1, 2, 4])}):
         calls_of = [lambda kc=kc, vc=vc, block_n=block_n, warps=warps, splits=splits: triton_decode.decode_attention(

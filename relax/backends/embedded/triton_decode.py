@@ -227,13 +227,6 @@ def supports_cache(k_cache: torch.Tensor, heads: int) -> bool:
             and heads % kv_heads == 0)
 
 
-def num_warps_default() -> int:
-    """2 warps with the prefetching loop, 4 without it (``RELAX_DECODE_PREFETCH=0``): the fastest of each on the H100
-    at batch 64 (`ci/bench_decode_attention.py`, a66770a: 19.1 us at a 383-token context with 2 warps and the
-    prefetch, 21.5 us with 4 warps and without; 22.7 us with 4 warps and the prefetch)."""
-    return 4 if os.environ.get("RELAX_DECODE_PREFETCH", "1") == "0" else 2
-
-
 def split_count(rows: int, kv_heads: int, view: int, sms: int, block_n: int = BLOCK_N) -> int:
     """Splits of the context per (row, KV head): enough programs for two per SM, each >= 2 blocks long."""
     programs = rows * kv_heads
@@ -243,13 +236,11 @@ def split_count(rows: int, kv_heads: int, view: int, sms: int, block_n: int = BL
 def decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      positions: torch.Tensor, scale: float, view: int, prefix_rows: torch.Tensor | None = None,
                      prefix_lens: torch.Tensor | None = None, *, rope: tuple | None = None, splits: int | None = None,
-                     block_n: int = BLOCK_N, num_warps: int | None = None) -> torch.Tensor:
+                     block_n: int = BLOCK_N, num_warps: int = 4) -> torch.Tensor:
     """The op's CUDA implementation; ``rope`` ``(cos, sin, q_norm, k_norm, eps)``: ``qk`` is raw, the kernel applies
     q/k-norm (``q_norm`` None: none) and RoPE itself; ``splits``/``block_n``/``num_warps`` are for
-    ci/bench_decode_attention.py (``num_warps`` defaults to `num_warps_default`)."""
+    ci/bench_decode_attention.py."""
     has_prefix = prefix_rows is not None
-    prefetch = os.environ.get("RELAX_DECODE_PREFETCH", "1") != "0"
-    num_warps = num_warps or num_warps_default()
     pdl = pdl_available(qk.device)
     launch = {"launch_pdl": True} if pdl else {}
     kvh = k_cache.shape[1]
@@ -280,7 +271,7 @@ def decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tenso
         HEADS=heads, GROUP=group, BLOCK_G=max(_MIN_GROUP_ROWS, triton.next_power_of_2(group)), DIM=dim,
         BLOCK_N=block_n, SPLITS=splits, HAS_PREFIX=has_prefix, ROPE=rope is not None, QK_NORM=q_norm is not None,
         PDL=pdl, EARLY=os.environ.get("RELAX_DECODE_EARLY", "1") != "0",
-        PREFETCH=prefetch, num_warps=num_warps, **launch)
+        PREFETCH=os.environ.get("RELAX_DECODE_PREFETCH", "1") != "0", num_warps=num_warps, **launch)
     if splits > 1:
         _combine_kernel[(n, heads)](part, lse, out, *part_strides, *lse_strides, out.stride(0), out.stride(1),
                                     DIM=dim, SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), PDL=pdl, **launch)
