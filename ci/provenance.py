@@ -3,6 +3,8 @@
 Every bench script writes ``{"provenance": provenance(), ...}`` so a figure quoted in the docs can be
 traced to the run that produced it (docs/results/ holds those JSON files). On the GPU machine the
 working tree's ``.git`` is not this checkout's: ``RELAX_COMMIT`` (set by the caller) names the commit there.
+The engine's A/B switches (``RELAX_DECODE_*`` environment variables) that were set open the command, as a shell
+would take them, so an A/B run's JSON says which side it is.
 """
 
 from __future__ import annotations
@@ -59,7 +61,12 @@ def machine() -> dict:
     return info
 
 
+def switches() -> list[str]:
+    """``NAME=value`` for every ``RELAX_DECODE_*`` variable set in this process's environment, sorted."""
+    return [f"{name}={value}" for name, value in sorted(os.environ.items()) if name.startswith("RELAX_DECODE_")]
+
+
 def provenance(argv: list[str] | None = None) -> dict:
-    return {"command": shlex.join([Path(sys.executable).name, *(sys.argv if argv is None else argv)]),
+    return {"command": shlex.join([*switches(), Path(sys.executable).name, *(sys.argv if argv is None else argv)]),
             "commit": commit(), "machine": machine(),
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
