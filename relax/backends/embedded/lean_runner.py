@@ -50,8 +50,9 @@ separate q/k/v and gate/up GEMMs, sampling outside the graph. This runner keeps 
   is one op, `draw_unfiltered`, two Triton kernels that spread each row's vocabulary over many programs
   (``RELAX_DECODE_SAMPLER=0``: `draw`); a filtered one is `draw`: the counter hash's ~30 integer ops, softmax, the
   top-p/top-k sort, the blocked CDF scan) are compiled with the rows dynamic (`_compile_over_rows`) before capture,
-  so their small kernels fuse into a few; a graph alone removes launch overhead but not the kernel count. On CUDA the prefill's per-layer dense parts (norms, projections, RoPE, MLP) are
-  compiled too (`_layer_in` / `_layer_out`: functions of the layer's tensors, one compile for every layer).
+  so their small kernels fuse into a few; a graph alone removes launch overhead but not the kernel count. On CUDA
+  the prefill's per-layer dense parts (norms, projections, RoPE, MLP) are compiled too (`_layer_in` /
+  `_layer_out`: functions of the layer's tensors, one compile for every layer).
   ``compile_mode`` is torch.compile's ``mode`` (ci/bench_engine.py's
   ``lean+graph+autotune`` row tries ``max-autotune-no-cudagraphs``: Triton GEMM templates tuned for
   the decode's M <= 64 projections against cuBLAS; the runner captures its own graphs).
@@ -155,7 +156,7 @@ class LeanRunner:
         self.eps = float(cfg.rms_norm_eps)
         self.cuda_graph = cuda_graph and device.type == "cuda"
         # the sampler and its store compile without inductor's PDL codegen: they follow the LM head's cuBLAS GEMM,
-        # which takes no part in PDL
+        # which takes no part in PDL (the unfiltered sampler's own Triton kernels launch with PDL, triton_sample.py)
         self._forward_decode = (_compile_over_rows(self._decode_logits, **compile_options(device, compile_mode))
                                 if compile else self._decode_logits)
         self._draw = _compile_over_rows(draw_step, mode=compile_mode) if compile else draw_step
