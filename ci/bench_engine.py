@@ -29,6 +29,7 @@ graphs the lean runner had to capture again.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import statistics
@@ -65,6 +66,7 @@ class Row:
     batch: int
     tokens_per_s: float | None = None  # engine rows: over the median of the timed runs' walls (``--repeats``)
     walls_s: list[float] | None = None  # engine rows: every timed run's wall, in run order
+    full_gc_s: list[float] | None = None  # engine rows: seconds of full (gen-2) garbage collections in each timed run
     mismatch_mean: float | None = None
     mismatch_max: float | None = None
     held_gib: float | None = None
@@ -106,6 +108,32 @@ def timed(fn, device: str) -> float:
     fn()
     _sync(device)
     return time.perf_counter() - t0
+
+
+class FullCollections:
+    """Seconds Python's cyclic garbage collector spends in full (generation 2) collections while active. Why: a full
+    collection walks every tracked object (hundreds of thousands after torch.compile), so one that lands inside a
+    timed generate stalls its host loop; the row's ``full_gc_s`` says which walls carry one (`LeanRunner` freezes
+    the objects alive at each CUDA-graph capture, which keeps them out of those scans)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._start = 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._start
+
+    def __enter__(self) -> FullCollections:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
 
 
 def workload(ns: argparse.Namespace, batch: int) -> tuple[Any, Any]:
@@ -172,7 +200,11 @@ def measure(ns: argparse.Namespace, runner: str, batch: int) -> Row:
     engine.generate(engine_requests(prompts, ns.new, 20_000))
     reqs = engine_requests(prompts, ns.new, 0)
     holder: dict[str, Any] = {}
-    row.walls_s = [timed(lambda: holder.update(out=engine.generate(reqs)), ns.device) for _ in range(ns.repeats)]
+    row.walls_s, row.full_gc_s = [], []
+    for _ in range(ns.repeats):
+        with FullCollections() as collections:
+            row.walls_s.append(timed(lambda: holder.update(out=engine.generate(reqs)), ns.device))
+        row.full_gc_s.append(collections.seconds)
     row.tokens_per_s = tokens / statistics.median(row.walls_s)
     row.mismatch_mean, row.mismatch_max = mismatch(model, reqs, holder["out"], ns.device)
     if ns.profile:  # one more run, traced (ci/decode_profile.py); the timed runs above were not

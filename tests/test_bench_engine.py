@@ -72,6 +72,7 @@ def test_cpu_smoke_measures_each_runner_in_its_own_process_and_writes_json(tmp_p
     for r in engine_rows:  # --repeats 3: the figure is over the median of three timed generates, in the note
         walls = sorted(r["walls_s"])
         assert len(walls) == 3 and r["tokens_per_s"] == pytest.approx(4 * 6 / walls[1], rel=1e-12)
+        assert len(r["full_gc_s"]) == 3 and all(0 <= s < w for s, w in zip(r["full_gc_s"], r["walls_s"], strict=True))
     assert stdout.count("median of 3 (") == 2
     assert data["hbm_source"] == "--hbm-tbps" and data["roofline_tok_s"]["4"] > 0
     assert data["provenance"]["command"] and data["provenance"]["commit"] and data["complete"] is True
@@ -131,3 +132,16 @@ def test_engine_paths_bench_times_each_layer_of_the_rollout_path_on_cpu(tmp_path
     for name in ("http", "http_after_release"):
         assert 0 < paths[name]["e2e_latency"] < paths[name]["seconds"]
     assert data["provenance"]["command"] and "| http_after_release |" in capsys.readouterr().out
+
+
+def test_full_collections_counts_only_generation_two() -> None:
+    import gc
+
+    with be.FullCollections() as young:
+        gc.collect(0)
+        gc.collect(1)
+    assert young.seconds == 0.0
+    with be.FullCollections() as full:
+        gc.collect()
+    assert full.seconds > 0.0
+    assert full._callback not in gc.callbacks  # removed on exit
