@@ -19,8 +19,9 @@ its weight in the 50 MB L2), captured as one CUDA graph and replayed; reported a
 Outputs are compared with cuBLAS's (relative max difference: bf16 rounding of a different sum order).
 
 ``--sweep`` times each projection alone instead (gate/up with its ``silu(gate) * up`` epilogue, as the runner
-calls it), chained over copies of its weight (200 MB: no L2 hits), for every tile of `SWEEP` that divides it
-(`triton_linear.Tile`: rows, columns, K step, warps, stages; and K splits), with PDL, against the default tile.
+calls it; the LM head too, ``--shapes`` picks), chained over copies of its weight (200 MB: no L2 hits), cuBLAS
+first, then every tile of `SWEEP` that divides it (`triton_linear.Tile`: rows, columns, K step, warps, stages; and
+K splits), with PDL, against the default tile.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ci.provenance import provenance  # noqa: E402
 
 SHAPES = {"qkv": (2048, 1024), "o": (1024, 1024), "gate_up": (6144, 1024), "down": (1024, 3072)}
+SWEEP_SHAPES = {**SHAPES, "lm_head": (32000, 1024)}  # --sweep: the layer's projections and the LM head (vocab 32000)
 # per projection: column tile, K splits, K block, warps, pipeline stages
 SPLITK_CONFIGS = {"qkv": (64, 2, 128, 4, 4), "o": (32, 4, 128, 4, 2), "gate_up": (64, 1, 128, 4, 4),
                   "down": (64, 4, 128, 4, 4)}
@@ -150,11 +152,13 @@ def _configs(grid: dict[str, tuple[int, ...]], n: int, k: int, rows: int, glu: b
     return out
 
 
-def sweep(rows: int, budget_s: float, emit, grid: dict[str, tuple[int, ...]] = SWEEP) -> None:
-    """Each projection alone, chained over weight copies (``--sweep``): every `SWEEP` config with PDL, as microseconds
-    per call, the lean runner's default tile marked; ``emit(rows)`` after each projection (a run cut short keeps
-    what it measured). gate/up runs with ``glu`` (its output is the I = 3072 columns of ``silu(gate) * up``).
-    ``grid``: `SWEEP` with some of its axes replaced (``--grid``)."""
+def sweep(rows: int, budget_s: float, emit, grid: dict[str, tuple[int, ...]] = SWEEP,
+          shapes: tuple[str, ...] = tuple(SWEEP_SHAPES)) -> None:
+    """Each projection of ``shapes`` (`SWEEP_SHAPES`) alone, chained over weight copies (``--sweep``): cuBLAS, then
+    every `SWEEP` config with PDL, as microseconds per call, the lean runner's default tile marked; ``emit(rows)``
+    after each projection (a run cut short keeps what it measured). gate/up runs with ``glu`` (its output is the
+    I = 3072 columns of ``silu(gate) * up``; cuBLAS's row applies them with torch ops). ``grid``: `SWEEP` with some of
+    its axes replaced (``--grid``)."""
     import time
 
     import torch
@@ -164,13 +168,24 @@ def sweep(rows: int, budget_s: float, emit, grid: dict[str, tuple[int, ...]] = S
 
     sms, started, out = sm_count(torch.device("cuda")), time.perf_counter(), []
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for name, (n_w, k) in SHAPES.items():
+    for name in shapes:
+        n_w, k = SWEEP_SHAPES[name]
         glu = name == "gate_up"
         n = n_w // 2 if glu else n_w
         copies = max(16, int(SWEEP_BYTES // (n_w * k * 2)) + 1)
         weights = [(torch.randn(n_w, k, generator=gen, device="cuda") / k ** 0.5).bfloat16() for _ in range(copies)]
         x = torch.randn(rows, k, generator=gen, device="cuda").bfloat16()
         default = (triton_linear.default_tile(n, sms), 1)
+
+        def cublas(weights=weights, x=x, glu=glu):
+            for w in weights:
+                out = torch.nn.functional.linear(x, w)
+                if glu:
+                    gate, up = out.chunk(2, -1)
+                    torch.nn.functional.silu(gate) * up
+
+        _, median, _ = time_graph(cublas)
+        out.append(dict(projection=name, cublas=True, default=False, us=median / len(weights)))
         for tile, splits in sorted({default, *_configs(grid, n, k, rows, glu)}, key=lambda c: c != default):
             if time.perf_counter() - started > budget_s:
                 emit(out)
@@ -190,10 +205,11 @@ def sweep(rows: int, budget_s: float, emit, grid: dict[str, tuple[int, ...]] = S
                 out.append(row | dict(error=str(exc)[:120]))
                 continue
             out.append(row | dict(us=median / len(weights)))
-        mine = [r for r in out if r["projection"] == name and "us" in r]
+        mine = [r for r in out if r["projection"] == name and "us" in r and not r.get("cublas")]
         best = min(mine, key=lambda r: r["us"])
         base = next(r for r in mine if r["default"])
-        print(f"{name:8s} default {base['us']:6.2f} us; best {best['us']:6.2f} us "
+        blas = next(r for r in out if r["projection"] == name and r.get("cublas"))
+        print(f"{name:8s} cuBLAS {blas['us']:6.2f} us; default {base['us']:6.2f} us; best {best['us']:6.2f} us "
               f"({ {k: best[k] for k in SWEEP} }), {base['us'] / best['us']:.2f}x", flush=True)
         emit(out)
 
@@ -208,6 +224,8 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=480, help="--sweep stops starting tiles after this long")
     ap.add_argument("--grid", nargs="+", default=[], metavar="AXIS=V1,V2",
                     help=f"--sweep: replace axes of the grid, e.g. stages=5,6,8 (axes: {', '.join(SWEEP)})")
+    ap.add_argument("--shapes", nargs="+", default=list(SWEEP_SHAPES), choices=list(SWEEP_SHAPES),
+                    help="--sweep: these projections only")
     ns = ap.parse_args()
 
     import torch
@@ -232,7 +250,7 @@ def main() -> None:
             if axis not in SWEEP or not values:
                 sys.exit(f"bench_decode_linear: --grid {item!r}: want AXIS=V1,V2 with AXIS one of {', '.join(SWEEP)}")
             grid[axis] = tuple(int(v) for v in values.split(","))
-        sweep(ns.rows, ns.budget_s, write, grid)
+        sweep(ns.rows, ns.budget_s, write, grid, tuple(ns.shapes))
         return
     gen = torch.Generator(device="cuda").manual_seed(0)
     layers = [{nm: (torch.randn(n, k, generator=gen, device="cuda") / k ** 0.5).bfloat16()
