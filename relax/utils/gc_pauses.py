@@ -15,10 +15,7 @@ allocated since. Each process calls it once set up (models built, modules import
 has every process call it again after each of a run's first steps (`relax.core.runtime.FREEZE_AFTER_STEPS`),
 once those compiles are done (two H100 runs of 8a27b2f: no slow step in 10 steps after the warm-up ones,
 none above 0.621 s). Nothing that was alive then is collected later, which costs nothing for what a
-process builds once and keeps. Inside a run, where the collection itself would be the stall, `freeze_alive`
-freezes without collecting: the embedded engine's lean runner calls it after each CUDA-graph capture, which
-covers engines in processes that never call `freeze_startup_objects` (ci/bench_engine.py, whose timed generates
-record the full collections that land in them: ``full_gc_s``).
+process builds once and keeps.
 """
 
 from __future__ import annotations
@@ -29,11 +26,5 @@ import gc
 def freeze_startup_objects() -> int:
     """Collect once, then freeze what survives; returns how many objects are frozen."""
     gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count()
-
-
-def freeze_alive() -> int:
-    """``gc.freeze()`` alone (constant time, no collection); returns how many objects are frozen."""
     gc.freeze()
     return gc.get_freeze_count()

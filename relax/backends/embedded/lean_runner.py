@@ -65,6 +65,7 @@ construction with the reason.
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import time
 from typing import Any
@@ -92,7 +93,6 @@ from relax.backends.embedded.pdl import compile_options
 from relax.backends.embedded.rows import RowState, store_decoded
 from relax.backends.embedded.runners import compact_slots
 from relax.backends.embedded.weight_arena import WeightArena
-from relax.utils.gc_pauses import freeze_alive
 
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn", None}
 _MIN_BUCKET = 128
@@ -521,8 +521,9 @@ class LeanRunner:
         for t, old in zip(kept, saved, strict=True):
             t.copy_(old)
         # what is alive now (the model, torch.compile's and Triton's state: most of the process's objects) leaves
-        # the full collections' walks, which stall a generate's host loop (relax/utils/gc_pauses.py)
-        freeze_alive()
+        # the cyclic collector's full scans, each of which walks every tracked object and stalls the host mid-
+        # generate (ci/bench_engine.py's full_gc_s); refcounting still frees these objects when they are dropped
+        gc.freeze()
         self.captures += 1
         self.capture_s += time.perf_counter() - started
         return graph
