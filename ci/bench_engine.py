@@ -43,6 +43,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ci.provenance when run as a script
 from ci import decode_profile, host_stalls  # noqa: E402
 from ci.provenance import provenance  # noqa: E402
+from relax.utils.gc_pauses import freeze_startup_objects  # noqa: E402
 
 RUNNERS = {"hf": dict(runner="hf"), "static": dict(runner="static"), "static+graph": dict(runner="static", cuda_graph=True),
            "lean": dict(runner="lean"), "lean+graph": dict(runner="lean", cuda_graph=True),
@@ -113,8 +114,9 @@ def timed(fn, device: str) -> float:
 class FullCollections:
     """Seconds Python's cyclic garbage collector spends in full (generation 2) collections while active. Why: a full
     collection walks every tracked object (hundreds of thousands after torch.compile), so one that lands inside a
-    timed generate stalls its host loop; the row's ``full_gc_s`` says which walls carry one (`LeanRunner` freezes
-    the objects alive at each CUDA-graph capture, which keeps them out of those scans)."""
+    timed generate stalls its host loop; the row's ``full_gc_s`` says which walls carry one. `measure` freezes what
+    the warm-ups left (`relax.utils.gc_pauses.freeze_startup_objects`), as a training run does after its first
+    steps, so those walks cover only what the timed generates allocate."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
@@ -198,6 +200,17 @@ def measure(ns: argparse.Namespace, runner: str, batch: int) -> Row:
                             max_running_requests=batch, **RUNNERS[runner])
     engine.generate(engine_requests(prompts[:4], 8, 10_000))  # warm-up / graph capture
     engine.generate(engine_requests(prompts, ns.new, 20_000))
+    freeze_startup_objects()  # as `relax train` does after its first steps (relax/utils/gc_pauses.py)
+    try:
+        return _measure_engine(ns, engine, model, prompts, row, tokens)
+    finally:
+        gc.unfreeze()  # the next in-process measurement's collections reach this engine again
+
+
+def _measure_engine(ns: argparse.Namespace, engine: Any, model: Any, prompts: Any, row: Row, tokens: int) -> Row:
+    """`measure`'s timed part, after the warm-ups."""
+    import torch
+
     reqs = engine_requests(prompts, ns.new, 0)
     holder: dict[str, Any] = {}
     row.walls_s, row.full_gc_s = [], []

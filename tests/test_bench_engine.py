@@ -98,6 +98,23 @@ def test_profile_rows_say_where_the_time_goes(tmp_path, capsys) -> None:
     assert prof["timed_wall_s"] == pytest.approx(4 * 6 / rows[1]["tokens_per_s"])
 
 
+def test_an_in_process_measurement_freezes_after_its_warm_ups_and_thaws_after() -> None:
+    """What the warm-ups leave is frozen for the timed generates (as `relax train` freezes after its first steps),
+    and thawed when the measurement ends, so the next runner's collections reach this engine again."""
+    import gc
+
+    frozen = []
+    real = be.freeze_startup_objects
+    gc.unfreeze()
+    try:
+        be.freeze_startup_objects = lambda: frozen.append(real()) or frozen[-1]
+        row = be.measure(be.parse([*SMOKE, "--runners", "lean", "--repeats", "2"]), "lean", 4)
+    finally:
+        be.freeze_startup_objects = real
+    assert len(frozen) == 1 and frozen[0] > 0 and len(row.full_gc_s) == 2
+    assert gc.get_freeze_count() == 0
+
+
 def test_a_run_cut_short_keeps_the_rows_it_measured(tmp_path, monkeypatch) -> None:
     out = tmp_path / "engine.json"
     calls = []

@@ -65,7 +65,6 @@ construction with the reason.
 from __future__ import annotations
 
 import functools
-import gc
 import os
 import time
 from typing import Any
@@ -520,10 +519,6 @@ class LeanRunner:
         # are overwritten by the replay that follows, at the same positions; ``staged`` by the replay itself)
         for t, old in zip(kept, saved, strict=True):
             t.copy_(old)
-        # what is alive now (the model, torch.compile's and Triton's state: most of the process's objects) leaves
-        # the cyclic collector's full scans, each of which walks every tracked object and stalls the host mid-
-        # generate (ci/bench_engine.py's full_gc_s); refcounting still frees these objects when they are dropped
-        gc.freeze()
         self.captures += 1
         self.capture_s += time.perf_counter() - started
         return graph
