@@ -28,3 +28,13 @@ def run_interpreted(script: str) -> Any:
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, proc.stderr[-3000:]
     return json.loads(lines[0][len("RESULT "):])
+
+
+def refusal(call) -> str:
+    """The message of the ``ValueError`` that ``call()`` raises (what a kernel's launcher says to a shape it does not
+    take), or a line saying none came; for the interpreted scripts' JSON."""
+    try:
+        call()
+    except ValueError as exc:
+        return str(exc)
+    return "no ValueError raised"

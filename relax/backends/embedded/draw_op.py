@@ -4,8 +4,8 @@ Why an op: compiled, `relax.backends.embedded.sampling.draw` without top-p/top-k
 program per row each (28 us of a decode step at batch 64 on the H100); `relax.backends.embedded.triton_sample`
 does the same draw in two kernels that spread each row's vocabulary over many programs. As a
 ``torch.library`` custom op, ``torch.compile`` keeps it one opaque call and a CUDA graph captures its kernels.
-Its CPU (and fallback) implementation is `sample_batch` with the row's `counter_uniform` number, so on CPU the
-tokens are `draw`'s; on CUDA they are the same draw up to the rounding of the sums (tests/test_triton_sample.py).
+Its CPU (and fallback) implementation is `draw` itself, so on CPU the tokens are `draw`'s; on CUDA they are the
+same draw up to the rounding of the sums (tests/test_triton_sample.py).
 Filtered batches (some row with top-p/top-k) keep `draw`'s sort; ``RELAX_DECODE_SAMPLER=0`` in the engine's
 environment sends unfiltered ones there too (an A/B).
 """
@@ -16,16 +16,15 @@ import os
 
 import torch
 
-from relax.backends.embedded.sampling import counter_uniform, draw, sample_batch
+from relax.backends.embedded.sampling import draw
 from relax.utils.modules import optional_module
 
 
 def reference_unfiltered(logits: torch.Tensor, temperature: torch.Tensor, seed: torch.Tensor,
                          counter: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`sample_batch` without filters, each row's number from ``(seed, counter)``: what the kernels compute."""
-    no_top_p = torch.ones_like(temperature, dtype=torch.float32)
-    no_top_k = torch.full_like(seed, -1)
-    return sample_batch(logits, temperature, no_top_p, no_top_k, counter_uniform(seed, counter), filtered=False)
+    """`draw` without filters (each row's number from ``(seed, counter)``): what the kernels compute."""
+    return draw(logits, temperature, torch.ones_like(temperature, dtype=torch.float32), torch.full_like(seed, -1),
+                seed, counter, filtered=False)
 
 
 @torch.library.custom_op("relax::draw_unfiltered", mutates_args=())
