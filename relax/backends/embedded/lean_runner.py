@@ -363,8 +363,14 @@ class LeanRunner:
             act = F.silu(gate) * up
         return x + _projection(linear, act, down_w, down_b, splits[1])
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model.lm_head(rms_norm(x, self.base.norm.weight, self.eps))
+    def _logits(self, x: torch.Tensor, linear=None) -> torch.Tensor:
+        """The final norm and the LM head; ``linear`` (the decode's `decode_linear`) runs the head as a decode
+        projection: on CUDA for <= 64 rows the Triton skinny GEMM launched with PDL, where cuBLAS's GEMM takes no
+        part in PDL (``RELAX_DECODE_HEAD=0``: the module's own ``F.linear``)."""
+        x = rms_norm(x, self.base.norm.weight, self.eps)
+        if linear is None or os.environ.get("RELAX_DECODE_HEAD", "1") == "0":
+            return self.model.lm_head(x)
+        return linear(x, self.model.lm_head.weight, self.model.lm_head.bias)
 
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
@@ -472,7 +478,7 @@ class LeanRunner:
                 qk, v = self._attention_in(i, x, cos, sin, linear)  # [n, H + KV, D], [n, KV, D]
                 o = attend(qk, v, self.k[i], self.v[i], positions, scaling, view, *shared)
             x = self._attention_out_and_mlp(i, x, o.reshape(n, self.heads * self.head_dim), linear, glu, splits)
-        return self._logits(x)
+        return self._logits(x, linear)
 
     def _shared_prefixes(self, n: int) -> tuple[torch.Tensor, torch.Tensor] | tuple[()]:
         """The attention op's shared-prompt buffers for rows ``[:n]`` while some row reads another's prompt (the

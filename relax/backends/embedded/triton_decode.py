@@ -91,6 +91,20 @@ def _load_block(KC, VC, b, h, offs, end, d, shared_row, shared_len, stride_kcb, 
 
 
 @triton.jit
+def _new_kv(QK, VN, KN, COS, SIN, b, h, pos, d, stride_qb, stride_qh, stride_vnb, stride_vnh, stride_rope, eps,
+            HEADS: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr, DIM: tl.constexpr):
+    """The new token's key (through k-norm and RoPE with ``ROPE``) and value for KV head ``h``, ``[DIM]`` each."""
+    if ROPE:
+        kn = tl.reshape(_norm_rope(QK + b * stride_qb + (HEADS + h) * stride_qh, d, d[None, :] < DIM, KN,
+                                   COS + pos * stride_rope, SIN + pos * stride_rope, eps, QK_NORM, DIM),
+                        (DIM,)).to(QK.dtype.element_ty)
+    else:
+        kn = tl.load(QK + b * stride_qb + (HEADS + h) * stride_qh + d)
+    vn = tl.load(VN + b * stride_vnb + h * stride_vnh + d)
+    return kn, vn
+
+
+@triton.jit
 def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL, COS, SIN, QN, KN,
                    stride_qb, stride_qh, stride_vnb, stride_vnh,
                    stride_kcb, stride_kch, stride_kct, stride_vcb, stride_vch, stride_vct,
@@ -98,7 +112,7 @@ def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL, C
                    scale, chunk, eps,
                    HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                    SPLITS: tl.constexpr, HAS_PREFIX: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr,
-                   PDL: tl.constexpr, EARLY: tl.constexpr):
+                   PDL: tl.constexpr, EARLY: tl.constexpr, HOIST: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -132,6 +146,9 @@ def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL, C
                        SIN + pos * stride_rope, eps, QK_NORM, DIM).to(QK.dtype.element_ty)
     else:
         q = tl.load(QK + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
+    if HOIST:  # the new token's K/V in the queries' round trip (every split loads them; the last one uses them)
+        kn, vn = _new_kv(QK, VN, KN, COS, SIN, b, h, pos, d, stride_qb, stride_qh, stride_vnb, stride_vnh, stride_rope,
+                         eps, HEADS, ROPE, QK_NORM, DIM)
     k_base = KC + b * stride_kcb + h * stride_kch
     v_base = VC + b * stride_vcb + h * stride_vch
 
@@ -145,13 +162,9 @@ def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL, C
         m, denom, acc = _attend_block(q, k, v, nmask, m, denom, acc, scale)
 
     if s == SPLITS - 1:  # the new token: written by this split only, attended from registers
-        if ROPE:
-            kn = tl.reshape(_norm_rope(QK + b * stride_qb + (HEADS + h) * stride_qh, d, d[None, :] < DIM, KN,
-                                       COS + pos * stride_rope, SIN + pos * stride_rope, eps, QK_NORM, DIM),
-                            (DIM,)).to(QK.dtype.element_ty)
-        else:
-            kn = tl.load(QK + b * stride_qb + (HEADS + h) * stride_qh + d)
-        vn = tl.load(VN + b * stride_vnb + h * stride_vnh + d)
+        if not HOIST:
+            kn, vn = _new_kv(QK, VN, KN, COS, SIN, b, h, pos, d, stride_qb, stride_qh, stride_vnb, stride_vnh,
+                             stride_rope, eps, HEADS, ROPE, QK_NORM, DIM)
         tl.store(k_base + pos * stride_kct + d, kn)
         tl.store(v_base + pos * stride_vct + d, vn)
         score = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], 1) * scale
@@ -247,7 +260,8 @@ def decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tenso
         scale, chunk, eps,
         HEADS=heads, GROUP=group, BLOCK_G=max(_MIN_GROUP_ROWS, triton.next_power_of_2(group)), DIM=dim,
         BLOCK_N=block_n, SPLITS=splits, HAS_PREFIX=has_prefix, ROPE=rope is not None, QK_NORM=q_norm is not None,
-        PDL=pdl, EARLY=os.environ.get("RELAX_DECODE_EARLY", "1") != "0", num_warps=num_warps, **launch)
+        PDL=pdl, EARLY=os.environ.get("RELAX_DECODE_EARLY", "1") != "0",
+        HOIST=os.environ.get("RELAX_DECODE_HOIST", "1") != "0", num_warps=num_warps, **launch)
     if splits > 1:
         _combine_kernel[(n, heads)](part, lse, out, *part_strides, *lse_strides, out.stride(0), out.stride(1),
                                     DIM=dim, SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), PDL=pdl, **launch)
