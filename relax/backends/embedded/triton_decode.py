@@ -38,21 +38,40 @@ _MIN_GROUP_ROWS = 16  # tl.dot's smallest M
 
 
 @triton.jit
-def _norm_rope(ptrs, d, mask, NORM_W, COS_ROW, SIN_ROW, eps, QK_NORM: tl.constexpr, DIM: tl.constexpr):
+def _norm_weights(NORM_W, d, QK_NORM: tl.constexpr, DIM: tl.constexpr):
+    """A q/k-norm weight as fp32 ``[1, DIM]`` at the head dim's offsets and at the rolled ones (ones without
+    ``QK_NORM``): no kernel writes it, so a caller may load it before ``gdc_wait``."""
+    rolled = (d + DIM // 2) % DIM
+    if QK_NORM:
+        w = tl.load(NORM_W + d).to(tl.float32)[None, :]
+        wr = tl.load(NORM_W + rolled).to(tl.float32)[None, :]
+    else:
+        w = tl.full([1, DIM], 1.0, tl.float32)
+        wr = tl.full([1, DIM], 1.0, tl.float32)
+    return w, wr
+
+
+@triton.jit
+def _rope_rows(COS_ROW, SIN_ROW, d):
+    """A position's RoPE table rows as fp32 ``[1, DIM]`` (constant tables: loadable before ``gdc_wait``)."""
+    return tl.load(COS_ROW + d).to(tl.float32)[None, :], tl.load(SIN_ROW + d).to(tl.float32)[None, :]
+
+
+@triton.jit
+def _norm_rope(ptrs, d, mask, w, wr, cos, sin, eps, QK_NORM: tl.constexpr, DIM: tl.constexpr):
     """Raw heads at ``ptrs`` (``[rows, 1]`` or a scalar pointer; ``d`` the head dim's offsets) through q/k-norm (with
-    ``QK_NORM``) and RoPE, rounded to the model dtype where HF's eager modules round (`decode_attention.prepare_qk`):
-    ``[rows, DIM]`` fp32 of the last sum, which the caller rounds. The rotated half is read again at the rolled
-    offsets rather than moved in registers."""
+    ``QK_NORM``; ``w`` / ``wr`` from `_norm_weights`) and RoPE (``cos`` / ``sin`` from `_rope_rows`), rounded to the
+    model dtype where HF's eager modules round (`decode_attention.prepare_qk`): ``[rows, DIM]`` fp32 of the last
+    sum, which the caller rounds. The rotated half is read again at the rolled offsets rather than moved in
+    registers."""
     dt = ptrs.dtype.element_ty
     rolled = (d + DIM // 2) % DIM
     x = tl.load(ptrs + d[None, :], mask=mask, other=0.0).to(tl.float32)
     xr = tl.load(ptrs + rolled[None, :], mask=mask, other=0.0).to(tl.float32)
     if QK_NORM:  # one scale per head for both reads: RMSNorm in fp32, rounded, times the weight, rounded
         rstd = tl.math.rsqrt(tl.sum(x * x, 1) / DIM + eps)
-        x = ((x * rstd[:, None]).to(dt).to(tl.float32) * tl.load(NORM_W + d).to(tl.float32)[None, :]).to(dt)
-        xr = ((xr * rstd[:, None]).to(dt).to(tl.float32) * tl.load(NORM_W + rolled).to(tl.float32)[None, :]).to(dt)
-    cos = tl.load(COS_ROW + d).to(tl.float32)[None, :]
-    sin = tl.load(SIN_ROW + d).to(tl.float32)[None, :]
+        x = ((x * rstd[:, None]).to(dt).to(tl.float32) * w).to(dt)
+        xr = ((xr * rstd[:, None]).to(dt).to(tl.float32) * wr).to(dt)
     return (x.to(tl.float32) * cos).to(dt).to(tl.float32) + (xr.to(tl.float32) * sin).to(dt).to(tl.float32)
 
 
@@ -91,13 +110,12 @@ def _load_block(KC, VC, b, h, offs, end, d, shared_row, shared_len, stride_kcb, 
 
 
 @triton.jit
-def _new_kv(QK, VN, KN, COS, SIN, b, h, pos, d, stride_qb, stride_qh, stride_vnb, stride_vnh, stride_rope, eps,
+def _new_kv(QK, VN, b, h, d, k_w, k_wr, cos, sin, stride_qb, stride_qh, stride_vnb, stride_vnh, eps,
             HEADS: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr, DIM: tl.constexpr):
     """The new token's key (through k-norm and RoPE with ``ROPE``) and value for KV head ``h``, ``[DIM]`` each."""
     if ROPE:
-        kn = tl.reshape(_norm_rope(QK + b * stride_qb + (HEADS + h) * stride_qh, d, d[None, :] < DIM, KN,
-                                   COS + pos * stride_rope, SIN + pos * stride_rope, eps, QK_NORM, DIM),
-                        (DIM,)).to(QK.dtype.element_ty)
+        kn = tl.reshape(_norm_rope(QK + b * stride_qb + (HEADS + h) * stride_qh, d, d[None, :] < DIM, k_w, k_wr, cos,
+                                   sin, eps, QK_NORM, DIM), (DIM,)).to(QK.dtype.element_ty)
     else:
         kn = tl.load(QK + b * stride_qb + (HEADS + h) * stride_qh + d)
     vn = tl.load(VN + b * stride_vnb + h * stride_vnh + d)
@@ -138,17 +156,25 @@ def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL, C
     k_first, v_first, first = _load_block(KC, VC, b, h, start + tl.arange(0, BLOCK_N), end, d, shared_row, shared_len,
                                           stride_kcb, stride_kch, stride_kct, stride_vcb, stride_vch, stride_vct,
                                           HAS_PREFIX)
+    if ROPE and HOIST:  # the norm weights and the position's RoPE rows: constant, so with EARLY before the wait too
+        q_w, q_wr = _norm_weights(QN, d, QK_NORM, DIM)
+        k_w, k_wr = _norm_weights(KN, d, QK_NORM, DIM)
+        cos, sin = _rope_rows(COS + pos * stride_rope, SIN + pos * stride_rope, d)
     if PDL and EARLY:  # relax.backends.embedded.pdl: wait for the previous grid before loading what it wrote, then
         tl.extra.cuda.gdc_wait()  # let the next one launch
         tl.extra.cuda.gdc_launch_dependents()
     if ROPE:  # raw projection in: this program's query heads through q-norm and RoPE here (`_norm_rope`)
-        q = _norm_rope(QK + b * stride_qb + heads[:, None] * stride_qh, d, gmask[:, None], QN, COS + pos * stride_rope,
-                       SIN + pos * stride_rope, eps, QK_NORM, DIM).to(QK.dtype.element_ty)
+        if not HOIST:
+            q_w, q_wr = _norm_weights(QN, d, QK_NORM, DIM)
+            cos, sin = _rope_rows(COS + pos * stride_rope, SIN + pos * stride_rope, d)
+        q = _norm_rope(QK + b * stride_qb + heads[:, None] * stride_qh, d, gmask[:, None], q_w, q_wr, cos, sin, eps,
+                       QK_NORM, DIM).to(QK.dtype.element_ty)
     else:
         q = tl.load(QK + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
+        k_w, k_wr, cos, sin = 1.0, 1.0, 1.0, 1.0  # unused without ROPE
     if HOIST:  # the new token's K/V in the queries' round trip (every split loads them; the last one uses them)
-        kn, vn = _new_kv(QK, VN, KN, COS, SIN, b, h, pos, d, stride_qb, stride_qh, stride_vnb, stride_vnh, stride_rope,
-                         eps, HEADS, ROPE, QK_NORM, DIM)
+        kn, vn = _new_kv(QK, VN, b, h, d, k_w, k_wr, cos, sin, stride_qb, stride_qh, stride_vnb, stride_vnh, eps, HEADS,
+                         ROPE, QK_NORM, DIM)
     k_base = KC + b * stride_kcb + h * stride_kch
     v_base = VC + b * stride_vcb + h * stride_vch
 
@@ -163,8 +189,10 @@ def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL, C
 
     if s == SPLITS - 1:  # the new token: written by this split only, attended from registers
         if not HOIST:
-            kn, vn = _new_kv(QK, VN, KN, COS, SIN, b, h, pos, d, stride_qb, stride_qh, stride_vnb, stride_vnh,
-                             stride_rope, eps, HEADS, ROPE, QK_NORM, DIM)
+            if ROPE:
+                k_w, k_wr = _norm_weights(KN, d, QK_NORM, DIM)
+            kn, vn = _new_kv(QK, VN, b, h, d, k_w, k_wr, cos, sin, stride_qb, stride_qh, stride_vnb, stride_vnh, eps,
+                             HEADS, ROPE, QK_NORM, DIM)
         tl.store(k_base + pos * stride_kct + d, kn)
         tl.store(v_base + pos * stride_vct + d, vn)
         score = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], 1) * scale
