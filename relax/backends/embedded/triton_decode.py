@@ -38,21 +38,51 @@ _MIN_GROUP_ROWS = 16  # tl.dot's smallest M
 
 
 @triton.jit
-def _norm_rope(ptrs, d, mask, NORM_W, COS_ROW, SIN_ROW, eps, QK_NORM: tl.constexpr, DIM: tl.constexpr):
+def _l2_prefetch(PF, pf_bytes, pf_piece, program, LANES: tl.constexpr):
+    """Ask L2 for bytes ``[program * LANES * pf_piece, +LANES * pf_piece)`` of ``PF`` (clipped to ``pf_bytes``; both
+    multiples of 16), one ``cp.async.bulk.prefetch.L2`` per lane: asynchronous, nothing waits for it."""
+    offs = (program * LANES + tl.arange(0, LANES)).to(tl.int64) * pf_piece
+    size = tl.minimum(tl.maximum(pf_bytes - offs, 0), pf_piece).to(tl.int32)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r", [PF + tl.where(size > 0, offs, 0), size], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _norm_weights(NORM_W, d, QK_NORM: tl.constexpr, DIM: tl.constexpr):
+    """A q/k-norm weight as fp32 ``[1, DIM]`` at the head dim's offsets and at the rolled ones (ones without
+    ``QK_NORM``): no kernel writes it, so a caller may load it before ``gdc_wait``."""
+    rolled = (d + DIM // 2) % DIM
+    if QK_NORM:
+        w = tl.load(NORM_W + d).to(tl.float32)[None, :]
+        wr = tl.load(NORM_W + rolled).to(tl.float32)[None, :]
+    else:
+        w = tl.full([1, DIM], 1.0, tl.float32)
+        wr = tl.full([1, DIM], 1.0, tl.float32)
+    return w, wr
+
+
+@triton.jit
+def _rope_rows(COS_ROW, SIN_ROW, d):
+    """A position's RoPE table rows as fp32 ``[1, DIM]`` (constant tables: loadable before ``gdc_wait``)."""
+    return tl.load(COS_ROW + d).to(tl.float32)[None, :], tl.load(SIN_ROW + d).to(tl.float32)[None, :]
+
+
+@triton.jit
+def _norm_rope(ptrs, d, mask, w, wr, cos, sin, eps, QK_NORM: tl.constexpr, DIM: tl.constexpr):
     """Raw heads at ``ptrs`` (``[rows, 1]`` or a scalar pointer; ``d`` the head dim's offsets) through q/k-norm (with
-    ``QK_NORM``) and RoPE, rounded to the model dtype where HF's eager modules round (`decode_attention.prepare_qk`):
-    ``[rows, DIM]`` fp32 of the last sum, which the caller rounds. The rotated half is read again at the rolled
-    offsets rather than moved in registers."""
+    ``QK_NORM``; ``w`` / ``wr`` from `_norm_weights`) and RoPE (``cos`` / ``sin`` from `_rope_rows`), rounded to the
+    model dtype where HF's eager modules round (`decode_attention.prepare_qk`): ``[rows, DIM]`` fp32 of the last
+    sum, which the caller rounds. The rotated half is read again at the rolled offsets rather than moved in
+    registers."""
     dt = ptrs.dtype.element_ty
     rolled = (d + DIM // 2) % DIM
     x = tl.load(ptrs + d[None, :], mask=mask, other=0.0).to(tl.float32)
     xr = tl.load(ptrs + rolled[None, :], mask=mask, other=0.0).to(tl.float32)
     if QK_NORM:  # one scale per head for both reads: RMSNorm in fp32, rounded, times the weight, rounded
         rstd = tl.math.rsqrt(tl.sum(x * x, 1) / DIM + eps)
-        x = ((x * rstd[:, None]).to(dt).to(tl.float32) * tl.load(NORM_W + d).to(tl.float32)[None, :]).to(dt)
-        xr = ((xr * rstd[:, None]).to(dt).to(tl.float32) * tl.load(NORM_W + rolled).to(tl.float32)[None, :]).to(dt)
-    cos = tl.load(COS_ROW + d).to(tl.float32)[None, :]
-    sin = tl.load(SIN_ROW + d).to(tl.float32)[None, :]
+        x = ((x * rstd[:, None]).to(dt).to(tl.float32) * w).to(dt)
+        xr = ((xr * rstd[:, None]).to(dt).to(tl.float32) * wr).to(dt)
     return (x.to(tl.float32) * cos).to(dt).to(tl.float32) + (xr.to(tl.float32) * sin).to(dt).to(tl.float32)
 
 
@@ -74,7 +104,7 @@ def _attend_block(q, k, v, nmask, m, denom, acc, scale):
 
 @triton.jit
 def _load_block(KC, VC, b, h, offs, end, d, shared_row, shared_len, stride_kcb, stride_kch, stride_kct, stride_vcb,
-                stride_vch, stride_vct, HAS_PREFIX: tl.constexpr):
+                stride_vch, stride_vct, HAS_PREFIX: tl.constexpr, EVICT: tl.constexpr):
     """K and V (``[BLOCK_N, DIM]``, zero past ``end``) of cache positions ``offs`` of row ``b``, KV head ``h``, and the
     positions' mask: with ``HAS_PREFIX`` those before the shared prompt's end from the slot that holds it."""
     mask = offs < end
@@ -85,23 +115,41 @@ def _load_block(KC, VC, b, h, offs, end, d, shared_row, shared_len, stride_kcb, 
     else:  # one base pointer (scalar: the loads' contiguity stays plain to the compiler)
         k_rows = KC + b * stride_kcb + h * stride_kch
         v_rows = VC + b * stride_vcb + h * stride_vch
-    k = tl.load(k_rows + offs[:, None] * stride_kct + d[None, :], mask=mask[:, None], other=0.0)
-    v = tl.load(v_rows + offs[:, None] * stride_vct + d[None, :], mask=mask[:, None], other=0.0)
+    k = tl.load(k_rows + offs[:, None] * stride_kct + d[None, :], mask=mask[:, None], other=0.0,
+                eviction_policy=EVICT)
+    v = tl.load(v_rows + offs[:, None] * stride_vct + d[None, :], mask=mask[:, None], other=0.0,
+                eviction_policy=EVICT)
     return k, v, mask
 
 
 @triton.jit
-def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL, COS, SIN, QN, KN,
+def _new_kv(QK, VN, b, h, d, k_w, k_wr, cos, sin, stride_qb, stride_qh, stride_vnb, stride_vnh, eps,
+            HEADS: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr, DIM: tl.constexpr):
+    """The new token's key (through k-norm and RoPE with ``ROPE``) and value for KV head ``h``, ``[DIM]`` each."""
+    if ROPE:
+        kn = tl.reshape(_norm_rope(QK + b * stride_qb + (HEADS + h) * stride_qh, d, d[None, :] < DIM, k_w, k_wr, cos,
+                                   sin, eps, QK_NORM, DIM), (DIM,)).to(QK.dtype.element_ty)
+    else:
+        kn = tl.load(QK + b * stride_qb + (HEADS + h) * stride_qh + d)
+    vn = tl.load(VN + b * stride_vnb + h * stride_vnh + d)
+    return kn, vn
+
+
+@triton.jit
+def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL, COS, SIN, QN, KN, PF, pf_bytes, pf_piece,
                    stride_qb, stride_qh, stride_vnb, stride_vnh,
                    stride_kcb, stride_kch, stride_kct, stride_vcb, stride_vch, stride_vct,
                    stride_ob, stride_oh, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh, stride_rope,
                    scale, chunk, eps,
                    HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                    SPLITS: tl.constexpr, HAS_PREFIX: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr,
-                   PDL: tl.constexpr, EARLY: tl.constexpr):
+                   PDL: tl.constexpr, EARLY: tl.constexpr, HOIST: tl.constexpr, L2: tl.constexpr,
+                   PF_LANES: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
+    if L2:  # this program's share of the next kernels' weights, fetched into L2 (no kernel writes them: no wait)
+        _l2_prefetch(PF, pf_bytes, pf_piece, (b * tl.num_programs(1) + h) * tl.num_programs(2) + s, PF_LANES)
     if PDL and not EARLY:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -123,15 +171,26 @@ def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL, C
     end = tl.minimum(start + chunk, pos)
     k_first, v_first, first = _load_block(KC, VC, b, h, start + tl.arange(0, BLOCK_N), end, d, shared_row, shared_len,
                                           stride_kcb, stride_kch, stride_kct, stride_vcb, stride_vch, stride_vct,
-                                          HAS_PREFIX)
+                                          HAS_PREFIX, "evict_first" if L2 else "")
+    if ROPE and HOIST:  # the norm weights and the position's RoPE rows: constant, so with EARLY before the wait too
+        q_w, q_wr = _norm_weights(QN, d, QK_NORM, DIM)
+        k_w, k_wr = _norm_weights(KN, d, QK_NORM, DIM)
+        cos, sin = _rope_rows(COS + pos * stride_rope, SIN + pos * stride_rope, d)
     if PDL and EARLY:  # relax.backends.embedded.pdl: wait for the previous grid before loading what it wrote, then
         tl.extra.cuda.gdc_wait()  # let the next one launch
         tl.extra.cuda.gdc_launch_dependents()
     if ROPE:  # raw projection in: this program's query heads through q-norm and RoPE here (`_norm_rope`)
-        q = _norm_rope(QK + b * stride_qb + heads[:, None] * stride_qh, d, gmask[:, None], QN, COS + pos * stride_rope,
-                       SIN + pos * stride_rope, eps, QK_NORM, DIM).to(QK.dtype.element_ty)
+        if not HOIST:
+            q_w, q_wr = _norm_weights(QN, d, QK_NORM, DIM)
+            cos, sin = _rope_rows(COS + pos * stride_rope, SIN + pos * stride_rope, d)
+        q = _norm_rope(QK + b * stride_qb + heads[:, None] * stride_qh, d, gmask[:, None], q_w, q_wr, cos, sin, eps,
+                       QK_NORM, DIM).to(QK.dtype.element_ty)
     else:
         q = tl.load(QK + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
+        k_w, k_wr, cos, sin = 1.0, 1.0, 1.0, 1.0  # unused without ROPE
+    if HOIST:  # the new token's K/V in the queries' round trip (every split loads them; the last one uses them)
+        kn, vn = _new_kv(QK, VN, b, h, d, k_w, k_wr, cos, sin, stride_qb, stride_qh, stride_vnb, stride_vnh, eps, HEADS,
+                         ROPE, QK_NORM, DIM)
     k_base = KC + b * stride_kcb + h * stride_kch
     v_base = VC + b * stride_vcb + h * stride_vch
 
@@ -141,17 +200,16 @@ def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL, C
     m, denom, acc = _attend_block(q, k_first, v_first, first, m, denom, acc, scale)
     for n0 in range(start + BLOCK_N, end, BLOCK_N):  # the rest
         k, v, nmask = _load_block(KC, VC, b, h, n0 + tl.arange(0, BLOCK_N), end, d, shared_row, shared_len, stride_kcb,
-                                  stride_kch, stride_kct, stride_vcb, stride_vch, stride_vct, HAS_PREFIX)
+                                  stride_kch, stride_kct, stride_vcb, stride_vch, stride_vct, HAS_PREFIX,
+                                  "evict_first" if L2 else "")
         m, denom, acc = _attend_block(q, k, v, nmask, m, denom, acc, scale)
 
     if s == SPLITS - 1:  # the new token: written by this split only, attended from registers
-        if ROPE:
-            kn = tl.reshape(_norm_rope(QK + b * stride_qb + (HEADS + h) * stride_qh, d, d[None, :] < DIM, KN,
-                                       COS + pos * stride_rope, SIN + pos * stride_rope, eps, QK_NORM, DIM),
-                            (DIM,)).to(QK.dtype.element_ty)
-        else:
-            kn = tl.load(QK + b * stride_qb + (HEADS + h) * stride_qh + d)
-        vn = tl.load(VN + b * stride_vnb + h * stride_vnh + d)
+        if not HOIST:
+            if ROPE:
+                k_w, k_wr = _norm_weights(KN, d, QK_NORM, DIM)
+            kn, vn = _new_kv(QK, VN, b, h, d, k_w, k_wr, cos, sin, stride_qb, stride_qh, stride_vnb, stride_vnh, eps,
+                             HEADS, ROPE, QK_NORM, DIM)
         tl.store(k_base + pos * stride_kct + d, kn)
         tl.store(v_base + pos * stride_vct + d, vn)
         score = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], 1) * scale
@@ -213,7 +271,7 @@ def split_count(rows: int, kv_heads: int, view: int, sms: int, block_n: int = BL
 def decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      positions: torch.Tensor, scale: float, view: int, prefix_rows: torch.Tensor | None = None,
                      prefix_lens: torch.Tensor | None = None, *, rope: tuple | None = None, splits: int | None = None,
-                     block_n: int = BLOCK_N, num_warps: int = 4) -> torch.Tensor:
+                     block_n: int = BLOCK_N, num_warps: int = 4, l2_prefetch: torch.Tensor | None = None) -> torch.Tensor:
     """The op's CUDA implementation; ``rope`` ``(cos, sin, q_norm, k_norm, eps)``: ``qk`` is raw, the kernel applies
     q/k-norm (``q_norm`` None: none) and RoPE itself; ``splits``/``block_n``/``num_warps`` are for
     ci/bench_decode_attention.py."""
@@ -237,17 +295,24 @@ def decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tenso
     cos, sin, q_norm, k_norm, eps = rope or (qk, qk, None, None, 0.0)  # qk: unused stand-ins without rope
     if rope is not None and (cos.stride() != sin.stride() or cos.stride(-1) != 1 or cos.shape[-1] != dim):
         raise ValueError(f"decode_attention: RoPE tables must be [positions, {dim}] alike with unit last stride")
+    # the L2 hint: CUDA only (the interpreter runs no inline PTX), a range of whole 16-byte pieces
+    l2 = l2_prefetch is not None and l2_prefetch.is_cuda and l2_prefetch.numel() >= 16
+    lanes = num_warps * 32
+    pf_bytes = l2_prefetch.numel() // 16 * 16 if l2 else 0
+    pf_piece = -(-pf_bytes // (n * kvh * splits * lanes * 16)) * 16 if l2 else 16
     _decode_kernel[(n, kvh, splits)](
         qk, v_new, k_cache, v_cache, positions, prefix_rows if has_prefix else positions,
         prefix_lens if has_prefix else positions, out, part, lse, cos, sin,
         q_norm if q_norm is not None else qk, k_norm if k_norm is not None else qk,
+        l2_prefetch if l2 else qk, pf_bytes, pf_piece,
         qk.stride(0), qk.stride(1), v_new.stride(0), v_new.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
         v_cache.stride(2), out.stride(0), out.stride(1), *part_strides, *lse_strides, cos.stride(0),
         scale, chunk, eps,
         HEADS=heads, GROUP=group, BLOCK_G=max(_MIN_GROUP_ROWS, triton.next_power_of_2(group)), DIM=dim,
         BLOCK_N=block_n, SPLITS=splits, HAS_PREFIX=has_prefix, ROPE=rope is not None, QK_NORM=q_norm is not None,
-        PDL=pdl, EARLY=os.environ.get("RELAX_DECODE_EARLY", "1") != "0", num_warps=num_warps, **launch)
+        PDL=pdl, EARLY=os.environ.get("RELAX_DECODE_EARLY", "1") != "0",
+        HOIST=os.environ.get("RELAX_DECODE_HOIST", "1") != "0", L2=l2, PF_LANES=lanes, num_warps=num_warps, **launch)
     if splits > 1:
         _combine_kernel[(n, heads)](part, lse, out, *part_strides, *lse_strides, out.stride(0), out.stride(1),
                                     DIM=dim, SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), PDL=pdl, **launch)
