@@ -92,12 +92,9 @@ def decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tenso
                      positions: torch.Tensor, scale: float, view: int, prefix_rows: torch.Tensor | None = None,
                      prefix_lens: torch.Tensor | None = None, cos: torch.Tensor | None = None,
                      sin: torch.Tensor | None = None, q_norm: torch.Tensor | None = None,
-                     k_norm: torch.Tensor | None = None, eps: float = 0.0,
-                     l2_prefetch: torch.Tensor | None = None) -> torch.Tensor:
+                     k_norm: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
     """See the module docstring; this is the CPU (and fallback) implementation. With ``cos`` / ``sin`` the op takes
-    ``qk`` raw, as the QKV projection leaves it, and applies q/k-norm and RoPE first (`prepare_qk`).
-    ``l2_prefetch``: bytes (a 1-D uint8 tensor) the Triton kernel asks L2 to fetch while it runs, for the kernels
-    after it; a hint, which nothing else reads (ignored here)."""
+    ``qk`` raw, as the QKV projection leaves it, and applies q/k-norm and RoPE first (`prepare_qk`)."""
     if cos is not None:
         qk = prepare_qk(qk, positions, cos, sin, q_norm, k_norm, eps, k_cache.shape[1])
     return reference_decode_attention(qk, v_new, k_cache, v_cache, positions, scale, view, prefix_rows, prefix_lens)
@@ -105,13 +102,13 @@ def decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tenso
 
 @decode_attention.register_fake
 def _(qk, v_new, k_cache, v_cache, positions, scale, view, prefix_rows=None, prefix_lens=None, cos=None, sin=None,
-      q_norm=None, k_norm=None, eps=0.0, l2_prefetch=None):
+      q_norm=None, k_norm=None, eps=0.0):
     return qk.new_empty((qk.shape[0], qk.shape[1] - k_cache.shape[1], qk.shape[2]))
 
 
 @decode_attention.register_kernel("cuda")
 def _(qk, v_new, k_cache, v_cache, positions, scale, view, prefix_rows=None, prefix_lens=None, cos=None, sin=None,
-      q_norm=None, k_norm=None, eps=0.0, l2_prefetch=None):
+      q_norm=None, k_norm=None, eps=0.0):
     kernel = _triton_decode()
     if kernel is None or not kernel.supports(qk, k_cache):
         if cos is not None:
@@ -120,7 +117,7 @@ def _(qk, v_new, k_cache, v_cache, positions, scale, view, prefix_rows=None, pre
                                           prefix_lens)
     rope = None if cos is None else (cos, sin, q_norm, k_norm, eps)
     return kernel.decode_attention(qk, v_new, k_cache, v_cache, positions, scale, view, prefix_rows, prefix_lens,
-                                   rope=rope, l2_prefetch=l2_prefetch)
+                                   rope=rope)
 
 
 def reads_only_rows(k_cache: torch.Tensor, heads: int) -> bool:

@@ -173,7 +173,6 @@ class LeanRunner:
         self._arena: WeightArena | None = None  # every parameter, q/k/v and gate/up fused (`_fuse`)
         self._qkv: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # views of the arena
         self._gate_up: list[torch.Tensor] = []
-        self._l2_ranges: list[torch.Tensor | None] = []  # `_l2_views`
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self._graphs: dict[tuple[int, int, bool, bool], Any] = {}  # (batch bucket, view, filtered, shared prompts)
         self._pool: Any = None
@@ -287,8 +286,7 @@ class LeanRunner:
             groups.append([p.weight for p in projs])
             if a.q_proj.bias is not None:
                 groups.append([p.bias for p in projs])
-            # o, gate/up and down back to back: one byte range the attention kernel pulls into L2 (`_l2_ranges`)
-            groups += [[a.o_proj.weight], [m.gate_proj.weight, m.up_proj.weight], [m.down_proj.weight]]
+            groups.append([m.gate_proj.weight, m.up_proj.weight])
         fused = {id(p) for g in groups for p in g}
         groups += [[p] for p in _unique_params(self.model) if id(p) not in fused]
         self._arena = None  # the old buffer (if any) goes as the parameters move into the new one
@@ -304,32 +302,15 @@ class LeanRunner:
                         if self._compiled else (1, 1))
 
     def _fused_views(self) -> None:
-        """The per-layer fused matrices, as views of the arena (its group order is `_fuse`'s), and each layer's
-        o..down byte range (`_l2_ranges`)."""
+        """The per-layer fused matrices, as views of the arena (its group order is `_fuse`'s)."""
         self._qkv, self._gate_up, index = [], [], 0
         for layer in self.layers:
             qkv = self._arena.group(index)
             bias = self._arena.group(index + 1) if layer.self_attn.q_proj.bias is not None else None
             index += 2 if bias is not None else 1
             self._qkv.append((qkv, bias))
-            self._gate_up.append(self._arena.group(index + 1))  # after o
-            index += 3  # o, gate/up, down
-        self._l2_ranges = self._l2_views()
-
-    def _l2_views(self) -> list[torch.Tensor | None]:
-        """Per layer, the arena's bytes from its o projection to the end of its down projection (contiguous by
-        `_fuse`'s layout), which that layer's attention kernel asks L2 to fetch while it streams the cache: the
-        three GEMMs after it then read their weights from L2. None per layer with ``RELAX_DECODE_L2=0``."""
-        buffer = self._arena.buffer
-        if os.environ.get("RELAX_DECODE_L2", "1") == "0" or buffer is None:
-            return [None] * len(self.layers)
-        views = []
-        for layer in self.layers:
-            o, down = layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight
-            start = o.data_ptr() - buffer.data_ptr()
-            end = down.data_ptr() + down.numel() * down.element_size() - buffer.data_ptr()
-            views.append(buffer[start:end - (end - start) % 16])
-        return views
+            self._gate_up.append(self._arena.group(index))
+            index += 1
 
     # ------------------------------------------------------------------ forwards
     def _attention_in(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, linear=F.linear):
@@ -492,8 +473,7 @@ class LeanRunner:
                 norm_w, w, b, q_norm, k_norm = self._in_weights(i)
                 qk, v = self._layer_qkv(x, norm_w, w, b, linear)
                 o = attend(qk, v, self.k[i], self.v[i], positions, scaling, view, *shared, cos=self._rope[0],
-                           sin=self._rope[1], q_norm=q_norm, k_norm=k_norm, eps=self.eps,
-                           l2_prefetch=self._l2_ranges[i])
+                           sin=self._rope[1], q_norm=q_norm, k_norm=k_norm, eps=self.eps)
             else:
                 qk, v = self._attention_in(i, x, cos, sin, linear)  # [n, H + KV, D], [n, KV, D]
                 o = attend(qk, v, self.k[i], self.v[i], positions, scaling, view, *shared)

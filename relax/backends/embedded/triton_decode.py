@@ -38,17 +38,6 @@ _MIN_GROUP_ROWS = 16  # tl.dot's smallest M
 
 
 @triton.jit
-def _l2_prefetch(PF, pf_bytes, pf_piece, program, LANES: tl.constexpr):
-    """Ask L2 for bytes ``[program * LANES * pf_piece, +LANES * pf_piece)`` of ``PF`` (clipped to ``pf_bytes``; both
-    multiples of 16), one ``cp.async.bulk.prefetch.L2`` per lane: asynchronous, nothing waits for it."""
-    offs = (program * LANES + tl.arange(0, LANES)).to(tl.int64) * pf_piece
-    size = tl.minimum(tl.maximum(pf_bytes - offs, 0), pf_piece).to(tl.int32)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [PF + tl.where(size > 0, offs, 0), size], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _norm_weights(NORM_W, d, QK_NORM: tl.constexpr, DIM: tl.constexpr):
     """A q/k-norm weight as fp32 ``[1, DIM]`` at the head dim's offsets and at the rolled ones (ones without
     ``QK_NORM``): no kernel writes it, so a caller may load it before ``gdc_wait``."""
@@ -104,7 +93,7 @@ def _attend_block(q, k, v, nmask, m, denom, acc, scale):
 
 @triton.jit
 def _load_block(KC, VC, b, h, offs, end, d, shared_row, shared_len, stride_kcb, stride_kch, stride_kct, stride_vcb,
-                stride_vch, stride_vct, HAS_PREFIX: tl.constexpr, EVICT: tl.constexpr):
+                stride_vch, stride_vct, HAS_PREFIX: tl.constexpr):
     """K and V (``[BLOCK_N, DIM]``, zero past ``end``) of cache positions ``offs`` of row ``b``, KV head ``h``, and the
     positions' mask: with ``HAS_PREFIX`` those before the shared prompt's end from the slot that holds it."""
     mask = offs < end
@@ -115,10 +104,8 @@ def _load_block(KC, VC, b, h, offs, end, d, shared_row, shared_len, stride_kcb, 
     else:  # one base pointer (scalar: the loads' contiguity stays plain to the compiler)
         k_rows = KC + b * stride_kcb + h * stride_kch
         v_rows = VC + b * stride_vcb + h * stride_vch
-    k = tl.load(k_rows + offs[:, None] * stride_kct + d[None, :], mask=mask[:, None], other=0.0,
-                eviction_policy=EVICT)
-    v = tl.load(v_rows + offs[:, None] * stride_vct + d[None, :], mask=mask[:, None], other=0.0,
-                eviction_policy=EVICT)
+    k = tl.load(k_rows + offs[:, None] * stride_kct + d[None, :], mask=mask[:, None], other=0.0)
+    v = tl.load(v_rows + offs[:, None] * stride_vct + d[None, :], mask=mask[:, None], other=0.0)
     return k, v, mask
 
 
@@ -136,20 +123,17 @@ def _new_kv(QK, VN, b, h, d, k_w, k_wr, cos, sin, stride_qb, stride_qh, stride_v
 
 
 @triton.jit
-def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL, COS, SIN, QN, KN, PF, pf_bytes, pf_piece,
+def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL, COS, SIN, QN, KN,
                    stride_qb, stride_qh, stride_vnb, stride_vnh,
                    stride_kcb, stride_kch, stride_kct, stride_vcb, stride_vch, stride_vct,
                    stride_ob, stride_oh, stride_pob, stride_poh, stride_pos, stride_plb, stride_plh, stride_rope,
                    scale, chunk, eps,
                    HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                    SPLITS: tl.constexpr, HAS_PREFIX: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr,
-                   PDL: tl.constexpr, EARLY: tl.constexpr, HOIST: tl.constexpr, L2: tl.constexpr,
-                   PF_LANES: tl.constexpr):
+                   PDL: tl.constexpr, EARLY: tl.constexpr, HOIST: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
-    if L2:  # this program's share of the next kernels' weights, fetched into L2 (no kernel writes them: no wait)
-        _l2_prefetch(PF, pf_bytes, pf_piece, (b * tl.num_programs(1) + h) * tl.num_programs(2) + s, PF_LANES)
     if PDL and not EARLY:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -171,7 +155,7 @@ def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL, C
     end = tl.minimum(start + chunk, pos)
     k_first, v_first, first = _load_block(KC, VC, b, h, start + tl.arange(0, BLOCK_N), end, d, shared_row, shared_len,
                                           stride_kcb, stride_kch, stride_kct, stride_vcb, stride_vch, stride_vct,
-                                          HAS_PREFIX, "evict_first" if L2 else "")
+                                          HAS_PREFIX)
     if ROPE and HOIST:  # the norm weights and the position's RoPE rows: constant, so with EARLY before the wait too
         q_w, q_wr = _norm_weights(QN, d, QK_NORM, DIM)
         k_w, k_wr = _norm_weights(KN, d, QK_NORM, DIM)
@@ -200,8 +184,7 @@ def _decode_kernel(QK, VN, KC, VC, POS, PREFIX_ROWS, PREFIX_LENS, OUT, PO, PL, C
     m, denom, acc = _attend_block(q, k_first, v_first, first, m, denom, acc, scale)
     for n0 in range(start + BLOCK_N, end, BLOCK_N):  # the rest
         k, v, nmask = _load_block(KC, VC, b, h, n0 + tl.arange(0, BLOCK_N), end, d, shared_row, shared_len, stride_kcb,
-                                  stride_kch, stride_kct, stride_vcb, stride_vch, stride_vct, HAS_PREFIX,
-                                  "evict_first" if L2 else "")
+                                  stride_kch, stride_kct, stride_vcb, stride_vch, stride_vct, HAS_PREFIX)
         m, denom, acc = _attend_block(q, k, v, nmask, m, denom, acc, scale)
 
     if s == SPLITS - 1:  # the new token: written by this split only, attended from registers
@@ -271,7 +254,7 @@ def split_count(rows: int, kv_heads: int, view: int, sms: int, block_n: int = BL
 def decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      positions: torch.Tensor, scale: float, view: int, prefix_rows: torch.Tensor | None = None,
                      prefix_lens: torch.Tensor | None = None, *, rope: tuple | None = None, splits: int | None = None,
-                     block_n: int = BLOCK_N, num_warps: int = 4, l2_prefetch: torch.Tensor | None = None) -> torch.Tensor:
+                     block_n: int = BLOCK_N, num_warps: int = 4) -> torch.Tensor:
     """The op's CUDA implementation; ``rope`` ``(cos, sin, q_norm, k_norm, eps)``: ``qk`` is raw, the kernel applies
     q/k-norm (``q_norm`` None: none) and RoPE itself; ``splits``/``block_n``/``num_warps`` are for
     ci/bench_decode_attention.py."""
@@ -295,16 +278,10 @@ def decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tenso
     cos, sin, q_norm, k_norm, eps = rope or (qk, qk, None, None, 0.0)  # qk: unused stand-ins without rope
     if rope is not None and (cos.stride() != sin.stride() or cos.stride(-1) != 1 or cos.shape[-1] != dim):
         raise ValueError(f"decode_attention: RoPE tables must be [positions, {dim}] alike with unit last stride")
-    # the L2 hint: CUDA only (the interpreter runs no inline PTX), a range of whole 16-byte pieces
-    l2 = l2_prefetch is not None and l2_prefetch.is_cuda and l2_prefetch.numel() >= 16
-    lanes = num_warps * 32
-    pf_bytes = l2_prefetch.numel() // 16 * 16 if l2 else 0
-    pf_piece = -(-pf_bytes // (n * kvh * splits * lanes * 16)) * 16 if l2 else 16
     _decode_kernel[(n, kvh, splits)](
         qk, v_new, k_cache, v_cache, positions, prefix_rows if has_prefix else positions,
         prefix_lens if has_prefix else positions, out, part, lse, cos, sin,
         q_norm if q_norm is not None else qk, k_norm if k_norm is not None else qk,
-        l2_prefetch if l2 else qk, pf_bytes, pf_piece,
         qk.stride(0), qk.stride(1), v_new.stride(0), v_new.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
         v_cache.stride(2), out.stride(0), out.stride(1), *part_strides, *lse_strides, cos.stride(0),
@@ -312,7 +289,7 @@ def decode_attention(qk: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tenso
         HEADS=heads, GROUP=group, BLOCK_G=max(_MIN_GROUP_ROWS, triton.next_power_of_2(group)), DIM=dim,
         BLOCK_N=block_n, SPLITS=splits, HAS_PREFIX=has_prefix, ROPE=rope is not None, QK_NORM=q_norm is not None,
         PDL=pdl, EARLY=os.environ.get("RELAX_DECODE_EARLY", "1") != "0",
-        HOIST=os.environ.get("RELAX_DECODE_HOIST", "1") != "0", L2=l2, PF_LANES=lanes, num_warps=num_warps, **launch)
+        HOIST=os.environ.get("RELAX_DECODE_HOIST", "1") != "0", num_warps=num_warps, **launch)
     if splits > 1:
         _combine_kernel[(n, heads)](part, lse, out, *part_strides, *lse_strides, out.stride(0), out.stride(1),
                                     DIM=dim, SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), PDL=pdl, **launch)
