@@ -131,36 +131,6 @@ def test_split_k_kernel_writes_each_k_range_partial_like_float64_in_the_interpre
         assert r["err"] < 1e-5 * max(1.0, r["scale"]), r  # fp32 sums of fp16 products: no output rounding
 
 
-_EARLY_WEIGHTS_CHECK = textwrap.dedent("""
-    import json, os, sys, torch
-    sys.path.insert(0, sys.argv[1])
-    from relax.backends.embedded import triton_linear
-    gen = torch.Generator().manual_seed(7)
-    x = (torch.randn(9, 512, generator=gen) / 4).half()
-    w = (torch.randn(64, 512, generator=gen) / 512 ** 0.5).half()
-    b = torch.randn(64, generator=gen).half()
-    results = {}
-    for early in ("1", "0"):
-        os.environ["RELAX_DECODE_WEARLY"] = early
-        results[early] = dict(
-            flag=triton_linear.early_weights(),
-            plain=triton_linear.skinny_linear(x, w, b, pdl=False).tolist(),
-            glu=triton_linear.skinny_linear(x, w, glu=True, pdl=False).tolist(),
-            # 4 splits of K = 512: one K step per program, all of it loaded before the wait
-            parts=triton_linear.skinny_partials(x, w, b, 4, pdl=False).tolist(),
-            parts2=triton_linear.skinny_partials(x, w, None, 2, pdl=False).tolist())
-    print("RESULT " + json.dumps(results))
-""")
-
-
-@needs_triton
-def test_first_weight_tile_before_the_wait_sums_the_same_in_the_same_order() -> None:
-    results = run_interpreted(_EARLY_WEIGHTS_CHECK)
-    assert results["1"]["flag"] is True and results["0"]["flag"] is False
-    for kind in ("plain", "glu", "parts", "parts2"):
-        assert results["1"][kind] == results["0"][kind], kind  # bitwise: the peeled step is the loop's first
-
-
 def test_partials_op_on_cpu_adds_up_to_the_projection_and_keeps_its_shape_under_compile() -> None:
     from relax.backends.embedded.decode_linear import add_partials, decode_linear_partials, partial_splits
 

@@ -14,10 +14,9 @@ decode step the kernel without PDL was slower than cuBLAS.
 
 The kernel: grid ``(N / BLOCK_N, ceil(M / BLOCK_M))``; each program owns ``BLOCK_N`` output columns, reads
 its ``BLOCK_N x K`` slice of the weight once and the matching rows of the small ``x`` (from L2), and
-accumulates in fp32 (as cuBLAS), then adds the bias and rounds once. With PDL it loads its first weight tile
-(nothing in the step writes weights; `early_weights`), then waits for the previous grid before loading the
-activation, and lets the next grid launch right after (the next one waits for this grid's completion in turn,
-so no write is read early). Runs under ``TRITON_INTERPRET=1`` on CPU tensors without
+accumulates in fp32 (as cuBLAS), then adds the bias and rounds once. With PDL it waits for the previous
+grid before its first load and lets the next grid launch right after (the next one waits for this grid's
+completion in turn, so no write is read early). Runs under ``TRITON_INTERPRET=1`` on CPU tensors without
 PDL, which is how CI checks it without a GPU.
 
 Split-K (`skinny_partials`, grid ``(N / 32, splits)``): where ``N / 16`` programs leave SMs idle (bench-270m's o and
@@ -30,7 +29,6 @@ consumes the projection. Each program then re-reads only its K slice of the acti
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -49,8 +47,7 @@ SPLIT_BLOCK_N = 32  # the column tile of a split-K launch (`skinny_partials`)
 @triton.jit
 def _skinny_kernel(X, W, B, OUT, M, stride_xm, stride_wn, stride_om, stride_os, K: tl.constexpr,
                    HAS_BIAS: tl.constexpr, GLU: tl.constexpr, N_OUT: tl.constexpr, SPLITS: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-                   W_EARLY: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid = tl.program_id(1)  # the row block, or with SPLITS > 1 (one row block) the K split
     if SPLITS == 1:
@@ -62,23 +59,12 @@ def _skinny_kernel(X, W, B, OUT, M, stride_xm, stride_wn, stride_om, stride_os, 
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     m_in = rm[:, None] < M
-    # W_EARLY: the first K step's weight tile (no kernel of the step writes weights) is loaded before the wait, so
-    # under PDL its DRAM latency overlaps the previous grid's tail
-    if W_EARLY:
-        w0 = tl.load(W + rn[:, None] * stride_wn + (k_lo + rk)[None, :])
-        if GLU:
-            w0_up = tl.load(W + (N_OUT + rn)[:, None] * stride_wn + (k_lo + rk)[None, :])
     if PDL:  # the previous grid is complete (its writes visible) past this point; let the next one launch
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if W_EARLY:
-        x = tl.load(X + rm[:, None] * stride_xm + (k_lo + rk)[None, :], mask=m_in, other=0.0)
-        acc += tl.dot(x, tl.trans(w0))
-        if GLU:
-            up += tl.dot(x, tl.trans(w0_up))
-    for k0 in range(W_EARLY * BLOCK_K, K // SPLITS, BLOCK_K):  # constant bounds (Triton 3.6's interpreter takes no others)
+    for k0 in range(0, K // SPLITS, BLOCK_K):  # constant bounds (Triton 3.6's interpreter takes no others here)
         x = tl.load(X + rm[:, None] * stride_xm + (k_lo + k0 + rk)[None, :], mask=m_in, other=0.0)
         w = tl.load(W + rn[:, None] * stride_wn + (k_lo + k0 + rk)[None, :])
         acc += tl.dot(x, tl.trans(w))
@@ -135,12 +121,6 @@ class Tile:
     stages: int = 4
 
 
-def early_weights() -> bool:
-    """Whether the kernel loads its first weight tile before ``gdc_wait`` (``W_EARLY``); ``RELAX_DECODE_WEARLY=0``
-    in the engine's environment loads it after (an A/B). Either way the sums are the same, in the same order."""
-    return os.environ.get("RELAX_DECODE_WEARLY", "1") != "0"
-
-
 def default_tile(n: int, sms: int) -> Tile:
     """`BLOCK_M` rows, `block_n`'s columns, `BLOCK_K`, 4 warps, 4 stages: what the lean runner launches."""
     return Tile(BLOCK_M, block_n(n, sms))
@@ -179,8 +159,8 @@ def skinny_partials(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     _skinny_kernel[(n // tile.block_n, splits)](
         x, weight, bias if bias is not None else out, out, m, x.stride(0), weight.stride(0), out.stride(1),
         out.stride(0), K=k, HAS_BIAS=bias is not None, GLU=False, N_OUT=n, SPLITS=splits, BLOCK_M=tile.block_m,
-        BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, PDL=use_pdl, W_EARLY=early_weights(), num_warps=tile.warps,
-        num_stages=tile.stages, **launch)
+        BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, PDL=use_pdl, num_warps=tile.warps, num_stages=tile.stages,
+        **launch)
     return out
 
 
@@ -201,6 +181,5 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     _skinny_kernel[(n // tile.block_n, triton.cdiv(m, tile.block_m))](
         x, weight, bias if bias is not None else out, out, m, x.stride(0), weight.stride(0), out.stride(0), 0,
         K=k, HAS_BIAS=bias is not None, GLU=glu, N_OUT=n, SPLITS=1, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-        BLOCK_K=tile.block_k, PDL=use_pdl, W_EARLY=early_weights(), num_warps=tile.warps, num_stages=tile.stages,
-        **launch)
+        BLOCK_K=tile.block_k, PDL=use_pdl, num_warps=tile.warps, num_stages=tile.stages, **launch)
     return out
