@@ -45,7 +45,8 @@ separate q/k/v and gate/up GEMMs, sampling outside the graph. This runner keeps 
   nine, rounded as the compiled ops round; ``RELAX_DECODE_GLU=0``), and the attention kernel takes the raw QKV
   projection and applies q/k-norm and RoPE itself, rounded as HF's eager modules (seven; ``RELAX_DECODE_ROPE=0``);
   the o and down projections split K across programs (`decode_linear_partials`: their N leaves SMs idle), and the
-  residual add that follows sums the fp32 partials inside its compiled kernel (``RELAX_DECODE_SPLITK=0``);
+  residual add that follows sums the fp32 partials inside its compiled kernel (``RELAX_DECODE_SPLITK=0``); the LM
+  head is a `decode_linear` too (``RELAX_DECODE_HEAD=0``: cuBLAS through ``F.linear``; +1-2% tok/s on the H100);
 * **torch.compile** (``compile=True``): the decode forward and the sampler (`draw_step`: on CUDA an unfiltered batch
   is one op, `draw_unfiltered`, two Triton kernels that spread each row's vocabulary over many programs
   (``RELAX_DECODE_SAMPLER=0``: `draw`); a filtered one is `draw`: the counter hash's ~30 integer ops, softmax, the

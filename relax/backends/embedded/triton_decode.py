@@ -17,7 +17,9 @@ straddle the prefix's end.
 
 On Hopper and newer it is launched with programmatic dependent launch (`relax.backends.embedded.pdl`), and
 loads what no kernel of the step writes before it waits for the previous grid (``EARLY``): the row's position,
-its prompt source, its first block of cache positions (``RELAX_DECODE_EARLY=0`` loads them after the wait).
+its prompt source, its first block of cache positions (``RELAX_DECODE_EARLY=0`` loads them after the wait), and
+with RoPE the q/k-norm weights and the position's RoPE rows; the new token's K/V come in the queries' round trip
+(``HOIST``; ``RELAX_DECODE_HOIST=0`` loads those apart, after the wait: -3% tok/s on the H100, docs/performance.md).
 
 Runs under ``TRITON_INTERPRET=1`` on CPU tensors too (without PDL), which is how CI tests it without a GPU.
 """
