@@ -235,6 +235,42 @@ def test_triton_kernel_matches_float64_reference_in_the_interpreter() -> None:
         assert r["err"] < 2e-3, r  # fp16 inputs, fp32 softmax: the float64 answer to fp16 output rounding
 
 
+_HOIST_CHECK = textwrap.dedent("""
+    import json, os, sys, torch
+    sys.path.insert(0, sys.argv[1])
+    from tests.test_decode_attention import _inputs, _rope_tables
+    from relax.backends.embedded import triton_decode
+    results = []
+    # with RoPE (q/k-norm and without; one split and several) and without: the constant loads before the wait and
+    # the new token's K/V with the queries (HOIST) or each where it is used
+    for n, heads, kvh, dim, view, sms, rope, norm in [(3, 4, 2, 16, 150, 132, True, True), (3, 4, 2, 16, 150, 1, True, True),
+                                                      (2, 8, 2, 32, 100, 132, True, False), (3, 4, 2, 16, 150, 1, False, False)]:
+        triton_decode.sm_count = lambda device, sms=sms: sms
+        runs = {}
+        for hoist in ("1", "0"):
+            os.environ["RELAX_DECODE_HOIST"] = hoist
+            qk, vn, kc, vc, pos = _inputs(n, heads, kvh, dim, 300, view, seed=view + 3, dtype=torch.float16)
+            cos, sin, _ = _rope_tables(dim, 300, torch.float16)
+            gen = torch.Generator().manual_seed(view)
+            q_norm, k_norm = ((1 + torch.randn(2, dim, generator=gen) / 4).half() if norm else (None, None))
+            out = triton_decode.decode_attention(qk, vn, kc, vc, pos, 0.125, view,
+                                                 rope=(cos, sin, q_norm, k_norm, 1e-6) if rope else None)
+            runs[hoist] = (out, kc, vc)
+        results.append(dict(case=[n, heads, kvh, dim, view, sms, rope, norm],
+                            splits=triton_decode.split_count(n, kvh, view, sms),
+                            same=all(torch.equal(a, b) for a, b in zip(runs["1"], runs["0"]))))
+    print("RESULT " + json.dumps(results))
+""")
+
+
+@needs_triton
+def test_hoisted_loads_leave_the_output_and_the_caches_bitwise_the_same_in_the_interpreter() -> None:
+    results = run_interpreted(_HOIST_CHECK)
+    assert {r["splits"] for r in results} >= {1, 2} and {r["case"][6] for r in results} == {True, False}, results
+    for r in results:
+        assert r["same"], r  # the same loads and arithmetic in another order: RELAX_DECODE_HOIST is an A/B switch
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
 def test_attention_bench_says_in_one_line_that_it_needs_a_gpu() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "ci" / "bench_decode_attention.py")], capture_output=True,

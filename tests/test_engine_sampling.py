@@ -189,6 +189,32 @@ def test_compiled_prefill_layers_round_as_the_eager_ones() -> None:
     torch._dynamo.reset()
 
 
+def test_lm_head_runs_through_the_decode_projection_unless_switched_off(monkeypatch) -> None:
+    """The decode's LM head goes through the projection op it is given (`decode_linear`: on CUDA the skinny GEMM
+    with PDL), on the final norm's output; ``RELAX_DECODE_HEAD=0`` keeps the module's own ``F.linear``, and so does
+    a caller without the op (the prefill)."""
+    from relax.backends.embedded.lean_runner import LeanRunner
+
+    model = _qwen3().double()
+    runner = LeanRunner(model, torch.device("cpu"), slots=4, max_len=64)
+    runner._prepare()
+    x = torch.randn(3, 32, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    calls = []
+
+    def linear(inp, weight, bias):
+        calls.append(weight)
+        return torch.nn.functional.linear(inp, weight, bias)
+
+    expected = model.lm_head(model.model.norm(x))
+    monkeypatch.setenv("RELAX_DECODE_HEAD", "1")
+    torch.testing.assert_close(runner._logits(x, linear), expected)
+    assert len(calls) == 1 and calls[0] is model.lm_head.weight
+    monkeypatch.setenv("RELAX_DECODE_HEAD", "0")
+    torch.testing.assert_close(runner._logits(x, linear), expected)
+    torch.testing.assert_close(runner._logits(x), expected)
+    assert len(calls) == 1  # neither went through the op
+
+
 def test_split_k_o_and_down_projections_give_the_layer_the_unsplit_output() -> None:
     """The decode's split-K o and down projections (`decode_linear_partials`, their partials added in the residual
     add, compiled on CUDA): the layer's output equals the unsplit one's up to the fp32 sum order, float64 model."""
