@@ -58,12 +58,13 @@ def rope_inputs(dim: int, length: int, gen) -> tuple:
     tables (base 10000), q/k-norm weights near 1, eps 1e-6 (bench-270m is Qwen3: it has q/k-norm)."""
     import torch
 
+    from relax.backends.embedded.norm_rope import sign_folded
+
     angles = torch.arange(length, device="cuda")[:, None] * (
         1.0 / 10000 ** (torch.arange(dim // 2, device="cuda") / (dim // 2)))[None, :]
     angles = torch.cat([angles, angles], -1)
-    sign = torch.cat([-torch.ones(dim // 2, device="cuda"), torch.ones(dim // 2, device="cuda")])
     norms = (1 + torch.randn(2, dim, generator=gen, device="cuda") / 8).bfloat16()
-    return angles.cos().bfloat16(), (angles.sin() * sign).bfloat16(), norms[0], norms[1], 1e-6
+    return angles.cos().bfloat16(), sign_folded(angles.sin()).bfloat16(), norms[0], norms[1], 1e-6
 
 
 def measure_shape(n: int, pos: int, calls: int, tbps: float, rope: bool = False) -> list[dict]:

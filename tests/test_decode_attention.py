@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relax.backends.embedded.decode_attention import decode_attention, reference_decode_attention
+from relax.backends.embedded.norm_rope import sign_folded
 from tests.triton_helpers import needs_triton, run_interpreted
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,8 +117,7 @@ def _rope_tables(dim: int, length: int, dtype=torch.bfloat16) -> tuple[torch.Ten
     """The lean runner's RoPE tables (``sin`` with the rotate-half sign folded in) and HF's unsigned ``sin``."""
     angles = torch.arange(length)[:, None] * (1.0 / 10000 ** (torch.arange(dim // 2) / (dim // 2)))[None, :]
     angles = torch.cat([angles, angles], -1)
-    sign = torch.cat([-torch.ones(dim // 2), torch.ones(dim // 2)])
-    return angles.cos().to(dtype), (angles.sin().to(dtype) * sign.to(dtype)), angles.sin().to(dtype)
+    return angles.cos().to(dtype), sign_folded(angles.sin().to(dtype)), angles.sin().to(dtype)
 
 
 def test_prepare_qk_and_the_lean_runners_eager_norm_and_rope_are_bitwise_hfs() -> None:

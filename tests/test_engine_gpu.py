@@ -274,4 +274,3 @@ def test_pdl_skinny_gemm_chain_in_a_graph_is_bitwise_the_chain_without_pdl() -> 
     for w in weights:
         h = (h[:, :w.shape[1]] @ w.double().T).bfloat16().double()  # the kernels round each output to bf16
     assert ((outs[True].double() - h).abs().max() / h.abs().max()) < 2e-2
-

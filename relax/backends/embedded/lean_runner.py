@@ -88,7 +88,7 @@ from relax.backends.embedded.decode_linear import (
     partial_splits,
 )
 from relax.backends.embedded.draw_op import draw_step
-from relax.backends.embedded.norm_rope import rms_norm, rotate
+from relax.backends.embedded.norm_rope import rms_norm, rotate, sign_folded
 from relax.backends.embedded.pdl import compile_options
 from relax.backends.embedded.rows import RowState, store_decoded
 from relax.backends.embedded.runners import compact_slots
@@ -237,9 +237,7 @@ class LeanRunner:
             positions = torch.arange(self.max_len, device=self.device).unsqueeze(0)
             probe = torch.zeros(1, dtype=dtype, device=self.device)
             cos, sin = self.base.rotary_emb(probe, positions)
-            half = sin.shape[-1] // 2
-            sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(sin.device, sin.dtype)
-            self._rope = (cos[0].contiguous(), (sin[0] * sign).contiguous())
+            self._rope = (cos[0].contiguous(), sign_folded(sin[0]).contiguous())
         if not self.k:
             # one allocation per layer's K and V, not views of one buffer: the decode graph's inputs must not
             # alias each other (torch.compile rebuilds aliased mutated inputs from a synthetic base; with the

@@ -17,6 +17,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
+def sign_folded(sin: torch.Tensor) -> torch.Tensor:
+    """The ``sin_signed`` table `rotate` and the decode-attention kernel take: HF's ``sin`` with rotate-half's sign
+    folded in (``-sin`` on the first half of the last dim), so the rotation is one product per half."""
+    half = sin.shape[-1] // 2
+    sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(sin.device, sin.dtype)
+    return sin * sign
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """RoPE, HF's half-rotation ``x*cos + rotate_half(x)*sin`` with the sign folded into the table (``sin_signed``:
     ``-sin`` on the first half); eager, each product and the sum round as HF's do (an ``addcmul`` rounds once)."""

@@ -8,9 +8,10 @@ relax kernel launched this way keeps: ``gdc_wait`` before it loads anything its 
 ``gdc_launch_dependents`` only after it, so when a kernel starts, everything before its predecessor has completed
 (and its writes are visible). What only kernels before the predecessor write, or none of this step, a kernel may
 load before the wait: the attention kernel loads its row's position and first cache block there. The lean runner's
-compiled decode forward follows inductor's own PDL codegen (``triton.enable_pdl``); its compiled sampler and store
-do not: they follow the LM head's cuBLAS GEMM, which takes no part in PDL (the unfiltered sampler's two Triton
-kernels, `triton_sample`, are launched with PDL like the other relax kernels). (A first reading that the codegen made the
+compiled decode forward follows inductor's own PDL codegen (``triton.enable_pdl``); so do the LM head (the skinny
+GEMM, `triton_linear`) and the unfiltered sampler's two Triton kernels (`triton_sample`), launched with PDL like the
+other relax kernels; with ``RELAX_DECODE_HEAD=0`` the head is cuBLAS's GEMM, which takes no part in PDL, and what
+follows it (the compiled sampler and store) starts after it. (A first reading that the codegen made the
 sampler's reductions ~7x slower was inductor's on-disk cache serving another model's sampler: see the lean
 runner's ``_compile_over_rows``.)
 
