@@ -75,7 +75,7 @@ class Row:
     release_s: float | None = None
     resume_s: float | None = None
     resumed_tokens_per_s: float | None = None  # the same generate right after release + resume (what colocate pays)
-    resumed_captures: int | None = None  # CUDA graphs the lean runner captured during it (release drops them)
+    resumed_captures: int | None = None  # CUDA graphs the lean runner captured during it (0: it replayed its own)
     resumed_capture_s: float | None = None  # seconds those captures took (warm-up step included)
     profile: dict | None = None
     error: str = ""
@@ -209,7 +209,7 @@ def measure(ns: argparse.Namespace, runner: str, batch: int) -> Row:
 
 def _measure_engine(ns: argparse.Namespace, engine: Any, model: Any, prompts: Any, row: Row, tokens: int) -> Row:
     """`measure`'s timed part, after the warm-ups."""
-    import torch
+    from relax.backends.embedded.device_region import held_bytes
 
     reqs = engine_requests(prompts, ns.new, 0)
     holder: dict[str, Any] = {}
@@ -231,9 +231,9 @@ def _measure_engine(ns: argparse.Namespace, engine: Any, model: Any, prompts: An
             row.profile = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
     if ns.device == "cuda":
         saved = {k: v.cpu() for k, v in model.state_dict().items()}  # the weight sync a colocate step runs
-        row.held_gib = torch.cuda.memory_allocated() / 2**30
+        row.held_gib = held_bytes(engine.device) / 2**30
         row.release_s = timed(engine.release_memory_occupation, ns.device)
-        row.freed_gib = row.held_gib - torch.cuda.memory_allocated() / 2**30
+        row.freed_gib = row.held_gib - held_bytes(engine.device) / 2**30
         row.resume_s = timed(engine.resume_memory_occupation, ns.device)
         engine.update_weights_from_tensors(saved)  # released without a CPU backup (SGLang's default): not timed
         counts = (getattr(engine.runner, "captures", 0), getattr(engine.runner, "capture_s", 0.0))

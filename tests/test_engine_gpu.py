@@ -12,6 +12,8 @@ import gc
 import pytest
 import torch
 
+from relax.backends.embedded import device_region
+from relax.backends.embedded.device_region import held_bytes
 from relax.backends.embedded.engine import EmbeddedEngine
 from relax.backends.embedded.sampling import counter_uniform
 
@@ -82,10 +84,12 @@ def test_graphs_follow_weight_updates_and_release_resume() -> None:
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     kv = sum(t.numel() * t.element_size() for t in engine.runner.k + engine.runner.v)
     saved = {k: v.cpu() for k, v in model.state_dict().items()}  # what the trainer would sync after the resume
-    held = torch.cuda.memory_allocated()
+    held, free = held_bytes(engine.device), torch.cuda.mem_get_info()[0]
     engine.release_memory_occupation()
-    freed = held - torch.cuda.memory_allocated()
+    freed = held - held_bytes(engine.device)
     assert freed >= weights + kv, (freed, weights, kv)  # KV cache dropped, weights discarded (no CPU backup)
+    returned = torch.cuda.mem_get_info()[0] - free  # the driver's view: another process could allocate it now
+    assert returned >= weights + kv, (returned, weights, kv)
     engine.resume_memory_occupation()
     with pytest.raises(RuntimeError, match="hold no values since resume_memory_occupation"):
         engine.generate(reqs)
@@ -94,16 +98,26 @@ def test_graphs_follow_weight_updates_and_release_resume() -> None:
     assert resumed == after
 
 
+@pytest.mark.parametrize("regions", [True, False])
 @pytest.mark.parametrize("compile", [False, True])
-def test_graphs_outlive_a_release_only_where_the_memory_returns_to_their_addresses(compile: bool) -> None:
-    """A colocate step's release + resume + full sync: the lean runner replays the graphs it captured when its
-    weight buffer and KV cache came back at their addresses, captures again when they did not (tensors
-    planted in the freed memory move them); the tokens are the same either way. ``compile``: the GRPO
-    bench's configuration (a first version, whose K/V were views of one buffer, crashed compiled).
+def test_graphs_outlive_every_release_in_regions_and_only_where_the_allocator_returns_their_addresses(
+        compile: bool, regions: bool, monkeypatch) -> None:
+    """A colocate step's release + resume + full sync, three times, the third with tensors planted in the freed
+    memory first (same-sized tensors allocated first take freed allocator blocks, best fit). ``regions``: the
+    weight buffer and KV cache are `DeviceRegion`s (CUDA VMM, device_region.py), which keep their addresses
+    whatever is allocated meanwhile, so every cycle replays the captured graphs; without (the caching
+    allocator, where the driver has no VMM) the steady state replays them and the planted tensors force a
+    capture. The tokens are the same either way. ``compile``: the GRPO bench's configuration (a first version,
+    whose K/V were views of one buffer, crashed compiled).
 
     Earlier tests' garbage is collected and their cached blocks returned first: an engine of theirs freed by the
     garbage collector between a release and a resume here hands the allocator blocks of a better fit, and the
     test then measures that, not this engine (seen on the H100: [0, 0, 0] after the test above, passing alone)."""
+    if regions and not device_region.available(torch.device("cuda")):
+        pytest.skip("this driver has no CUDA virtual memory management")
+    if not regions:
+        monkeypatch.setattr("relax.backends.embedded.lean_runner.available", lambda device: False)
+        monkeypatch.setattr(device_region, "available", lambda device: False)
     gc.collect()
     torch.cuda.empty_cache()
     model = _model(torch.bfloat16)
@@ -113,12 +127,12 @@ def test_graphs_outlive_a_release_only_where_the_memory_returns_to_their_address
     first, first_lp = _run(engine, reqs)
     saved = {k: v.clone() for k, v in model.state_dict().items()}
     runner = engine.runner
+    assert (runner._cache_region is not None) == regions and (runner._arena._region is not None) == regions
     kept_by_cycle, captures_by_cycle = [], []
     sizes = (runner._arena.nbytes, *(t.numel() * t.element_size() for t in (*runner.k, *runner.v)))
     for plant in (False, False, True):
         captures, kept = runner.captures, runner.graphs_kept
         engine.release_memory_occupation()
-        # same-sized tensors allocated first take the freed blocks (best fit), so the buffers land elsewhere
         blocker = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in sizes] if plant else None
         engine.resume_memory_occupation()
         engine.update_weights_from_tensors(saved)
@@ -130,8 +144,34 @@ def test_graphs_outlive_a_release_only_where_the_memory_returns_to_their_address
     # every cycle either replayed the graphs or captured anew, never both, never neither
     assert all(k + (c > 0) == 1 for k, c in zip(kept_by_cycle, captures_by_cycle, strict=True)), (
         kept_by_cycle, captures_by_cycle)
-    assert kept_by_cycle[1] == 1, kept_by_cycle  # the steady state of a colocate run: same sizes, same addresses
-    assert kept_by_cycle[2] == 0, kept_by_cycle  # moved by the planted tensor: captured again
+    if regions:
+        assert kept_by_cycle == [1, 1, 1], kept_by_cycle  # the addresses are reserved: nothing can move them
+    else:
+        assert kept_by_cycle[1] == 1, kept_by_cycle  # the steady state of a colocate run: same sizes, same addresses
+        assert kept_by_cycle[2] == 0, kept_by_cycle  # moved by the planted tensor: captured again
+
+
+def test_graphs_outlive_a_release_with_a_cpu_backup() -> None:
+    """``weights_cpu_backup`` (SGLang's --enable-weights-cpu-backup): the weights are parked on the host before the
+    weight buffer goes and copied back into it at resume, so no weight sync is needed, the graphs are replayed
+    where regions hold the buffers, and the tokens and log-probs are the same."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    model = _model(torch.bfloat16)
+    engine = EmbeddedEngine(model, eos_token_ids=[], device="cuda", runner="lean", cuda_graph=True,
+                            max_context_len=256, weights_cpu_backup=True)
+    reqs = _requests(8, temperature=0.0)
+    first, first_lp = _run(engine, reqs)
+    runner = engine.runner
+    captures, kept = runner.captures, runner.graphs_kept
+    for _ in range(2):
+        engine.release_memory_occupation()
+        assert all(not p.is_cuda for p in model.parameters())
+        engine.resume_memory_occupation()
+        ids, lp = _run(engine, reqs)
+        assert ids == first and torch.equal(lp, first_lp)
+    if device_region.available(torch.device("cuda")):
+        assert (runner.captures - captures, runner.graphs_kept - kept) == (0, 2)
 
 
 @pytest.mark.parametrize("shared", [False, True])

@@ -48,9 +48,11 @@ class EngineActor:
         return freeze_startup_objects()
 
     def device_bytes(self) -> int:
-        """CUDA memory this process holds (for the offload metrics), 0 on CPU."""
-        dev = self.engine.device
-        return int(torch.cuda.memory_allocated(dev)) if dev.type == "cuda" else 0
+        """CUDA memory this process holds (for the offload metrics: the caching allocator's and the lean runner's
+        regions, `relax.backends.embedded.device_region`), 0 on CPU."""
+        from relax.backends.embedded.device_region import held_bytes
+
+        return held_bytes(self.engine.device)
 
 
 def build_engine(args: Namespace, device: str):

@@ -428,15 +428,15 @@ class EmbeddedEngine:
             self.runner.reset()
             tags |= {"kv_cache", "cuda_graph"}
         weights = "weights" in tags and "weights" not in self.released_tags
-        if (weights or "kv_cache" in tags) and isinstance(self.runner, LeanRunner):
-            self.runner.free(weights=weights)  # the cache and the weight buffer; its graphs wait for them to return
-        elif (weights or "kv_cache" in tags) and isinstance(self.runner, StaticRunner):
-            self.runner.free()  # the cache and the graphs captured over it
-        if weights:
+        if weights:  # before the runner frees the buffer the parameters are views of (at once, on CUDA)
             if not self.weights_cpu_backup:
                 self._discard_weights()
             elif self.device.type == "cuda":
                 self._park_weights()
+        if (weights or "kv_cache" in tags) and isinstance(self.runner, LeanRunner):
+            self.runner.free(weights=weights)  # the cache and the weight buffer; its graphs wait for them to return
+        elif (weights or "kv_cache" in tags) and isinstance(self.runner, StaticRunner):
+            self.runner.free()  # the cache and the graphs captured over it
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.released_tags |= tags
@@ -483,8 +483,15 @@ class EmbeddedEngine:
             self._unwritten = {id(p): name for name, p, _ in self._discarded}
             self._discarded = []
         elif "weights" in tags and self.device.type == "cuda" and "weights" in self.released_tags:
-            for t in itertools.chain(self.model.parameters(), self.model.buffers()):
-                t.data = t.data.to(self.device, non_blocking=True)
+            tensors = list(itertools.chain(self.model.parameters(), self.model.buffers()))
+            parked = [t.data for t in tensors]
+            # the lean runner's parameters go back to their views of its weight buffer (its graphs' addresses)
+            in_buffer = isinstance(self.runner, LeanRunner) and self.runner.restore_weights()
+            for t, host in zip(tensors, parked, strict=True):
+                if in_buffer and t.data.device.type == "cuda":
+                    t.data.copy_(host, non_blocking=True)
+                else:
+                    t.data = host.to(self.device, non_blocking=True)
             torch.cuda.synchronize(self.device)
         self.released_tags -= tags
 

@@ -8,16 +8,17 @@ separate q/k/v and gate/up GEMMs, sampling outside the graph. This runner keeps 
 * **fused projections, one weight buffer**: every parameter becomes a *view* into one flat buffer
   (`WeightArena`), q/k/v and gate/up back to back per layer so each pair or triple is one matrix;
   an in-place weight update of ``q_proj`` is an update of the fused matrix. If anything re-points
-  a parameter (a CPU-backup release), the next prefill notices and lays the buffer out again;
+  a parameter, the next prefill notices and lays the buffer out again;
 * **KV cache** ``[slots, kv_heads, max_len, head_dim]`` per layer (K and V each); row ``i`` lives
   in slot ``i``;
-* **graphs that outlive a memory release**: a colocate release frees the KV cache and (without a
-  CPU backup) the weight buffer, and a resume allocates them again with the same sizes in the same
-  order, which the CUDA allocator places where they were; the captured graphs (which bake in
-  addresses) are kept and replayed when the weight buffer and every K and V came back at their old
-  addresses, and dropped (captured again) when any did not, so correctness never rests on the
-  placement. Their activation pool stays allocated meanwhile (a few MB per batch bucket).
-  This is what SGLang's memory saver gets by keeping virtual addresses (CUDA VMM);
+* **graphs that outlive a memory release**: a colocate release frees the KV cache and the weight
+  buffer, and a resume takes them back. On CUDA both are `DeviceRegion`s (device_region.py: CUDA's
+  virtual memory management, what SGLang's memory saver does), which return at their addresses, so
+  the captured graphs (which bake in addresses) are replayed after every release; through the
+  caching allocator (no VMM) they come back wherever it puts them. `_prepare` keeps the graphs only
+  when the weight buffer and every K and V are at the addresses they were captured over, and captures
+  again when any is not, so correctness never rests on the placement. Their activation pool stays
+  allocated meanwhile (a few MB per batch bucket);
 * **GQA attention without copies** (`decode_attention`): one op per layer writes the new K/V and
   attends over the cache in place, each query-head group against its KV head; on CUDA a Triton
   flash-decoding kernel that reads each row only as far as it goes (elsewhere the reference attends
@@ -66,6 +67,7 @@ construction with the reason.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
 from typing import Any
@@ -87,6 +89,7 @@ from relax.backends.embedded.decode_linear import (
     glu_rows,
     partial_splits,
 )
+from relax.backends.embedded.device_region import DeviceRegion, available
 from relax.backends.embedded.draw_op import draw_step
 from relax.backends.embedded.norm_rope import rms_norm, rotate, sign_folded
 from relax.backends.embedded.pdl import compile_options
@@ -169,6 +172,7 @@ class LeanRunner:
         self._prefill_in = _compile_as_eager(self._layer_in, compile_mode) if prefill_compiled else self._layer_in
         self._prefill_out = _compile_as_eager(self._layer_out, compile_mode) if prefill_compiled else self._layer_out
         self.k: list[torch.Tensor] = []  # one [slots, kv_heads, max_len, head_dim] tensor per layer
+        self._cache_region: DeviceRegion | None = None  # on CUDA: K and V live here, at the same address after a release
         self.v: list[torch.Tensor] = []
         self.rows_in_cache = 0
         self._arena: WeightArena | None = None  # every parameter, q/k/v and gate/up fused (`_fuse`)
@@ -201,12 +205,14 @@ class LeanRunner:
         self._set_prefixes([], [])
 
     def free(self, *, weights: bool = False) -> None:
-        """Memory release: drop the KV cache and, with ``weights``, the weight buffer (the caller re-points the
-        parameters: discarded, or parked on the host). The graphs are kept; `_prepare` replays them only if
-        the weight buffer and every K and V come back at the addresses they were captured over."""
+        """Memory release: drop the KV cache and, with ``weights``, the weight buffer (the caller parks or discards
+        the parameters first: a region's memory is gone at once). The graphs are kept; `_prepare` replays them
+        only if the weight buffer and every K and V come back at the addresses they were captured over."""
         self.rows_in_cache = 0
         self._set_prefixes([], [])
         self.k, self.v = [], []
+        if self._cache_region is not None:
+            self._cache_region.release()
         self._after_release = True
         if weights:
             self._qkv, self._gate_up = [], []
@@ -214,9 +220,9 @@ class LeanRunner:
                 self._arena.release()
 
     def restore_weights(self) -> bool:
-        """After a release that discarded the weights: allocate the weight buffer again (values undefined until
-        a weight update writes them) with every parameter back at its view. False when there is no buffer to
-        restore (nothing fused yet), and the caller allocates the parameters itself."""
+        """After a release of the weights: allocate the weight buffer again (values undefined until a weight
+        update or the parked copy writes them) with every parameter back at its view. False when there is no
+        buffer to restore (nothing fused yet), and the caller allocates the parameters itself."""
         if self._arena is None or self._arena.buffer is not None:
             return False
         self._arena.restore()
@@ -239,15 +245,7 @@ class LeanRunner:
             cos, sin = self.base.rotary_emb(probe, positions)
             self._rope = (cos[0].contiguous(), sign_folded(sin[0]).contiguous())
         if not self.k:
-            # one allocation per layer's K and V, not views of one buffer: the decode graph's inputs must not
-            # alias each other (torch.compile rebuilds aliased mutated inputs from a synthetic base; with the
-            # views of one buffer the first compiled decode hit an illegal memory access on the H100). Layers
-            # take the tensors in address order: the allocator may hand back the same blocks in another order
-            # after a release, and then every layer still gets the address its graphs were captured with
-            shape = (self.slots, self.kv_heads, self.max_len, self.head_dim)
-            dtype = self.model.lm_head.weight.dtype
-            caches = sorted((torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(2 * len(self.layers))),
-                            key=torch.Tensor.data_ptr)
+            caches = self._allocate_cache()
             self.k, self.v = caches[:len(self.layers)], caches[len(self.layers):]
             # decided once per cache, not per step: the Triton kernel reads rows only as far as they go, so one
             # graph view (max_len) serves every length
@@ -263,6 +261,28 @@ class LeanRunner:
         elif self._graphs and self._after_release:
             self.graphs_kept += 1
         self._after_release = False
+
+    def _allocate_cache(self) -> list[torch.Tensor]:
+        """Every layer's K and V, zeroed. Each is a storage of its own, not a view of one buffer: the decode graph's
+        inputs must not alias each other (torch.compile rebuilds aliased mutated inputs from a synthetic base; with
+        views of one buffer the first compiled decode hit an illegal memory access on the H100). On CUDA they are
+        slices of one `DeviceRegion`, back at the same addresses after every release (device_region.py); else
+        one allocation each, in address order (the allocator may hand back the same blocks in another order after
+        a release, and then every layer still gets the address its graphs were captured with)."""
+        shape = (self.slots, self.kv_heads, self.max_len, self.head_dim)
+        dtype = self.model.lm_head.weight.dtype
+        count = 2 * len(self.layers)
+        if not available(self.device):
+            return sorted((torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(count)),
+                          key=torch.Tensor.data_ptr)
+        nbytes = math.prod(shape) * dtype.itemsize
+        stride = -(-nbytes // 256) * 256
+        if self._cache_region is None:
+            self._cache_region = DeviceRegion(stride * count, self.device)
+        region = self._cache_region
+        region.restore()
+        region.tensor(0, region.nbytes).zero_()
+        return [region.tensor(i * stride, nbytes).view(dtype).view(shape) for i in range(count)]
 
     def _fused_ok(self) -> bool:
         """The arena still holds exactly the model's parameters, each at its view. (The arena lists them in its

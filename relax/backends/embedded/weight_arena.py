@@ -2,9 +2,10 @@
 
 Why one buffer: the lean runner fuses q/k/v and gate/up into one matrix each (one GEMM instead of two
 or three), which needs them back to back in memory; laying out *every* parameter in one allocation
-also makes a colocate memory release one free and its resume one allocation of the same size, which
-the CUDA allocator gives back at the same address, so the decode graphs captured over these
-addresses stay valid (`LeanRunner` checks the address before replaying them).
+also makes a colocate memory release one free and its resume one allocation of the same size. On CUDA
+the buffer is a `DeviceRegion` (device_region.py): the release frees its physical memory and keeps its
+address, so the decode graphs captured over it stay valid across every release (`LeanRunner` checks the
+address before replaying them); elsewhere it comes from the caching allocator, wherever that puts it.
 
 A *group* is a run of parameters stored back to back (same dtype and trailing shape): its `group`
 view is their concatenation along dim 0, and each parameter's ``.data`` is a slice of it, so an
@@ -14,6 +15,8 @@ in-place update of one parameter is an update of the fused matrix.
 from __future__ import annotations
 
 import torch
+
+from relax.backends.embedded import device_region
 
 ALIGN = 256  # bytes: every group starts at a multiple (the CUDA allocator's own alignment for kernels' loads)
 
@@ -33,6 +36,8 @@ class WeightArena:
             offset += sum(p.numel() for p in members) * first.element_size()
         self.nbytes = offset
         self.buffer: torch.Tensor | None = None
+        self._region = (device_region.DeviceRegion(max(offset, 1), device)
+                        if device_region.available(torch.device(device)) else None)
         with torch.no_grad():
             self._allocate(copy_values=True)
 
@@ -64,16 +69,22 @@ class WeightArena:
         return True
 
     def release(self) -> None:
-        """Drop the buffer. The memory is freed once the parameters no longer point into it (the caller
-        re-points them: discarded or parked on the host)."""
+        """Drop the buffer: a region's physical memory goes back at once (the parameters' views must not be read
+        after this: park them first), the caching allocator's once the caller re-points the parameters."""
         self.buffer = None
+        if self._region is not None:
+            self._region.release()
 
     def restore(self) -> None:
         """Allocate the buffer again (uninitialised) and point every parameter back at its view."""
         self._allocate(copy_values=False)
 
     def _allocate(self, *, copy_values: bool) -> None:
-        self.buffer = torch.empty(max(self.nbytes, 1), dtype=torch.uint8, device=self.device)
+        if self._region is not None:
+            self._region.restore()
+            self.buffer = self._region.tensor(0, max(self.nbytes, 1))
+        else:
+            self.buffer = torch.empty(max(self.nbytes, 1), dtype=torch.uint8, device=self.device)
         for index, (_, _, members, shapes) in enumerate(self._layout):
             fused, start = self.group(index), 0
             for p, shape in zip(members, shapes, strict=True):
