@@ -71,6 +71,7 @@ torch backend (tests/test_bench_megatron.py uses it as a smoke test); its number
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -132,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="after the rows, profile one RL step (torch.profiler) and print its N costliest GPU kernels "
                          "to stderr: where the step's time goes; on CUDA also the N host operators the GPU waited "
                          "on longest (ci/host_stalls.py, also in the JSON as host_stalls)")
+    ap.add_argument("--trace", default=None, metavar="PATH",
+                    help="with --profile: also write the profiled step's chrome trace (torch.profiler) to PATH")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--train-backend", default="megatron", choices=["megatron", "torch"],
                     help="torch: the same code path with the torch backend (CPU smoke test)")
@@ -479,12 +482,15 @@ def profile_rl_step(backend: Any, ns: argparse.Namespace) -> dict | None:
     samples = make_samples(ns.global_batch, ns.seq_len, ns.prompt_len, _vocab(backend), ns.seed)
     cuda = ns.device == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities) as prof, phase_ranges(backend):
         device_sync(ns.device)
         t0 = time.perf_counter()
         _checked(backend.train_rollout(samples, 0))
         device_sync(ns.device)
         wall_s = time.perf_counter() - t0
+    if ns.trace:
+        prof.export_chrome_trace(ns.trace)
+        log(f"chrome trace of the profiled step: {ns.trace}")
     sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
     log(f"profile of one RL step, top {ns.profile} by {sort}:\n"
         + prof.key_averages().table(sort_by=sort, row_limit=ns.profile, max_name_column_width=90))
@@ -492,11 +498,42 @@ def profile_rl_step(backend: Any, ns: argparse.Namespace) -> dict | None:
     if cuda:
         kernels, ops = host_stalls.from_profiler(prof)
         stalls = {"traced_wall_s": wall_s, "kernel_s": sum(k.end_us - k.start_us for k in kernels) / 1e6,
-                  **host_stalls.charge(kernels, ops, top=ns.profile)}
-        log(f"traced step {wall_s:.3f} s, kernels {stalls['kernel_s']:.3f} s; " + host_stalls.describe(stalls))
+                  **host_stalls.charge(kernels, ops, top=ns.profile), "phases": host_stalls.by_phase(kernels, ops)}
+        log(f"traced step {wall_s:.3f} s, kernels {stalls['kernel_s']:.3f} s; " + host_stalls.describe(stalls) + "\n"
+            + host_stalls.describe_phases(stalls["phases"]))
     del prof
     _free_memory(ns.device)
     return stalls
+
+
+@contextlib.contextmanager
+def phase_ranges(backend: Any):
+    """``phase:<name>`` profiler ranges around the RL step's parts (`host_stalls.by_phase`): the model forward with
+    its log-probs, the policy loss, the backward, the gradient step (Megatron's grad finalize, norm and Adam), the
+    zeroing of the gradients. Instance attributes shadow the backend's methods while profiling."""
+    import torch
+    from torch.profiler import record_function
+
+    from ci.host_stalls import PHASE
+
+    def ranged(fn, label: str):
+        def call(*args, **kwargs):
+            with record_function(PHASE + label):
+                return fn(*args, **kwargs)
+        return call
+
+    names = {"_forward_log_probs": "forward", "_micro_batch_loss": "loss", "_apply_gradients": "optimizer",
+             "_zero_grad": "zero_grad"}
+    backward = torch.Tensor.backward
+    for name, label in names.items():
+        setattr(backend, name, ranged(getattr(backend, name), label))
+    torch.Tensor.backward = ranged(backward, "backward")
+    try:
+        yield
+    finally:
+        torch.Tensor.backward = backward
+        for name in names:
+            delattr(backend, name)
 
 
 def _checked(metrics: dict[str, float]) -> dict[str, float]:

@@ -21,6 +21,7 @@ from collections import defaultdict
 from ci.decode_profile import SHORT_GAP_US, Interval, idle_gaps
 
 BETWEEN_OPS = "(no operator: Python between ops)"
+PHASE = "phase:"  # record_function ranges named so (ci/bench_megatron.py's `phase_ranges`) split the stall by phase
 
 
 def idle_stretches(kernels: list[Interval], short_us: float = SHORT_GAP_US) -> list[tuple[float, float]]:
@@ -38,6 +39,7 @@ def charge(kernels: list[Interval], ops: list[Interval], *, top: int = 15, short
     """Sum the idle stretches by the host operator open at their middle: ``{"idle_s", "stretches", "top": [...]}``,
     each top entry ``{"op", "count", "idle_ms"}``, largest first."""
     by_op: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    ops = [op for op in ops if not op.name.startswith(PHASE)]  # a phase range is no operator (`by_phase`)
     stretches = idle_stretches(kernels, short_us)
     for start, end in stretches:
         name = _open_at(ops, (start + end) / 2) or BETWEEN_OPS
@@ -60,6 +62,31 @@ def from_profiler(prof) -> tuple[list[Interval], list[Interval]]:
         elif e.device_type == DeviceType.CPU:
             ops.append(interval)
     return kernels, ops
+
+
+def by_phase(kernels: list[Interval], ops: list[Interval], *, short_us: float = SHORT_GAP_US) -> list[dict]:
+    """Per ``phase:<name>`` host range (summed over its calls, in first-call order): its wall, the kernels that
+    ran inside it and the idle stretches whose middle falls inside it, ``[{"phase", "calls", "wall_ms",
+    "kernel_ms", "idle_ms"}]``. Which part of a step (forward, loss, backward, optimizer) the GPU waits in."""
+    phases = sorted((op for op in ops if op.name.startswith(PHASE)), key=lambda op: op.start_us)
+    stretches = idle_stretches(kernels, short_us)
+    out: dict[str, dict] = {}
+    for ph in phases:
+        row = out.setdefault(ph.name[len(PHASE):], {"phase": ph.name[len(PHASE):], "calls": 0, "wall_ms": 0.0,
+                                                     "kernel_ms": 0.0, "idle_ms": 0.0})
+        row["calls"] += 1
+        row["wall_ms"] += (ph.end_us - ph.start_us) / 1e3
+        row["kernel_ms"] += sum(min(k.end_us, ph.end_us) - max(k.start_us, ph.start_us) for k in kernels
+                                if k.end_us > ph.start_us and k.start_us < ph.end_us) / 1e3
+        row["idle_ms"] += sum(e - s for s, e in stretches if ph.start_us <= (s + e) / 2 < ph.end_us) / 1e3
+    return list(out.values())
+
+
+def describe_phases(rows: list[dict]) -> str:
+    lines = ["per phase (host range): wall, kernels inside it, GPU idle stretches inside it"]
+    lines += [f"  {r['phase']:<12} x{r['calls']:<3d} wall {r['wall_ms']:7.2f} ms  kernels {r['kernel_ms']:7.2f} ms  "
+              f"idle {r['idle_ms']:7.2f} ms" for r in rows]
+    return "\n".join(lines)
 
 
 def describe(summary: dict) -> str:
