@@ -92,6 +92,12 @@ _TRITON_CHECK = textwrap.dedent("""
                  lp_err=float((lp.double() - ref_lp).abs().max()),
                  grad_err=float((leaf.grad.double() - ref_grad).abs().max()),
                  zero_elsewhere=bool((leaf.grad[~read] == 0).all()))
+        # the gradient as the kernel lays it out (torch.autograd.grad: no AccumulateGrad restriding): the logits'
+        # own strides, so the transposed view of Megatron's [L, b, V'] output gets an [L, b, V'] gradient
+        other = logits.detach().requires_grad_(True)
+        raw, = torch.autograd.grad(logprobs_triton.fused_token_log_probs(
+            other, rows, positions, targets, vocab_size=vocab, temperature=temp, with_entropy=False)[0].sum(), other)
+        r.update(grad_layout=[list(raw.stride()), list(logits.stride())])
         if with_entropy:
             r.update(ent=value_excess(ent, ref_ent), ent_err=float((ent.double() - ref_ent).abs().max()))
         else:
@@ -155,6 +161,7 @@ def test_triton_kernels_match_float64_reference_in_the_interpreter() -> None:
         assert r["lp"] <= 1 and r["grad"] <= 1, r
         assert r["grad_dtype"] == f"torch.{dtype}", r  # the gradient comes in the logits' dtype
         assert r["zero_elsewhere"], r  # unselected positions and padded columns: exactly 0
+        assert r["grad_layout"][0] == r["grad_layout"][1], r
         assert r["ent"] <= 1 if with_entropy else r["ent_shape"] == [], r
     planted = [r for r in results if "planted_no_temperature" in r]
     assert len(planted) == 3, results  # fp32 and fp16, several blocks and one

@@ -54,7 +54,7 @@ def _rms_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps
     return dx.to(x.dtype), dweight.to(weight.dtype)
 
 
-_FORWARD, _BACKWARD = CompiledOnCuda(_rms_forward), CompiledOnCuda(_rms_backward)
+_FORWARD, _BACKWARD = CompiledOnCuda(_rms_forward, static_trailing=1), CompiledOnCuda(_rms_backward, static_trailing=1)
 
 
 class _RMSNorm(torch.autograd.Function):

@@ -43,7 +43,8 @@ def _rope_backward(grad: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     return torch.cat((g * cos + torch.cat((u2, -u1), dim=-1), rest), dim=-1)
 
 
-_FORWARD, _BACKWARD = CompiledOnCuda(_rope_forward), CompiledOnCuda(_rope_backward)
+# heads and head_dim static (compiled_function.py): q and k differ in heads only
+_FORWARD, _BACKWARD = CompiledOnCuda(_rope_forward, static_trailing=2), CompiledOnCuda(_rope_backward, static_trailing=2)
 
 
 class _RoPE(torch.autograd.Function):

@@ -20,8 +20,9 @@ they are not checked here, and each (row, position) pair is selected at most onc
 positions predict one token each), so backward programs never write the same row.
 
 The logits may be any ``[b, L, V']`` view whose last dimension is contiguous (``V' >= vocab_size``,
-e.g. Megatron's vocabulary padded to a multiple of the TP size): each token's row is addressed by
-the strides of the first two dimensions. Runs under ``TRITON_INTERPRET=1`` on CPU tensors too, which
+e.g. Megatron's vocabulary padded to a multiple of the TP size; or the ``[b, L, V']`` transpose of
+Megatron's ``[L, b, V']`` output): each token's row is addressed by the strides of the first two
+dimensions, and the gradient is laid out as the logits are. Runs under ``TRITON_INTERPRET=1`` on CPU tensors too, which
 is how CI tests it without a GPU.
 """
 
@@ -124,7 +125,9 @@ class _FusedTokenLogProbs(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_log_probs, grad_entropy):
         logits, rows, positions, targets, lse, entropy = ctx.saved_tensors
-        grad = torch.zeros(logits.shape, dtype=logits.dtype, device=logits.device)
+        # the logits' own layout (a view of Megatron's [L, b, V'] output gets its gradient in that memory order, so the
+        # output layer's backward needs no transposing copy of it)
+        grad = torch.zeros_like(logits)
         n = rows.numel()
         if n:
             grad_lp = grad_log_probs.float().contiguous()
