@@ -9,8 +9,8 @@ every parameter tagged ``sequence_parallel`` (what Apex's `FusedLayerNorm` and T
 which sees the whole sequence (after the qkv projection gathered it) and whose gradient megatron sums
 over TP by name.
 
-On CUDA (with triton) both run `rms_norm`: one compiled Triton kernel forward and one backward
-(compiled_function.py: the same forward kernel in no-grad and training passes, bitwise). Why compiled:
+On CUDA (with triton) both run `rms_norm`: one Triton kernel forward, launched directly (forward_kernels.py),
+and one compiled backward (compiled_function.py); the same forward kernel in no-grad and training passes, bitwise. Why compiled:
 torch's own fused RMSNorm kernels took 21 ms of the 108 ms of GPU time of an RL step at the GRPO
 bench's shape (H100, 65 norms, most of them the q/k norms over 64-wide rows, where its backward is
 slowest). The forward is torch's: normalise in fp32, scale by the weight in fp32, round once to the
@@ -57,12 +57,23 @@ def _rms_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps
 _FORWARD, _BACKWARD = CompiledOnCuda(_rms_forward, static_trailing=1), CompiledOnCuda(_rms_backward, static_trailing=1)
 
 
+def _forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The forward kernel of both passes: the direct Triton launch (forward_kernels.py: no torch.compile call path
+    on the host-bound forward) where it serves, else the compiled function (eager off CUDA)."""
+    if x.is_cuda and _triton():
+        from relax.backends.megatron import forward_kernels
+
+        if forward_kernels.takes(x):
+            return forward_kernels.rms_norm_forward(x, weight, eps)
+    return _FORWARD(x, weight, eps)
+
+
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.eps = eps
-        return _FORWARD(x.detach(), weight.detach(), eps)
+        return _forward(x.detach(), weight.detach(), eps)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -76,7 +87,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     autograd recording (compiled_function.py)."""
     if records_grad(x, weight):
         return _RMSNorm.apply(x, weight, eps)
-    return _FORWARD(x.detach(), weight.detach(), eps)
+    return _forward(x.detach(), weight.detach(), eps)
 
 
 class _CompiledRMSNorm(torch.nn.RMSNorm):

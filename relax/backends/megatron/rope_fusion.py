@@ -9,10 +9,10 @@ megatron-core runs a fused RoPE when ``TransformerConfig.apply_rope_fusion`` is 
 kernel from Transformer Engine through the module attribute ``rope_utils.fused_apply_rotary_pos_emb``
 (None without TE). `install` fills that slot, when it is empty, with `fused_rope_bshd`: the same
 formula as megatron's unfused path (``t * cos + rotate_half(t) * sin`` on the first ``rot_dim``
-channels, the rest passed through), compiled by ``torch.compile`` into one Triton kernel forward and
-one backward (compiled_function.py: the same forward kernel in no-grad and training passes; the
-backward is the transposed rotation, ``g * cos + rotate_half^T(g * sin)``). The compiled kernel keeps
-the intermediate products in fp32 and rounds once, where the eager path rounds each bf16 op: values
+channels, the rest passed through), as one Triton kernel forward, launched directly (forward_kernels.py),
+and one backward compiled by ``torch.compile`` (compiled_function.py; the same forward kernel in no-grad
+and training passes; the backward is the transposed rotation, ``g * cos + rotate_half^T(g * sin)``).
+Both kernels keep the intermediate products in fp32 and round once, where the eager path rounds each bf16 op: values
 agree to within one bf16 ulp (tests/gpu/test_megatron_fusions_gpu.py).
 Only the bshd layout is filled (relax refuses ``--qkv-format thd``) and only the rotate-half RoPE of the
 models relax converts (none sets ``rotary_interleaved``).
@@ -47,11 +47,22 @@ def _rope_backward(grad: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
 _FORWARD, _BACKWARD = CompiledOnCuda(_rope_forward, static_trailing=2), CompiledOnCuda(_rope_backward, static_trailing=2)
 
 
+def _forward(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """The forward kernel of both passes: the direct Triton launch (forward_kernels.py) where it serves, else the
+    compiled function."""
+    if t.is_cuda and freqs.stride(-1) == 1:
+        from relax.backends.megatron import forward_kernels
+
+        if forward_kernels.takes(t):
+            return forward_kernels.rope_forward(t, freqs)
+    return _FORWARD(t, freqs)
+
+
 class _RoPE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(freqs)
-        return _FORWARD(t.detach(), freqs.detach())
+        return _forward(t.detach(), freqs.detach())
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -66,7 +77,7 @@ def fused_rope_bshd(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = Fa
         raise ValueError("relax's fused RoPE has no interleaved rotation (rotary_interleaved); pass --no-rope-fusion")
     if records_grad(t):
         return _RoPE.apply(t, freqs)
-    return _FORWARD(t.detach(), freqs.detach())
+    return _forward(t.detach(), freqs.detach())
 
 
 def install() -> bool:
