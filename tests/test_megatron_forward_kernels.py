@@ -110,6 +110,6 @@ def test_direct_kernels_agree_with_the_compiled_functions_in_bf16_on_gpu() -> No
         assert float(((direct.float() - compiled.float()).abs() / ulp).max()) <= 1.0
     freqs = (torch.rand(384, 1, 1, 64, generator=gen) * 100).cuda()
     direct, compiled = forward_kernels.rope_forward(q, freqs), rope_fusion._FORWARD(q, freqs)
-    terms = q.float().abs() * 2
+    terms = q.float().abs() + torch.cat((q[..., 32:], q[..., :32]), -1).float().abs()  # |x| + |rotate_half(x)|
     assert float(((direct.float() - compiled.float()).abs() / (torch.finfo(torch.bfloat16).eps * terms.clamp(
         min=1e-30))).max()) <= 1.0
