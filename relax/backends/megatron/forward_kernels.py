@@ -61,25 +61,25 @@ def _rms_norm_kernel(X, W, OUT, n_rows, width, eps, size1, size2, stride0, strid
 
 
 @triton.jit
-def _rope_kernel(T, F, OUT, n_rows, width, rot, per_pos, size1, size2, stride0, stride1, stride2, f_stride,
+def _rope_kernel(T, F, OUT, width, rot, per_pos, size1, size2, stride0, stride1, stride2, f_stride,
                  ROWS: tl.constexpr, BLOCK: tl.constexpr):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    # program (position, chunk): ROWS of the position's per_pos = b * heads rows, whose angles it loads once
+    position = tl.program_id(0)
+    local = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    rows = position * per_pos + local
     cols = tl.arange(0, BLOCK)
-    row_ok = rows < n_rows
-    mask = row_ok[:, None] & (cols[None, :] < width)
+    rotated = cols < rot
+    mask = (local < per_pos)[:, None] & (cols[None, :] < width)
     base = _row_offsets(rows, size1, size2, stride0, stride1, stride2).to(tl.int64)
     x = tl.load(T + base[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     half = rot // 2
-    rotated = cols < rot
     partner = tl.where(cols < half, cols + half, cols - half)
     other = tl.load(T + base[:, None] + partner[None, :], mask=mask & rotated[None, :], other=0.0).to(tl.float32)
     other = tl.where((cols < half)[None, :], -other, other)
-    position = (rows // per_pos).to(tl.int64)  # the sequence index: rows run over (s, b, heads)
-    angle = tl.load(F + position[:, None] * f_stride + cols[None, :], mask=row_ok[:, None] & rotated[None, :],
-                    other=0.0)
+    angle = tl.load(F + position.to(tl.int64) * f_stride + cols, mask=rotated, other=0.0)
     cos = tl.cos(angle).to(OUT.dtype.element_ty).to(tl.float32)
     sin = tl.sin(angle).to(OUT.dtype.element_ty).to(tl.float32)
-    y = tl.where(rotated[None, :], x * cos + other * sin, x)
+    y = tl.where(rotated[None, :], x * cos[None, :] + other * sin[None, :], x)
     out = OUT + rows.to(tl.int64)[:, None] * width + cols[None, :]
     tl.store(out, y.to(OUT.dtype.element_ty), mask=mask)
 
@@ -126,8 +126,9 @@ def rope_forward(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     rows, size1, size2, s0, s1, s2 = _leading(t)
     out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
     block = triton.next_power_of_2(width)
-    per_program, programs = _grid(rows, block)
+    per_pos = size1 * size2  # b * heads rows share a position (and its angles)
+    per_program, chunks = _grid(per_pos, block)
     if rows:
-        _rope_kernel[(programs,)](t, freqs, out, rows, width, rot, size1 * size2, size1, size2, s0, s1, s2,
-                                  freqs.stride(0), ROWS=per_program, BLOCK=block)
+        _rope_kernel[(t.shape[0], chunks)](t, freqs, out, width, rot, per_pos, size1, size2, s0, s1, s2,
+                                           freqs.stride(0), ROWS=per_program, BLOCK=block)
     return out
