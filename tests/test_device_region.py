@@ -14,7 +14,6 @@ import torch
 from relax.backends.embedded import device_region
 from relax.backends.embedded.device_region import DeviceRegion, available, held_bytes
 
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 MIB = 1 << 20
 
 
@@ -25,14 +24,21 @@ def test_no_region_off_cuda() -> None:
         DeviceRegion(MIB, torch.device("cpu"))
 
 
-@pytest.mark.gpu
-@needs_gpu
-def test_release_returns_the_memory_and_restore_keeps_the_address() -> None:
-    dev = torch.device("cuda", torch.cuda.current_device())
-    if not available(dev):
+@pytest.fixture
+def dev() -> torch.device:
+    """The current CUDA device with VMM, earlier tests' garbage collected and their cached blocks returned."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    device = torch.device("cuda", torch.cuda.current_device())
+    if not available(device):
         pytest.skip("this driver has no CUDA virtual memory management")
     gc.collect()
     torch.cuda.empty_cache()
+    return device
+
+
+@pytest.mark.gpu
+def test_release_returns_the_memory_and_restore_keeps_the_address(dev: torch.device) -> None:
     held0 = held_bytes(dev)
     region = DeviceRegion(64 * MIB + 5, dev)
     assert region.nbytes >= 64 * MIB + 5 and region.mapped
@@ -76,12 +82,7 @@ def test_release_returns_the_memory_and_restore_keeps_the_address() -> None:
 
 
 @pytest.mark.gpu
-@needs_gpu
-def test_tensors_keep_their_region_alive() -> None:
-    dev = torch.device("cuda", torch.cuda.current_device())
-    if not available(dev):
-        pytest.skip("this driver has no CUDA virtual memory management")
-    gc.collect()
+def test_tensors_keep_their_region_alive(dev: torch.device) -> None:
     held0 = held_bytes(dev)
     t = DeviceRegion(MIB, dev).tensor(0, MIB)  # the region object itself is gone at once
     gc.collect()
