@@ -1,9 +1,9 @@
 """The trainer's RMSNorm and RoPE forwards as Triton kernels launched directly (imported only where Triton is).
 
 Why: the GRPO bench's RL step on the H100 spends its forward waiting on the host (bench_megatron --profile
---trace at 4e9fe4b: 43.7 ms of forward wall for 27.8 ms of kernels, while the backward kept the GPU busy),
-and a good part of that host time is torch.compile's per-call path (dynamo's cache lookup, the AOT runtime
-wrappers) around each of the ~6 compiled norm / RoPE calls of a layer. A Triton launch skips all of it.
+--trace at 4e9fe4b, ci/trace_kernels.py: 41.6 ms of forward wall for 25.7 ms of kernels, while the backward kept
+the GPU busy: 60.9 ms for 59.8), and a good part of that host time is torch.compile's per-call path (dynamo's
+cache lookup, the AOT runtime wrappers) around each of the ~6 compiled norm / RoPE calls of a layer. A Triton launch skips all of it.
 The backwards stay compiled (compiled_function.py): the backward is GPU-bound, its launch cost hidden.
 
 The arithmetic is that of norms.py's and rope_fusion.py's compiled forwards, fp32 inside, one rounding to
@@ -37,7 +37,9 @@ def takes(t: torch.Tensor) -> bool:
 
 @triton.jit
 def _row_offsets(rows, size1, size2, stride0, stride1, stride2):
-    """Element offset of each row index over up to three leading dims (sizes of dims 1 and 2, all three strides)."""
+    """Element offset of each row index over up to three leading dims (sizes of dims 1 and 2, all three strides),
+    in int64 (a long sequence's offsets pass 2**31)."""
+    rows = rows.to(tl.int64)
     i2 = rows % size2
     rest = rows // size2
     return (rest // size1) * stride0 + (rest % size1) * stride1 + i2 * stride2
@@ -50,7 +52,7 @@ def _rms_norm_kernel(X, W, OUT, n_rows, width, eps, size1, size2, stride0, strid
     cols = tl.arange(0, BLOCK)
     row_ok = rows < n_rows
     mask = row_ok[:, None] & (cols[None, :] < width)
-    offsets = _row_offsets(rows, size1, size2, stride0, stride1, stride2).to(tl.int64)
+    offsets = _row_offsets(rows, size1, size2, stride0, stride1, stride2)
     x = tl.load(X + offsets[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     mean = tl.sum(x * x, 1) / width
     r = tl.rsqrt(mean + eps)
@@ -70,7 +72,7 @@ def _rope_kernel(T, F, OUT, width, rot, per_pos, size1, size2, stride0, stride1,
     cols = tl.arange(0, BLOCK)
     rotated = cols < rot
     mask = (local < per_pos)[:, None] & (cols[None, :] < width)
-    base = _row_offsets(rows, size1, size2, stride0, stride1, stride2).to(tl.int64)
+    base = _row_offsets(rows, size1, size2, stride0, stride1, stride2)
     x = tl.load(T + base[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     half = rot // 2
     partner = tl.where(cols < half, cols + half, cols - half)
