@@ -508,9 +508,11 @@ def profile_rl_step(backend: Any, ns: argparse.Namespace) -> dict | None:
 
 @contextlib.contextmanager
 def phase_ranges(backend: Any):
-    """``phase:<name>`` profiler ranges around the RL step's parts (`host_stalls.by_phase`): the model forward with
-    its log-probs, the policy loss, the backward, the gradient step (Megatron's grad finalize, norm and Adam), the
-    zeroing of the gradients. Instance attributes shadow the backend's methods while profiling."""
+    """``phase:<name>`` profiler ranges around the RL step's parts (`host_stalls.by_phase`): the policy loss, the
+    gradient step (Megatron's grad finalize, norm and Adam), the zeroing of the gradients, and the passes: with the
+    Megatron backend its schedule's forward + backward (`StageRunner.run`: the two interleave inside megatron-core,
+    so they are one phase; ci/trace_kernels.py splits them in a trace), with the torch backend the forward with its
+    log-probs and the backward apart. Instance attributes shadow the backend's methods while profiling."""
     import torch
     from torch.profiler import record_function
 
@@ -527,11 +529,16 @@ def phase_ranges(backend: Any):
     backward = torch.Tensor.backward
     for name, label in names.items():
         setattr(backend, name, ranged(getattr(backend, name), label))
+    runner = getattr(backend, "runner", None)  # the Megatron backend's StageRunner
+    if runner is not None:
+        runner.run = ranged(runner.run, "forward+backward")
     torch.Tensor.backward = ranged(backward, "backward")
     try:
         yield
     finally:
         torch.Tensor.backward = backward
+        if runner is not None:
+            del runner.run
         for name in names:
             delattr(backend, name)
 

@@ -15,7 +15,9 @@ Off CUDA the functions run eagerly, which is how CPU tests check the backward fo
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -51,6 +53,19 @@ class CompiledOnCuda:
                     for dim in range(max(t.dim() - self.static_trailing, 0), t.dim()):
                         torch._dynamo.mark_static(t, dim)
         return self._compiled(first, *rest)
+
+
+@functools.cache
+def direct_kernels() -> ModuleType | None:
+    """forward_kernels.py (the RMSNorm / RoPE forwards launched directly) where Triton imports, else None; imported
+    once, not on every norm call."""
+    from relax.utils.modules import module_available
+
+    if not module_available("triton"):
+        return None
+    from relax.backends.megatron import forward_kernels
+
+    return forward_kernels
 
 
 def records_grad(*tensors: torch.Tensor) -> bool:

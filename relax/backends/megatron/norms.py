@@ -24,7 +24,7 @@ import functools
 
 import torch
 
-from relax.backends.megatron.compiled_function import CompiledOnCuda, records_grad
+from relax.backends.megatron.compiled_function import CompiledOnCuda, direct_kernels, records_grad
 from relax.utils.modules import module_available
 
 
@@ -60,11 +60,9 @@ _FORWARD, _BACKWARD = CompiledOnCuda(_rms_forward, static_trailing=1), CompiledO
 def _forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """The forward kernel of both passes: the direct Triton launch (forward_kernels.py: no torch.compile call path
     on the host-bound forward) where it serves, else the compiled function (eager off CUDA)."""
-    if x.is_cuda and _triton():
-        from relax.backends.megatron import forward_kernels
-
-        if forward_kernels.takes(x):
-            return forward_kernels.rms_norm_forward(x, weight, eps)
+    kernels = direct_kernels() if x.is_cuda else None
+    if kernels is not None and kernels.takes(x):
+        return kernels.rms_norm_forward(x, weight, eps)
     return _FORWARD(x, weight, eps)
 
 

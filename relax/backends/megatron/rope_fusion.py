@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from relax.backends.megatron.compiled_function import CompiledOnCuda, records_grad
+from relax.backends.megatron.compiled_function import CompiledOnCuda, direct_kernels, records_grad
 
 
 def _rope_forward(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
@@ -50,11 +50,9 @@ _FORWARD, _BACKWARD = CompiledOnCuda(_rope_forward, static_trailing=2), Compiled
 def _forward(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     """The forward kernel of both passes: the direct Triton launch (forward_kernels.py) where it serves, else the
     compiled function."""
-    if t.is_cuda and freqs.stride(-1) == 1:
-        from relax.backends.megatron import forward_kernels
-
-        if forward_kernels.takes(t):
-            return forward_kernels.rope_forward(t, freqs)
+    kernels = direct_kernels() if t.is_cuda and freqs.stride(-1) == 1 else None
+    if kernels is not None and kernels.takes(t):
+        return kernels.rope_forward(t, freqs)
     return _FORWARD(t, freqs)
 
 
