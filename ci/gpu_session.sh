@@ -13,6 +13,14 @@
 #                  check) into $OUT/baselines/<class>.json; commit that file to ci/baselines/
 #   gpu_scenarios  what `nox -s gpu_scenarios` runs (ci/sessions.py): every GPU scenario, throughput against
 #                  ci/baselines (required), then the gate; results, JUnit, report and summary in $OUT/gpu_scenarios
+# Multi-GPU items (issue "Many GPUs"; each fits one device call, JSON / JUnit under $OUT):
+#   multi_gpu_tests  pytest -m multi_gpu tests/gpu except the layout parity (the cross-GPU NCCL push, the seed's
+#                    colocate layout, relax train at TP=2)
+#   layout_parity    pytest -m multi_gpu tests/gpu -k parallel_layout (each layout against one GPU, plain processes)
+#   multi_gpu_scenarios  every multi_gpu scenario (scenarios/specs/parallel.yaml, fully-async on separate GPUs, DP
+#                    parity), MULTI_GPU_WORKERS at a time (default 2)
+#   async_gpus       ci/bench_async_gpus.py: colocate vs fully-async k=1, k=2 on 2 GPUs
+#   sync_nccl        ci/bench_sync_nccl.py: bench-1b pushed by NCCL to an engine on another GPU, s/GB by phase
 # grpo: GRPO_TRL_MODES picks TRL's paths (default: all three), GRPO_SYSTEMS the systems (default: trl relax-megatron),
 # GRPO_STEPS the steps per TRL row (default 6), GRPO_RELAX_STEPS per relax row (default 12). It also needs .whl4/ (TRL's wheels, ci/wheelhouse/build.sh); without it the TRL row is skipped.
 set -uo pipefail
@@ -58,6 +66,20 @@ for w in $WHAT; do
                RELAX_MEGATRON_BASE=$PWD/.megatron_base RELAX_GPU_REPORT="$OUT/gpu_tests" timeout $(cap 585) python3 -m pytest \
                  -q -rs -m "not multi_gpu" tests/gpu tests/test_relax_convert.py --junitxml "$OUT/gpu_tests.xml" \
                  2>&1 | tail -60 | tee "$OUT/gpu_tests.txt" ;;
+    multi_gpu_tests) RELAX_GPU_REPORT="$OUT/multi_gpu_tests" timeout $(cap 585) python3 -m pytest -q -rs -m multi_gpu \
+                       tests/gpu -k "not parallel_layout" --junitxml "$OUT/multi_gpu_tests.xml" 2>&1 | tail -60 \
+                       | tee "$OUT/multi_gpu_tests.txt" ;;
+    layout_parity) RELAX_GPU_REPORT="$OUT/layout_parity" timeout $(cap 585) python3 -m pytest -q -rs -m multi_gpu \
+                     tests/gpu -k parallel_layout --junitxml "$OUT/layout_parity.xml" 2>&1 | tail -40 \
+                     | tee "$OUT/layout_parity.txt" ;;
+    multi_gpu_scenarios) timeout $(cap 585) python3 -m pytest scenarios -p harness.pytest_plugin -q -rs \
+                           -n "${MULTI_GPU_WORKERS:-2}" -m multi_gpu --harness-profile gpu \
+                           --harness-results "$OUT/multi_gpu_scenarios" --junitxml "$OUT/multi_gpu_scenarios/junit.xml" \
+                           --durations=0 2>&1 | tail -60 | tee "$OUT/multi_gpu_scenarios.txt" ;;
+    async_gpus) timeout $(cap 585) python3 ci/bench_async_gpus.py --steps ${ASYNC_STEPS:-8} --json "$OUT/bench_async_gpus.json" \
+                  --workdir /tmp/async_runs 2>&1 | tee "$OUT/bench_async_gpus.txt" ;;
+    sync_nccl) timeout $(cap 300) python3 ci/bench_sync_nccl.py --json "$OUT/bench_sync_nccl.json" 2>&1 \
+                 | tee "$OUT/bench_sync_nccl.txt" ;;
     baselines) timeout $(cap 585) python3 -m harness baseline record --profile gpu --runs 5 --baselines "$OUT/baselines" \
                  --results /tmp/baseline-runs 2>&1 | tee "$OUT/baselines.txt"
                cp /tmp/baseline-runs/results.json "$OUT/baseline-runs.json" 2>/dev/null ;;

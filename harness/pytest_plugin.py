@@ -124,6 +124,8 @@ class HarnessSession:
                 return f"{spec.name}: gpu scenario; run with --harness-profile gpu"
             if not cuda_available():
                 return f"{spec.name}: gpu scenario, but no CUDA device here"
+            if cuda_device_count() < spec.resources.gpus:
+                return f"{spec.name}: needs {spec.resources.gpus} GPUs, this machine has {cuda_device_count()}"
         if self.executor_name != "local":
             return self.cfg.executor.unavailable(spec.profile)
         return None

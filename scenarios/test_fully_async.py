@@ -22,3 +22,10 @@ def test_fully_async_gpu(scenario):
 @pytest.mark.scenario("fully-async-megatron-2gpu")
 def test_fully_async_megatron_2gpu(scenario):
     scenario("fully-async-megatron-2gpu").assert_ok()
+
+
+@pytest.mark.gpu
+@pytest.mark.multi_gpu
+@pytest.mark.scenario("fully-async-2gpu")
+def test_fully_async_2gpu(scenario):
+    scenario("fully-async-2gpu").assert_ok()

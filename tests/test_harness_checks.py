@@ -429,3 +429,36 @@ def test_nan_in_metrics_is_caught(tmp_path: Path, good: Path) -> None:
 def test_check_crash_is_a_failure_not_an_error(tmp_path: Path, good: Path) -> None:
     res = check({"kind": "loss_parity", "runs": ["a", "zzz"]}, ctx(tmp_path, a=good))
     assert res.status is Status.FAILED and "check could not run" in res.message
+
+
+# -- placement ------------------------------------------------------------------------------------
+def _placed(run: Path, layout: dict[str, tuple[str, list[str]]]) -> Path:
+    """Replace the run's process_started events with ``role -> (node, gpu ids)``."""
+    started = [{"event": "process_started", "role": role, "node_id": node, "gpu_ids": gpus}
+               for role, (node, gpus) in layout.items()]
+    edit_jsonl(run / "events.jsonl", lambda rs: [r for r in rs if r.get("event") != "process_started"] + started)
+    return run
+
+
+def test_placement_colocated_layout_passes(tmp_path: Path, good: Path) -> None:
+    run = _placed(good, {"trainer:0": ("n1", ["0"]), "trainer:1": ("n1", ["1"]),
+                         "engine:0": ("n1", ["0"]), "engine:1": ("n1", ["1"])})
+    res = check({"kind": "placement", "trainers": 2, "engines": 2, "engines_share": "colocated", "nodes": 1},
+                ctx(tmp_path, main=run))
+    assert res.status is Status.PASSED, res.message
+
+
+@pytest.mark.parametrize("layout, params, message", [
+    ({"trainer:0": ("n1", ["0"]), "trainer:1": ("n1", ["0"]), "engine:0": ("n1", ["0"])},
+     {"trainers": 2, "engines": 1}, "trainer:1 and trainer:0 share GPU 0"),
+    ({"trainer:0": ("n1", ["0"]), "trainer:1": ("n2", ["0"]), "engine:0": ("n1", ["1"]), "engine:1": ("n2", ["0"])},
+     {"trainers": 2, "engines": 2, "engines_share": "colocated"}, "engine:0 is not on trainer:0's GPU"),
+    ({"trainer:0": ("n1", ["0"]), "engine:0": ("n1", ["0"])},
+     {"trainers": 1, "engines": 1, "engines_share": "separate"}, "engine:0 shares a GPU with a trainer rank"),
+    ({"trainer:0": ("n1", ["0"]), "engine:0": ("n1", ["1"])},
+     {"trainers": 1, "engines": 1, "nodes": 2}, "span 1 node(s), expected 2"),
+    ({"trainer:0": ("n1", ["0"])}, {"trainers": 1, "engines": 1}, "0 engine(s) started"),
+])
+def test_placement_names_what_is_misplaced(tmp_path: Path, good: Path, layout, params, message) -> None:
+    res = check({"kind": "placement", **params}, ctx(tmp_path, main=_placed(good, layout)))
+    assert res.status is Status.FAILED and message in res.message, res.message

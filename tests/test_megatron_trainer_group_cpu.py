@@ -47,14 +47,19 @@ def _samples() -> list:
                         loss_mask=[1] * 6, reward=float(i % 2)) for i in range(8)]
 
 
-def test_rank_zero_takes_its_tensor_parallel_peer_along(ray_with_megatron_shims, monkeypatch, tmp_path) -> None:
+@pytest.mark.parametrize("model, parallel", [("small-qwen3", ["--tensor-model-parallel-size", "2"]),
+                                             ("small-qwen3-moe", ["--expert-model-parallel-size", "2"])],
+                         ids=["tp2", "ep2-moe"])
+def test_rank_zero_takes_its_parallel_peer_along(ray_with_megatron_shims, monkeypatch, tmp_path, model: str,
+                                                 parallel: list[str]) -> None:
     import ray
     import transformers as tf
 
     from relax.backends.embedded.launch import EngineProcess
     from relax.distributed.actors import TrainerActor
     from relax.distributed.trainer_group import TrainerGroup
-    from relax.models import build_config
+    from relax.models import build_model
+    from relax.models.checkpoint_names import checkpoint_state, moe_style
     from relax.utils.arguments import parse_args
     from relax.weights.checksum import state_checksums
     from relax.weights.devices import device_identity
@@ -63,26 +68,28 @@ def test_rank_zero_takes_its_tensor_parallel_peer_along(ray_with_megatron_shims,
     from tests.e2e_helpers import pretend_gpu_machine
 
     pretend_gpu_machine(monkeypatch)
-    args = parse_args(["--train-backend", "megatron", "--device", "cuda", "--hf-checkpoint", "small-qwen3",
+    args = parse_args(["--train-backend", "megatron", "--device", "cuda", "--hf-checkpoint", model,
                        "--prompt-data", "x.jsonl", "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
                        "--num-rollout", "1", "--micro-batch-size", "2", "--no-bias-swiglu-fusion",
                        "--no-bias-dropout-fusion", "--no-rope-fusion", "--resource", '{"actor": [2, 2]}',
-                       "--tensor-model-parallel-size", "2"])
-    group = TrainerGroup.start(TrainerActor, args, "cpu", 2, {"num_cpus": 0, "max_concurrency": 2})
+                       *parallel])
+    group = TrainerGroup.start(TrainerActor, args, "cpu", [{"num_cpus": 0, "max_concurrency": 2}] * 2)
     leader = group.leader
     described = ray.get(leader.describe.remote())
-    assert described["parallel"]["tp"] == 2 and described["data_parallel_size"] == 1
+    sizes = described["parallel"]
+    assert (sizes["tp"], sizes["ep"]) == ((2, 1) if model == "small-qwen3" else (1, 2))
     metrics = ray.get(leader.train_rollout.remote(_samples(), 0))
     assert torch.isfinite(torch.tensor(metrics["train/grad_norm"]))
 
     # the push streams rank 0's full HF tensors to a real engine server while the peer takes part in the gathers
-    engine = EngineProcess.start(["--hf-checkpoint", "small-qwen3", "--dtype", "bfloat16"])
+    engine = EngineProcess.start(["--hf-checkpoint", model, "--dtype", "bfloat16"])
     try:
         target = SyncTarget("engine:0", engine.url, device_identity("cpu"))
         report = ray.get(leader.push_weights.remote([target], 1, PushOptions(bucket_bytes=64 * 1024, timeout_s=120)))
         assert report.buckets > 1 and report.target_checksums["engine:0"] == report.trainer_checksums
         sums = report.trainer_checksums
-        expected = tf.Qwen3ForCausalLM(build_config("small-qwen3")).to(torch.bfloat16).state_dict()
+        hf = build_model(model)
+        expected = checkpoint_state(hf.state_dict(), moe_style(hf.config))  # MoE experts under checkpoint names
         assert set(sums) == set(expected)  # full HF tensors: exactly the engine's names
 
         ray.get(leader.save.remote(str(tmp_path / "ckpt"), True))
@@ -97,6 +104,6 @@ def test_rank_zero_takes_its_tensor_parallel_peer_along(ray_with_megatron_shims,
 
     ray.get(leader.save_hf.remote(str(tmp_path / "hf")))
     reloaded = tf.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.bfloat16)
-    assert state_checksums(reloaded.state_dict().items()) == sums
+    assert state_checksums(checkpoint_state(reloaded.state_dict(), moe_style(reloaded.config)).items()) == sums
     for actor in group.actors:
         ray.kill(actor, no_restart=True)

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Build the cp312 wheelhouse the air-gapped GPU machine lacks (ray, megatron-core and their
-# missing deps) and split it into chunks small enough for one transfer (< 60 MB each).
+# missing deps), small enough to travel with the working tree in one device call (64 MiB in all).
 #
 #   ci/wheelhouse/build.sh [OUT_ROOT]      (default OUT_ROOT=.)
 #
-# Produces OUT_ROOT/.whl (small wheels + first chunk) and OUT_ROOT/.whl2 (remaining chunks);
-# both are git-ignored. On the GPU machine, ci/wheelhouse/install.sh reassembles and installs.
+# Produces OUT_ROOT/.whl (~47 MiB: ray repacked without its Java jars, dashboard web client and rllib by
+# ci/wheelhouse/repack.py, 79 -> 43 MB); a wheel still over 40 MiB is split into chunks, the first in .whl
+# and the rest in OUT_ROOT/.whl2 (empty today). Both are git-ignored. On the GPU machine,
+# ci/wheelhouse/install.sh reassembles and installs.
 # Also OUT_ROOT/.whl4 (git-ignored, ~2 MB, no chunks): TRL and the datasets wheels it lacks there, for the
 # TRL row of ci/bench_grpo_e2e.py (MACHINES.md: these suffice there, pyarrow, fsspec and accelerate are installed);
 # ci/gpu_session.sh installs them into their own --target dir for its `grpo` item.
@@ -21,11 +23,18 @@ WHEELS=(ray==2.60.0 megatron-core==0.19.2 jsonschema jsonschema-specifications r
 TRL_WHEELS=(trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19)  # datasets 5.2: dill<0.4.2, multiprocess<0.70.20
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   "${PLATFORMS[@]}" -d "$STAGE" "${WHEELS[@]}" ${EXTRA_WHEELS:-}
+# ray: nothing of relax starts a Java worker, the dashboard's web UI or RLlib (see repack.py)
+for w in "$STAGE"/ray-*.whl; do
+  mkdir -p "$STAGE/repacked"
+  python3 "$(dirname "$0")/repack.py" "$w" "$STAGE/repacked" --drop ray/jars/ --drop ray/dashboard/client/build/ \
+    --drop ray/rllib/
+  mv "$STAGE/repacked/$(basename "$w")" "$w"
+done
 rm -rf "$OUT_ROOT/.whl" "$OUT_ROOT/.whl2"
 mkdir -p "$OUT_ROOT/.whl" "$OUT_ROOT/.whl2"
 for w in "$STAGE"/*.whl; do
   size=$(stat -c %s "$w")
-  if [ "$size" -gt $((40 * 1024 * 1024)) ]; then
+  if [ "$size" -gt $((48 * 1024 * 1024)) ]; then
     name=$(basename "$w")
     split -b 40m -d "$w" "$STAGE/$name.part"
     first=1

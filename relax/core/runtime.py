@@ -48,9 +48,11 @@ class Runtime:
     args: Namespace
     run: RunInputs
     artifacts: RunArtifacts
-    trainer: object  # rank 0 of the trainer group, the only rank the driver calls (None: --debug-rollout-only)
+    # the trainer ranks, and with more than one the rendezvous store their process group lives on: NCCL (and
+    # gloo under TORCH_GLOO_LAZY_INIT) opens each communicator through it at its first collective, so the
+    # runtime holds the group for the whole run (None: --debug-rollout-only)
+    trainer_group: TrainerGroup | None
     fleet: EngineFleet  # the engines, reached over SGLang's HTTP API behind the run's router
-    trainer_ranks: list = field(default_factory=list)  # every rank's actor (for shutdown)
     start_step: int = 0
     version: int = 0  # weight version the engines hold
     step: int = 0  # the step in progress (for sync records)
@@ -63,6 +65,11 @@ class Runtime:
     # inside one, so every request's tokens come from one weight version
     generation_lock: threading.RLock = field(default_factory=threading.RLock)
     placement: Placement | None = None  # the GPUs reserved for the run's actors (released at shutdown)
+
+    @property
+    def trainer(self):
+        """Rank 0 of the trainer group, the only rank the driver calls (None: --debug-rollout-only)."""
+        return self.trainer_group.leader if self.trainer_group is not None else None
 
     @property
     def last_step(self) -> int:
@@ -171,7 +178,7 @@ class Runtime:
             stop_teacher()
         services = list(self.services.actors().values()) if self.services else []
         self.fleet.shutdown()
-        for actor in [*(self.trainer_ranks or [self.trainer]), *services]:
+        for actor in [*(self.trainer_group.actors if self.trainer_group else []), *services]:
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already dead
@@ -293,8 +300,7 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
     console.info(f"trainer up: {ray.get(trainer.describe.remote()) if trainer else 'none (--debug-rollout-only)'}; "
                  f"{len(fleet)} {launcher.name} engine(s) behind {fleet.router.url}"
                  + (f"; services {', '.join(services.actors())}" if services else ""))
-    rt = Runtime(args, run, artifacts, trainer, fleet, trainer_ranks=group.actors if group else [], services=services,
-                 placement=placement)
+    rt = Runtime(args, run, artifacts, group, fleet, services=services, placement=placement)
     # recipes post to http://{sglang_router_ip}:{sglang_router_port}/generate, whatever engines stand behind it
     args.sglang_router_ip, port = fleet.router.url.removeprefix("http://").rsplit(":", 1)
     args.sglang_router_port = int(port)

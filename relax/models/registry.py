@@ -59,6 +59,13 @@ PRESETS: dict[str, ModelPreset] = {
              tie_word_embeddings=True),
         "char", "eager", "2.2M-param Qwen3 for CPU scenarios",
     ),
+    "small-qwen3-moe": ModelPreset(
+        "qwen3_moe",
+        dict(vocab_size=VOCAB_SIZE, hidden_size=192, moe_intermediate_size=192, num_hidden_layers=4,
+             num_attention_heads=6, num_key_value_heads=2, head_dim=32, num_experts=4, num_experts_per_tok=2,
+             norm_topk_prob=True, max_position_embeddings=1024, tie_word_embeddings=True),
+        "char", "eager", "2.2M-param Qwen3-MoE (4 experts, top-2) for expert-parallel runs",
+    ),
     "bench-270m": ModelPreset("qwen3", _BENCH_270M, "wordlevel-32k", "sdpa",
                               "267M-param Qwen3 (MACHINES.md benchmark config, GPU)"),
     "qwen3-0.5b": ModelPreset(
@@ -86,6 +93,7 @@ def _families() -> dict[str, tuple[type, type]]:
 
     return {
         "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
+        "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM),
         "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
         "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
     }

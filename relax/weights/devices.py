@@ -12,9 +12,17 @@ import socket
 import torch
 
 
+def cuda_index(device: torch.device | str) -> int:
+    """The index of a CUDA device; a bare ``cuda`` means this process's current device (what tensors placed
+    on it use). ``torch.cuda.set_device`` and friends refuse a device without an index."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"{device} is not a CUDA device")
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def device_identity(device: torch.device | str) -> str:
     device = torch.device(device)
     if device.type != "cuda":
         return f"{device.type}:{socket.gethostname()}"
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return f"cuda:{torch.cuda.get_device_properties(index).uuid}"
+    return f"cuda:{torch.cuda.get_device_properties(cuda_index(device)).uuid}"

@@ -4,8 +4,11 @@ The trainer is rank 0 and engines join at ``rank_offset`` (+ their TP rank). SGL
 (``sglang/srt/utils/common.py`` ``init_custom_process_group``) rendezvouses over
 ``tcp://master_address:master_port`` (rank 0 hosts the TCP store), prefixes the store with the group
 name and creates the group with torch's ``_new_process_group_helper``, outside the default process
-group. Both of our ends (the trainer's sender and the embedded engine's receiver) build the group with
-the same calls, so either end can be a real SGLang process: the store keys must agree byte for byte.
+group. Our receiver (the embedded engine) builds the group with the same calls, so either can be the
+engine: the store keys must agree byte for byte. Rank 0 hosts the same store but does not wait in it
+for the members (torch's rendezvous would, up to the whole timeout): the sender knows from each
+member's answer to ``/init_weights_update_group`` whether it joined, and fails at the first refusal
+(relax/weights/transports/distributed.py).
 
 NCCL when the tensors live on GPUs, gloo when on the host (CPU runs and CI). Every collective gives
 up after ``timeout_s`` instead of hanging on a peer that died.
@@ -41,8 +44,12 @@ class WeightUpdateGroup:
         if not group_name:
             raise ValueError("group_name must not be empty")
         timeout = timedelta(seconds=timeout_s)
-        store, _, _ = next(c10d.rendezvous(f"tcp://{_host(master_address)}:{int(master_port)}", rank, world_size,
-                                           timeout=timeout))
+        if rank == 0:  # the store's host: what torch's tcp:// rendezvous makes, without waiting for the members
+            store = dist.TCPStore(master_address, int(master_port), world_size, is_master=True, timeout=timeout,
+                                  multi_tenant=True, wait_for_workers=False)
+        else:
+            store, _, _ = next(c10d.rendezvous(f"tcp://{_host(master_address)}:{int(master_port)}", rank,
+                                               world_size, timeout=timeout))
         store.set_timeout(timeout)
         self.pg, _ = c10d._new_process_group_helper(  # noqa: SLF001 - what SGLang (and vLLM) call
             world_size, rank, [], c10d.Backend(backend), dist.PrefixStore(group_name, store),

@@ -33,6 +33,7 @@ from relax.backends.embedded.rows import Fetch, RowState
 from relax.backends.embedded.runners import HFRunner, StaticRunner
 from relax.backends.embedded.sampling import SamplingParams
 from relax.engine.protocol import GENERATE_REQ, MEMORY_TAGS, check_fields, weight_version_str
+from relax.models.checkpoint_names import checkpoint_state, moe_style
 from relax.utils.fault_hooks import EngineHooks
 from relax.weights.checksum import state_checksums
 
@@ -373,7 +374,7 @@ class EmbeddedEngine:
             raise RuntimeError("engine weights are released (discarded, no CPU backup); call "
                                "resume_memory_occupation before updating them")
         items = list(named_tensors.items() if isinstance(named_tensors, dict) else named_tensors)
-        state = self.model.state_dict()
+        state = self.checkpoint_state()
         for name, tensor in items:
             if name not in state:
                 raise ValueError(f"unknown weight {name!r} (not in the engine model's state dict)")
@@ -392,8 +393,13 @@ class EmbeddedEngine:
             self._weight_version = int(version)
         return self._weight_version
 
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        """The model's tensors under HF checkpoint names, as SGLang loads them and trainers send them (MoE
+        experts per expert: views of transformers' fused tensors, relax/models/checkpoint_names.py)."""
+        return checkpoint_state(self.model.state_dict(), moe_style(self.model.config))
+
     def weight_checksums(self) -> dict[str, str]:
-        return state_checksums(self.model.state_dict().items())
+        return state_checksums(self.checkpoint_state().items())
 
     def flush_cache(self) -> bool:
         """Nothing is cached across requests (no prefix cache); succeeds when idle like SGLang."""

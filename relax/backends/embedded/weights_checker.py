@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from relax.models.checkpoint_names import checkpoint_state, moe_style
 from relax.weights.checksum import state_checksums
 
 ACTIONS = ("snapshot", "reset_tensors", "compare", "checksum")
@@ -30,6 +31,10 @@ class WeightsChecker:
         self._snapshot: dict[str, torch.Tensor] | None = None
         self._resets = itertools.count(1)  # each reset draws new noise
 
+    def _state(self) -> dict[str, torch.Tensor]:
+        """The tensors under HF checkpoint names, as weight syncs name them (relax/models/checkpoint_names.py)."""
+        return checkpoint_state(self.model.state_dict(), moe_style(getattr(self.model, "config", None)))
+
     def run(self, action: str) -> dict[str, Any]:
         if action not in ACTIONS:
             raise ValueError(f"weights_checker: unsupported action {action!r}; one of {', '.join(ACTIONS)}")
@@ -37,14 +42,14 @@ class WeightsChecker:
 
     @torch.no_grad()
     def snapshot(self) -> dict[str, Any]:
-        self._snapshot = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        self._snapshot = {k: v.detach().cpu().clone() for k, v in self._state().items()}
         return {"success": True, "message": f"snapshot of {len(self._snapshot)} tensors"}
 
     @torch.no_grad()
     def reset_tensors(self) -> dict[str, Any]:
         gen = torch.Generator().manual_seed(next(self._resets))
         seen: set[int] = set()
-        state = self.model.state_dict()
+        state = self._state()
         for t in state.values():
             if t.data_ptr() in seen or not t.is_floating_point():
                 continue
@@ -54,14 +59,14 @@ class WeightsChecker:
         return {"success": True, "message": f"reset {len(seen)} tensors"}
 
     def checksum(self) -> dict[str, Any]:
-        sums = state_checksums(self.model.state_dict().items())
+        sums = state_checksums(self._state().items())
         return {"success": True, "message": f"checksums of {len(sums)} tensors", "checksums": sums}
 
     @torch.no_grad()
     def compare(self) -> dict[str, Any]:
         if self._snapshot is None:
             return {"success": False, "message": "compare needs a snapshot first"}
-        state = self.model.state_dict()
+        state = self._state()
         differ = sorted(name for name, ref in self._snapshot.items()
                         if name not in state or state[name].shape != ref.shape
                         or not torch.equal(state[name].detach().cpu(), ref))

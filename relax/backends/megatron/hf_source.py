@@ -9,48 +9,25 @@ The Megatron backend loads each rank's shard through `HFReader` (relax/backends/
   from disk, so a rank never holds the tensors of other ranks.
 - `StateDictReader`: a model built in memory (``--hf-checkpoint`` presets, random init from a config).
 
-Checkpoint names vs transformers' in-memory names: transformers >= 5 keeps a MoE layer's experts
-fused (``mlp.experts.gate_up_proj`` ``[E, 2I, H]``, ``mlp.experts.down_proj`` ``[E, H, I]``) and
-writes them per expert on save (Qwen3-MoE ``mlp.experts.{e}.gate_proj.weight``, Mixtral
-``block_sparse_moe.experts.{e}.w1.weight``). Relax speaks checkpoint names (what SGLang loads);
-`checkpoint_state` maps an in-memory state dict to them (views, no copies).
+Relax speaks HF checkpoint names (what SGLang loads), not transformers' fused in-memory MoE names;
+`checkpoint_state` maps an in-memory state dict to them (views, no copies; relax/models/checkpoint_names.py).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
-from relax.backends.megatron.layout import EXPERT_NAMES, WeightLayout
-
-_FUSED = re.compile(r"^(model\.layers\.\d+\.)mlp\.experts\.(gate_up_proj|down_proj)$")
+from relax.backends.megatron.layout import WeightLayout
+from relax.models import checkpoint_names as names
 
 
 def checkpoint_state(state: Mapping[str, torch.Tensor], wl: WeightLayout) -> dict[str, torch.Tensor]:
     """An in-memory HF state dict under checkpoint names: fused MoE experts become per-expert views."""
-    if not wl.num_experts:
-        return dict(state)
-    block, gate, up, down = EXPERT_NAMES[wl.moe_style]
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in state.items():
-        match = _FUSED.match(name)
-        if match is None:
-            router = re.match(r"^(model\.layers\.\d+\.)mlp\.gate\.weight$", name)
-            out[f"{router.group(1)}{block}.gate.weight" if router else name] = tensor
-            continue
-        prefix, kind = match.groups()
-        for e in range(tensor.shape[0]):
-            base = f"{prefix}{block}.experts.{e}."
-            if kind == "down_proj":
-                out[base + f"{down}.weight"] = tensor[e]
-            else:
-                g, u = torch.chunk(tensor[e], 2, dim=0)
-                out[base + f"{gate}.weight"], out[base + f"{up}.weight"] = g, u
-    return out
+    return names.checkpoint_state(state, wl.moe_style if wl.num_experts else None)
 
 
 class StateDictReader:

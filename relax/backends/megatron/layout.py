@@ -30,6 +30,8 @@ from enum import Enum
 
 import torch
 
+from relax.models.checkpoint_names import EXPERT_NAMES
+
 EXTRA_STATE_SUFFIX = "_extra_state"  # Transformer Engine's per-module metadata: not a weight
 
 
@@ -97,12 +99,6 @@ class Param:
 
 
 # ---------------------------------------------------------------------- the catalogue
-EXPERT_NAMES = {  # moe_style -> (block prefix, gate, up, down)
-    "qwen3_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
-    "mixtral": ("block_sparse_moe", "w1", "w3", "w2"),
-}
-
-
 def _attention(layout: WeightLayout, i: int) -> list[Param]:
     hf, mc = f"model.layers.{i}.self_attn.", f"decoder.layers.{i}.self_attention."
     out = [Param(mc + "linear_qkv.weight", tuple(f"{hf}{x}_proj.weight" for x in "qkv"), Split.QKV, i)]

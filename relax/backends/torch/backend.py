@@ -50,6 +50,7 @@ from relax.backends.torch.rollout_postprocess import postprocess_rollout_data
 from relax.backends.torch.step_report import CONSUMED_KEY, consumed_samples, logprob_mismatch_metrics
 from relax.distributed.resources import service_roles
 from relax.models import build_model
+from relax.models.checkpoint_names import checkpoint_state, moe_style
 from relax.utils.fault_hooks import fault_at
 from relax.utils.validation import needs_reference_model
 from relax.weights.checksum import state_checksums
@@ -177,7 +178,7 @@ class TorchTrainBackend:
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named tensors (one bucket of a weight sync) into the model: a service's copy of the policy."""
-        state = self.model.state_dict()
+        state = self._checkpoint_state()
         unknown = [name for name, _ in named_tensors if name not in state]
         if unknown:
             raise ValueError(f"unknown weights {unknown[:3]} (not in the model's state dict)")
@@ -391,8 +392,12 @@ class TorchTrainBackend:
 
     # ------------------------------------------------------------------ weights
     def device_named_tensors(self) -> list[tuple[str, torch.Tensor]]:
-        """The weights under HF names where they live (views, no copy): what the weight sync sends."""
-        return [(name, t.detach()) for name, t in self.model.state_dict().items()]
+        """The weights under HF checkpoint names where they live (views, no copy): what the weight sync sends."""
+        return [(name, t.detach()) for name, t in self._checkpoint_state().items()]
+
+    def _checkpoint_state(self) -> dict[str, torch.Tensor]:
+        """The model's state under HF checkpoint names (MoE experts per expert; relax/models/checkpoint_names.py)."""
+        return checkpoint_state(self.model.state_dict(), moe_style(self.model.config))
 
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
         return [(name, t.cpu()) for name, t in self.device_named_tensors()]
@@ -412,7 +417,7 @@ class TorchTrainBackend:
         return buckets
 
     def checksums(self) -> dict[str, str]:
-        return state_checksums(self.model.state_dict().items())
+        return state_checksums(self._checkpoint_state().items())
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, directory: str, *, save_optimizer: bool) -> None:

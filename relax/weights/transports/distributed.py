@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import uuid
 from typing import Any
 
 import torch
 
 from relax.weights import serialized_tensors
+from relax.weights.devices import cuda_index
 from relax.weights.transports.base import PackedBucket, SyncTarget, Transport
 from relax.weights.update_group import WeightUpdateGroup
 
@@ -75,23 +77,26 @@ class DistributedTransport(Transport):
         return [EngineClient(t.url, api_key=t.api_key, weights_timeout=self.timeout_s) for t in self.targets]
 
     async def open(self, weights_at: torch.device) -> None:
+        """Host the group (rank 0) and have every target join it; the first join refused fails the open at
+        once, with that engine's error, instead of leaving the others waiting for it until the timeout."""
         backend = "nccl" if weights_at.type == "cuda" else "gloo"
         address = master_address(self.targets)
         port = _free_port(address)
         world = 1 + sum(t.tp_size for t in self.targets)
         offsets = [1 + sum(t.tp_size for t in self.targets[:i]) for i in range(len(self.targets))]
-        own = asyncio.to_thread(WeightUpdateGroup, address, port, 0, world, group_name=self.group_name,
+        # NCCL (and gloo under TORCH_GLOO_LAZY_INIT) builds rank 0's end at once; eager gloo waits in it for
+        # every member's connection, so it runs in a thread of its own that a refused join leaves behind
+        own = _in_daemon_thread(WeightUpdateGroup, address, port, 0, world, group_name=self.group_name,
                                 backend=backend, timeout_s=self.timeout_s)
         joins = [client.init_weights_update_group(address, port, offset, world, group_name=self.group_name,
                                                   backend=backend)
                  for client, offset in zip(self._clients(), offsets, strict=True)]
-        results = await asyncio.gather(own, *joins, return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
+        errors = await _errors_of([own, *joins], grace_s=ERROR_GRACE_S)
         if errors:
-            if isinstance(results[0], WeightUpdateGroup):
-                results[0].close()
+            own.add_done_callback(_close_group)  # whenever rank 0's end is built, or now if it is
+            await self.close()  # the members that joined leave (best effort, bounded by the control timeout)
             raise self._engine_error(errors)
-        self.group = results[0]
+        self.group = own.result()
 
     def _engine_error(self, errors: list[BaseException]) -> BaseException:
         """The error to raise for a failed open or send: an engine's own (it names the engine) before the
@@ -144,6 +149,49 @@ ERROR_GRACE_S = 2.0
 engine's error names the engine, so it is worth the wait) before the send fails."""
 
 
+def _in_daemon_thread(fn, *args, **kwargs) -> asyncio.Future:
+    """``fn(*args, **kwargs)`` in a daemon thread, as a future of the running loop. Unlike ``asyncio.to_thread``
+    a call left stuck (rank 0's eager gloo join, waiting for a member that refused) keeps neither the loop's
+    executor nor the interpreter's exit waiting for it."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(result, error) -> None:
+        if future.cancelled():
+            if error is None:
+                _close_group(result)
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = fn(*args, **kwargs), None
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting side
+            result, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the loop is gone: nobody awaits this any more
+            if error is None:
+                _close_group(result)
+
+    threading.Thread(target=run, name=f"relax-{getattr(fn, '__name__', 'call')}", daemon=True).start()
+    return future
+
+
+def _close_group(group_or_future) -> None:
+    """Close a `WeightUpdateGroup` nobody will use (given directly, or as a done future holding one)."""
+    group = group_or_future
+    if isinstance(group_or_future, asyncio.Future):
+        if group_or_future.cancelled() or group_or_future.exception() is not None:
+            return
+        group = group_or_future.result()
+    if group is not None:
+        group.close()
+
+
 async def _errors_of(calls: list, *, grace_s: float) -> list[BaseException]:
     """Run ``calls`` together; the errors, as soon as one failed (plus ``grace_s`` for the others).
 
@@ -173,8 +221,8 @@ class DistributedReceiver:
         backend = body.get("backend", "nccl")
         if backend == "nccl" and self.device.type != "cuda":
             raise ValueError(f"backend 'nccl' needs a CUDA engine; this one is on {self.device.type} (use 'gloo')")
-        if backend == "nccl":
-            torch.cuda.set_device(self.device)
+        if backend == "nccl":  # the group's tensors go to the current device: the engine's own
+            torch.cuda.set_device(cuda_index(self.device))
         self.destroy(name)
         rank = int(body["rank_offset"])  # + this engine's tensor-parallel rank, which is 0
         self.groups[name] = WeightUpdateGroup(str(body["master_address"]), int(body["master_port"]), rank,
