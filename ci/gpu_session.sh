@@ -18,7 +18,7 @@
 #                    colocate layout, relax train at TP=2)
 #   layout_parity    pytest -m multi_gpu tests/gpu -k parallel_layout (each layout against one GPU, plain processes)
 #   multi_gpu_scenarios  every multi_gpu scenario (scenarios/specs/parallel.yaml, fully-async on separate GPUs, DP
-#                    parity), MULTI_GPU_WORKERS at a time (default 2)
+#                    parity), MULTI_GPU_WORKERS at a time (default 2), MULTI_GPU_K a -k selection
 #   async_gpus       ci/bench_async_gpus.py: colocate vs fully-async k=1, k=2 on 2 GPUs
 #   sync_nccl        ci/bench_sync_nccl.py: bench-1b pushed by NCCL to an engine on another GPU, s/GB by phase
 # grpo: GRPO_TRL_MODES picks TRL's paths (default: all three), GRPO_SYSTEMS the systems (default: trl relax-megatron),
@@ -73,7 +73,7 @@ for w in $WHAT; do
                      tests/gpu -k parallel_layout --junitxml "$OUT/layout_parity.xml" 2>&1 | tail -40 \
                      | tee "$OUT/layout_parity.txt" ;;
     multi_gpu_scenarios) timeout $(cap 585) python3 -m pytest scenarios -p harness.pytest_plugin -q -rs \
-                           -n "${MULTI_GPU_WORKERS:-2}" -m multi_gpu --harness-profile gpu \
+                           -n "${MULTI_GPU_WORKERS:-2}" -m multi_gpu ${MULTI_GPU_K:+-k "$MULTI_GPU_K"} --harness-profile gpu \
                            --harness-results "$OUT/multi_gpu_scenarios" --junitxml "$OUT/multi_gpu_scenarios/junit.xml" \
                            --durations=0 2>&1 | tail -60 | tee "$OUT/multi_gpu_scenarios.txt" ;;
     async_gpus) timeout $(cap 585) python3 ci/bench_async_gpus.py --steps ${ASYNC_STEPS:-8} --json "$OUT/bench_async_gpus.json" \
