@@ -224,6 +224,9 @@ class FlopModel:
 
     @classmethod
     def from_hf_config(cls, cfg: Any) -> FlopModel:
+        if getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None):
+            raise ValueError(f"FlopModel counts dense decoders; {cfg.model_type} routes each token through some "
+                             "of its experts (its active parameters are not its parameters)")
         hidden, layers, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
         heads = cfg.num_attention_heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or heads

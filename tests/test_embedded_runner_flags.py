@@ -111,7 +111,10 @@ def _fake_model(preset: str, dtype: torch.dtype) -> SimpleNamespace:
 
 
 def test_engine_kwargs_size_the_kv_cache_for_one_rollout_step(monkeypatch) -> None:
+    from relax.backends.embedded import lean_runner
+
     monkeypatch.setattr(rc, "_memory_budget", lambda device: int(0.25 * 80 * 2**30))  # an 80 GB GPU
+    monkeypatch.setattr(lean_runner, "unsupported", lambda model: [])  # a config without modules: a dense Qwen3
     flags = ["--hf-checkpoint", "bench-270m", "--rollout-batch-size", "8", "--n-samples-per-prompt", "8",
              "--device", "cuda"]
     model = _fake_model("bench-270m", torch.bfloat16)
@@ -152,3 +155,15 @@ def test_relax_train_on_cpu_with_runner(runner: str, tmp_path: Path) -> None:
     for version in range(3):
         sides = {r["side"]: r["checksums"] for r in weights if r["version"] == version}
         assert sides["engine:0"] == sides["trainer"], version
+
+
+def test_auto_falls_back_to_hf_for_a_model_the_lean_runner_cannot_run() -> None:
+    from relax.backends.embedded.lean_runner import unsupported
+    from relax.models import build_model
+
+    refuses = ", ".join(unsupported(build_model("small-qwen3-moe")))
+    assert refuses == "MLP without gate/up/down projections" and not unsupported(build_model("small-qwen3"))
+    choice = resolve_runner("auto", None, False, "cuda", lean_refuses=refuses)
+    assert (choice.runner, choice.cuda_graph) == ("hf", False) and refuses in choice.why
+    with pytest.raises(ValueError, match="does not support this model"):
+        resolve_runner("auto", True, False, "cuda", lean_refuses=refuses)

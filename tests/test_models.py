@@ -28,9 +28,9 @@ from relax.models.tokenizer import CHARACTERS, EOS_ID, PAD_ID, SPECIAL_TOKENS, V
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 TINY = ["tiny-qwen3", "tiny-qwen2", "tiny-llama"]
-CPU_PRESETS = [*TINY, "small-qwen3"]
+CPU_PRESETS = [*TINY, "small-qwen3", "small-qwen3-moe"]
 PARAM_RANGE = {"tiny-qwen3": (60e3, 500e3), "tiny-qwen2": (60e3, 500e3), "tiny-llama": (60e3, 500e3),
-               "small-qwen3": (1.5e6, 3e6), "bench-270m": (266e6, 268e6), "qwen3-0.5b": (0.4e9, 0.5e9),
+               "small-qwen3": (1.5e6, 3e6), "small-qwen3-moe": (2e6, 2.5e6), "bench-270m": (266e6, 268e6), "qwen3-0.5b": (0.4e9, 0.5e9),
                 "bench-1b": (1.0e9, 1.1e9)}
 PRINTABLE = "".join(CHARACTERS)
 
@@ -215,3 +215,24 @@ def test_addmod_task_shape() -> None:
     assert rows[37] == {"prompt": "3+7=", "label": "0"}
     tok = load_tokenizer("tiny-qwen3")
     assert all(len(tok.encode(r["label"])) == 1 for r in rows)  # one-token answers
+
+
+def test_checkpoint_names_are_what_save_pretrained_writes(tmp_path: Path) -> None:
+    """A MoE's fused in-memory experts under checkpoint names: exactly the tensors an HF save writes, as views
+    (writing one writes the model)."""
+    from safetensors.torch import load_file
+
+    from relax.models.checkpoint_names import checkpoint_state, moe_style
+
+    model = build_model("small-qwen3-moe", seed=1)
+    model.save_pretrained(tmp_path)
+    saved = {}
+    for path in sorted(tmp_path.glob("*.safetensors")):
+        saved.update(load_file(path))
+    named = checkpoint_state(model.state_dict(), moe_style(model.config))
+    assert "model.layers.0.mlp.experts.3.up_proj.weight" in named and "model.layers.0.mlp.gate.weight" in named
+    assert set(named) - {"lm_head.weight"} == set(saved) - {"lm_head.weight"}
+    assert all(torch.equal(named[k], saved[k]) for k in saved)
+    named["model.layers.1.mlp.experts.2.down_proj.weight"].fill_(0.5)
+    assert bool((model.model.layers[1].mlp.experts.down_proj[2] == 0.5).all())
+    assert checkpoint_state(build_model("small-qwen3").state_dict(), None).keys() == build_model("small-qwen3").state_dict().keys()

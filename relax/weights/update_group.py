@@ -129,7 +129,12 @@ class WeightUpdateGroup:
         import torch.distributed as dist
 
         if self.pg is not None:
-            dist.destroy_process_group(self.pg)
+            if self.backend == "nccl" and self.broken:  # a member is gone: a collective teardown would wait for it
+                from torch.distributed import distributed_c10d as c10d
+
+                c10d._abort_process_group(self.pg)  # noqa: SLF001
+            else:  # NCCL: every member tears down together (DistributedTransport.close asks them all at once)
+                dist.destroy_process_group(self.pg)
             self.pg, self._store = None, None
             if self.broken:
                 gc.collect()  # a failure's traceback cycles may still reach the group's C++ object

@@ -33,7 +33,7 @@ pytestmark = [
     pytest.mark.megatron,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
     pytest.mark.skipif(not module_available("megatron.core"), reason="needs megatron-core"),
-    pytest.mark.skipif(not BASE, reason="set RELAX_MEGATRON_BASE to a directory with the base commit's relax/ "
+    pytest.mark.skipif(not BASE or not (Path(BASE) / "relax").is_dir(), reason="set RELAX_MEGATRON_BASE to a directory with the base commit's relax/ "
                                         "(git archive 3f12622 relax | tar -x -C DIR; docs/megatron.md)"),
 ]
 

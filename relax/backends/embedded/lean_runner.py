@@ -102,7 +102,8 @@ _MIN_BUCKET = 128
 _PREFILL_TOKENS = 16384  # tokens per prefill forward (n prompts x padded length)
 
 
-def _check_supported(model: torch.nn.Module) -> None:
+def unsupported(model: torch.nn.Module) -> list[str]:
+    """What keeps the lean runner from running ``model`` (empty: it can)."""
     cfg = model.config
     base = getattr(model, "model", None)
     layer = base.layers[0] if base is not None and hasattr(base, "layers") else None
@@ -122,6 +123,11 @@ def _check_supported(model: torch.nn.Module) -> None:
         problems.append(f"rope_type {rope}")
     if "sliding_attention" in (getattr(cfg, "layer_types", None) or ()):
         problems.append("sliding-window layers")
+    return problems
+
+
+def _check_supported(model: torch.nn.Module) -> None:
+    problems = unsupported(model)
     if problems:
         raise ValueError(f"the lean runner does not support {type(model).__name__}: {', '.join(problems)}; "
                          "use runner 'hf' or 'static'")

@@ -31,13 +31,13 @@ class RunnerChoice:
 
 
 def resolve_runner(requested: str, cuda_graph: bool | None, compile: bool, device: str, *,
-                   kv_cache_fits: bool = True) -> RunnerChoice:
+                   kv_cache_fits: bool = True, lean_refuses: str = "") -> RunnerChoice:
     """The runner an engine on ``device`` (cpu / cuda / cuda:N) uses for these flags.
 
     ``requested`` ``auto``: ``lean`` with CUDA graphs on CUDA, ``hf`` on CPU. On CUDA ``auto``
-    falls back to ``hf`` when the lean runner's preallocated KV cache would not fit
-    (``kv_cache_fits`` False: set --rollout-max-context-len), unless graphs or compile were
-    asked for explicitly (then it is an error). ``cuda_graph`` None: on for ``static`` / ``lean``
+    falls back to ``hf`` when the lean runner cannot run the model (``lean_refuses``: why, e.g. a MoE MLP)
+    or its preallocated KV cache would not fit (``kv_cache_fits`` False: set --rollout-max-context-len),
+    unless graphs or compile were asked for explicitly (then it is an error). ``cuda_graph`` None: on for ``static`` / ``lean``
     on CUDA, off otherwise. Raises ``ValueError`` (one line) for combinations that cannot work:
     CUDA graphs or compile on CPU, graphs with ``hf``, compile with anything but ``lean``.
     """
@@ -54,7 +54,12 @@ def resolve_runner(requested: str, cuda_graph: bool | None, compile: bool, devic
     runner, why = requested, ""
     if requested == "auto":
         runner = "lean" if cuda else "hf"
-        if runner == "lean" and not kv_cache_fits:
+        if runner == "lean" and lean_refuses:
+            if cuda_graph or compile:
+                raise ValueError(f"--embedded-runner auto: the lean runner (CUDA graphs, compile) does not support "
+                                 f"this model ({lean_refuses}); drop --embedded-cuda-graph / --embedded-compile")
+            runner, why = "hf", f"the lean runner does not support this model ({lean_refuses})"
+        elif runner == "lean" and not kv_cache_fits:
             if cuda_graph or compile:
                 raise ValueError(_too_big("auto"))
             runner, why = "hf", "the lean runner's KV cache would not fit (set --rollout-max-context-len)"
@@ -120,8 +125,10 @@ def engine_runner_kwargs(args: Namespace, device: str, model: Any) -> dict[str, 
     limit = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
     context = min(args.rollout_max_context_len or limit, limit)
     size = kv_cache_bytes(model.config, slots, context, next(model.parameters()).element_size())
+    from relax.backends.embedded.lean_runner import unsupported
+
     choice = resolve_runner(args.embedded_runner, args.embedded_cuda_graph, args.embedded_compile, device,
-                            kv_cache_fits=size <= _memory_budget(device))
+                            kv_cache_fits=size <= _memory_budget(device), lean_refuses=", ".join(unsupported(model)))
     if choice.why:
         print(f"relax: engine on {device}: --embedded-runner auto chose hf: {choice.why}", file=sys.stderr)
     kwargs: dict[str, Any] = {"runner": choice.runner, "cuda_graph": choice.cuda_graph, "compile": choice.compile}

@@ -93,8 +93,11 @@ class DistributedTransport(Transport):
                  for client, offset in zip(self._clients(), offsets, strict=True)]
         errors = await _errors_of([own, *joins], grace_s=ERROR_GRACE_S)
         if errors:
-            own.add_done_callback(_close_group)  # whenever rank 0's end is built, or now if it is
-            await self.close()  # the members that joined leave (best effort, bounded by the control timeout)
+            if own.done() and not own.cancelled() and own.exception() is None:
+                self.group = own.result()  # built: it leaves with the members that joined
+            else:
+                own.add_done_callback(_close_group)  # if it is ever built
+            await self.close()  # bounded by CLOSE_TIMEOUT_S
             raise self._engine_error(errors)
         self.group = own.result()
 
@@ -134,15 +137,24 @@ class DistributedTransport(Transport):
             raise self._engine_error(errors)
 
     async def close(self) -> None:
-        """The trainer's end first: a target still waiting on a broken group's broadcast (its sender failed on
-        a dead peer) gets "connection closed" now instead of at the group's timeout, so its server is free
-        for the destroy and the next group."""
-        if self.group is not None:
-            group, self.group = self.group, None
-            await asyncio.to_thread(group.close)  # joins the group's worker: off the pusher's event loop
-        await asyncio.gather(*(client.destroy_weights_update_group(self.group_name) for client in self._clients()),
-                             return_exceptions=True)  # best effort: a target may be the dead one being replaced
+        """Every member leaves at once: the trainer's end and each target's ``/destroy_weights_update_group``
+        together. NCCL tears a communicator down collectively (ncclCommDestroy holds an untimed barrier of the
+        members on one node), so the trainer's end waiting for its own teardown before asking the targets
+        would wait forever; and a target still waiting on a broken group's broadcast is freed by the trainer's
+        end going away. A member that never leaves (a dead engine) costs at most `CLOSE_TIMEOUT_S`: the
+        trainer's teardown is then left in a daemon thread."""
+        group, self.group = self.group, None
+        own = [_in_daemon_thread(group.close)] if group is not None else []
+        destroys = [asyncio.ensure_future(client.destroy_weights_update_group(self.group_name))
+                    for client in self._clients()]  # best effort: a target may be the dead one being replaced
+        done, pending = await asyncio.wait([*own, *destroys], timeout=CLOSE_TIMEOUT_S)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*done, *pending, return_exceptions=True)
 
+
+CLOSE_TIMEOUT_S = 30.0
+"""How long closing a group waits for its members to leave (a dead one never does)."""
 
 ERROR_GRACE_S = 2.0
 """After the first failure of a bucket's send, how long the others get to report their own errors (an
@@ -182,14 +194,15 @@ def _in_daemon_thread(fn, *args, **kwargs) -> asyncio.Future:
 
 
 def _close_group(group_or_future) -> None:
-    """Close a `WeightUpdateGroup` nobody will use (given directly, or as a done future holding one)."""
+    """Close a `WeightUpdateGroup` nobody will use (given directly, or as a done future holding one), in a
+    daemon thread: an NCCL teardown waits for the other members, and this may be called on the event loop."""
     group = group_or_future
     if isinstance(group_or_future, asyncio.Future):
         if group_or_future.cancelled() or group_or_future.exception() is not None:
             return
         group = group_or_future.result()
     if group is not None:
-        group.close()
+        threading.Thread(target=group.close, name="relax-weight-group-close", daemon=True).start()
 
 
 async def _errors_of(calls: list, *, grace_s: float) -> list[BaseException]:
