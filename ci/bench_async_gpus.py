@@ -82,7 +82,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{fmt(r['rollout_s'], '.3f'):>10} {fmt(r['train_s'], '.3f'):>8} {fmt(r['sync_s'], '.3f'):>7} "
               f"{fmt(ratio, '.2f'):>11}x  {met}")
     if own.json:
-        Path(own.json).write_text(json.dumps({"backend": backend, "rows": rows, "target": TARGET}, indent=1))
+        from ci.provenance import provenance
+
+        Path(own.json).write_text(json.dumps({"backend": backend, "rows": rows, "target": TARGET,
+                                              "provenance": provenance(sys.argv)}, indent=1))
     return 1 if any(r["status"] != "ok" for r in rows) else 0
 
 

@@ -18,7 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-RAY = str(Path(sys.executable).with_name("ray"))
+_CLI = Path(sys.executable).with_name("ray")
+# the `ray` script beside this interpreter, else its module (the GPU machine installs ray with --target: no script)
+RAY = [str(_CLI)] if _CLI.exists() else [sys.executable, "-m", "ray.scripts.scripts"]
 # the cluster's processes: no token auth (a test must not depend on ~/.ray/auth_token), no drain wait on SIGTERM
 ENV = {"RAY_AUTH_MODE": "disabled", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "OMP_NUM_THREADS": "1"}
 
@@ -30,10 +32,15 @@ def _free_port() -> int:
 
 
 class LocalCluster:
-    """``nodes`` nodes with ``gpus`` logical GPUs each; ``address`` is the head's GCS address."""
+    """``nodes`` nodes with ``gpus`` logical GPUs each; ``address`` is the head's GCS address.
 
-    def __init__(self, nodes: int = 2, gpus: int = 2, cpus: int = 2):
-        self.nodes, self.gpus, self.cpus = nodes, gpus, cpus
+    ``visible``: each node's ``CUDA_VISIBLE_DEVICES`` (one entry per node), so that on a machine with real GPUs
+    each node owns its own (``gpus`` of them): two nodes of one host then behave as two GPU machines."""
+
+    def __init__(self, nodes: int = 2, gpus: int = 2, cpus: int = 2, visible: list[str] | None = None):
+        if visible is not None and len(visible) != nodes:
+            raise ValueError(f"visible names {len(visible)} nodes' GPUs, the cluster has {nodes} nodes")
+        self.nodes, self.gpus, self.cpus, self.visible = nodes, gpus, cpus, visible
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.root = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))  # short: Ray's socket paths are limited
@@ -51,8 +58,9 @@ class LocalCluster:
         else:
             flags = ["--address", self.address, *flags]
         log = open(self.root / f"n{index}.log", "w")  # noqa: SIM115 - closed with the process
-        self.procs.append(subprocess.Popen([RAY, "start", *flags], stdout=log, stderr=subprocess.STDOUT,
-                                           start_new_session=True, env={**os.environ, **ENV}))
+        gpus = {"CUDA_VISIBLE_DEVICES": self.visible[index]} if self.visible is not None else {}
+        self.procs.append(subprocess.Popen([*RAY, "start", *flags], stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True, env={**os.environ, **ENV, **gpus}))
 
     def start(self, timeout: float = 90) -> LocalCluster:
         self._start_node(0)

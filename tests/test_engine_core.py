@@ -318,6 +318,27 @@ def test_release_discards_weights_until_a_sync_writes_every_one(runner, tied_nam
     assert engine.generate(prompt)[0]["output_ids"] == before
 
 
+def test_a_moe_engine_after_release_needs_every_expert_written() -> None:
+    """A fused MoE expert tensor is written in pieces (its checkpoint names: one per expert and projection): the
+    engine generates again only once every piece of every parameter is written."""
+    from relax.models import build_model
+    from relax.models.checkpoint_names import checkpoint_state, moe_style
+
+    src, dst = build_model("small-qwen3-moe", seed=1), build_model("small-qwen3-moe", seed=2)
+    engine = make_engine(dst)
+    engine.release_memory_occupation()
+    engine.resume_memory_occupation()
+    state = checkpoint_state(src.state_dict(), moe_style(src.config))
+    missing = "model.layers.1.mlp.experts.3.up_proj.weight"
+    engine.update_weights_from_tensors({k: v for k, v in state.items() if k != missing})
+    prompt = [req([5, 6, 7], seed=5, max_new=4)]
+    with pytest.raises(RuntimeError, match="1 weight tensor.*'model.layers.1.mlp.experts.gate_up_proj'"):
+        engine.generate(prompt)
+    engine.update_weights_from_tensors({missing: state[missing]})
+    assert engine.weight_checksums() == state_checksums(state.items())
+    assert len(engine.generate(prompt)[0]["output_ids"]) == 4
+
+
 def test_weights_cpu_backup_keeps_values_across_release(runner) -> None:
     dst = tiny_model(seed=1)
     engine = make_engine(dst, runner, weights_cpu_backup=True)

@@ -112,6 +112,8 @@ class EmbeddedEngine:
         self._parking: list[torch.Tensor] = []
         self._discarded: list[tuple[str, torch.nn.Parameter, torch.Size]] = []  # released without a backup
         self._unwritten: dict[int, str] = {}  # id(parameter) -> name: re-allocated at resume, not yet written
+        self._spans: list[tuple[int, int, int]] = []  # (first, end address, id) of each re-allocated parameter
+        self._pieces: dict[int, set[tuple[int, int]]] = {}  # id(parameter) -> (address, numel) of unwritten views
         self.hooks = EngineHooks.from_env()  # the harness's planted defects (relax/utils/fault_hooks.py); off by default
 
     # ------------------------------------------------------------------ properties
@@ -385,10 +387,7 @@ class EmbeddedEngine:
             torch._foreach_copy_([state[name] for name, _ in items],
                                  [tensor.to(state[name].device, state[name].dtype) for name, tensor in items])
         if self._unwritten:
-            params = dict(self.model.named_parameters(remove_duplicate=False))  # tied weights: either name
-            for name, _ in items:
-                if name in params:
-                    self._unwritten.pop(id(params[name]), None)
+            self._mark_written([state[name] for name, _ in items])
         if version is not None:
             self._weight_version = int(version)
         return self._weight_version
@@ -466,6 +465,33 @@ class EmbeddedEngine:
         for _, p, _ in self._discarded:
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
 
+    def _mark_unwritten(self, discarded: list[tuple[str, torch.nn.Parameter, torch.Size]]) -> None:
+        """List the re-allocated parameters and the pieces weight updates write them in: their checkpoint-name
+        views (the whole tensor for a dense weight, one per expert and projection of a fused MoE tensor; tied
+        names are one piece). A parameter is written once all its pieces are."""
+        self._unwritten = {id(p): name for name, p, _ in discarded}
+        self._spans = [(p.data_ptr(), p.data_ptr() + p.numel() * p.element_size(), id(p)) for _, p, _ in discarded]
+        self._pieces = {}
+        for tensor in self.checkpoint_state().values():
+            owner = self._owner(tensor)
+            if owner is not None:
+                self._pieces.setdefault(owner, set()).add((tensor.data_ptr(), tensor.numel()))
+
+    def _mark_written(self, tensors: list[torch.Tensor]) -> None:
+        for tensor in tensors:
+            owner = self._owner(tensor)
+            pieces = self._pieces.get(owner)
+            if pieces is None:
+                continue
+            pieces.discard((tensor.data_ptr(), tensor.numel()))
+            if not pieces:
+                self._unwritten.pop(owner, None)
+                del self._pieces[owner]
+
+    def _owner(self, tensor: torch.Tensor) -> int | None:
+        """id of the re-allocated parameter whose memory holds ``tensor`` (a view of it), if any."""
+        return next((pid for lo, hi, pid in self._spans if lo <= tensor.data_ptr() < hi), None)
+
     def _unwritten_message(self) -> str:
         names = sorted(self._unwritten.values())
         return (f"{len(names)} weight tensor(s) hold no values since resume_memory_occupation (released without a "
@@ -486,7 +512,7 @@ class EmbeddedEngine:
             if not (isinstance(self.runner, LeanRunner) and self.runner.restore_weights()):
                 for _, p, shape in self._discarded:
                     p.data = torch.empty(shape, dtype=p.dtype, device=self.device)
-            self._unwritten = {id(p): name for name, p, _ in self._discarded}
+            self._mark_unwritten(self._discarded)
             self._discarded = []
         elif "weights" in tags and self.device.type == "cuda" and "weights" in self.released_tags:
             tensors = list(itertools.chain(self.model.parameters(), self.model.buffers()))
