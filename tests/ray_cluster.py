@@ -34,13 +34,18 @@ def _free_port() -> int:
 class LocalCluster:
     """``nodes`` nodes with ``gpus`` logical GPUs each; ``address`` is the head's GCS address.
 
+    ``token_home``: the nodes run with token authentication, their token in ``token_home/.ray/auth_token``.
+
     ``visible``: each node's ``CUDA_VISIBLE_DEVICES`` (one entry per node), so that on a machine with real GPUs
     each node owns its own (``gpus`` of them): two nodes of one host then behave as two GPU machines."""
 
-    def __init__(self, nodes: int = 2, gpus: int = 2, cpus: int = 2, visible: list[str] | None = None):
+    def __init__(self, nodes: int = 2, gpus: int = 2, cpus: int = 2, visible: list[str] | None = None,
+                 token_home: Path | None = None):
         if visible is not None and len(visible) != nodes:
             raise ValueError(f"visible names {len(visible)} nodes' GPUs, the cluster has {nodes} nodes")
         self.nodes, self.gpus, self.cpus, self.visible = nodes, gpus, cpus, visible
+        # token authentication on, with the token in token_home/.ray/auth_token (Ray's default place under HOME)
+        self.auth = {"RAY_AUTH_MODE": "token", "HOME": str(token_home)} if token_home is not None else {}
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.root = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))  # short: Ray's socket paths are limited
@@ -60,7 +65,7 @@ class LocalCluster:
         log = open(self.root / f"n{index}.log", "w")  # noqa: SIM115 - closed with the process
         gpus = {"CUDA_VISIBLE_DEVICES": self.visible[index]} if self.visible is not None else {}
         self.procs.append(subprocess.Popen([*RAY, "start", *flags], stdout=log, stderr=subprocess.STDOUT,
-                                           start_new_session=True, env={**os.environ, **ENV, **gpus}))
+                                           start_new_session=True, env={**os.environ, **ENV, **gpus, **self.auth}))
 
     def start(self, timeout: float = 90) -> LocalCluster:
         self._start_node(0)
@@ -87,7 +92,7 @@ class LocalCluster:
         """Node ids of the alive nodes, asked from a separate driver (this process keeps no Ray connection)."""
         code = "import ray; ray.init(address=%r); print(*[n['NodeID'] for n in ray.nodes() if n['Alive']])"
         out = subprocess.run([sys.executable, "-c", code % self.address], capture_output=True, text=True,
-                             timeout=60, env={**os.environ, **ENV})
+                             timeout=60, env={**os.environ, **ENV, **self.auth})
         return out.stdout.split() if out.returncode == 0 else []
 
     def _check(self, deadline: float) -> None:

@@ -87,3 +87,29 @@ def test_a_request_the_cluster_cannot_hold_fails_at_once(cluster: LocalCluster, 
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last == "relax: --resource asks 8 GPUs for actor+rollout; the cluster has 4 (2 nodes x 2)", last
+
+
+def test_joins_a_token_cluster_with_only_its_address(tmp_path: Path) -> None:
+    """A head started by ``ray start --head`` with token authentication (Ray's default once ~/.ray/auth_token
+    exists); the driver has the token in its HOME and no RAY_AUTH_MODE: the address alone is enough. Without a
+    token the run stops at start with one line, not after ray.init's 30 s of retries."""
+    import secrets
+    import time
+
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text(secrets.token_hex(32))
+    env = {k: v for k, v in os.environ.items() if k != "RELAX_RAY_TEMP_DIR" and not k.startswith("RAY_")}
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0")
+    with LocalCluster(nodes=1, gpus=0, token_home=home) as cluster:
+        train = [sys.executable, "-m", "relax.cli", "train", *FLAGS, "--num-rollout", "1", "--ray-address", cluster.address]
+        proc = subprocess.run([*train, "--output-dir", str(tmp_path / "run")], capture_output=True, text=True,
+                              timeout=300, env={**env, "HOME": str(home)}, cwd=tmp_path)
+        assert_ok(proc)
+        start = time.monotonic()
+        refused = subprocess.run([*train, "--output-dir", str(tmp_path / "refused")], capture_output=True, text=True,
+                                 timeout=120, env={**env, "HOME": str(tmp_path)}, cwd=tmp_path)
+        elapsed = time.monotonic() - start
+    assert refused.returncode == 2 and elapsed < 25, (refused.returncode, elapsed, refused.stderr[-2000:])
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"relax: cannot join the Ray cluster at {cluster.address}") and "no token" in last, last

@@ -58,6 +58,7 @@ def start_ray(use_gpu: bool, address: str | None) -> None:
         os.environ.setdefault(key, value)
     quiet = {"logging_level": logging.WARNING, "log_to_driver": True}
     if address is not None:
+        _send_token_if_asked(address)
         try:
             ray.init(address=address, **quiet)
         except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -77,6 +78,58 @@ def start_ray(use_gpu: bool, address: str | None) -> None:
     ray.init(address="local", **kwargs)
 
 
+PROBE_TIMEOUT_S = 5.0
+"""How long the token probe waits for the cluster's GCS (an unreachable one is ray.init's to report)."""
+
+
+def _send_token_if_asked(address: str) -> None:
+    """Turn token authentication on for this driver when the cluster asks for it and a token is where Ray keeps
+    it (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``); one line at once when none is.
+
+    Ray 2.60's ``ray start --head`` enables token auth whenever that token exists, but a driver given an
+    explicit address sends it only under ``RAY_AUTH_MODE=token``, and without it ray.init retries for about
+    30 s before it fails. Turning token mode on for a cluster without auth would lose the driver's actors, so
+    the cluster is asked first: one unauthenticated call to its GCS, answered UNAUTHENTICATED when it wants
+    a token. ``RAY_AUTH_MODE=token`` set by the user is left as it is."""
+    mode = os.environ.get("RAY_AUTH_MODE", "").lower()
+    if mode == "token" or not _cluster_wants_token(address):
+        return
+    from ray._private.authentication.authentication_token_setup import _enable_token_auth
+    from ray._raylet import AuthenticationTokenLoader
+
+    where = f"cannot join the Ray cluster at {address} (--ray-address / {ADDRESS_ENV}): it requires token authentication"
+    if mode:
+        raise ConfigError(f"{where}, and RAY_AUTH_MODE={mode} here; unset it or set RAY_AUTH_MODE=token")
+    if not AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True):
+        raise ConfigError(f"{where} and this machine has no token: put the cluster's token in ~/.ray/auth_token "
+                          "or RAY_AUTH_TOKEN")
+    _enable_token_auth()  # RAY_AUTH_MODE=token for this process (and what it starts), Ray's config refreshed
+
+
+def _cluster_wants_token(address: str) -> bool:
+    """True when the cluster's GCS refuses an unauthenticated call (False: it answers, or cannot be asked;
+    an unreachable cluster is ray.init's to report)."""
+    try:
+        import grpc
+        from ray._private.services import canonicalize_bootstrap_address
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+    except ImportError:  # a Ray without token authentication
+        return False
+    try:
+        target = canonicalize_bootstrap_address(address)
+    except Exception:  # noqa: BLE001 - a bad address is ray.init's to report
+        return False
+    if target is None:
+        return False
+    with grpc.insecure_channel(target) as channel:
+        try:
+            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+                gcs_service_pb2.GetClusterIdRequest(), timeout=PROBE_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            return exc.code() == grpc.StatusCode.UNAUTHENTICATED
+    return False
+
+
 def _join_error(address: str, exc: BaseException) -> ConfigError:
     """One line for a failed join. Token authentication is the usual surprise: Ray 2.60's ``ray start --head``
     turns it on when ``~/.ray/auth_token`` exists, while a driver (or ``ray start --address``) given an
@@ -84,7 +137,7 @@ def _join_error(address: str, exc: BaseException) -> ConfigError:
     chain = f"{exc} {exc.__cause__ or ''}"
     if "InvalidAuthToken" in chain or "Authentication" in chain:
         return ConfigError(f"cannot join the Ray cluster at {address} (--ray-address / {ADDRESS_ENV}): it requires "
-                           "token authentication; export RAY_AUTH_MODE=token with the cluster's token in "
+                           "token authentication and no matching token was found; put the cluster's token in "
                            "~/.ray/auth_token or RAY_AUTH_TOKEN")
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return ConfigError(f"cannot join the Ray cluster at {address} (--ray-address / {ADDRESS_ENV}): {first}")

@@ -117,4 +117,7 @@ def _shutdown_ray() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from relax.cli import run
+
+    sys.argv.insert(1, "train")  # relax train's quiet exit
+    run()
