@@ -325,3 +325,22 @@ def test_flags_doc_is_up_to_date() -> None:
     assert doc.read_text(encoding="utf-8") == render(), "regenerate: python -m relax.utils.flag_docs > docs/flags.md"
     for spec in FLAGS:
         assert f"`--{spec.name}`" in doc.read_text(encoding="utf-8")
+
+
+def test_five_bad_values_give_five_lines() -> None:
+    """One pass: every value check of a launch is reported, one line each, before anything starts."""
+    with pytest.raises(ConfigError) as err:
+        parse_args(["--preset", "quickstart", "--rollout-batch-size", "0", "--eps-clip", "-1", "--input-key", "",
+                    "--lr", "-1", "--rollout-top-p", "2"])
+    assert sorted(err.value.problems) == sorted([
+        "--rollout-batch-size must be >= 1, got 0", "--eps-clip must be > 0, got -1.0",
+        "--input-key must be non-empty, got ''", "--lr must be > 0, got -1.0",
+        "--rollout-top-p must be > 0 and <= 1, got 2.0"])
+
+
+def test_every_bound_names_a_flag_of_a_type_it_can_check() -> None:
+    from relax.utils.flag_table import BOUNDS, FLAGS_BY_NAME
+
+    for name, bound in BOUNDS.items():
+        kind = FLAGS_BY_NAME[name].type
+        assert kind == "str" if bound.nonempty else kind in ("int", "float", "size"), name

@@ -226,6 +226,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.notices = []  # lines printed at start and kept in run.json (a default resolved on the machine)
     given = frozenset(lower) | frozenset(explicit)
     _check_required(args, p)
+    _check_bounds(args, p)
     p.run(check_machine, args, given, p)  # GPU-only flags on a machine without one: refused here, reset
     p.run(check_supported, args)
     p.run(resolve_and_validate, args, frozenset(explicit), p)
@@ -233,6 +234,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.output_dir is None:
         args.output_dir = f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
     return args
+
+
+def _check_bounds(args: argparse.Namespace, p: Problems) -> None:
+    """Every flag's value range (`relax.utils.flag_table.BOUNDS`), one line per value outside it."""
+    for spec in FLAGS:
+        value = getattr(args, spec.dest, None)
+        if spec.bound is not None and value is not None and not spec.bound.admits(value):
+            p.add(f"--{spec.name} must be {spec.bound}, got {value!r}")
 
 
 def args_to_dict(args: argparse.Namespace) -> dict[str, Any]:

@@ -43,7 +43,8 @@ def render() -> str:
             group = spec.group
             lines += ["", f"## {group}", "", "| flag | type | default | implemented | description |", "|---|---|---|---|---|"]
         choices = f" Choices: {', '.join(spec.choices)}." if spec.choices else ""
-        help_ = (spec.help + choices).replace("|", "\\|")
+        bound = f" Must be {spec.bound}." if spec.bound else ""
+        help_ = (spec.help + choices + bound).replace("|", "\\|")
         lines.append(f"| `--{spec.name}` | {spec.type} | {_default(spec)} | {_status(spec)} | {help_} |")
     return "\n".join(lines) + "\n"
 

@@ -31,6 +31,7 @@ class FlagSpec:
     seed_default: str | None = None  # the seed's wording when it is not the literal default ("-")
     supported: bool = False
     supported_values: frozenset[Any] | None = None  # for choice flags: the values implemented so far
+    bound: Bound | None = None  # the values that make sense (checked at parse time, shown in docs/flags.md)
 
     def __post_init__(self) -> None:
         if self.type not in FLAG_TYPES:
@@ -39,6 +40,40 @@ class FlagSpec:
     @property
     def dest(self) -> str:
         return self.name.replace("-", "_")
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A value range (``lo`` / ``hi`` inclusive unless ``*_open``), or ``nonempty`` for a string."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    nonempty: bool = False
+
+    def __str__(self) -> str:
+        if self.nonempty:
+            return "non-empty"
+        parts = []
+        if self.lo is not None:
+            parts.append(f"{'>' if self.lo_open else '>='} {self.lo:g}")
+        if self.hi is not None:
+            parts.append(f"{'<' if self.hi_open else '<='} {self.hi:g}")
+        return " and ".join(parts)
+
+    def admits(self, value: Any) -> bool:
+        if self.nonempty:
+            return bool(str(value).strip())
+        if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
+            return False
+        return self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
+
+
+POSITIVE, NON_NEGATIVE, AT_LEAST_1 = Bound(0, lo_open=True), Bound(0), Bound(1)
+PROBABILITY_OPEN = Bound(0, 1, lo_open=True)  # (0, 1]
+BETA = Bound(0, 1, hi_open=True)  # [0, 1)
+NONEMPTY = Bound(nonempty=True)
 
 
 def F(name: str, type_: str, default: Any, group: str, help_: str, **kw: Any) -> FlagSpec:  # noqa: N802
@@ -570,9 +605,34 @@ SUPPORTED_VALUES: dict[str, frozenset[Any]] = {
 }
 
 
+# Value ranges, checked at parse time for a value that is set (None keeps its "when None" meaning). Counts and
+# sizes whose rules need more than a range (divisibility, cross-flag) are checked in relax/utils/validation.py.
+BOUNDS: dict[str, Bound] = {
+    "lr": POSITIVE, "critic-lr": POSITIVE, "weight-decay": NON_NEGATIVE,
+    "adam-beta1": BETA, "adam-beta2": BETA, "clip-grad": NON_NEGATIVE,
+    "eps-clip": POSITIVE, "eps-clip-high": POSITIVE,  # --eps-clip-c: AlgorithmConfig.validate (> 1)
+    "entropy-coef": NON_NEGATIVE, "kl-coef": NON_NEGATIVE, "kl-loss-coef": NON_NEGATIVE, "opd-kl-coef": NON_NEGATIVE,
+    "value-clip": POSITIVE, "gamma": Bound(0, 1), "lambd": Bound(0, 1),
+    "rollout-temperature": NON_NEGATIVE, "eval-temperature": NON_NEGATIVE,
+    "rollout-top-p": PROBABILITY_OPEN, "eval-top-p": PROBABILITY_OPEN,
+    "rollout-max-response-len": AT_LEAST_1, "rollout-max-prompt-len": AT_LEAST_1,
+    "rollout-max-context-len": AT_LEAST_1, "update-weight-buffer-size": POSITIVE,
+    "num-gpus-per-node": AT_LEAST_1, "rollout-num-gpus-per-engine": AT_LEAST_1, "distributed-timeout-minutes": POSITIVE,
+    "num-data-storage-units": AT_LEAST_1, "max-staleness": NON_NEGATIVE, "num-iters-per-train-update": AT_LEAST_1,
+    "input-key": NONEMPTY, "label-key": NONEMPTY, "metadata-key": NONEMPTY, "tool-key": NONEMPTY,
+    "n-samples-per-eval-prompt": AT_LEAST_1, "eval-interval": AT_LEAST_1,
+    "rollout-health-check-interval": POSITIVE, "rollout-health-check-timeout": POSITIVE,
+    "max-global-restart": NON_NEGATIVE,
+}
+
+
 def _finalize(spec: FlagSpec) -> FlagSpec:
-    return replace(spec, supported=spec.name in SUPPORTED, supported_values=SUPPORTED_VALUES.get(spec.name))
+    return replace(spec, supported=spec.name in SUPPORTED, supported_values=SUPPORTED_VALUES.get(spec.name),
+                   bound=BOUNDS.get(spec.name))
 
 
 FLAGS: list[FlagSpec] = [_finalize(f) for f in SEED_FLAGS + ADDED_FLAGS + MODEL_FLAGS]
 FLAGS_BY_NAME: dict[str, FlagSpec] = {f.name: f for f in FLAGS}
+_unknown_bounds = sorted(set(BOUNDS) - set(FLAGS_BY_NAME))
+if _unknown_bounds:
+    raise ValueError(f"BOUNDS names flags that do not exist: {', '.join(_unknown_bounds)}")

@@ -207,10 +207,8 @@ def _partial_rollout(args: Namespace, p: Problems) -> None:
 
 @rule
 def _transfer_queue(args: Namespace, p: Problems) -> None:
-    """The TransferQueue knobs configure the fully-async loop's storage units (relax/core/transfer_queue.py)."""
-    _positive(args, p, "num_data_storage_units")
-    if args.max_staleness < 0:
-        p.add(f"--max-staleness must be >= 0, got {args.max_staleness}")
+    """The TransferQueue knobs configure the fully-async loop's storage units (relax/core/transfer_queue.py); their
+    ranges are the flag table's (BOUNDS)."""
     if not args.fully_async:
         for dest in ("num_data_storage_units", "polling_mode"):
             if getattr(args, dest) != FLAGS_BY_NAME[dest.replace("_", "-")].default:
