@@ -15,9 +15,10 @@ from harness.executors import Executor, Launch, Outcome
 from harness.executors.base import tail
 from harness.faults import FaultParams, FaultRecorder, FaultWatcher
 from harness.machine_lock import machine_lock
+from harness.placeholders import substitute
 from harness.profiles import machine_class
 from harness.results import SERIES_KEYS, RunResult, ScenarioResult
-from harness.spec import RunSpec, ScenarioSpec, substitute
+from harness.spec import RunSpec, ScenarioSpec
 
 RELAX_TASKS = Path(relax.__file__).resolve().parent / "models" / "tasks"  # {relax_tasks} in scenario flags
 

@@ -2,7 +2,7 @@
 
 A scenario launches one or more runs of ``relax train`` (each optionally in sequential phases,
 e.g. train-then-resume in one output dir), injects its faults, then evaluates its checks over
-the runs' artifacts. Flags may use placeholders: ``{output_dir}`` (this run's dir),
+the runs' artifacts. Flags may use placeholders (harness/placeholders.py): ``{output_dir}`` (this run's dir),
 ``{scenario_dir}``, ``{run:NAME}`` (another run's dir), ``{proxy:NAME}`` (a fault proxy),
 ``{server:NAME}`` (an engine server the scenario started, kind ``engine_server``) and
 ``{relax_tasks}`` (the bundled task datasets, relax/models/tasks: prompt files without a preset).
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,6 @@ from harness.checks import CheckParams, parse_check
 from harness.faults import FaultParams, parse_fault
 from harness.profiles import Profile
 
-_PLACEHOLDER = re.compile(r"\{(output_dir|scenario_dir|relax_tasks|run:[\w.-]+|proxy:[\w.-]+|server:[\w.-]+)\}")
 _NAME = r"^[a-z0-9][a-z0-9_.-]*$"
 
 
@@ -110,18 +108,6 @@ class ScenarioSpec(BaseModel):
 
     def with_overrides(self, **update: Any) -> ScenarioSpec:
         return ScenarioSpec.model_validate({**self.model_dump(mode="json"), **update})
-
-
-def substitute(flags: list[str], values: dict[str, str]) -> list[str]:
-    def one(flag: str) -> str:
-        def rep(m: re.Match[str]) -> str:
-            if m.group(1) not in values:
-                raise KeyError(f"unknown placeholder {{{m.group(1)}}} in flag {flag!r}")
-            return values[m.group(1)]
-
-        return _PLACEHOLDER.sub(rep, flag)
-
-    return [one(f) for f in flags]
 
 
 FILE_KEYS = {"family", "defaults", "scenarios", "anchors"}

@@ -4,8 +4,8 @@ driver's main thread, where no event loop runs."""
 from __future__ import annotations
 
 from relax.backends.embedded.launch import EngineProcess
-from relax.core.engine_launchers import EngineRecord
 from relax.core.engines import EngineFleet
+from relax.engine.launcher import EngineRecord
 from relax.weights.transports import SyncTarget
 
 

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from relax.backends.embedded.weights_checker import WeightsChecker
+from relax.backends.services import AdvantageService, ForwardService
 from relax.backends.torch.backend import TorchTrainBackend
 from relax.backends.torch.batch import Precomputed, build_rollout_tensors
-from relax.core.services import AdvantageService, ForwardService
 from relax.utils.flag_types import ConfigError
 from relax.utils.validation import _services
 from relax.weights.checksum import state_checksums

@@ -121,7 +121,7 @@ def test_proxy_latency_and_drop(upstream: Upstream) -> None:
 
 def test_proxy_fault_gives_placeholder_and_stats(tmp_path: Path, upstream: Upstream) -> None:
     from harness.faults import FaultRecorder
-    from harness.spec import substitute
+    from harness.placeholders import substitute
 
     fault = parse_fault({"kind": "http_proxy", "name": "engine", "target": f"127.0.0.1:{upstream.port}"})
     values = fault.start(FaultRecorder(tmp_path / "events.jsonl"))

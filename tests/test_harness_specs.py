@@ -9,8 +9,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from harness.placeholders import substitute
 from harness.profiles import Profile
-from harness.spec import ScenarioSpec, load_catalog, substitute
+from harness.spec import ScenarioSpec, load_catalog
 
 REPO = Path(__file__).resolve().parents[1]
 CATALOG = load_catalog(REPO / "scenarios" / "specs")

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from harness.faults.base import FaultParams, FaultRecorder, register
+from harness.placeholders import substitute
 
 _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "content-encoding"}
 
@@ -145,8 +146,6 @@ class HttpProxyFault(FaultParams):
     _recorder: FaultRecorder | None = None
 
     def resolve(self, values: dict[str, str]) -> HttpProxyFault:
-        from harness.spec import substitute
-
         return self.model_copy(update={"target": substitute([self.target], values)[0]})
 
     def start(self, recorder: FaultRecorder) -> dict[str, str]:

@@ -198,6 +198,14 @@ ESTIMATORS: dict[str, Estimator] = {
 }
 
 
+def estimator(name: str) -> Estimator:
+    """The registered estimator ``name``; an unknown one raises naming the known ones."""
+    try:
+        return ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(f"unknown --advantage-estimator {name!r}; known: {', '.join(ESTIMATORS)}") from None
+
+
 def compute_advantages(
     cfg: AlgorithmConfig,
     *,
@@ -219,7 +227,7 @@ def compute_advantages(
     x = AdvantageInputs(
         rewards, loss_mask, group_size, old_log_probs, ref_log_probs, values, teacher_log_probs
     )
-    out = ESTIMATORS[cfg.advantage_estimator](cfg, x)
+    out = estimator(cfg.advantage_estimator)(cfg, x)
     if cfg.use_opd and cfg.advantage_estimator != "on_policy_distillation":
         out.advantages = out.advantages + cfg.opd_kl_coef * opd_signal(x)
     if cfg.normalize_advantages:

@@ -6,57 +6,21 @@
   embedded or SGLang, which the run drives but cannot restart.
 
 A launcher starts engines in two halves (`begin` without waiting, `finish` once they serve), so the
-trainer loads while the engines do.
+trainer loads while the engines do; the base class is relax/engine/launcher.py.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from argparse import Namespace
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import ray
 
+from relax.backends.sglang.launcher import SGLangLauncher
+from relax.engine.launcher import EngineLauncher, EngineRecord
 from relax.engine.rollout.engine_client import EngineClient, EngineError
 from relax.utils.flag_types import ConfigError
 from relax.utils.http_utils import run_closing
 from relax.weights.transports import SyncTarget
-
-
-@dataclass
-class EngineRecord:
-    index: int
-    target: SyncTarget
-    actor: Any = None  # the Ray actor hosting it; None for an external engine
-    pid: int | None = None
-    node: str | None = None
-
-
-class EngineLauncher(ABC):
-    """Starts (or attaches to) engine ``index``; ``can_restart``: a dead one can be replaced."""
-
-    name: ClassVar[str]
-    can_restart: ClassVar[bool] = True
-
-    def __init__(self, args: Namespace, device: str, slots: list, *, host: str, api_key: str | None):
-        self.args, self.device, self.slots = args, device, list(slots)  # one placement Slot per engine
-        self.host, self.api_key = host, api_key
-
-    @abstractmethod
-    def count(self) -> int:
-        """How many engines the run has."""
-
-    @abstractmethod
-    def begin(self, indices: list[int]) -> Any:
-        """Start these engines without waiting (the trainer loads meanwhile); `finish` waits for them."""
-
-    @abstractmethod
-    def finish(self, pending: Any) -> list[EngineRecord]:
-        """Wait until every engine `begin` started serves; their records."""
-
-    def start_all(self, indices: list[int]) -> list[EngineRecord]:
-        return self.finish(self.begin(indices))
 
 
 class EmbeddedLauncher(EngineLauncher):
@@ -108,12 +72,8 @@ class ExternalEngines(EngineLauncher):
 
 
 def launcher_class(kind: str) -> type[EngineLauncher]:
-    """The launcher of ``kind`` (``--rollout-backend``, or ``external``); SGLang's is imported only when asked."""
-    if kind == "sglang":
-        from relax.backends.sglang.launcher import SGLangLauncher
-
-        return SGLangLauncher
-    launchers = {cls.name: cls for cls in (EmbeddedLauncher, ExternalEngines)}
+    """The launcher of ``kind`` (``--rollout-backend``, or ``external``)."""
+    launchers = {cls.name: cls for cls in (EmbeddedLauncher, SGLangLauncher, ExternalEngines)}
     if kind not in launchers:
         raise ConfigError(f"unknown engine kind {kind!r}; one of embedded, sglang, external")
     return launchers[kind]

@@ -17,7 +17,8 @@ from typing import Any
 
 import ray
 
-from relax.core.engine_launchers import EngineLauncher, EngineRecord, launcher_class
+from relax.core.engine_launchers import launcher_class
+from relax.engine.launcher import EngineLauncher, EngineRecord
 from relax.engine.rollout.engine_client import EngineClient
 from relax.engine.rollout.engine_pool import EngineDiedError
 from relax.engine.router.in_process import RouterConfig, RouterThread

@@ -15,6 +15,9 @@ and token budget.
   weights the trainer starts that step with; per-token old log-probs.
 - ``advantages`` (CPU): `compute_advantages` from rewards, loss masks and the two columns.
 
+The work of each role is relax/backends/services.py (`ForwardService`, `AdvantageService`); its Ray actor
+relax/distributed/service_actors.py; the driver's handles `ServiceGroup` here.
+
 Exactness: a forward service builds the trainer's own backend class through
 `build_train_backend(..., inference_only=True)` (``only_load_weight``: no optimizer, no grads)
 and runs the trainer's log-prob code (`forward_log_probs`), so its columns equal the trainer's
@@ -28,84 +31,16 @@ Samples arrive as a list of `TrainSample` or as an object whose ``fetch()`` retu
 
 from __future__ import annotations
 
-import copy
 from argparse import Namespace
 from dataclasses import dataclass
 
 import ray
-import torch
 
-from relax.algorithms import AlgorithmConfig
-from relax.backends.torch.batch import Precomputed, build_rollout_tensors, rollout_advantages
+from relax.backends.torch.batch import Precomputed
 from relax.distributed.placement import Placement
 from relax.distributed.resources import SERVICE_ROLES
-
-
-def fetch_samples(samples) -> list:
-    """The train samples of a batch handle (``fetch()``) or of a plain list."""
-    return samples.fetch() if hasattr(samples, "fetch") else samples
-
-
-def service_args(args: Namespace) -> Namespace:
-    """The services' copy of the flags: ``--ref-actor-config`` max_tokens_per_gpu becomes their token budget."""
-    budget = args.ref_actor_config["max_tokens_per_gpu"]
-    if budget is None:
-        return args
-    out = copy.copy(args)
-    out.use_dynamic_batch_size = True
-    out.max_tokens_per_gpu = out.log_probs_max_tokens_per_gpu = budget
-    return out
-
-
-class ForwardService:
-    """``reference`` or ``actor_fwd``: a forward-only copy of the trainer's backend.
-
-    The actor_fwd copy is a weight holder of `relax.backends.embedded.weight_routes` (``model``, ``device``,
-    ``weight_version``, ``update_weights_from_tensors``): its actor serves SGLang's weight endpoints, so a
-    sync reaches it exactly as it reaches an engine.
-    """
-
-    def __init__(self, args: Namespace, device: str, role: str):
-        from relax.backends.train_registry import build_train_backend
-
-        self.role = role
-        self.backend = build_train_backend(service_args(args), device, inference_only=True)
-        if role == "reference":
-            self.backend.model.eval()  # as the trainer's frozen reference copy
-        self.weight_version = 0
-
-    @property
-    def model(self) -> torch.nn.Module:
-        return self.backend.model
-
-    @property
-    def device(self) -> torch.device:
-        return self.backend.device
-
-    def log_probs(self, samples) -> torch.Tensor:
-        return self.backend.forward_log_probs(fetch_samples(samples))
-
-    def update_weights_from_tensors(self, named: list, version: int | str | None = None) -> int:
-        if self.role != "actor_fwd":
-            raise RuntimeError("the reference service holds frozen weights; only actor_fwd is synced")
-        self.backend.load_weights(list(named))
-        if version is not None:
-            self.weight_version = int(version)
-        return self.weight_version
-
-
-class AdvantageService:
-    """``advantages``: the trainer's advantage computation, on CPU, from the other services' columns."""
-
-    def __init__(self, args: Namespace):
-        self.args = args
-        self.algo = AlgorithmConfig.from_args(args)
-
-    def compute(self, samples, old_log_probs: torch.Tensor, ref_log_probs: torch.Tensor | None) -> Precomputed:
-        batch = build_rollout_tensors(fetch_samples(samples))
-        adv = rollout_advantages(self.algo, batch, self.args.n_samples_per_prompt, old_log_probs, ref_log_probs,
-                                 teacher_log_probs=batch.teacher_log_probs)
-        return Precomputed(old_log_probs, ref_log_probs, adv.advantages, adv.returns, adv.metrics)
+from relax.distributed.service_actors import AdvantagesActor, ForwardServiceActor
+from relax.weights.transports import SyncTarget
 
 
 @dataclass
@@ -119,8 +54,6 @@ class ServiceGroup:
     @classmethod
     def start(cls, args: Namespace, device: str, placement: Placement) -> ServiceGroup:
         """Create the actors (they load their models concurrently with the trainer and engines)."""
-        from relax.distributed.service_actors import AdvantagesActor, ForwardServiceActor
-
         handles = {}
         for role, slot in placement.services.items():
             if role == "advantages":
@@ -136,8 +69,6 @@ class ServiceGroup:
 
     def sync_targets(self) -> list:
         """The weight-sync targets besides the engines: actor_fwd's weight endpoints, under its own side name."""
-        from relax.weights.transports import SyncTarget
-
         if self.actor_fwd is None:
             return []
         url, device = ray.get(self.actor_fwd.endpoint.remote())

@@ -14,6 +14,7 @@ from argparse import Namespace
 import ray
 import torch
 
+from relax.backends.services import AdvantageService, ForwardService
 from relax.weights import checksum
 from relax.weights.devices import device_identity
 
@@ -24,12 +25,10 @@ def _init_process() -> None:
 
 @ray.remote
 class ForwardServiceActor:
-    """The ``reference`` or ``actor_fwd`` service (`relax.core.services.ForwardService`)."""
+    """The ``reference`` or ``actor_fwd`` service (`relax.backends.services.ForwardService`)."""
 
     def __init__(self, args: Namespace, device: str, role: str, host: str = "127.0.0.1", api_key: str | None = None):
         _init_process()
-        from relax.core.services import ForwardService
-
         self.service = ForwardService(args, device, role)
         checksum.warm_up(self.service.device)
         self._lock = threading.Lock()  # a weight update never runs inside a forward pass
@@ -78,12 +77,10 @@ class ForwardServiceActor:
 
 @ray.remote
 class AdvantagesActor:
-    """The ``advantages`` service (`relax.core.services.AdvantageService`), CPU only."""
+    """The ``advantages`` service (`relax.backends.services.AdvantageService`), CPU only."""
 
     def __init__(self, args: Namespace):
         _init_process()
-        from relax.core.services import AdvantageService
-
         self.service = AdvantageService(args)
 
     def pid(self) -> int:

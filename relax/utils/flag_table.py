@@ -612,7 +612,7 @@ BOUNDS: dict[str, Bound] = {
     "adam-beta1": BETA, "adam-beta2": BETA, "clip-grad": NON_NEGATIVE,
     "eps-clip": POSITIVE, "eps-clip-high": POSITIVE,  # --eps-clip-c: AlgorithmConfig.validate (> 1)
     "entropy-coef": NON_NEGATIVE, "kl-coef": NON_NEGATIVE, "kl-loss-coef": NON_NEGATIVE, "opd-kl-coef": NON_NEGATIVE,
-    "value-clip": POSITIVE, "gamma": Bound(0, 1), "lambd": Bound(0, 1),
+    "value-clip": POSITIVE,  # --gamma, --lambd, --sapo-tau-*: AlgorithmConfig.validate
     "rollout-temperature": NON_NEGATIVE, "eval-temperature": NON_NEGATIVE,
     "rollout-top-p": PROBABILITY_OPEN, "eval-top-p": PROBABILITY_OPEN,
     "rollout-max-response-len": AT_LEAST_1, "rollout-max-prompt-len": AT_LEAST_1,

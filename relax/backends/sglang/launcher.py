@@ -26,7 +26,7 @@ from typing import Any
 
 import ray
 
-from relax.core.engine_launchers import EngineLauncher, EngineRecord
+from relax.engine.launcher import EngineLauncher, EngineRecord
 from relax.weights.transports import SyncTarget
 
 INSTALL_HINT = ("--rollout-backend sglang needs SGLang: pip install 'sglang[all]==0.5.10.post1' (it pins torch 2.9.1), "

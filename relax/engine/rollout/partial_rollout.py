@@ -29,12 +29,7 @@ from relax.engine.rollout.partial_samples import (
     protected,
     resume_request,
 )
-from relax.engine.rollout.sglang_rollout import (
-    MAX_SAMPLING_ROUNDS,
-    GenerateState,
-    dynamic_filter,
-    sample_seed,
-)
+from relax.engine.rollout.state import MAX_SAMPLING_ROUNDS, GenerateState, dynamic_filter, sample_seed
 from relax.utils.types import Sample
 
 ABORTED = "partial_rollout_abort"

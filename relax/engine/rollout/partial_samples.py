@@ -13,7 +13,7 @@ from argparse import Namespace
 from typing import Any
 
 from relax.engine.protocol import parse_weight_version
-from relax.engine.rollout.sglang_rollout import FINISH_STATUS
+from relax.engine.rollout.state import FINISH_STATUS
 from relax.utils.json_codec import logprob
 from relax.utils.types import Sample
 

@@ -1,0 +1,50 @@
+"""The engine launcher contract: every way engines come to exist (relax/core/engine_launchers.py, the SGLang
+launcher in relax/backends/sglang/) implements `EngineLauncher` and reports an `EngineRecord` per engine.
+
+A leaf module, so a launcher in a backend package and the registry in relax/core/ import it without importing
+each other.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from argparse import Namespace
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from relax.weights.transports import SyncTarget
+
+
+@dataclass
+class EngineRecord:
+    index: int
+    target: SyncTarget
+    actor: Any = None  # the Ray actor hosting it; None for an external engine
+    pid: int | None = None
+    node: str | None = None
+
+
+class EngineLauncher(ABC):
+    """Starts (or attaches to) engine ``index``; ``can_restart``: a dead one can be replaced."""
+
+    name: ClassVar[str]
+    can_restart: ClassVar[bool] = True
+
+    def __init__(self, args: Namespace, device: str, slots: list, *, host: str, api_key: str | None):
+        self.args, self.device, self.slots = args, device, list(slots)  # one placement Slot per engine
+        self.host, self.api_key = host, api_key
+
+    @abstractmethod
+    def count(self) -> int:
+        """How many engines the run has."""
+
+    @abstractmethod
+    def begin(self, indices: list[int]) -> Any:
+        """Start these engines without waiting (the trainer loads meanwhile); `finish` waits for them."""
+
+    @abstractmethod
+    def finish(self, pending: Any) -> list[EngineRecord]:
+        """Wait until every engine `begin` started serves; their records."""
+
+    def start_all(self, indices: list[int]) -> list[EngineRecord]:
+        return self.finish(self.begin(indices))

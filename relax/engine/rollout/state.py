@@ -1,0 +1,116 @@
+"""What the rollout functions share (the default rollout, partial rollout, multi-turn): the process-wide
+`GenerateState`, per-sample sampling seeds, the finish-reason -> status map and the dynamic-sampling filter.
+
+A leaf below relax/engine/rollout/sglang_rollout.py (which re-exports `GenerateState` and `sample_seed` under
+their Relax paths) and relax/engine/rollout/partial_rollout.py, so neither imports the other for them.
+"""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from typing import Any
+
+from relax.utils.types import Sample
+
+_MASK63 = (1 << 63) - 1
+
+
+def sample_seed(rollout_seed: int, rollout_id: int, sample_index: int) -> int:
+    """A well-mixed 63-bit seed from (rollout_seed, rollout_id, sample_index) (splitmix64 finaliser)."""
+    x = (rollout_seed * 0x9E3779B97F4A7C15 + rollout_id * 0xBF58476D1CE4E5B9 + sample_index) & ((1 << 64) - 1)
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & ((1 << 64) - 1)
+    return (x ^ (x >> 31)) & _MASK63
+
+
+class _Singleton(type):
+    """``GenerateState(args)`` returns the process-wide instance, as in Relax/slime."""
+
+    _instance: Any = None
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls._instance is None:
+            cls._instance = super().__call__(*args, **kwargs)
+        return cls._instance
+
+    def reset(cls) -> None:
+        cls._instance = None
+
+
+class GenerateState(metaclass=_Singleton):
+    """Process-wide rollout state: tokenizer, default sampling params and the engine pool."""
+
+    def __init__(self, args: Namespace, *, tokenizer: Any = None, pool: Any = None):
+        if tokenizer is None:
+            from relax.models import load_tokenizer
+
+            tokenizer = load_tokenizer(args.hf_checkpoint)
+        self.args = args
+        self.tokenizer = tokenizer
+        self.pool = pool
+        self.sampling_params = sampling_params(args)
+        self._fates: list[dict[str, Any]] = []  # filtered / recycled samples, drained into samples.jsonl
+        self._metrics: dict[int, dict[str, float]] = {}  # per rollout id, merged into that step's metrics
+
+    def record(self, step: int, group: list[Sample], fate: str, reason: str) -> None:
+        from relax.metrics.sample_records import sample_fields
+
+        self._fates += [{"step": step, "group_index": s.group_index, "index": s.index, "attempts": s.abort_count + 1,
+                         "fate": fate, "reason": reason, **sample_fields(s, self.args.reward_key)} for s in group]
+
+    def drain_fates(self) -> list[dict[str, Any]]:
+        fates, self._fates = self._fates, []
+        return fates
+
+    def add_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self._metrics.setdefault(step, {}).update(metrics)
+
+    def add_seconds(self, step: int, key: str, seconds: float) -> None:
+        """Add to a per-step time metric (a rollout can generate in several rounds)."""
+        metrics = self._metrics.setdefault(step, {})
+        metrics[key] = metrics.get(key, 0.0) + seconds
+
+    def pop_metrics(self, step: int) -> dict[str, float]:
+        return self._metrics.pop(step, {})
+
+    @classmethod
+    def install(cls, args: Namespace, *, tokenizer: Any = None, pool: Any = None) -> GenerateState:
+        """Replace the process-wide state (the driver calls this once engines are up)."""
+        type(cls).reset(cls)
+        return cls(args, tokenizer=tokenizer, pool=pool)
+
+
+def sampling_params(args: Namespace) -> dict[str, Any]:
+    return {
+        "temperature": args.rollout_temperature,
+        "top_p": args.rollout_top_p,
+        "top_k": args.rollout_top_k,
+        "max_new_tokens": args.rollout_max_response_len,
+        "stop": args.rollout_stop,
+        "stop_token_ids": args.rollout_stop_token_ids,
+        "skip_special_tokens": args.rollout_skip_special_tokens,
+    }
+
+
+FINISH_STATUS = {"length": Sample.Status.TRUNCATED, "stop": Sample.Status.COMPLETED, "abort": Sample.Status.ABORTED}
+
+
+MAX_SAMPLING_ROUNDS = 64
+FILTER_SIGNATURE = "filter(args, samples: list[Sample], **kwargs) -> DynamicFilterOutput | bool"
+
+
+def dynamic_filter(args: Namespace):
+    if not args.dynamic_sampling_filter_path:
+        return lambda a, g: (True, None)
+    from relax.utils.plugins import culprit, load_function
+
+    fn = load_function(args.dynamic_sampling_filter_path, flag="--dynamic-sampling-filter-path",
+                       signature=FILTER_SIGNATURE, min_args=2)
+
+    def keep(a: Namespace, group: list[Sample]) -> tuple[bool, str | None]:
+        with culprit("--dynamic-sampling-filter-path", args.dynamic_sampling_filter_path,
+                     f"group {group[0].group_index if group else None}"):
+            out = fn(a, group)
+        return (bool(out), None) if isinstance(out, bool) else (bool(out.keep), out.reason)
+
+    return keep
