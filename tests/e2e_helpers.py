@@ -20,8 +20,10 @@ FAST_FLAGS = [
 ]
 
 
-def run_relax(args: list[str], tmp_path: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", RELAX_RAY_TEMP_DIR=str(_ray_dir(tmp_path)))
+def run_relax(args: list[str], tmp_path: Path, timeout: float = 600,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", RELAX_RAY_TEMP_DIR=str(_ray_dir(tmp_path)),
+               **(env or {}))
     return subprocess.run(
         [sys.executable, "-m", "relax.cli", "train", *args],
         capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path,

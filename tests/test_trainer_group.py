@@ -24,9 +24,13 @@ DP2 = ["--resource", '{"actor": [2, 0], "rollout": [1, 0]}']
 
 
 def test_two_trainer_ranks_train_sync_and_resume(tmp_path: Path) -> None:
+    """Every process of the run with lazy gloo (TORCH_GLOO_LAZY_INIT=1): the ranks connect at their first
+    gradient all-reduce through the driver's store, as NCCL ranks do, so the store must outlive start-up (two
+    GPUs once failed at the first step when it did not)."""
     run = tmp_path / "run"
+    lazy = {"TORCH_GLOO_LAZY_INIT": "1"}
     assert_ok(run_relax([*FAST_FLAGS, *DP2, "--num-rollout", "2", "--save", str(tmp_path / "ckpt"),
-                         "--output-dir", str(run)], tmp_path))
+                         "--output-dir", str(run)], tmp_path, env=lazy))
     events = read_jsonl(run / "events.jsonl")
     assert {e["role"] for e in events if e["event"] == "process_started"} == {"trainer:0", "trainer:1", "engine:0"}
     records = read_jsonl(run / "weights.jsonl")

@@ -22,16 +22,13 @@ ADDRESS_ENV = "RAY_ADDRESS"
 
 
 def worker_env() -> dict[str, str]:
-    """Environment for every Ray worker: one thread, offline, lazy gloo, fault hooks passed through."""
+    """Environment for every Ray worker: one thread, offline, fault hooks passed through."""
     env = {
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
-        # gloo (CPU runs) opens its connections at a group's first collective, through the group's store, as
-        # NCCL does on GPUs: a CPU run takes the GPU run's rendezvous path (a store that must outlive start-up)
-        "TORCH_GLOO_LAZY_INIT": os.environ.get("TORCH_GLOO_LAZY_INIT", "1"),
     }
     env.update({k: v for k, v in os.environ.items() if k.startswith("RELAX_")})
     return env

@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
+from relax.utils.gloo import gloo_connects
+
 # Every key of the trainer group's store lives under this prefix (the weight-sync groups have stores of their own).
 STORE_PREFIX = "relax-trainer-group"
 
@@ -42,8 +44,9 @@ class GroupMember:
             torch.cuda.set_device(torch.cuda.current_device())
         timeout = timedelta(minutes=self.timeout_minutes)
         store = dist.TCPStore(self.store_host, self.store_port, is_master=False, timeout=timeout)
-        dist.init_process_group(self.backend, store=dist.PrefixStore(STORE_PREFIX, store), rank=self.rank,
-                                world_size=self.world_size, timeout=timeout)
+        with gloo_connects(lazily=True):  # as NCCL: at the first collective, through the driver's store
+            dist.init_process_group(self.backend, store=dist.PrefixStore(STORE_PREFIX, store), rank=self.rank,
+                                    world_size=self.world_size, timeout=timeout)
 
 
 class TrainerGroup:

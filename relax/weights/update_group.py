@@ -22,6 +22,8 @@ from datetime import timedelta
 
 import torch
 
+from relax.utils.gloo import gloo_connects
+
 BACKENDS = ("nccl", "gloo")
 _FIRST_POLL_S, _LONGEST_POLL_S = 0.0005, 0.05  # gloo waits: first and longest sleep between polls
 
@@ -51,9 +53,10 @@ class WeightUpdateGroup:
             store, _, _ = next(c10d.rendezvous(f"tcp://{_host(master_address)}:{int(master_port)}", rank,
                                                world_size, timeout=timeout))
         store.set_timeout(timeout)
-        self.pg, _ = c10d._new_process_group_helper(  # noqa: SLF001 - what SGLang (and vLLM) call
-            world_size, rank, [], c10d.Backend(backend), dist.PrefixStore(group_name, store),
-            group_name=group_name, backend_options=None, timeout=timeout)
+        with gloo_connects(lazily=False):  # a dead member then fails the next broadcast (relax/utils/gloo.py)
+            self.pg, _ = c10d._new_process_group_helper(  # noqa: SLF001 - what SGLang (and vLLM) call
+                world_size, rank, [], c10d.Backend(backend), dist.PrefixStore(group_name, store),
+                group_name=group_name, backend_options=None, timeout=timeout)
         c10d._world.pg_group_ranks[self.pg] = {i: i for i in range(world_size)}  # noqa: SLF001
         self._store = store  # rank 0's store serves the others: keep it alive with the group
         self.rank, self.world_size, self.group_name, self.backend = rank, world_size, group_name, backend
