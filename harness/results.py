@@ -33,6 +33,20 @@ class RunResult(BaseModel):
     fault_errors: list[str] = []
     killed_pids: list[int] = []
     details: dict[str, Any] = {}
+    phase_exit_codes: list[int | None] = []  # one per launch that ran, in order
+    phase_exits: list[int] = []  # what each planned launch but the last had to end with (RunSpec.phase_exits)
+    planned_launches: int = 1
+
+    def phase_problem(self) -> str | None:
+        """A phase before the last that ended with another exit code than its spec says (so the later ones never
+        ran); the last phase is `expect_exit`'s."""
+        for i, code in enumerate(self.phase_exit_codes):
+            if i == self.planned_launches - 1:
+                break
+            expected = self.phase_exits[i] if self.phase_exits else 0
+            if code != expected:
+                return f"phase {i + 1} of {self.planned_launches} exited {code} (expected {expected}); the later ones did not run"
+        return None
 
 
 class ScenarioResult(BaseModel):

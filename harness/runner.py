@@ -53,6 +53,8 @@ def execute(executor: Executor, launch: Launch, faults: list[FaultParams], recor
     finally:
         watcher.stop()
         killed = handle.cleanup()
+        # what the run left running when it ended (judged by the `interrupted` check): an artifact like the rest
+        recorder.record(event="launch_cleanup", fault=False, killed_pids=killed, exit_code=handle.poll())
     return Outcome(exit_code=code, timed_out=timed_out, duration_s=time.monotonic() - t0,
                    log_tail=tail(launch.log_path), killed_pids=killed, details=handle.details()), watcher
 
@@ -65,7 +67,8 @@ def _run_one(spec: ScenarioSpec, run: RunSpec, cfg: HarnessConfig, scenario_dir:
     values = {"output_dir": str(out), "scenario_dir": str(scenario_dir), "relax_tasks": str(RELAX_TASKS)}
     values |= {f"run:{r.name}": str(scenario_dir / r.name) for r in spec.runs}
     env = {**spec.env, **run.env}
-    result = RunResult(name=run.name, expect_exit=run.expect_exit, output_dir=str(out),
+    result = RunResult(name=run.name, expect_exit=run.expect_exit, phase_exits=run.phase_exits,
+                       planned_launches=len(run.launches(spec.engine_flags)), output_dir=str(out),
                        log_path=str(out / "run.log"))
     started: list = []  # in order; a fault's fields may name what an earlier one started ({server:NAME})
     try:
@@ -92,8 +95,9 @@ def _run_one(spec: ScenarioSpec, run: RunSpec, cfg: HarnessConfig, scenario_dir:
             found = UNSUPPORTED.search(outcome.log_tail)
             if outcome.exit_code == EXIT_CONFIG and found:
                 result.unsupported = found.group(1).strip()
+            result.phase_exit_codes.append(outcome.exit_code)
             last_phase = i == len(launches) - 1
-            if outcome.timed_out or (not last_phase and outcome.exit_code != 0):
+            if outcome.timed_out or (not last_phase and outcome.exit_code != run.phase_exit(i)):
                 break
     finally:
         stats = [fault.stop() for fault in reversed(started)]  # a proxy before the server behind it
@@ -108,6 +112,8 @@ def _problems(runs: list[RunResult], spec: ScenarioSpec) -> list[str]:
     for r in runs:
         if r.timed_out:
             problems.append(f"run {r.name} timed out after {spec.timeout_s:g}s (process group killed)")
+        elif r.phase_problem():
+            problems.append(f"run {r.name}: {r.phase_problem()}")
         elif r.expect_exit is not None and r.exit_code != r.expect_exit:
             last = [ln for ln in r.log_tail.splitlines() if ln.startswith("relax:")][-1:] or r.log_tail.splitlines()[-1:]
             problems.append(f"run {r.name} exited {r.exit_code} (expected {r.expect_exit})"

@@ -40,7 +40,21 @@ class RunSpec(BaseModel):
     flags: list[str] = []  # appended to the scenario's engine_flags
     phases: list[list[str]] = []  # if set: one launch per phase, same output dir, phase flags appended
     env: dict[str, str] = {}
-    expect_exit: int | None = 0  # None: any exit code is acceptable (a check judges the outcome)
+    expect_exit: int | None = 0  # of the last launch; None: any exit code is acceptable (a check judges it)
+    # the exit code each phase but the last must end with for the next to start (default 0 for each), e.g. 143
+    # for a phase a fault interrupts by SIGTERM before its resume
+    phase_exits: list[int] = []
+
+    @model_validator(mode="after")
+    def _phase_exits_fit(self) -> RunSpec:
+        if self.phase_exits and len(self.phase_exits) != max(len(self.phases) - 1, 0):
+            raise ValueError(f"run {self.name}: phase_exits names {len(self.phase_exits)} exit codes; the run has "
+                             f"{len(self.phases)} phases, so {max(len(self.phases) - 1, 0)} (all but the last)")
+        return self
+
+    def phase_exit(self, index: int) -> int:
+        """The exit code phase ``index`` (not the last) must end with."""
+        return self.phase_exits[index] if self.phase_exits else 0
 
     def launches(self, base: list[str]) -> list[list[str]]:
         return [base + self.flags + p for p in self.phases] if self.phases else [base + self.flags]

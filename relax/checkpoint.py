@@ -5,7 +5,8 @@
 relax/backends/megatron/checkpoint.py, marked by ``megatron.json``), and the driver's
 ``driver_state.pkl`` (next step, data source position and buffer, weight version). ``<save>/latest_checkpointed_iteration.txt``
 names the newest complete one and is written last, atomically, so a crash mid-save never
-leaves a half-written checkpoint marked as latest.
+leaves a half-written checkpoint marked as latest; a checkpoint is written as ``iter_<step:07d>.partial/`` and
+renamed when complete (`begin`, `publish`), so no torn ``iter_*`` directory is ever left.
 """
 
 from __future__ import annotations
@@ -32,6 +33,34 @@ class DriverState:
 
 def iteration_dir(root: str | Path, step: int) -> Path:
     return Path(root) / f"iter_{step:07d}"
+
+
+PARTIAL_SUFFIX = ".partial"
+
+
+def begin(root: str | Path, step: int) -> Path:
+    """Where step ``step``'s checkpoint is written until `publish`: ``iter_<step>.partial`` (one a run left torn,
+    e.g. killed mid-save, is removed first). Nothing under that name is ever loaded."""
+    import shutil
+
+    partial = Path(f"{iteration_dir(root, step)}{PARTIAL_SUFFIX}")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    return partial
+
+
+def publish(root: str | Path, step: int) -> Path:
+    """The complete ``iter_<step>.partial`` becomes ``iter_<step>`` (one rename; an older checkpoint of the same
+    step, from a run resumed before it, is replaced), then `mark_latest`: a checkpoint is complete or absent."""
+    import shutil
+
+    final = iteration_dir(root, step)
+    partial = Path(f"{final}{PARTIAL_SUFFIX}")
+    if final.exists():
+        shutil.rmtree(final)
+    partial.rename(final)
+    mark_latest(root, step)
+    return final
 
 
 def write_driver_state(directory: Path, state: DriverState) -> None:

@@ -462,3 +462,51 @@ def test_placement_colocated_layout_passes(tmp_path: Path, good: Path) -> None:
 def test_placement_names_what_is_misplaced(tmp_path: Path, good: Path, layout, params, message) -> None:
     res = check({"kind": "placement", **params}, ctx(tmp_path, main=_placed(good, layout)))
     assert res.status is Status.FAILED and message in res.message, res.message
+
+
+# -- interrupted / checkpoints_complete -----------------------------------------------------------------------
+def _interrupted_run(good: Path, *, end: dict, leftovers: list[int] = (), resume_step: int | None = 3) -> Path:
+    events = [{"event": "checkpoint_saved", "step": s, "time": 10.0 + s} for s in range(3)]
+    events += [{"event": "fault_injected", "signal": "SIGTERM", "time": 13.0},
+               {"event": "run_end", "time": 14.0, **end},
+               {"event": "launch_cleanup", "killed_pids": list(leftovers), "time": 14.5}]
+    if resume_step is not None:
+        events += [{"event": "resume", "step": resume_step, "time": 20.0},
+                   {"event": "run_end", "status": "completed", "exit_code": 0, "time": 30.0}]
+    edit_jsonl(good / "events.jsonl", lambda rs: [r for r in rs if r.get("event") not in ("run_end", "resume")] + events)
+    return good
+
+
+INTERRUPTED = {"status": "interrupted", "signal": "SIGTERM", "exit_code": 143}
+
+
+def test_interrupted_passes_for_a_clean_stop_and_resume(tmp_path: Path, good: Path) -> None:
+    run = _interrupted_run(good, end=INTERRUPTED)
+    res = check({"kind": "interrupted", "signal": "SIGTERM", "resumed": True}, ctx(tmp_path, main=run))
+    assert res.status is Status.PASSED, res.message
+
+
+@pytest.mark.parametrize("end, leftovers, resume_step, message", [
+    ({"status": "failed", "exit_code": 1}, [], 3, "the first run_end is status 'failed'"),
+    (INTERRUPTED, [4242], 3, "processes left running after a launch ended (killed by the harness): [4242]"),
+    (INTERRUPTED, [], 2, "resumed at step 2, expected 3"),
+    (INTERRUPTED, [], None, "no resume event after the interruption"),
+])
+def test_interrupted_names_what_went_wrong(tmp_path: Path, good: Path, end, leftovers, resume_step, message) -> None:
+    run = _interrupted_run(good, end=end, leftovers=leftovers, resume_step=resume_step)
+    res = check({"kind": "interrupted", "signal": "SIGTERM", "resumed": True}, ctx(tmp_path, main=run))
+    assert res.status is Status.FAILED and message in res.message, res.message
+
+
+def test_checkpoints_complete_finds_a_torn_save(tmp_path: Path, good: Path) -> None:
+    root = good / "ckpt"
+    for step in (0, 1):
+        (root / f"iter_{step:07d}").mkdir(parents=True)
+        (root / f"iter_{step:07d}" / "driver_state.pkl").write_bytes(b"x")
+        (root / f"iter_{step:07d}" / "model.safetensors").write_bytes(b"x")
+    (root / "latest_checkpointed_iteration.txt").write_text("1")
+    spec = {"kind": "checkpoints_complete", "save_dir": "ckpt"}
+    assert check(spec, ctx(tmp_path, main=good)).status is Status.PASSED
+    (root / "iter_0000002.partial").mkdir()
+    res = check(spec, ctx(tmp_path, main=good))
+    assert res.status is Status.FAILED and "iter_0000002.partial: a save left half written" in res.message

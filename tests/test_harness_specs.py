@@ -151,3 +151,17 @@ def test_throughput_scenarios_and_spec_digest() -> None:
     assert spec.digest() == ScenarioSpec.model_validate(spec.model_dump(mode="json")).digest()
     assert spec.with_overrides(engine_flags=[*spec.engine_flags, "--lr", "1e-4"]).digest() != spec.digest()
     assert spec.with_overrides(description="other words").digest() == spec.digest()
+
+
+def test_phase_exits_name_every_phase_but_the_last() -> None:
+    from harness.results import RunResult
+    from harness.spec import RunSpec
+
+    run = RunSpec(phases=[["--a"], ["--b"]], phase_exits=[143])
+    assert run.phase_exit(0) == 143 and RunSpec(phases=[["--a"], ["--b"]]).phase_exit(0) == 0
+    with pytest.raises(ValidationError, match="phase_exits names 2 exit codes; the run has 2 phases, so 1"):
+        RunSpec(phases=[["--a"], ["--b"]], phase_exits=[143, 0])
+    stopped = RunResult(name="main", launches=1, planned_launches=2, phase_exits=[143], phase_exit_codes=[0])
+    assert stopped.phase_problem() == "phase 1 of 2 exited 0 (expected 143); the later ones did not run"
+    carried_on = RunResult(name="main", launches=2, planned_launches=2, phase_exits=[143], phase_exit_codes=[143, 0])
+    assert carried_on.phase_problem() is None

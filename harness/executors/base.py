@@ -46,8 +46,9 @@ class RunHandle(ABC):
     root_pid: int | None = None
 
     @abstractmethod
-    def send_signal(self, pid: int | None, sig: int) -> None:
-        """Signal ``pid`` of this run (None: the launched process itself)."""
+    def send_signal(self, pid: int | None, sig: int, *, group: bool = False) -> None:
+        """Signal ``pid`` of this run (None: the launched process itself); ``group``: its whole process group, as
+        ``timeout``, ``kill -- -PGID`` and job schedulers do."""
 
     @abstractmethod
     def poll(self) -> int | None: ...

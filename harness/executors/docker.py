@@ -55,11 +55,13 @@ class DockerHandle(RunHandle):
                 fh.write(chunk)
                 fh.flush()
 
-    def send_signal(self, pid: int | None, sig: int) -> None:
-        if pid is None:
+    def send_signal(self, pid: int | None, sig: int, *, group: bool = False) -> None:
+        if pid is None and not group:
             self.container.kill(signal=int(sig))
             return
-        result = self.container.exec_run(["sh", "-c", f"kill -{int(sig)} {int(pid)}"])
+        target = "1" if pid is None else str(int(pid))
+        where = f"-- -$(ps -o pgid= -p {target} | tr -d ' ')" if group else target
+        result = self.container.exec_run(["sh", "-c", f"kill -{int(sig)} {where}"])
         if result.exit_code != 0:
             raise ProcessLookupError(f"kill -{int(sig)} {pid} in container: {result.output.decode(errors='replace')}")
 

@@ -54,8 +54,12 @@ class LocalHandle(RunHandle):
         for p in procs:
             self.tracked.setdefault(p.pid, p)  # psutil.Process remembers create_time: no pid-reuse mistakes
 
-    def send_signal(self, pid: int | None, sig: int) -> None:
-        os.kill(self.root_pid if pid is None else pid, sig)
+    def send_signal(self, pid: int | None, sig: int, *, group: bool = False) -> None:
+        target = self.root_pid if pid is None else pid
+        if group:
+            os.killpg(os.getpgid(target), sig)
+        else:
+            os.kill(target, sig)
 
     def poll(self) -> int | None:
         code = self.popen.poll()

@@ -51,7 +51,7 @@ class SignalTarget(Protocol):
 
     root_pid: int | None
 
-    def send_signal(self, pid: int | None, sig: int) -> None: ...
+    def send_signal(self, pid: int | None, sig: int, *, group: bool = False) -> None: ...
 
 
 class FaultRecorder:
@@ -62,11 +62,14 @@ class FaultRecorder:
         self.records: list[dict[str, Any]] = []
         self._lock = threading.Lock()
 
-    def record(self, event: str = "fault_injected", **fields: Any) -> dict[str, Any]:
+    def record(self, event: str = "fault_injected", *, fault: bool = True, **fields: Any) -> dict[str, Any]:
+        """Append an event to events.jsonl; ``fault``: it is also one of the faults' records (the run's result
+        lists them), not the harness's own bookkeeping (``launch_cleanup``)."""
         rec = {"time": time.time(), "event": event, "source": "harness", **fields}
         data = (json.dumps(rec) + "\n").encode()
         with self._lock:
-            self.records.append(rec)
+            if fault:
+                self.records.append(rec)
             self.events_path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.events_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from typing import Any, Literal
 
 from harness.faults.base import FaultParams, FaultRecorder, SignalTarget, Trigger, register
@@ -17,6 +18,9 @@ class KillFault(FaultParams):
     target_role: str  # "engine:0", "trainer:0", "driver", or a glob like "engine:*"
     at: Trigger = Trigger()
     signal: str = "SIGKILL"
+    group: bool = False  # the target's whole process group (a terminal's Ctrl-C, `timeout`, a scheduler)
+    repeat: int = 1  # how many times (a second Ctrl-C during the shutdown), interval_s apart
+    interval_s: float = 0.3
 
     @property
     def trigger_spec(self) -> Trigger:
@@ -28,9 +32,17 @@ class KillFault(FaultParams):
 
     def fire(self, target: SignalTarget, pid: int | None, recorder: FaultRecorder, ev: dict[str, Any]) -> None:
         sig = signal.Signals[self.signal]
-        target.send_signal(pid, sig)
-        recorder.record(kind=self.kind, role=self.target_role, pid=pid, signal=sig.name, step=ev.get("step"),
-                        trigger=self.at.describe())
+        for i in range(self.repeat):
+            if i:
+                time.sleep(self.interval_s)
+            try:
+                target.send_signal(pid, sig, group=self.group)
+            except ProcessLookupError:
+                if i == 0:
+                    raise
+                break  # the run already ended: a repeat has nothing left to hurry
+            recorder.record(kind=self.kind, role=self.target_role, pid=pid, signal=sig.name, step=ev.get("step"),
+                            trigger=self.at.describe(), group=self.group, repeat=i + 1)
 
 
 @register("hang")

@@ -206,13 +206,14 @@ class Runtime:
                                      "passes": passes, "reason": None})
         if args.save and _due(args.save_interval, step, self.last_step):
             artifacts.event("phase", step=step, phase="checkpoint")
-            directory = ckpt.iteration_dir(args.save, step)
             if fault_at("CKPT_WRITE_FAIL", step):
-                raise OSError(f"checkpoint write failed: {directory} (injected fault at step {step})")
-            ray.get(self.trainer.save.remote(str(directory), not args.no_save_optim))
+                raise OSError(f"checkpoint write failed: {ckpt.iteration_dir(args.save, step)} (injected fault at "
+                              f"step {step})")
+            partial = ckpt.begin(args.save, step)
+            ray.get(self.trainer.save.remote(str(partial), not args.no_save_optim))
             position = data_state() if data_state is not None else self.run.data_source.state_dict()
-            ckpt.write_driver_state(directory, ckpt.DriverState(step + 1, step + 1, position))
-            ckpt.mark_latest(args.save, step)
+            ckpt.write_driver_state(partial, ckpt.DriverState(step + 1, step + 1, position))
+            directory = ckpt.publish(args.save, step)
             artifacts.event("checkpoint_saved", step=step, path=str(directory))
         if args.save_hf and _due(args.save_interval, step, self.last_step):
             ray.get(self.trainer.save_hf.remote(args.save_hf.format(rollout_id=step)))

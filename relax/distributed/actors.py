@@ -10,12 +10,14 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import time
 from argparse import Namespace
 
 import ray
 import torch
 
 from relax.distributed.trainer_group import GroupMember
+from relax.utils.fault_hooks import checkpoint_write_delay
 from relax.utils.gc_pauses import freeze_startup_objects
 from relax.weights import checksum
 from relax.weights.push import PushOptions, PushReport, WeightPusher
@@ -145,6 +147,7 @@ class TrainerActor:
     def save(self, directory: str, save_optimizer: bool) -> None:
         def local() -> None:
             self.backend.save(directory, save_optimizer=save_optimizer)
+            time.sleep(checkpoint_write_delay())  # 0 unless the harness plants a slow disk
 
         return self._with_peers("save", (directory, save_optimizer), local) if self._collective else local()
 

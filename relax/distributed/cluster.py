@@ -13,8 +13,11 @@ extend without conflicts.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
+import threading
 
 from relax.utils.flag_types import ConfigError
 
@@ -57,7 +60,8 @@ def start_ray(use_gpu: bool, address: str | None) -> None:
     if address is not None:
         _send_token_if_asked(address)
         try:
-            ray.init(address=address, **quiet)
+            with _keeping_sigterm():
+                ray.init(address=address, **quiet)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise _join_error(address, exc) from None
         from relax.metrics import console
@@ -72,7 +76,20 @@ def start_ray(use_gpu: bool, address: str | None) -> None:
         kwargs["_temp_dir"] = temp_dir
     if not use_gpu:
         kwargs["num_gpus"] = 0
-    ray.init(address="local", **kwargs)
+    with _keeping_sigterm():
+        ray.init(address="local", **kwargs)
+
+
+@contextlib.contextmanager
+def _keeping_sigterm():
+    """ray.init installs its own SIGTERM handler in the driver (``sys.exit(15)``); the run's own one
+    (relax/utils/interrupts.py: record the end, then shut down) is put back."""
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread() and before is not None:
+            signal.signal(signal.SIGTERM, before)
 
 
 PROBE_TIMEOUT_S = 5.0

@@ -1,7 +1,8 @@
 """``relax train`` / ``python3 relax/entrypoints/train.py``: parse, prepare, run, report.
 
 User mistakes (bad flags, missing or malformed data, unknown reward, broken checkpoint) end with
-one line per problem, ``relax: <what is wrong>``, and exit 2. A failure during the run (a hook
+one line per problem, ``relax: <what is wrong>``, and exit 2. SIGINT / SIGTERM end the run with exit 130 / 143,
+``run.json`` status ``interrupted`` (relax/utils/interrupts.py). A failure during the run (a hook
 that raises, an error inside a Ray actor, a dead engine) ends with one line naming the culprit
 (relax/utils/errors.py) and exit 1; ``--debug`` or ``RELAX_DEBUG=1`` adds the full traceback.
 run.json records the failure (``error``, ``error_type``, ``error_where``).
@@ -18,6 +19,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from relax.utils.arguments import ConfigError, parse_args  # noqa: E402
+from relax.utils.interrupts import Interrupted, interruptible, received  # noqa: E402
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 1
@@ -59,32 +61,50 @@ def main(argv: list[str] | None = None) -> int:
     artifacts.event("run_start", argv=sys.argv[1:] if argv is None else argv)
     info = run_json(args, args.device, "running")
     artifacts.write_run_json(info)
-    code, failure = 0, None
-    try:
-        run = prepare_run(args)
-        info.update(device=run.device, config=run_json(args, run.device, "running")["config"])  # notices, paths
-        artifacts.write_run_json(info)
-        if args.use_tensorboard:
-            from relax.metrics.tensorboard import TensorBoardLogger
+    code, failure, status = 0, None, "completed"
+    with interruptible():
+        try:
+            run = prepare_run(args)
+            info.update(device=run.device, config=run_json(args, run.device, "running")["config"])  # notices, paths
+            artifacts.write_run_json(info)
+            if args.use_tensorboard:
+                from relax.metrics.tensorboard import TensorBoardLogger
 
-            tb = TensorBoardLogger(str(args.output_dir), args.tb_project_name, args.tb_experiment_name)
-            artifacts.add_step_logger(tb)
-            console.info(f"tensorboard logs in {tb.log_dir}")
-        console.info(f"output dir {args.output_dir}; {run.num_rollout} steps on {run.device}")
-        train_with_restarts(train_fully_async if args.fully_async else train_colocate, args, run, artifacts)
-    except KeyboardInterrupt:
-        code = 130
-        failure = describe(KeyboardInterrupt("interrupted"))
-        print("relax: interrupted", file=sys.stderr)
-    except BaseException as exc:  # noqa: BLE001 - every failure: one line (the traceback with --debug), recorded
-        code, failure = _report(exc, debug_requested(args), describe)
-    finally:
-        _shutdown_ray()
-    info.update(status="completed" if code == 0 else "failed", exit_code=code, end_time=time.time(),
-                **(failure.record() if failure else {"error": None}))
-    artifacts.write_run_json(info)
-    artifacts.event("run_end", status=info["status"], exit_code=code)
-    artifacts.close()
+                tb = TensorBoardLogger(str(args.output_dir), args.tb_project_name, args.tb_experiment_name)
+                artifacts.add_step_logger(tb)
+                console.info(f"tensorboard logs in {tb.log_dir}")
+            console.info(f"output dir {args.output_dir}; {run.num_rollout} steps on {run.device}")
+            train_with_restarts(train_fully_async if args.fully_async else train_colocate, args, run, artifacts)
+        except Interrupted as exc:
+            code, status = exc.exit_code, "interrupted"
+            info["signal"] = exc.name
+            print(f"relax: interrupted by {exc.name}; recording the run's end and stopping Ray", file=sys.stderr)
+        except KeyboardInterrupt:  # raised by code that replaced the handler (a hook): as SIGINT
+            code, status = 130, "interrupted"
+            info["signal"] = "SIGINT"
+            print("relax: interrupted", file=sys.stderr)
+        except BaseException as exc:  # noqa: BLE001 - every failure: one line (the traceback with --debug), recorded
+            signalled = received()
+            if signalled is not None:  # the signal surfaced as another error (raised inside a C call)
+                code, status = signalled.exit_code, "interrupted"
+                info["signal"] = signalled.name
+                print(f"relax: interrupted by {signalled.name}; recording the run's end and stopping Ray",
+                      file=sys.stderr)
+            else:
+                code, failure = _report(exc, debug_requested(args), describe)
+                status = "failed"
+        # the run's end is on disk before Ray goes down: a shutdown cut short (a second signal, a cluster already
+        # killed with the process group) leaves the artifacts complete
+        info.update(status=status, exit_code=code, end_time=time.time(),
+                    **(failure.record() if failure else {"error": None}))
+        artifacts.write_run_json(info)
+        artifacts.event("run_end", status=status, exit_code=code, **({"signal": info["signal"]} if "signal" in info
+                                                                      else {}))
+        artifacts.close()
+        try:
+            _shutdown_ray()
+        except Interrupted:  # the first signal came after the run ended: the shutdown was all that was left
+            pass
     if code == 0:
         console.info(f"done. artifacts in {args.output_dir}: metrics.jsonl weights.jsonl events.jsonl samples.jsonl run.json")
     return code

@@ -22,6 +22,7 @@ HOOKS = ("REWARD_RAISE", "NAN_LOSS", "CKPT_WRITE_FAIL", "TRAINER_DROP_SAMPLE")
 ENGINE_SLOWDOWN_ENV = "RELAX_FAULT_ENGINE_SLOWDOWN"  # fraction: 0.3 makes every engine step 1.3x as long
 DECODE_SKEW_ENV = "RELAX_FAULT_DECODE_LOGPROB_SKEW_FROM"  # generated position (0-based) the skew starts at
 DECODE_SKEW = 1e-3  # added to the reported log-prob of every skewed position
+CKPT_WRITE_DELAY_ENV = "RELAX_FAULT_CKPT_WRITE_DELAY_S"  # seconds a trainer's checkpoint save takes longer
 
 
 def fault_at(name: str, step: int) -> bool:
@@ -42,6 +43,12 @@ def _env_number(name: str, kind: type, minimum: float) -> float | int | None:
     if value < minimum:
         raise ValueError(f"{name}={raw!r}: expected a {kind.__name__} >= {minimum}")
     return value
+
+
+def checkpoint_write_delay() -> float:
+    """Seconds the trainer waits inside each checkpoint save, its files written but not yet published (a slow
+    disk: a signal or a failure can land mid-save)."""
+    return float(_env_number(CKPT_WRITE_DELAY_ENV, float, 0.0) or 0.0)
 
 
 @dataclass(frozen=True)
