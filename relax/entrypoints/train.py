@@ -53,9 +53,16 @@ def main(argv: list[str] | None = None) -> int:
     from relax.core.setup import prepare_run, run_json
     from relax.metrics import console
     from relax.metrics.artifacts import RunArtifacts
+    from relax.metrics.run_dir import claim_run_dir
     from relax.utils.errors import debug_requested, describe
 
-    for notice in args.notices:
+    try:
+        lock, appending = claim_run_dir(args.output_dir, resuming=args.load is not None,
+                                        overwrite=args.overwrite_output_dir)
+    except ConfigError as exc:
+        _print_problems(exc)
+        return EXIT_CONFIG
+    for notice in [*args.notices, *([appending] if appending else [])]:
         console.info(f"notice: {notice}")
     artifacts = RunArtifacts(args.output_dir)
     artifacts.event("run_start", argv=sys.argv[1:] if argv is None else argv)
@@ -105,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             _shutdown_ray()
         except Interrupted:  # the first signal came after the run ended: the shutdown was all that was left
             pass
+    lock.release()
     if code == 0:
         console.info(f"done. artifacts in {args.output_dir}: metrics.jsonl weights.jsonl events.jsonl samples.jsonl run.json")
     return code

@@ -402,6 +402,10 @@ ADDED_FLAGS: list[FlagSpec] = [
       "Named bundle of defaults (relax/utils/presets.py), e.g. quickstart; later flags and --config override it"),
     F("output-dir", "str", None, ADDITIONS_GROUP,
       "Run directory for metrics.jsonl, weights.jsonl, events.jsonl, samples.jsonl, run.json (default runs/<timestamp>)"),
+    F("overwrite-output-dir", "flag", False, ADDITIONS_GROUP,
+      "Start a new run in an --output-dir that holds a finished run's artifacts, replacing them. Without it that "
+      "is refused (resume such a run with --load, which appends to its files); a directory a live run is using is "
+      "always refused (relax/metrics/run_dir.py)"),
     F("config", "str", None, ADDITIONS_GROUP,
       "YAML file whose keys are flag names (with - or _); same semantics as --custom-config-path"),
     F("device", "str", "auto", ADDITIONS_GROUP, "Device for the trainer and embedded engines: auto picks cuda when available",
@@ -584,7 +588,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "use-tensorboard", "tb-project-name", "tb-experiment-name", "custom-config-path", "use-metrics-service",
     "balance-data",  # relax/backends/torch/data_parallel.py
     # additions
-    "preset", "output-dir", "config", "device", "rollout-backend",
+    "preset", "output-dir", "overwrite-output-dir", "config", "device", "rollout-backend",
     # engines (relax/core/engine_launchers.py, relax/backends/sglang/), the router (relax/engine/router/)
     "rollout-external", "rollout-external-engine-addrs", "sglang-mem-fraction-static",
     "slime-router-timeout", "slime-router-max-connections", "slime-router-health-check-failure-threshold",
