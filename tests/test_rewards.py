@@ -22,7 +22,7 @@ def _s(response: str, label: object = None, index: int | None = None) -> Sample:
 
 
 def _args(**kw) -> Namespace:
-    base = dict(custom_rm_path=None, rm_type="exact", reward_key=None, group_rm=False)
+    base = dict(custom_rm_path=None, rm_type="exact", reward_key=None, group_rm=False, hook_timeout=300.0)
     base.update(kw)
     return Namespace(**base)
 
@@ -218,9 +218,30 @@ def test_group_rm_scores_whole_groups(tmp_path: Path, monkeypatch: pytest.Monkey
         "    return [float(len(s.response) == best) for s in samples]\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    args = Namespace(custom_rm_path="my_group_rm.reward", rm_type=None, group_rm=True, reward_key=None)
+    args = Namespace(custom_rm_path="my_group_rm.reward", rm_type=None, group_rm=True, reward_key=None,
+                     hook_timeout=300.0)
     samples = [Sample(response=r, group_index=g) for r, g in [("a", 0), ("bb", 0), ("ccc", 1), ("c", 1)]]
     assert asyncio.run(compute_rewards(args, samples)) == [0.0, 1.0, 1.0, 0.0]
     sys.modules.pop("my_group_rm", None)
     with pytest.raises(ConfigError, match="--group-rm needs --custom-rm-path"):
         asyncio.run(compute_rewards(Namespace(custom_rm_path=None, rm_type="exact", group_rm=True, reward_key=None), samples))
+
+
+def test_a_reward_function_that_never_returns_fails_the_run_naming_it(tmp_path, monkeypatch) -> None:
+    """--hook-timeout bounds each call of a user reward function, sync or async, and names it and the sample."""
+    import threading
+
+    (tmp_path / "stuck_rm.py").write_text(
+        "import asyncio, threading\n"
+        "forever = threading.Event()\n"
+        "def sync_reward(args, sample, **kw):\n    forever.wait()\n"
+        "async def async_reward(args, sample, **kw):\n    await asyncio.sleep(3600)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from relax.utils.plugins import HookTimeout
+
+    for name in ("sync_reward", "async_reward"):
+        args = _args(custom_rm_path=f"stuck_rm.{name}", rm_type=None, hook_timeout=0.2)
+        with pytest.raises(HookTimeout, match=rf"--custom-rm-path stuck_rm.{name} \(sample index 4, group None\) did "
+                                              r"not return within --hook-timeout 0.2 s"):
+            asyncio.run(compute_rewards(args, [_s("7", "7", index=4)]))
+    assert any(t.name == "relax-hook-sync_reward" and t.daemon for t in threading.enumerate())  # left, harmlessly

@@ -402,6 +402,10 @@ ADDED_FLAGS: list[FlagSpec] = [
       "Named bundle of defaults (relax/utils/presets.py), e.g. quickstart; later flags and --config override it"),
     F("output-dir", "str", None, ADDITIONS_GROUP,
       "Run directory for metrics.jsonl, weights.jsonl, events.jsonl, samples.jsonl, run.json (default runs/<timestamp>)"),
+    F("hook-timeout", "float", 300.0, ADDITIONS_GROUP,
+      "Seconds one call of a user hook may take: a --custom-rm-path reward function (per sample, or per group "
+      "with --group-rm) or a --custom-generate-function-path call. One that does not return in time fails the run "
+      "in one line naming the hook (relax/utils/plugins.py bounded); built-in graders are not bounded"),
     F("overwrite-output-dir", "flag", False, ADDITIONS_GROUP,
       "Start a new run in an --output-dir that holds a finished run's artifacts, replacing them. Without it that "
       "is refused (resume such a run with --load, which appends to its files); a directory a live run is using is "
@@ -588,7 +592,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "use-tensorboard", "tb-project-name", "tb-experiment-name", "custom-config-path", "use-metrics-service",
     "balance-data",  # relax/backends/torch/data_parallel.py
     # additions
-    "preset", "output-dir", "overwrite-output-dir", "config", "device", "rollout-backend",
+    "preset", "output-dir", "overwrite-output-dir", "hook-timeout", "config", "device", "rollout-backend",
     # engines (relax/core/engine_launchers.py, relax/backends/sglang/), the router (relax/engine/router/)
     "rollout-external", "rollout-external-engine-addrs", "sglang-mem-fraction-static",
     "slime-router-timeout", "slime-router-max-connections", "slime-router-health-check-failure-threshold",
@@ -626,7 +630,7 @@ BOUNDS: dict[str, Bound] = {
     "input-key": NONEMPTY, "label-key": NONEMPTY, "metadata-key": NONEMPTY, "tool-key": NONEMPTY,
     "n-samples-per-eval-prompt": AT_LEAST_1, "eval-interval": AT_LEAST_1,
     "rollout-health-check-interval": POSITIVE, "rollout-health-check-timeout": POSITIVE,
-    "max-global-restart": NON_NEGATIVE,
+    "max-global-restart": NON_NEGATIVE, "hook-timeout": POSITIVE,
 }
 
 

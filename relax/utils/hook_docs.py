@@ -21,7 +21,8 @@ def _hooks() -> list[tuple[str, str, str]]:
     from relax.engine.rewards import CUSTOM_RM_SIGNATURE, GROUP_RM_SIGNATURE
     from relax.engine.rollout.data_source import BUFFER_FILTER_SIGNATURE
     from relax.engine.rollout.interaction_env import ENV_FACTORY_SIGNATURE
-    from relax.engine.rollout.sglang_rollout import FILTER_SIGNATURE, GENERATE_SIGNATURE
+    from relax.engine.rollout.sglang_rollout import GENERATE_SIGNATURE
+    from relax.engine.rollout.state import FILTER_SIGNATURE
 
     return [
         ("--custom-rm-path", CUSTOM_RM_SIGNATURE, "per sample after generation (sync or async); a dict needs "

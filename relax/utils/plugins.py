@@ -7,10 +7,12 @@ the path and the expected signature, never a bare ImportError traceback.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import importlib
 import inspect
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -69,3 +71,55 @@ def culprit(flag: str, path: str, detail: str = "") -> Iterator[None]:
     except Exception as exc:
         exc.add_note(f"in {flag} {path}" + (f" ({detail})" if detail else ""))
         raise
+
+
+class HookTimeout(TimeoutError):
+    """A user hook ran past ``--hook-timeout``."""
+
+
+async def bounded(flag: str, path: str, timeout_s: float, fn: Callable[..., Any], *args: Any, detail: str = "",
+                  serial: asyncio.Lock | None = None, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` awaited, or run off the event loop when it is a plain function, and given at most
+    ``timeout_s`` seconds: a hook that never returns fails the run in one line naming it (``flag path``) instead
+    of hanging it. A plain function runs in a daemon thread of its own, so one left running holds neither the
+    event loop nor the process's exit; a coroutine is cancelled. ``serial``: plain functions sharing it run one
+    at a time, as they did on the event loop (user code need not be thread-safe)."""
+    where = f"{flag} {path}" + (f" ({detail})" if detail else "")
+    if not inspect.iscoroutinefunction(fn) and serial is not None:
+        async with serial:
+            return await bounded(flag, path, timeout_s, fn, *args, detail=detail, **kwargs)
+    if inspect.iscoroutinefunction(fn):
+        call = fn(*args, **kwargs)
+    else:
+        call = _in_daemon_thread(fn, *args, **kwargs)
+    try:
+        result = await asyncio.wait_for(call, timeout_s)
+        while inspect.isawaitable(result):  # a plain function that returned an awaitable: the rest of the budget
+            result = await asyncio.wait_for(result, timeout_s)
+        return result
+    except TimeoutError:
+        raise HookTimeout(f"{where} did not return within --hook-timeout {timeout_s:g} s") from None
+
+
+def _in_daemon_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future:
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = fn(*args, **kwargs), None
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting side
+            result, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits for it any more
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name=f"relax-hook-{getattr(fn, '__name__', 'call')}", daemon=True).start()
+    return future

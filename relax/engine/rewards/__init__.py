@@ -20,7 +20,7 @@ from typing import Any
 from relax.algorithms.rewards import extract_reward
 from relax.engine.rewards.graders import GRADERS, RewardFn
 from relax.utils.arguments import ConfigError
-from relax.utils.plugins import load_function
+from relax.utils.plugins import HookTimeout, bounded, load_function
 from relax.utils.types import Sample
 
 CUSTOM_RM_SIGNATURE = "reward_func(args, sample, **kwargs) -> float | dict"
@@ -38,19 +38,27 @@ def get_reward_fn(rm_type: str) -> RewardFn:
         raise ConfigError(f"unknown --rm-type {rm_type!r}; known: {', '.join(sorted(GRADERS))}") from None
 
 
-def _per_sample(fn: Callable[..., Any], name: str) -> Scorer:
-    """Score samples one call each; async functions run concurrently."""
+def _per_sample(fn: Callable[..., Any], name: str, timeout_s: float | None = None) -> Scorer:
+    """Score samples one call each; async functions run concurrently. ``timeout_s``: a user function's bound per
+    call (``--hook-timeout``; built-in graders have none)."""
 
-    async def call(args: Namespace, sample: Sample) -> Any:
+    async def call(args: Namespace, sample: Sample, serial: asyncio.Lock) -> Any:
         try:
+            if timeout_s is not None:
+                flag, path = name.split(" ", 1)
+                return await bounded(flag, path, timeout_s, fn, args, sample, serial=serial,
+                                     detail=f"sample index {sample.index}, group {sample.group_index}")
             result = fn(args, sample)
             return await result if inspect.isawaitable(result) else result
+        except HookTimeout:
+            raise
         except Exception as exc:
             exc.add_note(f"in reward function {name} (sample index {sample.index}, group {sample.group_index})")
             raise
 
     async def score(args: Namespace, samples: list[Sample]) -> list[Any]:
-        return list(await asyncio.gather(*(call(args, s) for s in samples)))
+        serial = asyncio.Lock()  # a plain function scores one sample at a time, as it always did
+        return list(await asyncio.gather(*(call(args, s, serial) for s in samples)))
 
     return score
 
@@ -58,11 +66,15 @@ def _per_sample(fn: Callable[..., Any], name: str) -> Scorer:
 GROUP_RM_SIGNATURE = "reward_func(args, samples: list[Sample], **kwargs) -> list[float | dict]"
 
 
-def _per_group(fn: Callable[..., Any], name: str) -> Scorer:
-    """``--group-rm``: one call per group (samples sharing a prompt), all groups concurrently."""
+def _per_group(fn: Callable[..., Any], name: str, timeout_s: float) -> Scorer:
+    """``--group-rm``: one call per group (samples sharing a prompt), all groups concurrently, each at most
+    ``timeout_s`` (``--hook-timeout``)."""
+    serial = asyncio.Lock()
+
     async def call(args: Namespace, group: list[Sample]) -> list[Any]:
-        result = fn(args, group)
-        result = await result if inspect.isawaitable(result) else result
+        flag, path = name.split(" ", 1)
+        result = await bounded(flag, path, timeout_s, fn, args, group, serial=serial,
+                               detail=f"group {group[0].group_index if group else None}")
         if len(result) != len(group):
             raise RuntimeError(f"{name} returned {len(result)} rewards for a group of {len(group)} samples")
         return list(result)
@@ -87,10 +99,10 @@ def _scorer(args: Namespace) -> Scorer:
         if not args.custom_rm_path:
             raise ConfigError("--group-rm needs --custom-rm-path (a function scoring a whole group)")
         fn = load_function(args.custom_rm_path, flag="--custom-rm-path", signature=GROUP_RM_SIGNATURE, min_args=2)
-        return _per_group(fn, reward_source(args))
+        return _per_group(fn, reward_source(args), args.hook_timeout)
     if args.custom_rm_path:
         fn = load_function(args.custom_rm_path, flag="--custom-rm-path", signature=CUSTOM_RM_SIGNATURE, min_args=2)
-        return _per_sample(fn, reward_source(args))
+        return _per_sample(fn, reward_source(args), args.hook_timeout)
     if args.rm_type is None:
         raise ConfigError("no reward: set --rm-type (built-in: " + ", ".join(sorted(GRADERS)) + ") or --custom-rm-path")
     return _per_sample(get_reward_fn(args.rm_type), reward_source(args))

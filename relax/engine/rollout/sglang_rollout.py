@@ -28,6 +28,7 @@ from relax.engine.rollout.state import (  # noqa: F401 - GenerateState, sample_s
 )
 from relax.utils.fault_hooks import fault_at
 from relax.utils.json_codec import logprob
+from relax.utils.plugins import HookTimeout, bounded
 from relax.utils.types import Sample
 
 
@@ -135,10 +136,14 @@ async def custom_generate(args: Namespace, flat: list[Sample], params: dict[str,
     extra = {"evaluation": True} if evaluation and takes_evaluation else {}
 
     async def call(i: int, s: Sample, seed: int) -> Any:
+        which = f"eval sample {i}" if evaluation else f"sample index {s.index} (group {s.group_index})"
         try:
-            return await fn(args, s, dict(params, sampling_seed=seed), **extra)
+            return await bounded("--custom-generate-function-path", args.custom_generate_function_path,
+                                 args.hook_timeout, fn, args, s, dict(params, sampling_seed=seed), detail=which,
+                                 **extra)
+        except HookTimeout:
+            raise
         except Exception as exc:
-            which = f"eval sample {i}" if evaluation else f"sample index {s.index} (group {s.group_index})"
             exc.add_note(f"in --custom-generate-function-path {args.custom_generate_function_path} ({which})")
             raise
 
