@@ -334,7 +334,7 @@ def test_five_bad_values_give_five_lines() -> None:
                     "--lr", "-1", "--rollout-top-p", "2"])
     assert sorted(err.value.problems) == sorted([
         "--rollout-batch-size must be >= 1, got 0", "--eps-clip must be > 0, got -1.0",
-        "--input-key must be non-empty, got ''", "--lr must be > 0, got -1.0",
+        "--input-key must be non-empty, got ''", "--lr must be >= 0, got -1.0",
         "--rollout-top-p must be > 0 and <= 1, got 2.0"])
 
 

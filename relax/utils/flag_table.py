@@ -616,7 +616,7 @@ SUPPORTED_VALUES: dict[str, frozenset[Any]] = {
 # Value ranges, checked at parse time for a value that is set (None keeps its "when None" meaning). Counts and
 # sizes whose rules need more than a range (divisibility, cross-flag) are checked in relax/utils/validation.py.
 BOUNDS: dict[str, Bound] = {
-    "lr": POSITIVE, "critic-lr": POSITIVE, "weight-decay": NON_NEGATIVE,
+    "lr": NON_NEGATIVE, "critic-lr": NON_NEGATIVE, "weight-decay": NON_NEGATIVE,  # lr 0: gradients without updates
     "adam-beta1": BETA, "adam-beta2": BETA, "clip-grad": NON_NEGATIVE,
     "eps-clip": POSITIVE, "eps-clip-high": POSITIVE,  # --eps-clip-c: AlgorithmConfig.validate (> 1)
     "entropy-coef": NON_NEGATIVE, "kl-coef": NON_NEGATIVE, "kl-loss-coef": NON_NEGATIVE, "opd-kl-coef": NON_NEGATIVE,
