@@ -244,4 +244,4 @@ def test_a_reward_function_that_never_returns_fails_the_run_naming_it(tmp_path, 
         with pytest.raises(HookTimeout, match=rf"--custom-rm-path stuck_rm.{name} \(sample index 4, group None\) did "
                                               r"not return within --hook-timeout 0.2 s"):
             asyncio.run(compute_rewards(args, [_s("7", "7", index=4)]))
-    assert any(t.name == "relax-hook-sync_reward" and t.daemon for t in threading.enumerate())  # left, harmlessly
+    assert any(t.name == "relax-sync_reward" and t.daemon for t in threading.enumerate())  # left, harmlessly

@@ -12,9 +12,10 @@ import contextlib
 import functools
 import importlib
 import inspect
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from relax.utils.daemon_calls import in_daemon_thread
 
 
 class PluginError(ValueError):
@@ -91,7 +92,7 @@ async def bounded(flag: str, path: str, timeout_s: float, fn: Callable[..., Any]
     if inspect.iscoroutinefunction(fn):
         call = fn(*args, **kwargs)
     else:
-        call = _in_daemon_thread(fn, *args, **kwargs)
+        call = in_daemon_thread(fn, *args, **kwargs)
     try:
         result = await asyncio.wait_for(call, timeout_s)
         while inspect.isawaitable(result):  # a plain function that returned an awaitable: the rest of the budget
@@ -99,27 +100,3 @@ async def bounded(flag: str, path: str, timeout_s: float, fn: Callable[..., Any]
         return result
     except TimeoutError:
         raise HookTimeout(f"{where} did not return within --hook-timeout {timeout_s:g} s") from None
-
-
-def _in_daemon_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future:
-    loop = asyncio.get_running_loop()
-    future = loop.create_future()
-
-    def settle(result: Any, error: BaseException | None) -> None:
-        if future.done():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
-
-    def run() -> None:
-        try:
-            result, error = fn(*args, **kwargs), None
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting side
-            result, error = None, exc
-        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits for it any more
-            loop.call_soon_threadsafe(settle, result, error)
-
-    threading.Thread(target=run, name=f"relax-hook-{getattr(fn, '__name__', 'call')}", daemon=True).start()
-    return future

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from relax.utils.daemon_calls import in_daemon_thread
 from relax.weights import serialized_tensors
 from relax.weights.devices import cuda_index
 from relax.weights.transports.base import PackedBucket, SyncTarget, Transport
@@ -86,8 +87,8 @@ class DistributedTransport(Transport):
         offsets = [1 + sum(t.tp_size for t in self.targets[:i]) for i in range(len(self.targets))]
         # NCCL (and gloo under TORCH_GLOO_LAZY_INIT) builds rank 0's end at once; eager gloo waits in it for
         # every member's connection, so it runs in a thread of its own that a refused join leaves behind
-        own = _in_daemon_thread(WeightUpdateGroup, address, port, 0, world, group_name=self.group_name,
-                                backend=backend, timeout_s=self.timeout_s)
+        own = in_daemon_thread(WeightUpdateGroup, address, port, 0, world, group_name=self.group_name,
+                               backend=backend, timeout_s=self.timeout_s, orphaned=_close_group)
         joins = [client.init_weights_update_group(address, port, offset, world, group_name=self.group_name,
                                                   backend=backend)
                  for client, offset in zip(self._clients(), offsets, strict=True)]
@@ -144,7 +145,7 @@ class DistributedTransport(Transport):
         end going away. A member that never leaves (a dead engine) costs at most `CLOSE_TIMEOUT_S`: the
         trainer's teardown is then left in a daemon thread."""
         group, self.group = self.group, None
-        own = [_in_daemon_thread(group.close)] if group is not None else []
+        own = [in_daemon_thread(group.close)] if group is not None else []
         destroys = [asyncio.ensure_future(client.destroy_weights_update_group(self.group_name))
                     for client in self._clients()]  # best effort: a target may be the dead one being replaced
         done, pending = await asyncio.wait([*own, *destroys], timeout=CLOSE_TIMEOUT_S)
@@ -159,38 +160,6 @@ CLOSE_TIMEOUT_S = 30.0
 ERROR_GRACE_S = 2.0
 """After the first failure of a bucket's send, how long the others get to report their own errors (an
 engine's error names the engine, so it is worth the wait) before the send fails."""
-
-
-def _in_daemon_thread(fn, *args, **kwargs) -> asyncio.Future:
-    """``fn(*args, **kwargs)`` in a daemon thread, as a future of the running loop. Unlike ``asyncio.to_thread``
-    a call left stuck (rank 0's eager gloo join, waiting for a member that refused) keeps neither the loop's
-    executor nor the interpreter's exit waiting for it."""
-    loop = asyncio.get_running_loop()
-    future = loop.create_future()
-
-    def settle(result, error) -> None:
-        if future.cancelled():
-            if error is None:
-                _close_group(result)
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
-
-    def run() -> None:
-        try:
-            result, error = fn(*args, **kwargs), None
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting side
-            result, error = None, exc
-        try:
-            loop.call_soon_threadsafe(settle, result, error)
-        except RuntimeError:  # the loop is gone: nobody awaits this any more
-            if error is None:
-                _close_group(result)
-
-    threading.Thread(target=run, name=f"relax-{getattr(fn, '__name__', 'call')}", daemon=True).start()
-    return future
 
 
 def _close_group(group_or_future) -> None:
