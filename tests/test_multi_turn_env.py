@@ -153,7 +153,7 @@ async def _without_evaluation(args, sample, sampling_params):
 @pytest.mark.parametrize("fn, expected", [("_with_evaluation", {"evaluation": True, "seed": 5}),
                                           ("_without_evaluation", {"seed": 5})])
 def test_custom_generate_gets_evaluation_true_during_eval_when_it_declares_it(fn: str, expected: dict) -> None:
-    args = Namespace(custom_generate_function_path=f"{__name__}.{fn}")
+    args = Namespace(custom_generate_function_path=f"{__name__}.{fn}", hook_timeout=300.0)
     samples = [Sample(index=0)]
     asyncio.run(custom_generate(args, samples, {"temperature": 1.0}, [5], evaluation=True))
     assert samples[0].metadata == expected
