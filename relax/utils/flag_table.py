@@ -592,7 +592,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "use-tensorboard", "tb-project-name", "tb-experiment-name", "custom-config-path", "use-metrics-service",
     "balance-data",  # relax/backends/torch/data_parallel.py
     # additions
-    "preset", "output-dir", "overwrite-output-dir", "hook-timeout", "config", "device", "rollout-backend",
+    "preset", "output-dir", "overwrite-output-dir", "hook-timeout", "lr-decay-style", "config", "device", "rollout-backend",
     # engines (relax/core/engine_launchers.py, relax/backends/sglang/), the router (relax/engine/router/)
     "rollout-external", "rollout-external-engine-addrs", "sglang-mem-fraction-static",
     "slime-router-timeout", "slime-router-max-connections", "slime-router-health-check-failure-threshold",
@@ -602,6 +602,7 @@ SUPPORTED: frozenset[str] = frozenset({
 })
 SUPPORTED_VALUES: dict[str, frozenset[Any]] = {
     "optimizer": frozenset({"adam"}),
+    "lr-decay-style": frozenset({"constant", "linear", "cosine"}),  # relax/backends/lr_schedule.py (torch backend)
     "opd-type": frozenset({"megatron", "sglang"}),  # megatron: the training backend's teacher (torch on CPU);
     # sglang: a teacher engine server at --rm-url, or an embedded one over --opd-teacher-load (opd_teacher.py)
     "advantage-estimator": frozenset({"grpo", "gspo", "sapo", "cispo", "rloo", "reinforce_plus_plus",

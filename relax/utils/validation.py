@@ -96,6 +96,12 @@ def _train_loop(args: Namespace, p: Problems) -> None:
               "distributed_timeout_minutes")
     if args.log_probs_chunk_size != -1 and args.log_probs_chunk_size < 1:
         p.add(f"--log-probs-chunk-size must be -1 (off) or >= 1, got {args.log_probs_chunk_size}")
+    if args.lr_decay_style != "constant":
+        if args.train_backend == "megatron":
+            p.add(f"not supported yet: --lr-decay-style {args.lr_decay_style} with --train-backend megatron "
+                  "(the torch backend decays the rate)")
+        if args.num_rollout is None:
+            p.add(f"--lr-decay-style {args.lr_decay_style} needs --num-rollout (the decay's length)")
     for dest in ("only_train_params_name_list", "freeze_params_name_list"):
         for pattern in getattr(args, dest) or ():
             try:

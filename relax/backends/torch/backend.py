@@ -32,6 +32,7 @@ import torch
 from relax.algorithms import AdvantageOutput, AlgorithmConfig, policy_loss
 from relax.algorithms.critic import should_update_actor
 from relax.algorithms.reducers import merge_metrics
+from relax.backends.lr_schedule import LRSchedule
 from relax.backends.nonfinite import nonfinite_gradient_error
 from relax.backends.torch.batch import (
     Precomputed,
@@ -94,6 +95,7 @@ class TorchTrainBackend:
             weight_decay=args.weight_decay,
         )
         self.algo = AlgorithmConfig.from_args(args)
+        self.schedule = LRSchedule.from_args(args)
         self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
         self._step = 0  # the rollout step being trained (for fault hooks)
         self._step_old_lp: torch.Tensor | None = None  # `_old_log_probs_from_step`: filled by the step's forward
@@ -224,6 +226,8 @@ class TorchTrainBackend:
                     micro[-1] = slice(micro[-1].start, micro[-1].stop - 1)  # planted defect: a row never trains
                 for sl in micro if update_actor or self.critic is not None else ():
                     passes[sl] += 1
+                for group in self.optimizer.param_groups:  # --lr-decay-style: this step's rate
+                    group["lr"] = self.schedule.lr_at(step, num_steps)
                 step_metrics = (self._optimizer_step(batch, gsl, old_lp, ref_lp, adv.advantages, micro)
                                 if update_actor else {})
                 if self.critic is not None:
