@@ -21,6 +21,8 @@
 #                    parity), MULTI_GPU_WORKERS at a time (default 2), MULTI_GPU_K a -k selection
 #   async_gpus       ci/bench_async_gpus.py: colocate vs fully-async k=1, k=2 on 2 GPUs
 #   sync_nccl        ci/bench_sync_nccl.py: bench-1b pushed by NCCL to an engine on another GPU, s/GB by phase
+#   two_nodes        tests/gpu/test_two_nodes_gpu.py: two Ray nodes of one host, relax train and ray job submit
+#   scaling          ci/bench_scaling.py: the GRPO workload on SCALING_GPUS GPUs (default "1 2"), data parallel colocate
 # grpo: GRPO_TRL_MODES picks TRL's paths (default: all three), GRPO_SYSTEMS the systems (default: trl relax-megatron),
 # GRPO_STEPS the steps per TRL row (default 6), GRPO_RELAX_STEPS per relax row (default 12). It also needs .whl4/ (TRL's wheels, ci/wheelhouse/build.sh); without it the TRL row is skipped.
 set -uo pipefail
@@ -78,6 +80,10 @@ for w in $WHAT; do
                            --durations=0 2>&1 | tail -60 | tee "$OUT/multi_gpu_scenarios.txt" ;;
     async_gpus) timeout $(cap 585) python3 ci/bench_async_gpus.py --steps ${ASYNC_STEPS:-8} --json "$OUT/bench_async_gpus.json" \
                   --workdir /tmp/async_runs 2>&1 | tee "$OUT/bench_async_gpus.txt" ;;
+    two_nodes) RELAX_GPU_REPORT="$OUT/two_nodes" timeout $(cap 585) python3 -m pytest -q -rs tests/gpu/test_two_nodes_gpu.py \
+                 --junitxml "$OUT/two_nodes.xml" 2>&1 | tail -60 | tee "$OUT/two_nodes.txt" ;;
+    scaling) timeout $(cap 585) python3 ci/bench_scaling.py --gpus ${SCALING_GPUS:-1 2} --json "$OUT/bench_scaling.json" \
+               --workdir /tmp/scaling_runs 2>&1 | tee "$OUT/bench_scaling.txt" ;;
     sync_nccl) timeout $(cap 300) python3 ci/bench_sync_nccl.py --json "$OUT/bench_sync_nccl.json" 2>&1 \
                  | tee "$OUT/bench_sync_nccl.txt" ;;
     baselines) timeout $(cap 585) python3 -m harness baseline record --profile gpu --runs 5 --baselines "$OUT/baselines" \

@@ -37,10 +37,13 @@ class LocalCluster:
     ``token_home``: the nodes run with token authentication, their token in ``token_home/.ray/auth_token``.
 
     ``visible``: each node's ``CUDA_VISIBLE_DEVICES`` (one entry per node), so that on a machine with real GPUs
-    each node owns its own (``gpus`` of them): two nodes of one host then behave as two GPU machines."""
+    each node owns its own (``gpus`` of them): two nodes of one host then behave as two GPU machines.
+
+    ``dashboard``: the head runs Ray's dashboard, which serves ``ray job submit`` at ``dashboard_url`` (needs
+    ``ray[default]``'s packages)."""
 
     def __init__(self, nodes: int = 2, gpus: int = 2, cpus: int = 2, visible: list[str] | None = None,
-                 token_home: Path | None = None):
+                 token_home: Path | None = None, dashboard: bool = False):
         if visible is not None and len(visible) != nodes:
             raise ValueError(f"visible names {len(visible)} nodes' GPUs, the cluster has {nodes} nodes")
         self.nodes, self.gpus, self.cpus, self.visible = nodes, gpus, cpus, visible
@@ -48,6 +51,9 @@ class LocalCluster:
         self.auth = {"RAY_AUTH_MODE": "token", "HOME": str(token_home)} if token_home is not None else {}
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
+        self.dashboard = dashboard
+        self.dashboard_port = _free_port()
+        self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
         self.root = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))  # short: Ray's socket paths are limited
         self.procs: list[subprocess.Popen] = []
         self.node_ids: list[str] = []
@@ -58,8 +64,9 @@ class LocalCluster:
                  "--dashboard-agent-grpc-port", str(_free_port()), "--runtime-env-agent-port", str(_free_port()),
                  "--metrics-export-port", str(_free_port())]
         if index == 0:
-            flags = ["--head", "--port", str(self.port), "--include-dashboard", "false", "--dashboard-port",
-                     str(_free_port()), "--ray-client-server-port", str(_free_port()), *flags]
+            flags = ["--head", "--port", str(self.port), "--include-dashboard", str(self.dashboard).lower(),
+                     "--dashboard-port", str(self.dashboard_port), "--ray-client-server-port", str(_free_port()),
+                     *flags]
         else:
             flags = ["--address", self.address, *flags]
         log = open(self.root / f"n{index}.log", "w")  # noqa: SIM115 - closed with the process
@@ -79,11 +86,18 @@ class LocalCluster:
             self._check(deadline)
             self.node_ids = self._alive_nodes()
             time.sleep(0.5)
+        while self.dashboard and not self._open(self.dashboard_port):  # ray job submit fails at once without it
+            self._check(deadline)
+            time.sleep(0.5)
         return self
 
     def _gcs_open(self) -> bool:
+        return self._open(self.port)
+
+    @staticmethod
+    def _open(port: int) -> bool:
         try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
             return True
         except OSError:
             return False

@@ -11,6 +11,7 @@ at every version.
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ import torch
 
 from relax.utils.presets import QUICKSTART
 from tests.e2e_helpers import assert_ok, read_jsonl
-from tests.ray_cluster import ENV, LocalCluster
+from tests.ray_cluster import ENV, RAY, LocalCluster
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu, pytest.mark.ray,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")]
@@ -31,21 +32,51 @@ FLAGS = ["--train-backend", "megatron", "--device", "cuda", "--hf-checkpoint", "
          "--rollout-batch-size", "8", "--n-samples-per-prompt", "4", "--global-batch-size", "32",
          "--micro-batch-size", "16", "--num-rollout", "4", "--num-gpus-per-node", "1",
          "--resource", '{"actor": [1, 1], "rollout": [1, 1]}']
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def _driver_env(cluster: LocalCluster) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "RELAX_RAY_TEMP_DIR" and not k.startswith("RAY_")}
+    env.update(ENV, HF_HUB_OFFLINE="1", RAY_ADDRESS=cluster.address)
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])  # harness.rewards on every node
+    return env
 
 
 def test_trainer_and_engine_on_two_nodes_sync_by_nccl(tmp_path: Path) -> None:
     run = tmp_path / "run"
     with LocalCluster(nodes=2, gpus=1, cpus=4, visible=["0", "1"]) as cluster:
-        env = {k: v for k, v in os.environ.items() if k != "RELAX_RAY_TEMP_DIR" and not k.startswith("RAY_")}
-        env.update(ENV, HF_HUB_OFFLINE="1", RAY_ADDRESS=cluster.address)
-        root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])  # harness.rewards on every node
         proc = subprocess.run([sys.executable, "-m", "relax.cli", "train", *FLAGS, "--output-dir", str(run)],
-                              capture_output=True, text=True, timeout=420, env=env, cwd=tmp_path)
+                              capture_output=True, text=True, timeout=420, env=_driver_env(cluster), cwd=tmp_path)
         if proc.returncode != 0:
             proc.stderr += "\n--- cluster logs ---\n" + cluster.diagnostics()
         assert_ok(proc)
         nodes = set(cluster.node_ids)
+    _check_split_across_nodes(run, nodes)
+
+
+def test_the_same_run_submitted_as_a_ray_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seed 001's Ray Job mode: ``ray job submit`` runs scripts/entrypoint/ray-job.sh on the head node, which
+    joins the cluster named by the RAY_ADDRESS the job server gives it."""
+    run = tmp_path / "run"
+    # the nodes' (and so the job's) python3 and PYTHONPATH: this interpreter and the repo
+    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with LocalCluster(nodes=2, gpus=1, cpus=4, visible=["0", "1"], dashboard=True) as cluster:
+        script = Path(ROOT) / "scripts" / "entrypoint" / "ray-job.sh"
+        submit = [*RAY, "job", "submit", "--address", cluster.dashboard_url, "--",
+                  "bash", str(script), *(shlex.quote(f) for f in FLAGS), "--output-dir", str(run)]
+        proc = subprocess.run(submit, capture_output=True, text=True, timeout=480, env=_driver_env(cluster),
+                              cwd=tmp_path)
+        if proc.returncode != 0 or "succeeded" not in proc.stdout + proc.stderr:
+            proc.stderr += "\n--- cluster logs ---\n" + cluster.diagnostics()
+        assert_ok(proc)
+        assert "succeeded" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+        nodes = set(cluster.node_ids)
+    _check_split_across_nodes(run, nodes)
+
+
+def _check_split_across_nodes(run: Path, nodes: set[str]) -> None:
     events = read_jsonl(run / "events.jsonl")
     started = {e["role"]: e for e in events if e["event"] == "process_started"}
     assert sorted(started) == ["engine:0", "trainer:0"]
