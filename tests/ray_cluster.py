@@ -105,14 +105,18 @@ class LocalCluster:
     def _alive_nodes(self) -> list[str]:
         """Node ids of the alive nodes, asked from a separate driver (this process keeps no Ray connection)."""
         code = "import ray; ray.init(address=%r); print(*[n['NodeID'] for n in ray.nodes() if n['Alive']])"
-        out = subprocess.run([sys.executable, "-c", code % self.address], capture_output=True, text=True,
-                             timeout=60, env={**os.environ, **ENV, **self.auth})
+        try:
+            out = subprocess.run([sys.executable, "-c", code % self.address], capture_output=True, text=True,
+                                 timeout=30, env={**os.environ, **ENV, **self.auth})
+        except subprocess.TimeoutExpired:  # the GCS answers but no raylet registers: start()'s deadline says so
+            return []
         return out.stdout.split() if out.returncode == 0 else []
 
     def _check(self, deadline: float) -> None:
         dead = [i for i, p in enumerate(self.procs) if p.poll() is not None]
         if dead or time.monotonic() > deadline:
             logs = "\n".join((self.root / f"n{i}.log").read_text()[-2000:] for i in range(len(self.procs)))
+            logs += "\n" + self.diagnostics() + "\n" + self._log_tails("*agent*", "raylet.err", "dashboard.*")
             self.stop()
             raise RuntimeError(f"test Ray cluster did not start (nodes {dead} exited)\n{logs}")
 
@@ -131,6 +135,16 @@ class LocalCluster:
         errs = [p for p in self.root.glob("n*/session_latest/logs/worker-*.err") if p.stat().st_size]
         for err in sorted(errs, key=lambda p: p.stat().st_mtime)[-3:]:
             out += [f"== {err.relative_to(self.root)}", *err.read_text(errors="replace").splitlines()[-lines:]]
+        return "\n".join(out)
+
+    def _log_tails(self, *patterns: str, lines: int = 10) -> str:
+        """The last lines of the nodes' log files named by ``patterns`` (a node that does not come up says why there)."""
+        out = []
+        for pattern in patterns:
+            for path in sorted(self.root.glob(f"n*/session_latest/logs/{pattern}")):
+                if path.is_file() and path.stat().st_size:
+                    tail = path.read_text(errors="replace").splitlines()[-lines:]
+                    out += [f"== {path.relative_to(self.root)}", *tail]
         return "\n".join(out)
 
     def stop(self) -> None:

@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from relax.algorithms import AlgorithmConfig
 from relax.algorithms.reducers import merge_metrics
+from relax.backends.lr_schedule import LRSchedule
 from relax.backends.megatron.bridge import BridgeWeights
 from relax.backends.megatron.config import McoreModelSpec
 from relax.backends.megatron.fusions import fusion_kwargs, recompile_headroom, use_fused_torch_adam
@@ -98,6 +99,7 @@ class MegatronTrainBackend(TorchTrainBackend):
             make_embedding_output_differentiable(self.built.gpt)
         self.model, self.optimizer = self._wrap_for_training(self.built)
         self.algo = AlgorithmConfig.from_args(args)
+        self.schedule = LRSchedule.from_args(args)  # constant: --lr-decay-style is refused with megatron
         self.pad_id = int(getattr(self.hf_config, "pad_token_id", None) or 0)
         self.runner = StageRunner(self.sizes.tp if self.sizes.sequence_parallel else 1, self.pad_id, self.device)
         self._step = 0
