@@ -22,6 +22,8 @@
 #   async_gpus       ci/bench_async_gpus.py: colocate vs fully-async k=1, k=2 on 2 GPUs
 #   sync_nccl        ci/bench_sync_nccl.py: bench-1b pushed by NCCL to an engine on another GPU, s/GB by phase
 #   two_nodes        tests/gpu/test_two_nodes_gpu.py: two Ray nodes of one host, relax train and ray job submit
+#   sglang_stage     one load of sglang 0.5.14's wheelhouse (SGLANG_LOAD=i, carry .sgl/load<i>; back-to-back calls)
+#   sglang_smoke     sglang.launch_server from /tmp/sglsite on a tiny Qwen3: /health_generate and one /generate
 #   scaling          ci/bench_scaling.py: the GRPO workload on SCALING_GPUS GPUs (default "1 2"), data parallel colocate
 # grpo: GRPO_TRL_MODES picks TRL's paths (default: all three), GRPO_SYSTEMS the systems (default: trl relax-megatron),
 # GRPO_STEPS the steps per TRL row (default 6), GRPO_RELAX_STEPS per relax row (default 12). It also needs .whl4/ (TRL's wheels, ci/wheelhouse/build.sh); without it the TRL row is skipped.
@@ -34,10 +36,16 @@ PART1="$1"; shift
 WHAT="${*:-bench colocate scenarios megatron grpo}"
 SITE=/tmp/site
 TRL_SITE=/tmp/site_trl  # its own dir, last on PYTHONPATH: TRL's wheels shadow nothing the other items use
-[ -d "$SITE/ray" ] || bash ci/wheelhouse/install.sh "$SITE" "$PART1" .whl2 || exit 1
+case "$WHAT" in
+  sglang_*) ;;  # sglang-only calls carry one .sgl/load<i>, not .whl: no ray install or check
+  *) [ -d "$SITE/ray" ] || bash ci/wheelhouse/install.sh "$SITE" "$PART1" .whl2 || exit 1 ;;
+esac
 export PYTHONPATH="$SITE:$PWD:$TRL_SITE" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
-python3 -c "import ray, torch, transformers; print('ray', ray.__version__, 'torch', torch.__version__, transformers.__version__, torch.cuda.get_device_name())"
+case "$WHAT" in
+  sglang_*) ;;
+  *) python3 -c "import ray, torch, transformers; print('ray', ray.__version__, 'torch', torch.__version__, transformers.__version__, torch.cuda.get_device_name())" ;;
+esac
 for w in $WHAT; do
   case $w in
     bench) # HF generate + the two graph runners at batches 64 and 256 (6 fresh processes, ~6 min on the H100; all
@@ -90,6 +98,17 @@ for w in $WHAT; do
                  | tee "$OUT/two_nodes_job.txt" ;;
     scaling) timeout $(cap 585) python3 ci/bench_scaling.py --gpus ${SCALING_GPUS:-1 2} --json "$OUT/bench_scaling.json" \
                --workdir /tmp/scaling_runs 2>&1 | tee "$OUT/bench_scaling.txt" ;;
+    sglang_stage) # one load of sglang 0.5.14's wheelhouse per call (ci/wheelhouse/build_sglang.sh; carry .sgl/load$SGLANG_LOAD,
+                  # not .whl); after the last load it checks sha256, joins and installs into /tmp/sglsite (idempotent)
+                  bash ci/wheelhouse/install_sglang.sh ".sgl/load${SGLANG_LOAD:?set SGLANG_LOAD=1..N}" 2>&1 \
+                    | tee -a "$OUT/sglang_stage.txt" ;;
+    sglang_smoke) # python3 -m sglang.launch_server (PYTHONPATH=/tmp/sglsite) on a tiny random-init Qwen3, port 30000, offline,
+                  # --attention-backend triton|flashinfer (never fa3) --sampling-backend pytorch --grammar-backend none;
+                  # waits for /health_generate, sends one /generate, stops the server
+                  timeout $(cap 540) python3 ci/wheelhouse/sglang_smoke.py --port 30000 \
+                    --attention-backend "${SGLANG_ATTENTION:-triton}" --startup-timeout $(( $(cap 540) - 60 )) \
+                    --json "$OUT/sglang_smoke.json" 2>&1 | tee "$OUT/sglang_smoke.txt"
+                  cp /tmp/sglang_smoke_server.log "$OUT/" 2>/dev/null ;;
     sync_nccl) timeout $(cap 300) python3 ci/bench_sync_nccl.py --json "$OUT/bench_sync_nccl.json" 2>&1 \
                  | tee "$OUT/bench_sync_nccl.txt" ;;
     baselines) timeout $(cap 585) python3 -m harness baseline record --profile gpu --runs 5 --baselines "$OUT/baselines" \

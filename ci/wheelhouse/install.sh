@@ -16,4 +16,7 @@ for first in "$WORK"/*.whl.part00; do
 done
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WORK"/*.whl
 rm -rf "$WORK"
+# repack.py dropped ray's dashboard web UI (client/build); the dashboard's HTTP server, which serves `ray job submit`,
+# still refuses to start without that directory and its static/ (http_server_head.setup_static_dir)
+[ -d "$SITE/ray/dashboard" ] && mkdir -p "$SITE/ray/dashboard/client/build/static"
 echo "installed into $SITE"
