@@ -24,6 +24,7 @@
 #   two_nodes        tests/gpu/test_two_nodes_gpu.py: two Ray nodes of one host, relax train and ray job submit
 #   sglang_stage     one load of sglang 0.5.14's wheelhouse (SGLANG_LOAD=i, carry .sgl/load<i>; back-to-back calls)
 #   sglang_smoke     sglang.launch_server from /tmp/sglsite on a tiny Qwen3: /health_generate and one /generate
+#   sglang_colocate  relax train --rollout-backend sglang --colocate, Megatron, one GPU (after sglang_stage)
 #   scaling          ci/bench_scaling.py: the GRPO workload on SCALING_GPUS GPUs (default "1 2"), data parallel colocate
 # grpo: GRPO_TRL_MODES picks TRL's paths (default: all three), GRPO_SYSTEMS the systems (default: trl relax-megatron),
 # GRPO_STEPS the steps per TRL row (default 6), GRPO_RELAX_STEPS per relax row (default 12). It also needs .whl4/ (TRL's wheels, ci/wheelhouse/build.sh); without it the TRL row is skipped.
@@ -109,6 +110,19 @@ for w in $WHAT; do
                     --attention-backend "${SGLANG_ATTENTION:-triton}" --startup-timeout $(( $(cap 540) - 60 )) \
                     --json "$OUT/sglang_smoke.json" 2>&1 | tee "$OUT/sglang_smoke.txt"
                   cp /tmp/sglang_smoke_server.log "$OUT/" 2>/dev/null ;;
+    sglang_colocate) # issue 39 run 1: relax train with real SGLang 0.5.14 (from /tmp/sglsite: sglang_stage) colocated with the
+                     # Megatron trainer on one GPU; SGLANG_MODEL (default small-qwen3), SGLANG_STEPS (default 10)
+                     RELAX_SGLANG_PYTHONPATH=/tmp/sglsite timeout $(cap 585) python3 -m relax.cli train --device cuda \
+                       --train-backend megatron --hf-checkpoint "${SGLANG_MODEL:-small-qwen3}" --rollout-backend sglang \
+                       --colocate --prompt-data relax/models/tasks/maxdigit.jsonl --input-key prompt --label-key label \
+                       --custom-rm-path harness.rewards.digit_share --rollout-max-response-len 24 --lr 3e-3 \
+                       --rollout-batch-size 8 --n-samples-per-prompt 4 --global-batch-size 32 --micro-batch-size 16 \
+                       --num-rollout "${SGLANG_STEPS:-10}" --sglang-attention-backend triton --sglang-grammar-backend none \
+                       --sglang-sampling-backend pytorch --sglang-mem-fraction-static 0.3 --sglang-disable-prefill-cuda-graph \
+                       --sglang-cuda-graph-max-bs-decode 32 --output-dir /tmp/sglang_colocate 2>&1 | tail -40 \
+                       | tee "$OUT/sglang_colocate.txt"
+                     mkdir -p "$OUT/sglang_colocate" && cp /tmp/sglang_colocate/*.json* "$OUT/sglang_colocate/" 2>/dev/null
+                     tail -30 /tmp/sglang_colocate/sglang-engine-*.log > "$OUT/sglang_colocate/engine_log_tail.txt" 2>/dev/null ;;
     sync_nccl) timeout $(cap 300) python3 ci/bench_sync_nccl.py --json "$OUT/bench_sync_nccl.json" 2>&1 \
                  | tee "$OUT/bench_sync_nccl.txt" ;;
     baselines) timeout $(cap 585) python3 -m harness baseline record --profile gpu --runs 5 --baselines "$OUT/baselines" \

@@ -9,6 +9,12 @@ literal choices, plus every dataclass field with its annotation and literal defa
 interface `relax.backends.sglang.server_args` maps ``--sglang-*`` flags onto where ``sglang`` is not
 importable (our GPU machine cannot install it: MACHINES.md). Facts about SGLang's interface, no code.
 Where ``sglang`` is installed, tests/sglang/ compares this file with the live ``ServerArgs``.
+
+SGLang 0.5.14 builds most of its command line from ``Annotated[..., Arg(...)]`` field metadata
+(``add_cli_args_from_dataclass``), which the text reading cannot see. ``--live`` asks the installed
+package instead: ``ServerArgs.add_cli_args`` on a fresh parser, each action recorded in the same shape.
+
+    PYTHONPATH=/tmp/sglsite python3.12 ci/pin_sglang_server_args.py --live    # sglang 0.5.14 importable
 """
 
 from __future__ import annotations
@@ -82,11 +88,57 @@ def _fields(cls: ast.ClassDef) -> dict[str, dict[str, Any]]:
     return out
 
 
+_ACTIONS = {"_StoreAction": None, "_StoreTrueAction": "'store_true'", "_StoreFalseAction": "'store_false'",
+            "_StoreConstAction": "'store_const'", "_AppendAction": "'append'", "_CountAction": "'count'",
+            "BooleanOptionalAction": "argparse.BooleanOptionalAction"}
+
+
+def _live() -> dict[str, Any]:
+    """The options and fields of the importable ``sglang``'s ``ServerArgs``, from its own parser."""
+    import dataclasses
+
+    import sglang
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(add_help=False)
+    ServerArgs.add_cli_args(parser)
+    options = []
+    for action in parser._actions:
+        long_flags = [f for f in action.option_strings if f.startswith("--")]
+        if not long_flags:
+            continue
+        kind = type(action).__name__
+        choices = list(action.choices) if action.choices is not None else None
+        options.append({"flags": long_flags, "dest": action.dest, "action": _ACTIONS.get(kind, kind),
+                        "type": getattr(action.type, "__name__", None) if action.type is not None else None,
+                        "nargs": action.nargs, "choices": choices})
+    fields = {}
+    for f in dataclasses.fields(ServerArgs):
+        default = f.default if f.default is not dataclasses.MISSING else None
+        try:
+            json.dumps(default)
+        except TypeError:
+            default = None
+        fields[f.name] = {"annotation": str(f.type), "default": default,
+                          "required": f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    return {"sglang_version": sglang.__version__, "source": "sglang.srt.server_args.ServerArgs.add_cli_args (live)",
+            "options": sorted(options, key=lambda o: o["flags"][0]), "fields": fields}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("sglang_dir", help="the sglang package directory (…/site-packages/sglang or a source tree's python/sglang)")
+    ap.add_argument("sglang_dir", nargs="?",
+                    help="the sglang package directory (…/site-packages/sglang or a source tree's python/sglang)")
+    ap.add_argument("--live", action="store_true", help="ask the importable sglang's own parser instead")
     ap.add_argument("--out", default="relax/backends/sglang/server_args.json")
     ns = ap.parse_args()
+    if ns.live:
+        data = _live()
+        Path(ns.out).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        print(f"{ns.out}: {len(data['options'])} options, {len(data['fields'])} fields of sglang {data['sglang_version']}")
+        return
+    if not ns.sglang_dir:
+        ap.error("give the sglang package directory, or --live")
     root = Path(ns.sglang_dir)
     path = root / "srt" / "server_args.py"
     if not path.is_file():

@@ -7,6 +7,9 @@ against SGLang's option list pinned from its source (relax/backends/sglang/serve
 from __future__ import annotations
 
 import json
+import os
+from argparse import Namespace
+from pathlib import Path
 
 import pytest
 
@@ -31,16 +34,21 @@ def sglang_machine(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_pinned_list_is_sglangs_server_args_with_its_version() -> None:
     data = json.loads(PINNED.read_text())
     version, options = pinned()
-    assert version == data["sglang_version"] == "0.5.10.post1"
+    assert version == data["sglang_version"] == "0.5.14"
     fields = data["fields"]
     assert len(fields) > 300 and len(options) > 350  # every option spelling, aliases included
-    # each option fills a ServerArgs field; a few CLI spellings are mapped to their field by SGLang itself
-    # (ServerArgs.from_cli_args: --tp-size -> tp_size, ...)
+    # each option fills a ServerArgs field, but for a few that SGLang's parser handles itself (--config reads a
+    # YAML file; two are read from the namespace by their consumers)
     cli_only = {o.dest for o in options.values()} - set(fields)
-    assert cli_only <= {"tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "expert_parallel_size",
-                        "attention_context_parallel_size", "moe_data_parallel_size", "hybrid_kvcache_ratio",
-                        "prefill_round_robin_balance", "enable_piecewise_cuda_graph", "config"}
-    assert set(RESERVED) - {"tensor_parallel_size"} <= set(fields)
+    assert cli_only <= {"config", "collect_tokens_histogram", "prefill_round_robin_balance"}
+    assert set(RESERVED) <= set(fields)
+
+
+def test_sglangs_renamed_options_still_work_through_their_deprecated_spellings() -> None:
+    """0.5.14 renamed --disable-cuda-graph / --cuda-graph-max-bs and keeps the old names as Deprecated* actions."""
+    assert server_arg_tokens({"disable_cuda_graph": True}) == ["--disable-cuda-graph"]
+    assert server_arg_tokens({"cuda_graph_max_bs": 8}) == ["--cuda-graph-max-bs", "8"]
+    assert server_arg_tokens({"cuda_graph_max_bs_decode": 8}) == ["--cuda-graph-max-bs-decode", "8"]
 
 
 def test_every_sglang_flag_of_seed_000_is_a_server_args_option_or_refused_loudly() -> None:
@@ -69,12 +77,12 @@ def test_sglang_flags_become_sglangs_own_options(passthrough, tokens) -> None:
 
 
 @pytest.mark.parametrize(("passthrough", "message"), [
-    ({"mem_fraction": "0.7"}, "SGLang 0.5.10.post1 has no option --mem-fraction .did you mean --sglang-mem-fraction-static"),
+    ({"mem_fraction": "0.7"}, "SGLang 0.5.14 has no option --mem-fraction .did you mean --sglang-mem-fraction-static"),
     ({"tp_size": "2"}, "--sglang-tp-size: set by --rollout-num-gpus-per-engine"),
     ({"model_path": "x"}, "--sglang-model-path: set by --hf-checkpoint"),
     ({"port": "1"}, "--sglang-port: set by the launcher"),
     ({"mem_fraction_static": "lots"}, "--sglang-mem-fraction-static 'lots': SGLang's --mem-fraction-static takes float"),
-    ({"deepep_mode": "fast"}, "'fast': one of normal, low_latency, auto"),
+    ({"deepep_mode": "fast"}, "'fast': one of auto, normal, low_latency"),
     ({"disable_radix_cache": "maybe"}, "a switch, true or false"),
 ])
 def test_bad_sglang_flags_are_refused_by_name(passthrough, message) -> None:
@@ -126,7 +134,7 @@ def test_megatron_exports_bf16_and_no_offload_means_no_memory_saver(sglang_machi
     (["--sglang-disable-radix-cache"], "--sglang-disable-radix-cache configures SGLang"),
     (["--rollout-num-gpus-per-engine", "2"], "not supported yet: --rollout-num-gpus-per-engine 2 with --rollout-backend "
                                              "embedded"),
-    (["--rollout-backend", "sglang", "--device", "cuda", "--sglang-nope", "1"], "SGLang 0.5.10.post1 has no option --nope"),
+    (["--rollout-backend", "sglang", "--device", "cuda", "--sglang-nope", "1"], "SGLang 0.5.14 has no option --nope"),
 ])
 def test_engine_flag_rules(sglang_machine, flags, message) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -136,8 +144,39 @@ def test_engine_flag_rules(sglang_machine, flags, message) -> None:
 def test_without_sglang_installed_the_backend_says_how_to_get_it(monkeypatch) -> None:
     pretend_gpu_machine(monkeypatch)
     monkeypatch.setattr(launcher, "sglang_available", lambda: False)
-    with pytest.raises(ConfigError, match=r"needs SGLang: pip install 'sglang\[all\]==0.5.10.post1'"):
+    with pytest.raises(ConfigError, match=r"needs SGLang: pip install 'sglang==0.5.14'.*RELAX_SGLANG_PYTHONPATH"):
         parse_args([*BASE, "--rollout-backend", "sglang", "--device", "cuda"])
+
+
+def test_an_sglang_environment_of_its_own_is_on_the_servers_path_only(tmp_path, monkeypatch) -> None:
+    """RELAX_SGLANG_PYTHONPATH: SGLang found there (not in relax's env), first on the server's PYTHONPATH."""
+    monkeypatch.setenv("PYTHONPATH", "/relax/site")
+    monkeypatch.setenv(launcher.SGLANG_PYTHONPATH, str(tmp_path))
+    assert not launcher.sglang_available()  # nothing installed there yet
+    (tmp_path / "sglang").mkdir()
+    (tmp_path / "sglang" / "__init__.py").write_text("")
+    assert launcher.sglang_available()
+    assert launcher.server_env()["PYTHONPATH"] == f"{tmp_path}{os.pathsep}/relax/site"
+    monkeypatch.delenv(launcher.SGLANG_PYTHONPATH)
+    assert launcher.server_env()["PYTHONPATH"] == "/relax/site"
+
+
+def test_a_model_preset_is_written_once_for_the_server_to_load(sglang_machine, tmp_path) -> None:
+    from transformers import AutoConfig, AutoTokenizer
+
+    args = Namespace(hf_checkpoint="tiny-qwen3", output_dir=str(tmp_path), train_backend="torch", bf16=False, seed=3)
+    path = launcher.server_model_path(args)
+    assert path == str(tmp_path / "sglang_model" / "tiny-qwen3")
+    assert AutoConfig.from_pretrained(path).model_type == "qwen3"
+    assert AutoTokenizer.from_pretrained(path)("12")["input_ids"]
+    stamp = (Path(path) / "model.safetensors").stat().st_mtime_ns
+    assert launcher.server_model_path(args) == path and (Path(path) / "model.safetensors").stat().st_mtime_ns == stamp
+    parsed = parse_args([*BASE, "--rollout-backend", "sglang", "--device", "cuda"])
+    cmd = launcher.launch_command(parsed, engine_index=0, host="127.0.0.1", port=1, nccl_port=2, api_key=None,
+                                  model_path=path)
+    assert cmd[cmd.index("--model-path") + 1] == path
+    args.hf_checkpoint = str(tmp_path / "my-model")  # a directory of the user's: passed as it is
+    assert launcher.server_model_path(args) == str(tmp_path / "my-model")
 
 
 @pytest.mark.parametrize(("flags", "message"), [

@@ -10,6 +10,13 @@ serves off loopback, then every ``--sglang-*`` flag spelled SGLang's way (server
 waits for ``/health_generate``; a server that exits or does not come up in time fails the start
 with the tail of its log. Weights then arrive over the engine contract like any engine's (a stock
 SGLang server reports no checksums: weights.jsonl says so).
+
+SGLang 0.5.14 pins its own transformers (5.8.1) and tokenizers, so it may live in an environment of its own:
+``RELAX_SGLANG_PYTHONPATH`` (a ``pip install --target`` directory, e.g. ci/wheelhouse/install_sglang.sh's
+/tmp/sglsite) goes first on the server's PYTHONPATH only; relax's own processes keep theirs. A model preset
+(``--hf-checkpoint small-qwen3``) has no directory for the server to load: the launcher writes the preset's
+seeded initial weights, config and tokenizer once under the run's output dir (the first weight sync
+overwrites the weights anyway).
 """
 
 from __future__ import annotations
@@ -29,13 +36,47 @@ import ray
 from relax.engine.launcher import EngineLauncher, EngineRecord
 from relax.weights.transports import SyncTarget
 
-INSTALL_HINT = ("--rollout-backend sglang needs SGLang: pip install 'sglang[all]==0.5.10.post1' (it pins torch 2.9.1), "
-                "or build containers/Dockerfile.gpu; or use --rollout-backend embedded")
+SGLANG_PYTHONPATH = "RELAX_SGLANG_PYTHONPATH"
+INSTALL_HINT = ("--rollout-backend sglang needs SGLang: pip install 'sglang==0.5.14' (it pins torch 2.11.0), or set "
+                f"{SGLANG_PYTHONPATH} to a directory it is installed in (ci/wheelhouse/install_sglang.sh); or use "
+                "--rollout-backend embedded")
 START_TIMEOUT_S = 900.0
 
 
+def sglang_site() -> str | None:
+    """The directory ``RELAX_SGLANG_PYTHONPATH`` names, when set."""
+    return os.environ.get(SGLANG_PYTHONPATH) or None
+
+
 def sglang_available() -> bool:
+    site = sglang_site()
+    if site is not None:
+        return (Path(site) / "sglang" / "__init__.py").is_file()
     return importlib.util.find_spec("sglang") is not None
+
+
+def server_env() -> dict[str, str]:
+    """The server process's environment: this one, with ``RELAX_SGLANG_PYTHONPATH`` first on its path."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    site = sglang_site()
+    if site is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def server_model_path(args: Namespace) -> str:
+    """What the server loads: ``--hf-checkpoint`` itself, or a preset written under the output dir (once)."""
+    from relax.backends.train_registry import weight_dtype
+    from relax.models.registry import PRESETS, build_model, load_tokenizer, save_hf
+
+    name = str(args.hf_checkpoint)
+    if name not in PRESETS:
+        return name
+    out = Path(args.output_dir) / "sglang_model" / name
+    if not (out / "config.json").is_file():
+        dtype = weight_dtype(args.train_backend, args.bf16)
+        save_hf(build_model(name, dtype=dtype, seed=args.seed), load_tokenizer(name), out)
+    return str(out)
 
 
 def _free_port() -> int:
@@ -45,13 +86,14 @@ def _free_port() -> int:
 
 
 def launch_command(args: Namespace, *, engine_index: int, host: str, port: int, nccl_port: int,
-                   api_key: str | None, python: str = sys.executable) -> list[str]:
+                   api_key: str | None, python: str = sys.executable, model_path: str | None = None) -> list[str]:
     """The ``sglang.launch_server`` command of engine ``engine_index`` (tested by the command it builds)."""
     from relax.backends.sglang.server_args import server_arg_tokens
     from relax.backends.train_registry import weight_dtype
 
     dtype = str(weight_dtype(args.train_backend, args.bf16)).removeprefix("torch.")
-    cmd = [python, "-m", "sglang.launch_server", "--model-path", str(args.hf_checkpoint), "--host", host,
+    model = model_path or str(args.hf_checkpoint)
+    cmd = [python, "-m", "sglang.launch_server", "--model-path", model, "--host", host,
            "--port", str(port), "--tp-size", str(args.rollout_num_gpus_per_engine),
            "--random-seed", str(args.seed + engine_index), "--base-gpu-id", "0", "--nccl-port", str(nccl_port),
            "--dtype", dtype]
@@ -69,17 +111,17 @@ class SGLangEngineActor:
     """Owns one SGLang server process (on the GPUs Ray gave this actor)."""
 
     def __init__(self, args: Namespace, engine_id: int, host: str = "127.0.0.1", api_key: str | None = None,
-                 log_dir: str | None = None):
+                 log_dir: str | None = None, model_path: str | None = None):
         if host == "node":
             host = ray.util.get_node_ip_address()
         port = _free_port()
         self.url = f"http://{host}:{port}"
         self.command = launch_command(args, engine_index=engine_id, host=host, port=port, nccl_port=_free_port(),
-                                      api_key=api_key)
+                                      api_key=api_key, model_path=model_path)
         self.log_path = Path(log_dir or "/tmp") / f"sglang-engine-{engine_id}-{port}.log"
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                         env=server_env())
         self._wait_ready(api_key)
 
     def _wait_ready(self, api_key: str | None) -> None:
@@ -137,8 +179,9 @@ class SGLangLauncher(EngineLauncher):
 
     def begin(self, indices: list[int]) -> Any:
         """Each engine's actor holds its placement slot's GPUs (``--rollout-num-gpus-per-engine`` of one node)."""
+        model_path = server_model_path(self.args)
         return indices, [SGLangEngineActor.options(**self.slots[i].options).remote(
-            self.args, i, self.host, self.api_key, str(self.args.output_dir)) for i in indices]
+            self.args, i, self.host, self.api_key, str(self.args.output_dir), model_path) for i in indices]
 
     def finish(self, pending: Any) -> list[EngineRecord]:
         indices, actors = pending

@@ -24,13 +24,17 @@ PINNED = Path(__file__).with_name("server_args.json")
 # ServerArgs fields the launcher sets (launcher.py), and where their value comes from instead
 RESERVED: dict[str, str] = {
     "model_path": "--hf-checkpoint", "tokenizer_path": "--hf-checkpoint", "host": "the launcher (loopback)",
-    "port": "the launcher (a free port)", "tensor_parallel_size": "--rollout-num-gpus-per-engine",
+    "port": "the launcher (a free port)", "tp_size": "--rollout-num-gpus-per-engine",
     "random_seed": "--seed (plus the engine index)", "base_gpu_id": "the engine's Ray placement",
     "nccl_port": "the launcher (a free port)", "dtype": "the trainer's export dtype", "api_key": "the run",
     "enable_memory_saver": "--offload-rollout", "weight_version": "the weight syncs", "dist_init_addr": "the launcher",
     "nnodes": "the launcher (one node per engine)", "node_rank": "the launcher",
 }
 _TYPES = {"int": int, "float": float, "str": str, "nullable_str": str, "human_readable_int": int}
+# argparse actions as server_args.json names them (ci/pin_sglang_server_args.py); SGLang 0.5.14 keeps renamed
+# options working through its Deprecated* actions, which behave as the plain ones they wrap
+SWITCH_ACTIONS = frozenset({"'store_true'", "'store_const'", "DeprecatedStoreTrueAction", "DeprecatedStoreConstAction"})
+VALUE_ACTIONS = frozenset({None, "'store'", "DeprecatedAliasStoreAction"})
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,8 @@ class SGLangOption:
 
     @property
     def is_switch(self) -> bool:
-        return bool(self.action) and "store_true" in self.action.lower()
+        """Given or not, no value: store_true / store_const, and SGLang 0.5.14's deprecated forms of them."""
+        return self.action in SWITCH_ACTIONS
 
     def tokens(self, value: Any, given_as: str) -> list[str]:
         """The command-line tokens of ``value`` for this option; ConfigError naming ``given_as``."""
@@ -57,7 +62,7 @@ class SGLangOption:
             return [self.flag] if on else []
         if self.action and "BooleanOptionalAction" in self.action:
             return [self.flag if _bool(value, given_as) else "--no-" + self.flag[2:]]
-        if self.action is not None and self.action not in ("'store'",):
+        if self.action not in VALUE_ACTIONS:
             raise ConfigError(f"{given_as}: SGLang's {self.flag} ({self.action}) is not supported by the launcher yet")
         if self.nargs in ("+", "*") or isinstance(self.nargs, int):
             values = _as_list(value)
