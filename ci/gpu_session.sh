@@ -37,16 +37,12 @@ PART1="$1"; shift
 WHAT="${*:-bench colocate scenarios megatron grpo}"
 SITE=/tmp/site
 TRL_SITE=/tmp/site_trl  # its own dir, last on PYTHONPATH: TRL's wheels shadow nothing the other items use
-case "$WHAT" in
-  sglang_*) ;;  # sglang-only calls carry one .sgl/load<i>, not .whl: no ray install or check
-  *) [ -d "$SITE/ray" ] || bash ci/wheelhouse/install.sh "$SITE" "$PART1" .whl2 || exit 1 ;;
-esac
+# calls that only stage or smoke-test SGLang carry one .sgl/load<i>, not .whl: no ray install or check
+NEEDS_RAY=0; for w in $WHAT; do case $w in sglang_stage|sglang_smoke) ;; *) NEEDS_RAY=1 ;; esac; done
+[ $NEEDS_RAY = 0 ] || [ -d "$SITE/ray" ] || bash ci/wheelhouse/install.sh "$SITE" "$PART1" .whl2 || exit 1
 export PYTHONPATH="$SITE:$PWD:$TRL_SITE" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
-case "$WHAT" in
-  sglang_*) ;;
-  *) python3 -c "import ray, torch, transformers; print('ray', ray.__version__, 'torch', torch.__version__, transformers.__version__, torch.cuda.get_device_name())" ;;
-esac
+[ $NEEDS_RAY = 0 ] || python3 -c "import ray, torch, transformers; print('ray', ray.__version__, 'torch', torch.__version__, transformers.__version__, torch.cuda.get_device_name())"
 for w in $WHAT; do
   case $w in
     bench) # HF generate + the two graph runners at batches 64 and 256 (6 fresh processes, ~6 min on the H100; all

@@ -154,6 +154,15 @@ class SGLangEngineActor:
     def pid(self) -> int:
         return self.proc.pid
 
+    def device_bytes(self) -> int:
+        """0: the server's GPU memory is held by its own processes, not this actor's (the offload metrics count
+        the embedded engines' bytes; an SGLang engine's release and resume are timed, not sized)."""
+        return 0
+
+    def freeze_gc(self) -> int:
+        """The runtime freezes every engine actor's startup objects; this actor holds none worth freezing."""
+        return 0
+
     def endpoint(self) -> tuple[str, str]:
         import torch
 
