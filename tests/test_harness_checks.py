@@ -413,6 +413,19 @@ def test_learning_passes_and_flat_reward_fails(tmp_path: Path) -> None:
     assert res.status is Status.FAILED and "< 2 x first-2 mean" in res.message
 
 
+def test_learning_that_peaks_and_decays_fails_max_drop(tmp_path: Path) -> None:
+    spec = {"kind": "learning", "k": 2, "min_last": 0.4, "min_ratio": 2.0, "max_drop": 0.05}
+    run = make_run(tmp_path / "peak", reward_start=0.1, reward_slope=0.1)  # steps 0..5: 0.1 .. 0.6
+    assert check(spec, ctx(tmp_path, main=run)).status is Status.PASSED
+    edit_jsonl(run / "metrics.jsonl", lambda rs: [{**r, "rollout/reward_mean": [0.1, 0.2, 0.8, 0.9, 0.6, 0.7][r["step"]]}
+                                                  for r in rs])
+    res = check(spec, ctx(tmp_path, main=run))
+    assert res.status is Status.FAILED, res.message
+    assert res.message.startswith("did not keep it: mean rollout/reward_mean over steps 4..5 is 0.65, 0.2 below its "
+                                  "best 2-step mean 0.85 (steps 2..3"), res.message
+    assert check({**spec, "max_drop": 0.25}, ctx(tmp_path, main=run)).status is Status.PASSED
+
+
 def test_metric_bound(tmp_path: Path, good: Path) -> None:
     assert check({"kind": "metric_bound", "key": "train/grad_norm", "value": 2}, ctx(tmp_path, main=good)).passed
     res = check({"kind": "metric_bound", "key": "train/grad_norm", "value": 0.5}, ctx(tmp_path, main=good))

@@ -80,7 +80,7 @@ def test_gpu_profile_reserves_a_gpu_and_dumps_typed_checks() -> None:
     assert spec.resources.gpus == 1
     assert spec.model_dump(mode="json")["checks"][0] == {"kind": "learning", "name": None, "run": None,
                                                          "key": "rollout/reward_mean", "k": 2, "min_last": 0.0,
-                                                         "min_ratio": 1.0, "decrease": False}
+                                                         "min_ratio": 1.0, "decrease": False, "max_drop": None}
 
 
 @pytest.mark.parametrize("name,jobs", [("cpu.yml", {"tests", "scenarios", "ab"}),

@@ -18,6 +18,9 @@ class Learning(CheckParams):
 
     With ``decrease: true`` (a loss or a KL that must fall) the last-k mean must instead be
     <= the first-k mean / ``min_ratio``.
+
+    ``max_drop``: it also keeps what it learned: the last-k mean is at most this much below the best mean of any
+    k consecutive steps (a run that peaks and decays fails even if it ends above ``min_last``).
     """
 
     kind: Literal["learning"] = "learning"
@@ -27,6 +30,7 @@ class Learning(CheckParams):
     min_last: float = 0.0
     min_ratio: float = 1.0
     decrease: bool = False
+    max_drop: float | None = None
 
     def evaluate(self, ctx: CheckContext) -> CheckResult:
         series = ctx.run(self.run).metric_series(self.key)
@@ -49,6 +53,15 @@ class Learning(CheckParams):
         if not last >= self.min_ratio * first:
             return self.result(False, f"did not learn: mean {self.key} over {span} is {last:.4g} < "
                                       f"{self.min_ratio:g} x first-{self.k} mean {first:.4g}", measurements=m)
+        if self.max_drop is not None:
+            windows = [statistics.fmean(values[i: i + self.k]) for i in range(len(values) - self.k + 1)]
+            best_at = max(range(len(windows)), key=windows.__getitem__)
+            m["best_mean"] = windows[best_at]
+            if windows[best_at] - last > self.max_drop:
+                return self.result(False, f"did not keep it: mean {self.key} over {span} is {last:.4g}, "
+                                          f"{windows[best_at] - last:.3g} below its best {self.k}-step mean "
+                                          f"{windows[best_at]:.4g} (steps {steps[best_at]}..{steps[best_at + self.k - 1]}; "
+                                          f"allowed {self.max_drop:g})", measurements=m)
         return self.result(True, f"{self.key}: first-{self.k} mean {first:.4g} -> last-{self.k} mean {last:.4g}",
                            measurements=m)
 
