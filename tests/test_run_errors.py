@@ -85,6 +85,30 @@ def test_an_error_inside_a_ray_actor_is_one_line_and_debug_adds_the_traceback(lo
     assert err.startswith("Traceback (most recent call last, in a Ray actor):") and err.splitlines()[-1] == expected
 
 
+@pytest.mark.ray
+def test_an_actor_whose_init_raises_is_one_line_with_the_cause(local_ray: None) -> None:
+    """Ray reports it as ActorDiedError with the original traceback as text: the line names the class, the
+    exception and where it was raised, never only "ActorDiedError ... creation task"."""
+    import ray
+
+    @ray.remote
+    class Loader:
+        def __init__(self) -> None:
+            raise ValueError("model.safetensors: incomplete metadata")  # the cause
+
+        def ready(self) -> bool:
+            return True
+
+    with pytest.raises(Exception) as info:
+        ray.get(Loader.remote().ready.remote())
+    failure = describe(info.value)
+    assert type(info.value).__name__ == "ActorDiedError"
+    assert failure.message.startswith("in ")
+    assert failure.message.endswith(".__init__: ValueError: model.safetensors: incomplete metadata at "
+                                    f"tests/test_run_errors.py:{_own_line('# the cause')}"), failure.message
+    assert "Loader" in failure.message and "\n" not in failure.message and failure.type == "ValueError"
+
+
 def test_a_reward_key_typo_names_the_sample_the_function_and_the_keys() -> None:
     from relax.engine.rewards import compute_rewards
 

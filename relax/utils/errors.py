@@ -90,8 +90,32 @@ def _first_line(text: str) -> str:
     return lines[0] if lines else ""
 
 
+_CREATION = re.compile(r"raised in its creation task, (?:ray::)?([\w.]+)\(\)")
+_VERDICT = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\w*): (.*)$")
+
+
+def _creation_failure(exc: BaseException) -> Failure | None:
+    """Ray's report of an actor whose ``__init__`` raised (``ActorDiedError``: the original exception is gone, its
+    traceback is in the text) as ``in Class.__init__: Type: message at file:line``."""
+    text = _ANSI.sub("", str(exc))
+    creation = _CREATION.search(text)
+    if not getattr(exc, "actor_init_failed", False) or creation is None:
+        return None
+    verdicts = [m for m in map(_VERDICT.match, text.splitlines()) if m]
+    if not verdicts:
+        return None
+    kind, body = verdicts[-1].group(1).rsplit(".", 1)[-1], verdicts[-1].group(2).strip()
+    frames = [(m.group(1), int(m.group(2))) for m in _FRAME.finditer(text)]
+    where = _innermost(frames)
+    message = f"in {creation.group(1)}: {kind}: {body or '(no message)'}" + (f" at {where}" if where else "")
+    return Failure(message, kind, where, "Traceback (most recent call last, in a Ray actor's __init__):\n" + text)
+
+
 def describe(exc: BaseException) -> Failure:
     """The one-line report of ``exc`` (unwrapping Ray), its type and where it was raised."""
+    created = _creation_failure(exc)
+    if created is not None:
+        return created
     original, remote_tb = unwrap(exc)
     if remote_tb:
         frames = [(m.group(1), int(m.group(2))) for m in _FRAME.finditer(remote_tb)]

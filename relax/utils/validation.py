@@ -424,6 +424,22 @@ def _checkpoints(args: Namespace, p: Problems) -> None:
 
 
 @rule
+def _weight_files(args: Namespace, p: Problems) -> None:
+    """``--hf-checkpoint DIR`` and ``--load``: their files present and complete, before Ray starts
+    (relax/utils/file_checks.py: headers and sizes only)."""
+    from pathlib import Path
+
+    from relax.utils import file_checks
+
+    if args.hf_checkpoint and Path(args.hf_checkpoint).is_dir():
+        for problem in file_checks.hf_dir_problems(Path(args.hf_checkpoint)):
+            p.add(f"--hf-checkpoint {args.hf_checkpoint}: {problem}")
+    if args.load:
+        for problem in file_checks.checkpoint_problems(Path(args.load)):
+            p.add(f"--load {args.load}: {problem}")
+
+
+@rule
 def _balance_data(args: Namespace, p: Problems) -> None:
     if not args.balance_data:
         return
@@ -475,7 +491,7 @@ def _when_none(args: Namespace) -> None:
 
 
 # The rules in the order they run; each reports into the collector and never raises.
-RULES = (_inputs, _prompt_data, _checkpoints, _requirements, _train_loop, _megatron_memory, _partial_rollout,
+RULES = (_inputs, _prompt_data, _checkpoints, _weight_files, _requirements, _train_loop, _megatron_memory, _partial_rollout,
          _transfer_queue, _rollout_engines, _weight_sync, _services, _balance_data, _placement)
 
 
