@@ -10,7 +10,10 @@ They are facts about SGLang, kept apart from what our engines implement:
 * the client builds its requests from these names, so what it sends a real SGLang server is what
   SGLang expects;
 * ``tests/sglang/`` checks these tables against the real ``sglang`` package where it is installed
-  (the GPU image, ``nox -s sglang_conformance``).
+  (the GPU image, ``nox -s sglang_conformance``), and ``tests/test_protocol.py`` against SGLang's source
+  read as text wherever it is at hand (``RELAX_SGLANG_SOURCE``: an unpacked wheel).
+
+docs/engine_api.md ("From 0.5.10.post1 to 0.5.14") lists what the last re-pin changed.
 
 ``REQUIRED`` marks a field without a default.
 """
@@ -20,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SGLANG_VERSION = "0.5.10.post1"
+SGLANG_VERSION = "0.5.14"
 REQUIRED = object()
 
 # BaseReq: every request input carries these (kw_only)
@@ -29,18 +32,20 @@ BASE_REQ: dict[str, Any] = {"rid": None, "http_worker_ipc": None}
 GENERATE_REQ: dict[str, Any] = {
     **BASE_REQ,
     "text": None, "input_ids": None, "input_embeds": None, "image_data": None, "video_data": None,
-    "audio_data": None, "sampling_params": None, "return_logprob": None, "logprob_start_len": None,
-    "top_logprobs_num": None, "token_ids_logprob": None, "return_text_in_logprobs": False, "stream": False,
-    "log_metrics": True, "return_hidden_states": False, "return_routed_experts": False,
-    "routed_experts_start_len": 0, "modalities": None, "session_params": None, "lora_path": None,
-    "lora_id": None, "custom_logit_processor": None, "bootstrap_host": None, "bootstrap_port": None,
-    "bootstrap_room": None, "bootstrap_pair_key": None, "decode_tp_size": None, "require_reasoning": False,
-    "routed_dp_rank": None, "disagg_prefill_dp_rank": None, "data_parallel_rank": None, "background": False,
-    "conversation_id": None, "priority": None, "extra_key": None, "routing_key": None, "no_logs": False,
-    "custom_labels": None, "return_bytes": False, "return_entropy": False, "external_trace_header": None,
+    "audio_data": None, "mm_hashes": None, "use_audio_in_video": False, "sampling_params": None,
+    "return_logprob": None, "logprob_start_len": None, "top_logprobs_num": None, "token_ids_logprob": None,
+    "return_text_in_logprobs": False, "stream": False, "log_metrics": True, "return_hidden_states": False,
+    "return_routed_experts": False, "return_indexer_topk": False, "routed_experts_start_len": 0,
+    "modalities": None, "session_params": None, "lora_path": None, "lora_id": None,
+    "custom_logit_processor": None, "positional_embed_overrides": None, "bootstrap_host": None,
+    "bootstrap_port": None, "bootstrap_room": None, "bootstrap_pair_key": None, "decode_tp_size": None,
+    "require_reasoning": False, "routed_dp_rank": None, "disagg_prefill_dp_rank": None,
+    "data_parallel_rank": None, "background": False, "conversation_id": None, "priority": None,
+    "extra_key": None, "routing_key": None, "no_logs": False, "custom_labels": None, "return_bytes": False,
+    "return_entropy": False, "return_prompt_token_ids": False, "external_trace_header": None,
     "received_time": None, "need_wait_for_mm_inputs": None, "num_items_assigned": None,
-    "max_dynamic_patch": None, "min_dynamic_patch": None, "image_max_dynamic_patch": None,
-    "video_max_dynamic_patch": None,
+    "mm_data_mooncake": None, "encoder_urls": None, "max_dynamic_patch": None, "min_dynamic_patch": None,
+    "image_max_dynamic_patch": None, "video_max_dynamic_patch": None, "multi_item_delimiter_indices": None,
 }
 
 SAMPLING_PARAMS: dict[str, Any] = {
@@ -51,6 +56,11 @@ SAMPLING_PARAMS: dict[str, Any] = {
     "spaces_between_special_tokens": True, "no_stop_trim": False, "custom_params": None,
     "stream_interval": None, "logit_bias": None, "sampling_seed": None,
 }
+# SamplingParams.__init__ (since 0.5.14) replaces None by the default for these, so /generate may send null
+SAMPLING_NONE_IS_DEFAULT = frozenset({
+    "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
+    "min_new_tokens", "n", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+})
 
 
 @dataclass(frozen=True)
@@ -71,27 +81,30 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("/health", ("GET",), None, note="200 once the server is up (no generation unless "
              "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION)"),
     Endpoint("/health_generate", ("GET",), None, note="generates one token when the server is idle"),
-    Endpoint("/model_info", ("GET",), None, note="model_path, is_generation, weight_version, ..."),
+    Endpoint("/model_info", ("GET",), None, note="model_path, is_generation, weight_version, ... (where "
+             "relax reads the served version)"),
     Endpoint("/get_model_info", ("GET",), None, note="deprecated alias of /model_info"),
-    Endpoint("/server_info", ("GET",), None, note="the ServerArgs as a dict, plus internal states and version"),
+    Endpoint("/server_info", ("GET",), None, note="the ServerArgs as a dict, plus internal_states, version and "
+             "kv_events"),
     Endpoint("/get_server_info", ("GET",), None, note="deprecated alias of /server_info"),
-    Endpoint("/get_weight_version", ("GET",), None, note="answers 404 in SGLang 0.5.10 (use /model_info); "
-             "older SGLang returned {weight_version}"),
+    Endpoint("/get_weight_version", ("GET",), None, note="SGLang 0.5.10 and 0.5.14 answer 404 here and at "
+             "/weight_version (use /model_info); older SGLang returned {weight_version}"),
     Endpoint("/flush_cache", ("GET", "POST"), "FlushCacheReqInput", {**BASE_REQ, "timeout_s": None},
              note="SGLang reads the timeout from the query string (?timeout=)"),
     Endpoint("/abort_request", ("POST",), "AbortReq",
              {**BASE_REQ, "abort_all": False, "finished_reason": None, "abort_message": None}),
     Endpoint("/pause_generation", ("POST",), "PauseGenerationReqInput", {**BASE_REQ, "mode": "abort"}),
-    Endpoint("/continue_generation", ("POST",), "ContinueGenerationReqInput", {**BASE_REQ}),
+    Endpoint("/continue_generation", ("POST",), "ContinueGenerationReqInput", {**BASE_REQ, "torch_empty_cache": True},
+             note="torch_empty_cache: torch.cuda.empty_cache() before un-pausing"),
     Endpoint("/update_weights_from_tensor", ("POST",), "UpdateWeightsFromTensorReqInput",
              {**BASE_REQ, "serialized_named_tensors": REQUIRED, "load_format": None, **_WEIGHTS_COMMON,
-              "disable_draft_model": None}),
+              "disable_draft_model": None, "torch_empty_cache": False}),
     Endpoint("/init_weights_update_group", ("POST",), "InitWeightsUpdateGroupReqInput",
              {**BASE_REQ, "master_address": REQUIRED, "master_port": REQUIRED, "rank_offset": REQUIRED,
               "world_size": REQUIRED, "group_name": "weight_update_group", "backend": "nccl"}),
     Endpoint("/update_weights_from_distributed", ("POST",), "UpdateWeightsFromDistributedReqInput",
              {**BASE_REQ, "names": REQUIRED, "dtypes": REQUIRED, "shapes": REQUIRED,
-              "group_name": "weight_update_group", **_WEIGHTS_COMMON, "load_format": None}),
+              "group_name": "weight_update_group", **_WEIGHTS_COMMON, "load_format": None, "torch_empty_cache": False}),
     Endpoint("/destroy_weights_update_group", ("POST",), "DestroyWeightsUpdateGroupReqInput",
              {**BASE_REQ, "group_name": "weight_update_group"}),
     Endpoint("/update_weights_from_disk", ("POST",), "UpdateWeightFromDiskReqInput",
@@ -102,15 +115,16 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              {**BASE_REQ, "tags": None}, note="tags: weights, kv_cache (and cuda_graph in SGLang)"),
     Endpoint("/resume_memory_occupation", ("GET", "POST"), "ResumeMemoryOccupationReqInput",
              {**BASE_REQ, "tags": None}),
-    Endpoint("/weights_checker", ("POST",), "CheckWeightsReqInput", {**BASE_REQ, "action": REQUIRED},
-             note="SGLang's actions: snapshot, reset_tensors, compare; answers {success, message}"),
+    Endpoint("/weights_checker", ("GET", "POST"), "CheckWeightsReqInput", {**BASE_REQ, "action": "checksum"},
+             note="actions: snapshot, reset_tensors, compare, checksum; answers {success, message}, and checksum "
+             "adds {ranks, per_engine_checksum}"),
 )
 ENDPOINTS_BY_PATH: dict[str, Endpoint] = {e.path: e for e in ENDPOINTS}
 
 # SGLang's memory tags (sglang/srt/constants.py GPU_MEMORY_TYPE_*)
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 PAUSE_MODES = ("abort", "retract", "in_place")
-WEIGHTS_CHECKER_ACTIONS = ("snapshot", "reset_tensors", "compare")
+WEIGHTS_CHECKER_ACTIONS = ("snapshot", "reset_tensors", "compare", "checksum")
 
 
 def is_default(value: Any, default: Any) -> bool:
@@ -122,9 +136,11 @@ def is_default(value: Any, default: Any) -> bool:
     return value == default
 
 
-def check_fields(body: dict[str, Any], fields: dict[str, Any], implemented: frozenset[str], where: str) -> None:
+def check_fields(body: dict[str, Any], fields: dict[str, Any], implemented: frozenset[str], where: str,
+                 none_is_default: frozenset[str] = frozenset()) -> None:
     """Raise ``ValueError`` naming the first problem: a field SGLang does not have, a required field
-    missing, or a field this server does not implement given a value other than SGLang's default."""
+    missing, or a field this server does not implement given a value other than SGLang's default
+    (``none_is_default``: fields where SGLang reads None as the default)."""
     unknown = sorted(set(body) - set(fields))
     if unknown:
         raise ValueError(f"{where}: unknown field(s): {', '.join(unknown)}")
@@ -133,6 +149,8 @@ def check_fields(body: dict[str, Any], fields: dict[str, Any], implemented: froz
         raise ValueError(f"{where}: missing field(s): {', '.join(missing)}")
     for key, value in body.items():
         default = fields[key]
+        if value is None and key in none_is_default:
+            continue
         if key not in implemented and default is not REQUIRED and not is_default(value, default):
             raise ValueError(f"{where}: {key}={value!r} is not implemented by this engine "
                              f"(only SGLang's default {default!r})")

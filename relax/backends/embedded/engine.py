@@ -40,7 +40,8 @@ from relax.weights.checksum import state_checksums
 # The top-level /generate fields this engine implements (relax.engine.protocol.GENERATE_REQ has all of SGLang's);
 # the others are accepted only at SGLang's default. log_metrics: no per-request metrics are logged either way.
 IMPLEMENTED_REQUEST_FIELDS = frozenset({"input_ids", "text", "sampling_params", "return_logprob", "logprob_start_len",
-                                        "rid", "return_text_in_logprobs", "log_metrics", "top_logprobs_num"})
+                                        "rid", "return_text_in_logprobs", "log_metrics", "top_logprobs_num",
+                                        "return_prompt_token_ids"})
 
 
 @dataclass
@@ -55,6 +56,7 @@ class Request:
     return_logprob: bool
     logprob_start_len: int = -1  # >= 0: also return prompt log-probs from this position (SGLang's field)
     logprob_text: bool = False  # return_text_in_logprobs: each log-prob entry carries its token's text
+    prompt_ids_out: bool = False  # return_prompt_token_ids: the answer carries prompt_token_ids (SGLang 0.5.14)
     input_logprobs: list[float | None] | None = None
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -161,7 +163,8 @@ class EmbeddedEngine:
             raise ValueError("sampling_params.max_new_tokens must be > 0 (0 only scores the prompt: "
                              "return_logprob with logprob_start_len >= 0)")
         return Request(rid, input_ids, params, int(seed) & ((1 << 63) - 1), max_new, return_logprob, start,
-                       logprob_text=bool(req.get("return_text_in_logprobs", False)))
+                       logprob_text=bool(req.get("return_text_in_logprobs", False)),
+                       prompt_ids_out=bool(req.get("return_prompt_token_ids", False)))
 
     def _input_ids(self, req: dict[str, Any]) -> list[int]:
         ids = req.get("input_ids")
@@ -208,16 +211,22 @@ class EmbeddedEngine:
             "finish_reason": r.finish,
             "prompt_tokens": len(r.input_ids),
             "completion_tokens": len(r.output_ids),
+            "reasoning_tokens": 0,
             "cached_tokens": 0,
+            "num_retractions": 0,  # SGLang 0.5.14's name (0.5.10: total_retractions); this engine never retracts
             "weight_version": weight_version_str(self._weight_version),  # a string, as SGLang's
             "e2e_latency": time.monotonic() - r.created,
         }
         if r.return_logprob:
             meta["output_token_logprobs"] = self._logprob_entries(r.logprobs, r.output_ids, r.logprob_text)
+            meta["output_token_logprobs_length"] = len(r.output_ids)
         if r.input_logprobs is not None:
             tail = r.input_ids[r.logprob_start_len:]
             meta["input_token_logprobs"] = self._logprob_entries(r.input_logprobs, tail, r.logprob_text)
-        return {"text": r.text, "output_ids": list(r.output_ids), "meta_info": meta}
+        out = {"text": r.text, "output_ids": list(r.output_ids), "meta_info": meta}
+        if r.prompt_ids_out:
+            out["prompt_token_ids"] = list(r.input_ids)
+        return out
 
     def _logprob_entries(self, logprobs: list, ids: list[int], with_text: bool) -> list[list]:
         """SGLang's ``[logprob, token_id, text]`` triples; text only with ``return_text_in_logprobs``."""

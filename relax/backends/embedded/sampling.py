@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from relax.engine.protocol import SAMPLING_PARAMS, check_fields
+from relax.engine.protocol import SAMPLING_NONE_IS_DEFAULT, SAMPLING_PARAMS, check_fields
 
 # The SGLang sampling_params fields this engine implements (relax.engine.protocol.SAMPLING_PARAMS has all of
 # them); any other field is accepted only at SGLang's default, and answers 400 naming it otherwise.
@@ -66,7 +66,7 @@ class SamplingParams:
         renamed = [f"{k} (SGLang names it {_RENAMED[k]})" for k in d if k in _RENAMED]
         if renamed:
             raise ValueError(f"sampling_params: unknown field(s): {', '.join(renamed)}")
-        check_fields(d, SAMPLING_PARAMS, IMPLEMENTED, "sampling_params")
+        check_fields(d, SAMPLING_PARAMS, IMPLEMENTED, "sampling_params", SAMPLING_NONE_IS_DEFAULT)
         clean: dict[str, Any] = {}
         for key, types in _FIELD_TYPES.items():
             value = d.get(key)
@@ -77,6 +77,8 @@ class SamplingParams:
             clean[key] = value
         if isinstance(clean.get("stop"), str):
             clean["stop"] = [clean["stop"]]
+        if "stop_token_ids" in clean:  # SGLang 0.5.14 drops null ids
+            clean["stop_token_ids"] = [t for t in clean["stop_token_ids"] if t is not None]
         for key in ("stop", "stop_token_ids"):
             if key in clean:
                 clean[key] = tuple(clean[key])

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import torch
 from aiohttp import web
 
 import relax
@@ -77,7 +78,7 @@ def split_generate(body: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
 IMPLEMENTED: dict[str, frozenset[str]] = {
     "/abort_request": frozenset({"rid", "abort_all", "abort_message"}),
     "/pause_generation": frozenset({"mode"}),
-    "/continue_generation": frozenset(),
+    "/continue_generation": frozenset({"torch_empty_cache"}),
     "/flush_cache": frozenset(),
     "/release_memory_occupation": frozenset({"tags"}),
     "/resume_memory_occupation": frozenset({"tags"}),
@@ -193,7 +194,10 @@ class EngineServer:
         return json_response({"message": "Generation paused successfully.", "status": "ok"})
 
     async def continue_generation(self, request: web.Request) -> web.Response:
-        _checked("/continue_generation", await self.body(request))
+        """``torch_empty_cache`` (SGLang 0.5.14's, on by default): empty the CUDA cache before un-pausing."""
+        body = _checked("/continue_generation", await self.body(request))
+        if body.get("torch_empty_cache", True) and self.engine.device.type == "cuda":
+            await self.in_thread(torch.cuda.empty_cache)
         self.scheduler.resume()
         return json_response({"message": "Generation continued successfully.", "status": "ok"})
 
@@ -246,7 +250,7 @@ class EngineServer:
         return json_response({
             "model_path": self.model_path, "tp_size": 1, "weight_version": str(e.weight_version),
             "context_length": e.max_context_len, "max_running_requests": e.max_running_requests,
-            "version": f"relax-embedded {relax.__version__}",
+            "version": f"relax-embedded {relax.__version__}", "kv_events": None,  # SGLang's: None, not publishing
             "relax_engine": {"device": device_identity(e.device), "weights_checker_actions": list(ACTIONS),
                              "running": len(e.running), "waiting": len(e.waiting), "paused": self.scheduler.paused,
                              "released": sorted(e.released_tags), "steps": self.scheduler.steps},

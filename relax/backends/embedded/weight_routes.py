@@ -5,9 +5,9 @@ Endpoints: ``/update_weights_from_tensor``, ``/init_weights_update_group``,
 ``/weights_checker`` and ``/get_weight_version``. Bodies are checked against SGLang's request fields
 (`relax.engine.protocol`): an unknown field, or a field this server does not implement set to anything
 but SGLang's default, answers 400. Answers have SGLang's shape (``{"success", "message"}``; 400 when
-``success`` is false). ``/weights_checker`` has SGLang's actions (snapshot, reset_tensors, compare) and
-``checksum``, our extension: per-tensor checksums keyed by HF name, so both sides of a sync can be
-compared from weights.jsonl alone.
+``success`` is false). ``/weights_checker`` takes GET or POST with SGLang 0.5.14's actions (snapshot,
+reset_tensors, compare, checksum, the default); its ``checksum`` answers per-tensor checksums keyed by HF
+name, so both sides of a sync can be compared from weights.jsonl alone (`weights_checker`).
 
 A holder offers ``model``, ``device``, ``weight_version`` and ``update_weights_from_tensors(named,
 version)``; ``run`` executes a function with generation held off (the scheduler's ``exclusive()``).
@@ -32,11 +32,12 @@ NamedTensors = list[tuple[str, torch.Tensor]]
 
 IMPLEMENTED: dict[str, frozenset[str]] = {
     "/update_weights_from_tensor": frozenset({"serialized_named_tensors", "load_format", "flush_cache",
-                                              "abort_all_requests", "weight_version"}),
+                                              "abort_all_requests", "weight_version", "torch_empty_cache"}),
     "/init_weights_update_group": frozenset({"master_address", "master_port", "rank_offset", "world_size",
                                              "group_name", "backend"}),
     "/update_weights_from_distributed": frozenset({"names", "dtypes", "shapes", "group_name", "flush_cache",
-                                                   "abort_all_requests", "weight_version", "load_format"}),
+                                                   "abort_all_requests", "weight_version", "load_format",
+                                                   "torch_empty_cache"}),
     "/destroy_weights_update_group": frozenset({"group_name"}),
     "/update_weights_from_disk": frozenset({"model_path", "abort_all_requests", "weight_version", "flush_cache",
                                             "torch_empty_cache"}),
@@ -94,24 +95,29 @@ class WeightRoutes:
             "/update_weights_from_distributed": self.update_weights_from_distributed,
             "/destroy_weights_update_group": self.destroy_weights_update_group,
             "/update_weights_from_disk": self.update_weights_from_disk,
-            "/weights_checker": self.weights_checker,
         }
         for path, handler in routes.items():
             app.router.add_post(path, handler)
+        app.router.add_get("/weights_checker", self.weights_checker)  # SGLang 0.5.14: GET or POST
+        app.router.add_post("/weights_checker", self.weights_checker)
         app.router.add_get("/get_weight_version", self.get_weight_version)
 
     async def _load(self, body: dict[str, Any], receive: Callable[[], NamedTensors]) -> web.Response:
         """Receive and copy into the model with generation held off; the device copies finish before the
-        answer, so the sender may reuse the memory it shared as soon as it has it."""
+        answer, so the sender may reuse the memory it shared as soon as it has it. ``torch_empty_cache``
+        empties the CUDA cache with the cache flush, as SGLang does (only when ``flush_cache``)."""
         version = _version(body)
         if body.get("abort_all_requests"):
             self.abort_all()
+        empty_cache = body.get("flush_cache", True) and body.get("torch_empty_cache", False)
 
         def apply() -> int:
             named = receive()
             self.holder.update_weights_from_tensors(named, version=version)
             if self.holder.device.type == "cuda":
                 torch.cuda.synchronize(self.holder.device)
+                if empty_cache:
+                    torch.cuda.empty_cache()
             return len(named)
 
         count = await self.run(apply)
@@ -147,10 +153,13 @@ class WeightRoutes:
         return response
 
     async def weights_checker(self, request: web.Request) -> web.Response:
+        """GET or POST; no body (or no ``action``) is SGLang's default action, ``checksum``."""
         body = checked("/weights_checker", await self.body(request))
-        result = await self.run(lambda: self.checker.run(body["action"]))
+        action = body.get("action", ENDPOINTS_BY_PATH["/weights_checker"].fields["action"])
+        result = await self.run(lambda: self.checker.run(action))
         return _answer(**result)
 
     async def get_weight_version(self, request: web.Request) -> web.Response:
-        """SGLang before 0.5.10 (0.5.10 answers 404 and reports the version in /model_info)."""
+        """SGLang before 0.5.10 (0.5.10 and 0.5.14 answer 404 here and at /weight_version, and report the
+        version in /model_info, which relax's client reads): kept for clients of those versions."""
         return json_response({"weight_version": str(self.holder.weight_version)})

@@ -1,19 +1,23 @@
-"""``/weights_checker``: prove that a weight sync writes every tensor (SGLang's actions, plus checksums).
+"""``/weights_checker``: prove that a weight sync writes every tensor (SGLang 0.5.14's actions).
 
-Actions (``{"action": ...}``), answered ``{"success", "message"}`` like SGLang's
-(``sglang/srt/utils/weight_checker.py``):
+Actions (``{"action": ...}``, SGLang's default ``checksum``), answered ``{"success", "message"}`` like
+SGLang's (``sglang/srt/utils/weight_checker.py``); an unknown action answers ``success`` false:
 
 * ``snapshot``: keep a host copy of every state-dict tensor;
 * ``reset_tensors``: overwrite every floating tensor with noise (a tensor that a later sync skips keeps
   noise, so its checksum cannot match the trainer's);
 * ``compare``: the current weights against the snapshot, bit for bit; ``success`` false names the tensors
   that differ;
-* ``checksum`` (our extension): per-tensor checksums keyed by HF name (`relax.weights.checksum`) in a
-  ``checksums`` field, so both sides of every sync go to weights.jsonl.
+* ``checksum``: per-tensor checksums keyed by HF name (`relax.weights.checksum`), so both sides of every
+  sync go to weights.jsonl. The answer has SGLang 0.5.14's shape, ``ranks`` (one rank here: its
+  ``checksums``, ``per_gpu_checksum``, ``parallelism_info``) and ``per_engine_checksum``, combined as
+  SGLang combines them, plus ``checksums`` at the top (relax's reader). The values are relax's checksums
+  of HF-named tensors, not SGLang's (``tensor_hash`` of its own fused parameters): the two never compare.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from typing import Any
 
@@ -23,6 +27,25 @@ from relax.models.checkpoint_names import checkpoint_state, moe_style
 from relax.weights.checksum import state_checksums
 
 ACTIONS = ("snapshot", "reset_tensors", "compare", "checksum")
+# SGLang's ParallelismInfo of a one-rank engine
+ONE_RANK = {"tp_rank": 0, "tp_size": 1, "dp_rank": 0, "dp_size": 1, "pp_rank": 0, "pp_size": 1, "rank": 0, "size": 1}
+
+
+def combined_checksum(checksums: dict[str, str]) -> str:
+    """SGLang's ``per_gpu_checksum``: sha256 over the sorted names, each followed by its checksum."""
+    h = hashlib.sha256()
+    for name in sorted(checksums):
+        h.update(name.encode())
+        h.update(checksums[name].encode())
+    return h.hexdigest()
+
+
+def engine_checksum(ranks: list[dict[str, Any]]) -> str:
+    """SGLang's ``per_engine_checksum``: sha256 over the ranks' ``per_gpu_checksum`` in rank order."""
+    h = hashlib.sha256()
+    for rank in ranks:
+        h.update(rank["per_gpu_checksum"].encode())
+    return h.hexdigest()
 
 
 class WeightsChecker:
@@ -36,8 +59,8 @@ class WeightsChecker:
         return checkpoint_state(self.model.state_dict(), moe_style(getattr(self.model, "config", None)))
 
     def run(self, action: str) -> dict[str, Any]:
-        if action not in ACTIONS:
-            raise ValueError(f"weights_checker: unsupported action {action!r}; one of {', '.join(ACTIONS)}")
+        if action not in ACTIONS:  # SGLang: the checker raises, the answer is success false (400)
+            return {"success": False, "message": f"Unsupported action={action!r}; one of {', '.join(ACTIONS)}"}
         return getattr(self, action)()
 
     @torch.no_grad()
@@ -60,7 +83,9 @@ class WeightsChecker:
 
     def checksum(self) -> dict[str, Any]:
         sums = state_checksums(self._state().items())
-        return {"success": True, "message": f"checksums of {len(sums)} tensors", "checksums": sums}
+        ranks = [{"checksums": sums, "per_gpu_checksum": combined_checksum(sums), "parallelism_info": dict(ONE_RANK)}]
+        return {"success": True, "message": f"checksums of {len(sums)} tensors", "ranks": ranks,
+                "per_engine_checksum": engine_checksum(ranks), "checksums": sums}
 
     @torch.no_grad()
     def compare(self) -> dict[str, Any]:
