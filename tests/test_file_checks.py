@@ -91,3 +91,15 @@ def test_load_names_a_missing_or_torn_checkpoint(tmp_path: Path) -> None:
         f"--load {root}: iter_0000003/model.safetensors is truncated ({full - 8} of {full} bytes)",
         f"--load {root}: iter_0000003/optimizer.pt is truncated or not a torch checkpoint ({opt // 2} bytes, "
         "no zip directory)"]
+
+
+def test_save_paths_that_cannot_be_written_are_named_before_the_first_step(tmp_path: Path) -> None:
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    assert file_checks.writable_dir_problem(tmp_path / "new" / "ckpt") is None  # created by the run, not here
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(ConfigError) as info:
+        parse_args([*BASE, "--save", str(a_file / "ckpt"), "--save-hf", "/proc/sys/relax_hf"])
+    lines = str(info.value).splitlines()
+    assert lines[0] == f"--save {a_file / 'ckpt'}: cannot write there ({a_file} is a file, not a directory)"
+    assert lines[1].startswith("--save-hf /proc/sys/relax_hf: cannot write there (/proc/sys is ")

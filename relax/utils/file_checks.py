@@ -4,12 +4,14 @@ A truncated ``model.safetensors`` otherwise surfaces minutes later, inside a tra
 Ray's report of a dead actor. These checks read headers and sizes only (no tensor data), so they cost
 milliseconds: a safetensors file is an 8-byte little-endian header length, a JSON header whose entries give
 each tensor's byte range, and the data; its size must cover the last range. A ``.pt`` file (torch's zip
-format) must have its zip directory, which sits at the end of the file.
+format) must have its zip directory, which sits at the end of the file. A directory a run will write
+(``--save``) must be creatable: its nearest existing ancestor a writable directory (nothing is created here).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import zipfile
 from pathlib import Path
 
@@ -83,3 +85,21 @@ def checkpoint_problems(root: Path) -> list[str]:
     problems = [p for p in map(safetensors_problem, sorted(directory.glob("*.safetensors"))) if p]
     problems += [p for p in map(torch_file_problem, sorted(directory.glob("*.pt"))) if p]
     return [f"{directory.name}/{p}" for p in problems]
+
+
+def writable_dir_problem(path: Path) -> str | None:
+    """Why the run could not create ``path`` and write in it, or None; names the free space where it can."""
+    ancestor = path
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"{ancestor} is a file, not a directory"
+    stat = os.statvfs(ancestor)
+    if stat.f_flag & os.ST_RDONLY:
+        return f"{ancestor} is on a read-only file system"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"{ancestor} is not writable"
+    free = stat.f_bavail * stat.f_frsize
+    if free == 0:
+        return f"no space left on the device of {ancestor}"
+    return None

@@ -425,8 +425,8 @@ def _checkpoints(args: Namespace, p: Problems) -> None:
 
 @rule
 def _weight_files(args: Namespace, p: Problems) -> None:
-    """``--hf-checkpoint DIR`` and ``--load``: their files present and complete, before Ray starts
-    (relax/utils/file_checks.py: headers and sizes only)."""
+    """``--hf-checkpoint DIR`` and ``--load``: their files present and complete; ``--save`` / ``--save-hf``: writable.
+    All before Ray starts (relax/utils/file_checks.py: headers, sizes and the file system's flags only)."""
     from pathlib import Path
 
     from relax.utils import file_checks
@@ -437,6 +437,11 @@ def _weight_files(args: Namespace, p: Problems) -> None:
     if args.load:
         for problem in file_checks.checkpoint_problems(Path(args.load)):
             p.add(f"--load {args.load}: {problem}")
+    for dest in ("save", "save_hf"):  # found at the first save otherwise, after a step has trained
+        path = getattr(args, dest)
+        problem = file_checks.writable_dir_problem(Path(path)) if path else None
+        if problem:
+            p.add(f"{_flag(dest)} {path}: cannot write there ({problem})")
 
 
 @rule
