@@ -293,6 +293,59 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+class StartupError(Exception):
+    """A serve-engine start-up failure: one line, exit 2 (`main`)."""
+
+
+def check_model(args: argparse.Namespace) -> None:
+    """The checkpoint (a preset, or a directory with every weight file complete) or the config JSON, before
+    anything loads: one `StartupError` naming the flag and what is wrong."""
+    from pathlib import Path
+
+    from relax.models.registry import PRESETS
+    from relax.utils.file_checks import hf_dir_problems
+
+    if args.hf_checkpoint:
+        if args.hf_checkpoint in PRESETS:
+            return
+        path = Path(args.hf_checkpoint)
+        if not path.is_dir():
+            raise StartupError(f"--hf-checkpoint {args.hf_checkpoint!r} is neither a model preset nor an existing "
+                               f"directory; presets: {', '.join(PRESETS)}")
+        problems = hf_dir_problems(path)
+        if problems:
+            raise StartupError(f"--hf-checkpoint {args.hf_checkpoint}: {'; '.join(problems)}")
+        return
+    try:
+        spec = json.loads(Path(args.model_config_json).read_text())
+    except OSError as exc:
+        raise StartupError(f"--model-config-json {args.model_config_json}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise StartupError(f"--model-config-json {args.model_config_json}: not JSON ({exc})") from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("config"), dict):
+        raise StartupError(f"--model-config-json {args.model_config_json}: expected an object with a \"config\" object")
+    if spec.get("family", "qwen3") not in FAMILIES:
+        raise StartupError(f"--model-config-json {args.model_config_json}: family {spec.get('family')!r} is not one "
+                           f"of {', '.join(FAMILIES)}")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the model loads: a bad or busy port fails in one line, in milliseconds."""
+    if not 0 <= port <= 65535:
+        raise StartupError(f"--port {port}: a TCP port is 0-65535 (0 picks a free one)")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"--host {host} --port {port}: cannot listen there ({exc.strerror})") from None
+    return sock
+
+
+FAMILIES = {"qwen3": "Qwen3", "qwen2": "Qwen2", "llama": "Llama"}
+
+
 def build_engine(args: argparse.Namespace):
     import torch
 
@@ -311,7 +364,7 @@ def build_engine(args: argparse.Namespace):
         import transformers
 
         spec = json.loads(open(args.model_config_json).read())
-        family = {"qwen3": "Qwen3", "qwen2": "Qwen2", "llama": "Llama"}[spec.get("family", "qwen3")]
+        family = FAMILIES[spec.get("family", "qwen3")]
         cfg = getattr(transformers, f"{family}Config")(**spec["config"])
         cfg._attn_implementation = spec.get("attn_implementation", "eager")
         torch.manual_seed(args.seed)
@@ -326,12 +379,9 @@ def build_engine(args: argparse.Namespace):
                           weights_cpu_backup=args.enable_weights_cpu_backup)
 
 
-async def serve(server: EngineServer, host: str, port: int) -> None:
+async def serve(server: EngineServer, host: str, sock: socket.socket) -> None:
     runner = web.AppRunner(server.app(), access_log=None, handler_cancellation=True)
     await runner.setup()
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
     site = web.SockSite(runner, sock)
     await site.start()
     bound = sock.getsockname()[1]
@@ -348,11 +398,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        sock = bind(args.host, args.port)
+        check_model(args)
+    except StartupError as exc:
+        print(f"relax serve-engine: {exc}", file=sys.stderr)
+        return 2
     engine = build_engine(args)
     server = EngineServer(Scheduler(engine), api_key=args.api_key,
                           model_path=args.hf_checkpoint or args.model_config_json)
     try:
-        asyncio.run(serve(server, args.host, args.port))
+        asyncio.run(serve(server, args.host, sock))
     except KeyboardInterrupt:
         pass
     return 0
