@@ -194,7 +194,7 @@ def test_remote_rm_against_a_local_http_server(tmp_path: Path) -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         args = Namespace(custom_rm_path=None, rm_type="remote_rm", group_rm=False, reward_key="score",
-                         rm_url=f"http://127.0.0.1:{server.server_port}/reward")
+                         rm_url=f"http://127.0.0.1:{server.server_port}/reward", hook_timeout=60.0)
         rewards = asyncio.run(compute_rewards(args, [_s("7", "7"), _s("3", "7")]))
     finally:
         server.shutdown()
@@ -206,9 +206,30 @@ def test_remote_rm_down_names_the_url() -> None:
     from relax.engine.rollout.engine_client import EngineError
 
     args = Namespace(custom_rm_path=None, rm_type="remote_rm", group_rm=False, reward_key=None,
-                     rm_url="http://127.0.0.1:9/reward")
+                     rm_url="http://127.0.0.1:9/reward", hook_timeout=60.0)
     with pytest.raises(EngineError, match="127.0.0.1:9"):
         asyncio.run(compute_rewards(args, [_s("7", "7")]))
+
+
+def test_remote_rm_that_never_answers_is_bounded_by_hook_timeout() -> None:
+    """A service that accepts the connection and never answers: one line naming the URL and the sample, within
+    --hook-timeout (retries included), never a hang."""
+    import socket
+    import time
+
+    from relax.engine.rollout.engine_client import EngineError
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # the kernel accepts; nobody reads or answers
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/reward"
+        args = Namespace(custom_rm_path=None, rm_type="remote_rm", group_rm=False, reward_key=None, rm_url=url,
+                         hook_timeout=0.5)
+        start = time.monotonic()
+        with pytest.raises(EngineError) as info:
+            asyncio.run(compute_rewards(args, [Sample(index=4, prompt="p", response="7", label="7")]))
+    assert time.monotonic() - start < 5
+    assert str(info.value).startswith(url) and "sample index 4" in str(info.value) and "\n" not in str(info.value)
 
 
 def test_group_rm_scores_whole_groups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import weakref
 from typing import Any
 
@@ -104,7 +105,7 @@ async def request(method: str, url: str, payload: Any = None, *, timeout: float 
     except EngineError:
         raise
     except TimeoutError:
-        raise EngineError(url, f"no answer within {timeout if timeout is not None else connect_timeout} s") from None
+        raise EngineError(url, f"no answer within {timeout if timeout is not None else connect_timeout:.3g} s") from None
     except aiohttp.ClientConnectorError as exc:
         raise EngineError(url, f"cannot connect ({exc.os_error or exc})") from None
     except (aiohttp.ClientError, ConnectionError) as exc:
@@ -114,23 +115,33 @@ async def request(method: str, url: str, payload: Any = None, *, timeout: float 
 
 
 async def post(url: str, payload: Any = None, max_retries: int = 0, *, timeout: float | None = None,
-               headers: dict[str, str] | None = None, retry_delay: float = 1.0) -> Any:
+               headers: dict[str, str] | None = None, retry_delay: float = 1.0, total: float | None = None) -> Any:
     """POST ``payload`` as JSON and return the JSON answer (the Relax recipe helper).
 
     Connection failures and 5xx answers are retried ``max_retries`` times, ``retry_delay`` s
-    apart; 4xx answers raise at once.
+    apart; 4xx answers raise at once. ``total``: the seconds all attempts together may take (each attempt's
+    timeout is cut to what is left; no retry starts past it).
     """
+    deadline = None if total is None else time.monotonic() + total
     for attempt in range(max_retries + 1):
+        left = None if deadline is None else deadline - time.monotonic()
         try:
-            return await request("POST", url, payload, timeout=timeout, headers=headers)
+            return await request("POST", url, payload, timeout=_least(timeout, left), headers=headers)
         except EngineHTTPError as exc:
             if exc.status < 500 or attempt == max_retries:
                 raise
-        except EngineError:
+        except EngineError as exc:
+            if deadline is not None and time.monotonic() + retry_delay >= deadline:
+                raise EngineError(url, f"no answer within {total:g} s in all, {attempt + 1} attempt(s); the last: "
+                                       f"{exc.message}") from None
             if attempt == max_retries:
                 raise
         await asyncio.sleep(retry_delay)
     raise AssertionError("unreachable")
+
+
+def _least(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 async def get(url: str, *, timeout: float | None = None, headers: dict[str, str] | None = None) -> Any:
