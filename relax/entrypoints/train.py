@@ -47,9 +47,6 @@ def main(argv: list[str] | None = None) -> int:
         _print_problems(exc)
         return EXIT_CONFIG
 
-    from relax.core.colocate import train_colocate
-    from relax.core.fully_async import train_fully_async
-    from relax.core.restarts import train_with_restarts
     from relax.core.setup import prepare_run, run_json
     from relax.metrics import console
     from relax.metrics.artifacts import RunArtifacts
@@ -81,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
                 artifacts.add_step_logger(tb)
                 console.info(f"tensorboard logs in {tb.log_dir}")
             console.info(f"output dir {args.output_dir}; {run.num_rollout} steps on {run.device}")
+            # the loops import Ray, torch's distributed stack and the backends (seconds): only once the inputs are
+            # known good, so a bad path or file is reported in about a second
+            from relax.core.colocate import train_colocate
+            from relax.core.fully_async import train_fully_async
+            from relax.core.restarts import train_with_restarts
+
             train_with_restarts(train_fully_async if args.fully_async else train_colocate, args, run, artifacts)
         except Interrupted as exc:
             code, status = exc.exit_code, "interrupted"
