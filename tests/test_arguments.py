@@ -32,7 +32,8 @@ ADDITIONS = {"preset", "output-dir", "config", "device", "rollout-backend", "gam
              "ref-actor-config",  # seed 004's fully-async services (not in seed 000's tables)
              "ray-address",  # the Ray cluster to join (relax/distributed/cluster.py)
              "debug", "bf16",
-             "overwrite-output-dir", "hook-timeout"}  # one run per output dir; bounded user hooks
+             "overwrite-output-dir", "hook-timeout",  # one run per output dir; bounded user hooks
+             "weight-sync-timeout"}  # bounded engine calls of a sync (docs/waits.md)
 # Megatron-LM's architecture flags that seed 001's scripts/models/*.sh pass (their own group)
 MODEL_FLAG_NAMES = {
     "num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "group-query-attention", "num-query-groups",

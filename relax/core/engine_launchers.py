@@ -43,6 +43,10 @@ class EmbeddedLauncher(EngineLauncher):
                 for i, actor, (url, device), pid in zip(indices, actors, answers, pids, strict=True)]
 
 
+ATTACH_TIMEOUT_S = 10.0
+"""How long attaching an external engine waits for its ``/server_info`` (it is up already, or the run fails)."""
+
+
 class ExternalEngines(EngineLauncher):
     """``--rollout-external-engine-addrs host:port ...``: servers the user runs; probed, never restarted."""
 
@@ -60,7 +64,7 @@ class ExternalEngines(EngineLauncher):
 
     def _attach(self, index: int, address: str) -> EngineRecord:
         url = address if "://" in address else f"http://{address}"
-        client = EngineClient(url, control_timeout=10)
+        client = EngineClient(url, control_timeout=ATTACH_TIMEOUT_S)
         try:
             info = run_closing(client.server_info())
         except EngineError as exc:

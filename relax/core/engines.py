@@ -22,6 +22,7 @@ from relax.engine.launcher import EngineLauncher, EngineRecord
 from relax.engine.rollout.engine_client import EngineClient
 from relax.engine.rollout.engine_pool import EngineDiedError
 from relax.engine.router.in_process import RouterConfig, RouterThread
+from relax.utils.errors import unwrap
 from relax.utils.http_utils import run_closing
 from relax.weights.transports import SyncTarget
 
@@ -105,6 +106,7 @@ class EngineFleet:
     def failure(self, exc: BaseException) -> EngineDiedError:
         """One line naming the engine behind ``exc`` (a dead or hung engine, fault tolerance off): the engine
         whose URL the error names, else the first that no longer answers ``/health``."""
+        exc, _ = unwrap(exc)  # an engine's error raised in the trainer (a weight push): Ray wraps it
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         culprit = next((r for r in self.records if r.target.url in str(exc)), None)
         if culprit is None:

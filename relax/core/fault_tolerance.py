@@ -22,6 +22,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from relax.distributed.placement import where
 from relax.engine.rollout.engine_client import EngineClient
+from relax.engine.rollout.engine_pool import EngineDiedError
 from relax.metrics import console
 from relax.utils.http_utils import run_closing
 
@@ -31,6 +32,7 @@ class EngineSupervisor:
         self.rt = rt
         self.lock = rt.weights_lock  # one lock with the syncs: a restart never interleaves with a sync
         self.restarts = 0
+        self.fatal: str | None = None  # set once every engine failed and none could be restarted
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -48,7 +50,8 @@ class EngineSupervisor:
                 console.info(f"engine:{index} failed ({reason}); {fleet.launcher.name} engines cannot be restarted: "
                              "going on with the others")
                 if not fleet.live_targets():
-                    raise RuntimeError(f"every engine failed; the last: engine:{index} ({reason})")
+                    self.fatal = f"every engine failed; the last: engine:{index} ({url}): {reason}"
+                    raise EngineDiedError(self.fatal)
                 rt.artifacts.event("engine_dropped", role=f"engine:{index}", reason=reason)
                 return
             console.info(f"engine:{index} failed ({reason}); restarting")
@@ -63,7 +66,10 @@ class EngineSupervisor:
 
     # ------------------------------------------------------------------ health checks
     def check_all(self) -> None:
-        """Probe every engine now; replace the ones that fail."""
+        """Probe every engine now; replace the ones that fail. Once every engine is gone (none could be
+        restarted) each call raises, so the rollout or sync that asked ends the run with that one line."""
+        if self.fatal is not None:
+            raise EngineDiedError(self.fatal)
         failures = self._probe()
         for index, url, reason in failures:
             self.replace(index, url, reason)

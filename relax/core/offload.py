@@ -76,7 +76,8 @@ class ColocateOffload:
         records = fleet.live_records()
         try:
             before = [_device_bytes(r) for r in records]
-            seconds = asyncio.run(_memory_calls([fleet.client(r.index) for r in records], path))
+            clients = [fleet.client(r.index, weights_timeout=self.rt.push_options.timeout_s) for r in records]
+            seconds = asyncio.run(_memory_calls(clients, path))
             after = [_device_bytes(r) for r in records]
         except (EngineError, RayActorError) as exc:
             if self.rt.supervisor is None:

@@ -95,7 +95,7 @@ class Runtime:
                 targets = self.sync_targets()
                 try:
                     if self.args.check_weight_update_equal:  # a tensor the sync misses keeps its noise
-                        _reset_tensors(targets)
+                        _reset_tensors(targets, self._sync_timeout())
                         self.artifacts.event("weights_reset", version=version)
                     start = time.perf_counter()
                     report = ray.get(self.trainer.push_weights.remote(targets, version, self.push_options))
@@ -110,11 +110,13 @@ class Runtime:
                     self.supervisor.check_all()  # replaces (and re-syncs) the dead or hung engines, then retry
 
     def _sync_timeout(self) -> float:
-        """With fault tolerance a hung engine must not block a sync forever (the health thread waits
-        for the lock this sync holds): a wait longer than this counts as a failed engine."""
+        """How long one engine call of a sync (or a memory move) may take: ``--weight-sync-timeout``. With fault
+        tolerance a hung engine must not hold the sync long either (the health thread waits for the lock this
+        sync holds): a wait longer than this counts as a failed engine."""
+        bound = float(self.args.weight_sync_timeout)
         if not self.args.use_fault_tolerance:
-            return 600.0
-        return max(30.0, 4 * float(self.args.rollout_health_check_timeout))
+            return bound
+        return min(bound, max(30.0, 4 * float(self.args.rollout_health_check_timeout)))
 
     def train_rollout(self, samples, step: int) -> dict[str, float]:
         """Train one rollout batch on the trainer actor; the one place both loops hand data to training.
@@ -326,13 +328,13 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
     return rt
 
 
-def _reset_tensors(targets: list[SyncTarget]) -> None:
+def _reset_tensors(targets: list[SyncTarget], timeout_s: float) -> None:
     """``/weights_checker reset_tensors`` on every target (``--check-weight-update-equal``)."""
 
     from relax.utils.http_utils import run_closing
 
     async def reset() -> None:
-        await asyncio.gather(*(EngineClient(t.url, api_key=t.api_key).weights_checker("reset_tensors")
-                               for t in targets))
+        await asyncio.gather(*(EngineClient(t.url, api_key=t.api_key, weights_timeout=timeout_s)
+                               .weights_checker("reset_tensors") for t in targets))
 
     run_closing(reset())

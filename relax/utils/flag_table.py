@@ -352,7 +352,7 @@ SEED_FLAGS: list[FlagSpec] = [
     # --- Router Configuration
     F('use-slime-router', 'flag', False, 'Router Configuration', "Use SlimeRouter for text-based routing instead of SGLang's token-based routing"),
     F('slime-router-middleware-paths', 'str_list', None, 'Router Configuration', 'List of middleware paths'),
-    F('slime-router-timeout', 'float', None, 'Router Configuration', 'SlimeRouter HTTP request timeout in seconds. Here: the run\'s router (relax/engine/router/) gives up on a request to an engine after this long (None: no limit; fault tolerance\'s health checks find hung engines)'),
+    F('slime-router-timeout', 'float', None, 'Router Configuration', 'SlimeRouter HTTP request timeout in seconds. Here: the run\'s router (relax/engine/router/) gives up on a request to an engine after this long, failing it in one line naming the engine (unset: 600 s, GENERATE_TIMEOUT_S in relax/engine/router/in_process.py; a hung engine that still answers /health is found only this way: docs/waits.md)'),
     F('slime-router-max-connections', 'int', None, 'Router Configuration', 'SlimeRouter HTTP client maximum connections. Here: the run\'s router\'s connection pool to the engines (None: 1024)'),
     F('slime-router-health-check-failure-threshold', 'int', 3, 'Router Configuration', 'Mark worker as unhealthy after this many consecutive failures. Here: the run\'s router checks every engine\'s /health each second and, after this many failures in a row, sends it requests only while no healthy engine is left (removing dead engines is --use-fault-tolerance\'s job)'),
     # --- Other Training Parameters
@@ -457,6 +457,12 @@ ADDED_FLAGS: list[FlagSpec] = [
       "distributed for every other target (every target of a CPU run)",
       choices=("auto", "tensor", "distributed")),
     F("no-bias-swiglu-fusion", "flag", False, ADDITIONS_GROUP,
+    F("weight-sync-timeout", "float", 60.0, ADDITIONS_GROUP,
+      "Seconds one engine call of a weight sync or a memory move may take: /init_weights_update_group, "
+      "/update_weights_from_distributed (and the trainer's end of its broadcast), /update_weights_from_tensor, "
+      "/weights_checker, /release_memory_occupation, /resume_memory_occupation. One that does not answer in time "
+      "fails the run in one line naming the engine (with --use-fault-tolerance: at most max(30, 4 x "
+      "--rollout-health-check-timeout) s, then the engine is replaced). docs/waits.md lists every wait"),
       "Megatron-LM's flag: run the MLP's SwiGLU as separate torch ops instead of megatron-core's fused "
       "bias_swiglu_impl (its torch.compile'd forward and backward kernels; on by default, needs triton). "
       "--train-backend megatron only (relax/backends/megatron/fusions.py)"),
@@ -596,7 +602,8 @@ SUPPORTED: frozenset[str] = frozenset({
     # engines (relax/core/engine_launchers.py, relax/backends/sglang/), the router (relax/engine/router/)
     "rollout-external", "rollout-external-engine-addrs", "sglang-mem-fraction-static",
     "slime-router-timeout", "slime-router-max-connections", "slime-router-health-check-failure-threshold",
-    "embedded-runner", "embedded-cuda-graph", "embedded-compile", "weight-sync-transport", "debug", "bf16",
+    "embedded-runner", "embedded-cuda-graph", "embedded-compile", "weight-sync-transport", "weight-sync-timeout",
+    "debug", "bf16",
     # Megatron model architecture (relax/models/arch_flags.py); ref-load naming the --hf-checkpoint directory
     *(spec.name for spec in MODEL_FLAGS), "ref-load",
 })
@@ -631,7 +638,8 @@ BOUNDS: dict[str, Bound] = {
     "input-key": NONEMPTY, "label-key": NONEMPTY, "metadata-key": NONEMPTY, "tool-key": NONEMPTY,
     "n-samples-per-eval-prompt": AT_LEAST_1, "eval-interval": AT_LEAST_1,
     "rollout-health-check-interval": POSITIVE, "rollout-health-check-timeout": POSITIVE,
-    "max-global-restart": NON_NEGATIVE, "hook-timeout": POSITIVE,
+    "max-global-restart": NON_NEGATIVE, "hook-timeout": POSITIVE, "weight-sync-timeout": POSITIVE,
+    "slime-router-timeout": POSITIVE,
 }
 
 

@@ -13,20 +13,26 @@ from dataclasses import dataclass
 from relax.backends.embedded.hosting import Served, serve_in_thread
 from relax.engine.router.router import Router
 
+GENERATE_TIMEOUT_S = 600.0
+"""How long the run's router waits for one engine's answer to a request (a batched /generate: a share of a
+rollout step) when --slime-router-timeout is unset; an engine that does not answer in time fails the request
+(the run, without --use-fault-tolerance) in one line naming it. A hung engine that still answers /health is
+found only this way: set --slime-router-timeout to the longest a rollout step's share may take (docs/waits.md)."""
+
 
 @dataclass(frozen=True)
 class RouterConfig:
     """The seed's Router Configuration flags that apply to our router (a typed slice of the flags)."""
 
     failure_threshold: int = 3  # --slime-router-health-check-failure-threshold
-    request_timeout: float | None = None  # --slime-router-timeout
+    request_timeout: float = GENERATE_TIMEOUT_S  # --slime-router-timeout
     max_connections: int = 1024  # --slime-router-max-connections
     failover: bool = True  # --use-fault-tolerance: retry a request on another engine when one fails
 
     @classmethod
     def from_args(cls, args: Namespace) -> RouterConfig:
         return cls(failure_threshold=args.slime_router_health_check_failure_threshold,
-                   request_timeout=args.slime_router_timeout,
+                   request_timeout=args.slime_router_timeout or GENERATE_TIMEOUT_S,
                    max_connections=args.slime_router_max_connections or cls.max_connections,
                    failover=bool(args.use_fault_tolerance))
 

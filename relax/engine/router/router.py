@@ -183,7 +183,9 @@ class Router:
                 status, data = await self._send_unless_gone(w, method, path, body)
             except _CONNECTION_ERRORS as exc:
                 w.suspect = True
-                last_error = f"worker {w.url} failed: {type(exc).__name__}: {exc}".rstrip(": ")
+                last_error = (f"worker {w.url}: no {path} answer within {self.request_timeout:g} s"
+                              if isinstance(exc, asyncio.TimeoutError) else
+                              f"worker {w.url} failed: {type(exc).__name__}: {exc}".rstrip(": "))
                 if not self.failover:
                     return _error(502, last_error)
                 log.warning("%s; retrying elsewhere", last_error)
