@@ -456,13 +456,13 @@ ADDED_FLAGS: list[FlagSpec] = [
       "anywhere. auto: tensor for each one-rank target on the GPU that holds the trainer's weights at sync time, "
       "distributed for every other target (every target of a CPU run)",
       choices=("auto", "tensor", "distributed")),
-    F("no-bias-swiglu-fusion", "flag", False, ADDITIONS_GROUP,
     F("weight-sync-timeout", "float", 60.0, ADDITIONS_GROUP,
       "Seconds one engine call of a weight sync or a memory move may take: /init_weights_update_group, "
       "/update_weights_from_distributed (and the trainer's end of its broadcast), /update_weights_from_tensor, "
       "/weights_checker, /release_memory_occupation, /resume_memory_occupation. One that does not answer in time "
       "fails the run in one line naming the engine (with --use-fault-tolerance: at most max(30, 4 x "
       "--rollout-health-check-timeout) s, then the engine is replaced). docs/waits.md lists every wait"),
+    F("no-bias-swiglu-fusion", "flag", False, ADDITIONS_GROUP,
       "Megatron-LM's flag: run the MLP's SwiGLU as separate torch ops instead of megatron-core's fused "
       "bias_swiglu_impl (its torch.compile'd forward and backward kernels; on by default, needs triton). "
       "--train-backend megatron only (relax/backends/megatron/fusions.py)"),
