@@ -405,7 +405,8 @@ ADDED_FLAGS: list[FlagSpec] = [
     F("hook-timeout", "float", 300.0, ADDITIONS_GROUP,
       "Seconds one call of a user hook may take: a --custom-rm-path reward function (per sample, or per group "
       "with --group-rm) or a --custom-generate-function-path call. One that does not return in time fails the run "
-      "in one line naming the hook (relax/utils/plugins.py bounded); built-in graders are not bounded"),
+      "in one line naming the hook (relax/utils/plugins.py bounded); built-in graders are not bounded, but for "
+      "--rm-type remote_rm it is the total time of one sample's request to --rm-url, retries included"),
     F("overwrite-output-dir", "flag", False, ADDITIONS_GROUP,
       "Start a new run in an --output-dir that holds a finished run's artifacts, replacing them. Without it that "
       "is refused (resume such a run with --load, which appends to its files); a directory a live run is using is "
