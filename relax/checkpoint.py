@@ -49,6 +49,25 @@ def begin(root: str | Path, step: int) -> Path:
     return partial
 
 
+def save_failure(root: str | Path, step: int, exc: BaseException) -> CheckpointError:
+    """One line for a checkpoint that could not be written: the step, where, the cause's first line and the free
+    space there (a full disk shows up as ENOSPC, or inside torch's writer as ``unexpected pos``)."""
+    import shutil
+
+    from relax.utils.errors import unwrap
+
+    original, _ = unwrap(exc)
+    cause = next((line.strip() for line in str(original).splitlines() if line.strip()), "(no message)")
+    probe = Path(root)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = f"{shutil.disk_usage(probe).free / 2**20:.1f} MiB free there"
+    except OSError:
+        free = "free space unknown"
+    return CheckpointError(f"checkpoint of step {step} to {root} failed: {type(original).__name__}: {cause} ({free})")
+
+
 def publish(root: str | Path, step: int) -> Path:
     """The complete ``iter_<step>.partial`` becomes ``iter_<step>`` (one rename; an older checkpoint of the same
     step, from a run resumed before it, is replaced), then `mark_latest`: a checkpoint is complete or absent."""

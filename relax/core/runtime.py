@@ -206,28 +206,35 @@ class Runtime:
         for group_index, index, passes in train_metrics.pop(CONSUMED_KEY, []):  # the trainer's own report
             artifacts.samples.write({"step": step, "group_index": group_index, "index": index, "fate": "consumed",
                                      "passes": passes, "reason": None})
-        if args.save and _due(args.save_interval, step, self.last_step):
-            artifacts.event("phase", step=step, phase="checkpoint")
-            if fault_at("CKPT_WRITE_FAIL", step):
-                raise OSError(f"checkpoint write failed: {ckpt.iteration_dir(args.save, step)} (injected fault at "
-                              f"step {step})")
-            partial = ckpt.begin(args.save, step)
-            ray.get(self.trainer.save.remote(str(partial), not args.no_save_optim))
-            position = data_state() if data_state is not None else self.run.data_source.state_dict()
-            ckpt.write_driver_state(partial, ckpt.DriverState(step + 1, step + 1, position))
-            directory = ckpt.publish(args.save, step)
-            artifacts.event("checkpoint_saved", step=step, path=str(directory))
-        if args.save_hf and _due(args.save_interval, step, self.last_step):
-            ray.get(self.trainer.save_hf.remote(args.save_hf.format(rollout_id=step)))
         extras = reward_extras([s for g in groups for s in g], args.reward_key)
         metrics = {"step": step, "weight_version": weight_version, "time": time.time(),
                    **rollout_metrics, **extras, **GenerateState(args).pop_metrics(step), **train_metrics, **perf}
-        artifacts.metrics.write(metrics)
-        artifacts.log_step(metrics)
+        artifacts.metrics.write(metrics)  # before the checkpoint: a step that trained is in metrics.jsonl even if
+        artifacts.log_step(metrics)  # its save fails
+        if args.save and _due(args.save_interval, step, self.last_step):
+            try:
+                self._checkpoint(step, data_state)
+            except Exception as exc:  # noqa: BLE001 - any failure of the save: one line naming where and the free space
+                raise ckpt.save_failure(args.save, step, exc) from exc
+        if args.save_hf and _due(args.save_interval, step, self.last_step):
+            ray.get(self.trainer.save_hf.remote(args.save_hf.format(rollout_id=step)))
         artifacts.event("step_end", step=step)
         console.print_step(metrics, self.run.num_rollout)
         if step < self.start_step + FREEZE_AFTER_STEPS:
             self.freeze_gc()
+
+    def _checkpoint(self, step: int, data_state) -> None:
+        """Step ``step``'s checkpoint under --save, published only once complete (relax/checkpoint.py)."""
+        args = self.args
+        self.artifacts.event("phase", step=step, phase="checkpoint")
+        if fault_at("CKPT_WRITE_FAIL", step):
+            raise OSError(28, "No space left on device (injected fault)", str(ckpt.iteration_dir(args.save, step)))
+        partial = ckpt.begin(args.save, step)
+        ray.get(self.trainer.save.remote(str(partial), not args.no_save_optim))
+        position = data_state() if data_state is not None else self.run.data_source.state_dict()
+        ckpt.write_driver_state(partial, ckpt.DriverState(step + 1, step + 1, position))
+        directory = ckpt.publish(args.save, step)
+        self.artifacts.event("checkpoint_saved", step=step, path=str(directory))
 
     def freeze_gc(self) -> None:
         """After each of the first steps, whose compiles and graph captures leave many long-lived objects behind,
