@@ -205,6 +205,7 @@ async def _target_checksums(targets: list[SyncTarget], timeout_s: float
                                   for t in reporting))
     out: dict[str, dict[str, str] | None] = {t.side: None for t in targets}
     out.update({t.side: s for t, s in zip(reporting, sums, strict=True)})
-    unverified = {t.side: "the engine reports no checksums (a stock SGLang server)" for t in targets
+    unverified = {t.side: ("a stock SGLang server: its /weights_checker checksums are hashes of its own fused, "
+                                 "tensor-parallel-sharded parameters (SGLang 0.5.14), not comparable with the trainer's") for t in targets
                   if not t.reports_checksums}
     return out, unverified

@@ -105,11 +105,13 @@ class EngineClient:
         return await self._post("/destroy_weights_update_group", {"group_name": group_name})
 
     async def weights_checker(self, action: str) -> dict[str, Any]:
-        """SGLang's actions: snapshot, reset_tensors, compare; the embedded engine adds ``checksum``."""
+        """SGLang's actions: snapshot, reset_tensors, compare, checksum (0.5.14's default). The embedded engine's
+        ``checksum`` answer also carries relax's per-tensor checksums at the top level (`checksums`)."""
         return await self._post("/weights_checker", {"action": action}, timeout=self.weights_timeout)
 
     async def checksums(self) -> dict[str, str]:
-        """Per-tensor checksums (the embedded engine's ``checksum`` action; `relax.weights.checksum`)."""
+        """Per-tensor checksums (the embedded engine's ``checksum`` action; `relax.weights.checksum`). A real SGLang
+        answer has only ``ranks[*].checksums``, hashes of its own parameter layout: never read as relax's."""
         answer = await self.weights_checker("checksum")
         if not isinstance(answer, dict) or not isinstance(answer.get("checksums"), dict):
             raise EngineError(self.base_url, "weights_checker checksum returned no checksums")
