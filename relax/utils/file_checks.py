@@ -52,9 +52,11 @@ def torch_file_problem(path: Path) -> str | None:
     return None
 
 
-def hf_dir_problems(directory: Path) -> list[str]:
-    """An HF checkpoint directory's missing or incomplete files (config.json, every safetensors shard)."""
-    problems = [] if (directory / "config.json").is_file() else ["no config.json"]
+def hf_dir_problems(directory: Path, *, needs_model: bool = False) -> list[str]:
+    """An HF checkpoint directory's missing or incomplete weight files: every shard its index names, every
+    ``*.safetensors`` complete. ``needs_model``: it must also hold config.json and weights (``relax train`` does
+    not ask that: a directory with only a tokenizer, or a config, gets its model from the architecture flags)."""
+    problems = [] if not needs_model or (directory / "config.json").is_file() else ["no config.json"]
     index = directory / INDEX
     if index.is_file():
         try:
@@ -69,7 +71,7 @@ def hf_dir_problems(directory: Path) -> list[str]:
                 problems.append(f"{INDEX} names {shard}, which is missing")
     else:
         files = sorted(directory.glob("*.safetensors"))
-        if not files and not any(directory.glob("*.bin")):
+        if needs_model and not files and not any(directory.glob("*.bin")):
             problems.append("no *.safetensors weights")
     problems += [p for p in map(safetensors_problem, files) if p]
     return problems

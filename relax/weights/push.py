@@ -77,11 +77,25 @@ class WeightPusher:
     def _run(self, coro):
         """Run ``coro`` on the pusher's own event loop thread (started on first use) and wait for it."""
         if self._loop is None:
+            import atexit
             import threading
 
             self._loop = asyncio.new_event_loop()
             threading.Thread(target=self._loop.run_forever, name="relax-weight-push", daemon=True).start()
+            atexit.register(self._close_session_at_exit, self._loop)
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    @staticmethod
+    def _close_session_at_exit(loop: asyncio.AbstractEventLoop) -> None:
+        """The actor exits (the run ended, maybe failed mid-push): close the loop's HTTP session first, so aiohttp
+        does not report it unclosed on stderr after the run's last line. Bounded: a hung loop is left as it is."""
+        from relax.utils.http_utils import close_session
+
+        if loop.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(close_session(), loop).result(timeout=2)
+            except Exception:  # noqa: BLE001 - exiting anyway
+                pass
 
     def push(self, buckets: Iterable[NamedTensors], targets: list[SyncTarget], version: int, *, requested: str,
              weights_device: torch.device, keep_snapshot: bool = False) -> PushReport:

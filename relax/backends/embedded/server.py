@@ -312,7 +312,7 @@ def check_model(args: argparse.Namespace) -> None:
         if not path.is_dir():
             raise StartupError(f"--hf-checkpoint {args.hf_checkpoint!r} is neither a model preset nor an existing "
                                f"directory; presets: {', '.join(PRESETS)}")
-        problems = hf_dir_problems(path)
+        problems = hf_dir_problems(path, needs_model=True)
         if problems:
             raise StartupError(f"--hf-checkpoint {args.hf_checkpoint}: {'; '.join(problems)}")
         return
