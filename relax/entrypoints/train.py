@@ -107,10 +107,14 @@ def main(argv: list[str] | None = None) -> int:
         # killed with the process group) leaves the artifacts complete
         info.update(status=status, exit_code=code, end_time=time.time(),
                     **(failure.record() if failure else {"error": None}))
-        artifacts.write_run_json(info)
-        artifacts.event("run_end", status=status, exit_code=code, **({"signal": info["signal"]} if "signal" in info
-                                                                      else {}))
-        artifacts.close()
+        try:
+            artifacts.write_run_json(info)
+            artifacts.event("run_end", status=status, exit_code=code, **({"signal": info["signal"]}
+                                                                          if "signal" in info else {}))
+            artifacts.close()
+        except OSError as exc:  # a full or read-only disk: the run's end cannot be recorded; say so, in one line
+            print(f"relax: the run's end is not recorded in {args.output_dir}: {exc.strerror or exc}", file=sys.stderr)
+            code = code or EXIT_FAILED
         try:
             _shutdown_ray()
         except Interrupted:  # the first signal came after the run ended: the shutdown was all that was left

@@ -36,8 +36,12 @@ class JsonlWriter:
     def write(self, record: dict[str, Any]) -> None:
         line = json.dumps({k: _jsonable(v) for k, v in record.items()}, sort_keys=False)
         with self._lock:
-            self._fh.write(line + "\n")
-            self._fh.flush()
+            try:
+                self._fh.write(line + "\n")
+                self._fh.flush()
+            except OSError as exc:  # a full or read-only disk: one line naming the file and the free space
+                raise OSError(exc.errno, f"cannot write {self.path}: {exc.strerror} "
+                                         f"({free_space(self.path.parent)})") from None
 
     def close(self) -> None:
         with self._lock:
@@ -67,12 +71,29 @@ class RunArtifacts:
         self.events.write({"time": time.time(), "event": name, **fields})
 
     def write_run_json(self, payload: dict[str, Any]) -> None:
+        """run.json replaced whole (a temporary file, then a rename); a write that fails (a full or read-only disk)
+        leaves the previous run.json and no temporary file, and raises one line naming the file and the free space."""
         tmp = self.dir / "run.json.tmp"
-        tmp.write_text(json.dumps(payload, indent=2, default=str))
-        tmp.replace(self.dir / "run.json")
+        try:
+            tmp.write_text(json.dumps(payload, indent=2, default=str))
+            tmp.replace(self.dir / "run.json")
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise OSError(exc.errno, f"cannot write {self.dir / 'run.json'}: {exc.strerror} "
+                                     f"({free_space(self.dir)})") from None
 
     def close(self) -> None:
         for w in (self.metrics, self.weights, self.events, self.samples):
             w.close()
         for logger in self._step_loggers:
             logger.close()
+
+
+def free_space(directory: Path) -> str:
+    """``N MiB free there``, for the one line a failed write prints."""
+    import shutil
+
+    try:
+        return f"{shutil.disk_usage(directory).free / 2**20:.1f} MiB free there"
+    except OSError:
+        return "free space unknown"
