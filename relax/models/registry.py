@@ -88,15 +88,16 @@ PRESETS: dict[str, ModelPreset] = {
 _TOKEN_IDS = dict(pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=None)
 
 
-def _families() -> dict[str, tuple[type, type]]:
+# each family's transformers class names: the config's alone imports in a fraction of the model's time (launch checks
+# need only the config)
+_FAMILY_CLASSES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+                   "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM")}
+
+
+def _family_class(family: str, which: int) -> type:
     import transformers as tf
 
-    return {
-        "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
-        "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM),
-        "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
-        "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
-    }
+    return getattr(tf, _FAMILY_CLASSES[family][which])
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def build_config(name: str):
         preset = PRESETS[name]
     except KeyError:
         raise _unknown(name) from None
-    config_cls, _ = _families()[preset.family]
+    config_cls = _family_class(preset.family, 0)
     cfg = config_cls(**preset.config, **_TOKEN_IDS)
     cfg._attn_implementation = preset.attn_implementation
     return cfg
@@ -169,7 +170,7 @@ def build_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, seed: 
     cfg = ckpt.config
     if attn_implementation:
         cfg._attn_implementation = attn_implementation
-    _, model_cls = _families()[PRESETS[name_or_path].family]
+    model_cls = _family_class(PRESETS[name_or_path].family, 1)
     with _seeded(seed):
         model = model_cls(cfg)
     return model.to(dtype)
@@ -177,7 +178,7 @@ def build_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, seed: 
 
 def param_count(name: str) -> int:
     """Parameters of preset ``name``, counted on the meta device (allocates nothing)."""
-    _, model_cls = _families()[PRESETS[name].family]
+    model_cls = _family_class(PRESETS[name].family, 1)
     with torch.device("meta"):
         model = model_cls(build_config(name))
     return sum(p.numel() for p in model.parameters())
