@@ -36,5 +36,14 @@ def test_a_finished_run_is_resumed_or_replaced_never_appended_to_silently(tmp_pa
 
 def test_an_output_dir_under_a_file_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
-    with pytest.raises(ConfigError, match="--output-dir .*/file/run: cannot create it or write in it"):
+    with pytest.raises(ConfigError, match="--output-dir .*/file/run: cannot create it or write in it "
+                                          r"\(.*/file is a file, not a directory\)$"):
         claim_run_dir(tmp_path / "file" / "run", resuming=False, overwrite=False)
+
+
+def test_an_output_dir_that_cannot_be_written_is_one_line_saying_why() -> None:
+    """/proc/sys: a tree no one may create files in (read-only or not writable, by the file system's own flags)."""
+    with pytest.raises(ConfigError) as info:
+        claim_run_dir("/proc/sys/relax_run", resuming=False, overwrite=False)
+    assert str(info.value) in ("--output-dir /proc/sys/relax_run: cannot create it or write in it (/proc/sys is "
+                               f"{why})" for why in ("not writable", "on a read-only file system"))

@@ -44,7 +44,10 @@ def claim_run_dir(directory: str | os.PathLike[str], *, resuming: bool, overwrit
         root.mkdir(parents=True, exist_ok=True)
         fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        raise ConfigError(f"--output-dir {root}: cannot create it or write in it ({exc.strerror})") from None
+        from relax.utils.file_checks import writable_dir_problem
+
+        reason = writable_dir_problem(root) or exc.strerror  # why, in the file system's terms (read-only, a file)
+        raise ConfigError(f"--output-dir {root}: cannot create it or write in it ({reason})") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
