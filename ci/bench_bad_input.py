@@ -12,7 +12,6 @@ case does not exit 2 with exactly one line. The target is reported, not asserted
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ci.provenance import provenance  # noqa: E402
+from ci.provenance import write_result  # noqa: E402
 
 TARGET_S = 3.0
 BASE = ["--preset", "quickstart", "--num-rollout", "1"]
@@ -80,9 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     worst = max(r["median_s"] for r in rows)
     print(f"slowest {worst:.2f} s (target < {TARGET_S:g} s: {'met' if worst < TARGET_S else 'MISSED'})")
     if ns.json:
-        Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(ns.json).write_text(json.dumps({"provenance": provenance(), "rows": rows, "target_s": TARGET_S,
-                                             "slowest_s": worst, "repeats": ns.repeats}, indent=1))
+        write_result(ns.json, rows=rows, target_s=TARGET_S, slowest_s=worst, repeats=ns.repeats)
     return 1 if bad else 0
 
 

@@ -78,7 +78,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ci.provenance when run as a script
-from ci.provenance import provenance  # noqa: E402
+from ci.provenance import write_result  # noqa: E402
 from ci.run_figures import MOVES as OFFLOAD_MOVES  # noqa: E402
 from ci.run_figures import read_jsonl, sync_figures  # noqa: E402
 
@@ -633,12 +633,10 @@ def main(argv: list[str] | None = None) -> int:
     for f in failures:
         print(f"FAILED: {f}")
     if ns.json:
-        Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
-        setup = {k: v for k, v in vars(ns).items() if k != "trl_worker"}
-        Path(ns.json).write_text(json.dumps({"provenance": provenance(), "setup": setup, "rows": rows,
-                                             "failures": failures, "trl_reference": trl.system if trl else None,
-                                             "targets": {"step_s": STEP_TARGET_S, "speedup_vs_trl": SPEEDUP_TARGET},
-                                             "wall_s": time.perf_counter() - t_start}, indent=1))
+        write_result(ns.json, setup={k: v for k, v in vars(ns).items() if k != "trl_worker"}, rows=rows,
+                     failures=failures, trl_reference=trl.system if trl else None,
+                     targets={"step_s": STEP_TARGET_S, "speedup_vs_trl": SPEEDUP_TARGET},
+                     wall_s=time.perf_counter() - t_start)
     return 1 if failures else 0
 
 

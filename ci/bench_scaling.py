@@ -30,7 +30,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ci.bench_grpo_e2e import build_parser, log, run_relax, write_prompts  # noqa: E402
-from ci.provenance import provenance  # noqa: E402
+from ci.provenance import write_result  # noqa: E402
 
 SCALING_TARGET = 1.8  # samples/s of 2k GPUs over k GPUs
 
@@ -103,11 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     for f in failures:
         print(f"FAILED: {f}")
     if ns.json:
-        Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
-        setup = {k: v for k, v in vars(ns).items() if k != "trl_worker"}
-        Path(ns.json).write_text(json.dumps({"provenance": provenance(), "setup": setup, "rows": rows,
-                                             "scaling": checks, "failures": failures,
-                                             "wall_s": time.perf_counter() - t0}, indent=1))
+        write_result(ns.json, setup={k: v for k, v in vars(ns).items() if k != "trl_worker"}, rows=rows,
+                     scaling=checks, failures=failures, wall_s=time.perf_counter() - t0)
     return 1 if failures else 0
 
 

@@ -90,3 +90,12 @@ def provenance(argv: list[str] | None = None) -> dict:
     return {"command": shlex.join([*switches(), Path(sys.executable).name, *(sys.argv if argv is None else argv)]),
             "commit": commit(), "machine": machine(),
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def write_result(path: str | os.PathLike, **fields) -> None:
+    """A bench's JSON at ``path`` (its folder made): ``{"provenance": provenance(), **fields}``."""
+    import json
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"provenance": provenance(), **fields}, indent=1))
