@@ -19,7 +19,9 @@ def test_startup_objects_are_frozen_and_later_cycles_still_collected() -> None:
     alive = len(gc.get_objects())
     try:
         frozen = freeze_startup_objects()
-        assert frozen == gc.get_freeze_count() >= alive * 0.9  # what survived the collection before it
+        assert frozen >= alive * 0.9  # what survived the collection before it
+        # a frozen object that another thread frees (a worker's leftover pool threads) leaves the permanent generation
+        assert 0 <= frozen - gc.get_freeze_count() < alive * 0.01
         assert len(gc.get_objects()) < alive * 0.1  # collections now walk only what came after
         ref = weakref.ref(_Node())
         assert ref() is not None
