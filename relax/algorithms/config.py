@@ -1,6 +1,6 @@
 """The typed slice of flags the RL math needs, read and validated once.
 
-`AlgorithmConfig.from_args` is the only place the algorithms read flags. Every default lives
+`AlgorithmConfig.from_args` (relax/utils/flag_slice.py) is the only place the algorithms read flags. Every default lives
 in the flag schema (relax/utils/flag_table.py) and derived values (``--eps-clip-high``,
 ``--critic-lr``) are resolved by relax/utils/validation.py, so this class has no defaults of
 its own and reads every field strictly. Plug-ins get ``cfg.args`` because their Relax
@@ -9,13 +9,14 @@ signatures take ``args``.
 
 from __future__ import annotations
 
-from argparse import Namespace
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
+
+from relax.utils.flag_slice import FlagSlice
 
 
 @dataclass(frozen=True)
-class AlgorithmConfig:
+class AlgorithmConfig(FlagSlice):
     # advantages
     advantage_estimator: str
     disable_grpo_std_normalization: bool
@@ -62,20 +63,6 @@ class AlgorithmConfig:
     num_critic_only_steps: int
     critic_train_only: bool
     args: Any = field(default=None, compare=False, repr=False)
-
-    @classmethod
-    def from_args(cls, args: Namespace) -> AlgorithmConfig:
-        names = [f.name for f in fields(cls) if f.name != "args"]
-        missing = [n for n in names if not hasattr(args, n)]
-        if missing:
-            raise ValueError(f"args lacks {', '.join(missing)}: parse flags with relax.utils.arguments first")
-        values = {n: getattr(args, n) for n in names}
-        for n in names:  # store_true flags whose schema default is "-" arrive as None
-            if cls.__dataclass_fields__[n].type == "bool":
-                values[n] = bool(values[n])
-        cfg = cls(**values, args=args)
-        cfg.validate()
-        return cfg
 
     @property
     def rewards_preprocessed(self) -> bool:
