@@ -1,7 +1,15 @@
-"""Helpers for tests that run ``relax train`` as a real subprocess (its own Ray cluster), or Ray in-process."""
+"""Helpers for tests that run ``relax train`` as a real subprocess, or Ray in-process.
+
+A subprocess run joins one Ray cluster per test process (an xdist worker), started on its first use and
+stopped when the process exits: starting a private cluster costs a run ~6 s of a 2-core CI machine, and a
+job's actors and placement groups go with its driver, so runs do not see each other's. A test about the
+cluster itself (a private cluster's files, its processes, a run killed from outside) passes
+``private_cluster=True`` and gets the private cluster that ``relax train`` starts by default.
+"""
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -9,6 +17,9 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+from tests.ray_cluster import ENV as CLUSTER_ENV
+from tests.ray_cluster import LocalCluster
 
 # A small, fast variant of the quickstart: 8 prompts x 4 samples, two micro-batches per step.
 FAST_FLAGS = [
@@ -20,14 +31,29 @@ FAST_FLAGS = [
 ]
 
 
-def run_relax(args: list[str], tmp_path: Path, timeout: float = 600,
-              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", RELAX_RAY_TEMP_DIR=str(_ray_dir(tmp_path)),
-               **(env or {}))
+def run_relax(args: list[str], tmp_path: Path, timeout: float = 600, env: dict[str, str] | None = None,
+              private_cluster: bool = False) -> subprocess.CompletedProcess[str]:
+    if private_cluster or "RAY_ADDRESS" in (env or {}):
+        base = dict(os.environ, RELAX_RAY_TEMP_DIR=str(_ray_dir(tmp_path)))
+    else:
+        base = {k: v for k, v in os.environ.items() if k != "RELAX_RAY_TEMP_DIR" and not k.startswith("RAY_")}
+        base.update(CLUSTER_ENV, RAY_ADDRESS=shared_cluster_address())
+    env = dict(base, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", **(env or {}))
     return subprocess.run(
         [sys.executable, "-m", "relax.cli", "train", *args],
         capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path,
     )
+
+
+_SHARED: list = []  # the test process's LocalCluster, once started
+
+
+def shared_cluster_address() -> str:
+    """The test process's own Ray cluster (2 CPUs, no GPUs, as a private one on the CI machine)."""
+    if not _SHARED:
+        _SHARED.append(LocalCluster(nodes=1, gpus=0, cpus=2).start())
+        atexit.register(_SHARED[0].stop)
+    return _SHARED[0].address
 
 
 def _ray_dir(tmp_path: Path) -> Path:

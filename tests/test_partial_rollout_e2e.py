@@ -55,7 +55,8 @@ def test_partial_rollout_run_with_every_hook(tmp_path: Path, monkeypatch: pytest
                       "--rollout-max-response-len", "16", "--rollout-stop-token-ids", *STOP_IDS,
                       "--buffer-filter-path", "pr_hooks.oldest_first",
                       "--custom-convert-samples-to-train-data-path", "pr_hooks.convert",
-                      "--rollout-data-postprocess-path", "pr_hooks.postprocess", "--output-dir", str(run)], tmp_path)
+                      "--rollout-data-postprocess-path", "pr_hooks.postprocess", "--output-dir", str(run)], tmp_path,
+                     private_cluster=True)  # the hooks read HOOK_LOG: a private cluster's workers inherit it
     assert_ok(proc)
     context = CheckContext(runs={"main": RunArtifacts.load(run)}, root=run)
     accounting = parse_check({"kind": "sample_accounting"}).run_check(context)

@@ -164,7 +164,8 @@ def _check_run(out: Path, proc, *, fully_async: bool) -> list[dict]:
 def test_colocate_branch_trains_qwen2_bf16_and_exports(recipe, tmp_path) -> None:
     import torch
 
-    proc = run_relax(_launch(recipe, "qwen2", tmp_path, COLOCATE, ["--bf16"]), tmp_path)
+    proc = run_relax(_launch(recipe, "qwen2", tmp_path, COLOCATE, ["--bf16"]), tmp_path,
+                     private_cluster=True)  # its 8 GPUs are logical: a private cluster reserves them
     _check_run(tmp_path, proc, fully_async=False)
     info = json.loads((tmp_path / "run" / "run.json").read_text())
     assert info["config"]["train_backend"] == "torch" and info["config"]["bf16"] is True
@@ -175,7 +176,7 @@ def test_colocate_branch_trains_qwen2_bf16_and_exports(recipe, tmp_path) -> None
 def test_fully_async_branch_trains_llama_with_services_and_exports(recipe, tmp_path) -> None:
     import torch
 
-    proc = run_relax(_launch(recipe, "llama", tmp_path, FULLY_ASYNC), tmp_path)
+    proc = run_relax(_launch(recipe, "llama", tmp_path, FULLY_ASYNC), tmp_path, private_cluster=True)
     _check_run(tmp_path, proc, fully_async=True)
     assert {r["side"] for r in read_jsonl(tmp_path / "run" / "weights.jsonl")} >= {"trainer", "engine:0", "actor_fwd:0"}
     _exported_weights_equal_last_sync(tmp_path / "run", tmp_path / "hf", torch.float32)

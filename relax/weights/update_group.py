@@ -28,11 +28,23 @@ BACKENDS = ("nccl", "gloo")
 _FIRST_POLL_S, _LONGEST_POLL_S = 0.0005, 0.05  # gloo waits: first and longest sleep between polls
 
 
+def host_store(master_address: str, world_size: int, timeout_s: float, port: int = 0):
+    """Rank 0's store, what torch's tcp:// rendezvous makes, without waiting for the members. ``port`` 0: one the
+    OS picks as it binds, to tell the members afterwards (``store.port``); a port found free and bound later
+    can be taken in between, by any process's outgoing connection (EADDRINUSE)."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(master_address, port, world_size, is_master=True, timeout=timedelta(seconds=timeout_s),
+                         multi_tenant=True, wait_for_workers=False)
+
+
 class WeightUpdateGroup:
     """One member's handle on a weight-update group (rank 0: the sender)."""
 
     def __init__(self, master_address: str, master_port: int, rank: int, world_size: int, *,
-                 group_name: str = "weight_update_group", backend: str = "nccl", timeout_s: float = 300.0):
+                 group_name: str = "weight_update_group", backend: str = "nccl", timeout_s: float = 300.0,
+                 store=None):
+        """``store``: rank 0's store, made by `host_store` before the members were told its port."""
         import torch.distributed as dist
         from torch.distributed import distributed_c10d as c10d
 
@@ -46,9 +58,8 @@ class WeightUpdateGroup:
         if not group_name:
             raise ValueError("group_name must not be empty")
         timeout = timedelta(seconds=timeout_s)
-        if rank == 0:  # the store's host: what torch's tcp:// rendezvous makes, without waiting for the members
-            store = dist.TCPStore(master_address, int(master_port), world_size, is_master=True, timeout=timeout,
-                                  multi_tenant=True, wait_for_workers=False)
+        if rank == 0:
+            store = store or host_store(master_address, world_size, timeout_s, port=int(master_port))
         else:
             store, _, _ = next(c10d.rendezvous(f"tcp://{_host(master_address)}:{int(master_port)}", rank,
                                                world_size, timeout=timeout))

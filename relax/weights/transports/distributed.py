@@ -27,7 +27,7 @@ from relax.utils.daemon_calls import in_daemon_thread
 from relax.weights import serialized_tensors
 from relax.weights.devices import cuda_index
 from relax.weights.transports.base import PackedBucket, SyncTarget, Transport
-from relax.weights.update_group import WeightUpdateGroup
+from relax.weights.update_group import WeightUpdateGroup, host_store
 
 _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
@@ -44,12 +44,6 @@ def dtype_from_name(name: str) -> torch.dtype:
         return _DTYPES[str(name).removeprefix("torch.")]
     except KeyError:
         raise ValueError(f"unsupported dtype {name!r}; known: {', '.join(_DTYPES)}") from None
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def master_address(targets: list[SyncTarget]) -> str:
@@ -82,13 +76,14 @@ class DistributedTransport(Transport):
         once, with that engine's error, instead of leaving the others waiting for it until the timeout."""
         backend = "nccl" if weights_at.type == "cuda" else "gloo"
         address = master_address(self.targets)
-        port = _free_port(address)
         world = 1 + sum(t.tp_size for t in self.targets)
+        store = host_store(address, world, self.timeout_s)
+        port = store.port
         offsets = [1 + sum(t.tp_size for t in self.targets[:i]) for i in range(len(self.targets))]
         # NCCL (and gloo under TORCH_GLOO_LAZY_INIT) builds rank 0's end at once; eager gloo waits in it for
         # every member's connection, so it runs in a thread of its own that a refused join leaves behind
         own = in_daemon_thread(WeightUpdateGroup, address, port, 0, world, group_name=self.group_name,
-                               backend=backend, timeout_s=self.timeout_s, orphaned=_close_group)
+                               backend=backend, timeout_s=self.timeout_s, store=store, orphaned=_close_group)
         joins = [client.init_weights_update_group(address, port, offset, world, group_name=self.group_name,
                                                   backend=backend)
                  for client, offset in zip(self._clients(), offsets, strict=True)]
