@@ -73,8 +73,8 @@ def reward_panel(run: RunFiles) -> Panel:
 
 
 def loss_panel(run: RunFiles) -> Panel:
-    from plotly.subplots import make_subplots
     import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
 
     title = "Loss, KL, grad norm, entropy"
     rows = [("loss", ["train/loss", "train/pg_loss"]), ("KL", ["train/ppo_kl", "train/kl_loss"]),
