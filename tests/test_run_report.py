@@ -27,9 +27,17 @@ def run_dir(tmp_path_factory) -> Path:
     proc = run_relax([*FAST_FLAGS, "--num-rollout", "4", "--output-dir", str(out), "--save", str(tmp / "ckpt"),
                       "--save-interval", "2", "--timeline-dump-dir", str(out / "timeline"),
                       "--use-pytorch-profiler", "--profile-step-start", "2", "--profile-step-end", "3",
-                      "--profile-target", "train_overall", "train_actor", "train_log_probs"], tmp)
+                      "--profile-target", "train_overall", "train_actor", "train_log_probs",
+                      "--custom-rm-path", "tests.test_run_report.category_reward", "--reward-key", "score",
+                      "--log-correct-samples", "--log-multi-turn", "--log-reward-category", "verdict"], tmp)
     assert_ok(proc)
     return out
+
+
+async def category_reward(args, sample, **kwargs) -> dict:
+    """The quickstart's exact-match reward as a dict with a category (for --log-reward-category verdict)."""
+    right = sample.response.strip() == str(sample.label).strip()
+    return {"score": float(right), "verdict": "right" if right else "wrong"}
 
 
 def report(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -189,3 +197,48 @@ def test_report_renders_in_headless_chromium_without_console_errors(run_dir: Pat
     dom = subprocess.run([*base, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
     for pid in PANELS - {"staleness"}:  # every figure was drawn (plotly adds its svg to the div)
         assert re.search(rf'<div id="plot-{pid}"[^>]*>.*?class="main-svg"', dom, re.S), pid
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_logging_flags_add_their_metrics(run_dir: Path) -> None:
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for m in steps:
+        # --log-reward-category verdict: the shares of the categories cover every sample
+        shares = {k: v for k, v in m.items() if k.startswith("reward_category/") and k.endswith("/frac")}
+        assert shares and abs(sum(shares.values()) - 1) < 1e-9
+        if "reward_category/right/reward_mean" in m:
+            assert m["reward_category/right/reward_mean"] == 1.0
+        right = m.get("reward_category/right/frac", 0.0) * m["rollout/num_samples"]
+        assert m["rollout/correct_samples"] == pytest.approx(right)  # --log-correct-samples
+        # --log-multi-turn on single-turn samples: one round, no observation tokens
+        assert m["multi_turn_metric/round_number_max"] == 1.0
+        assert m["raw_response_length/response_length_mean"] == m["wo_obs_response_length/response_length_mean"]
+    assert any(m["rollout/correct_samples"] > 0 for m in steps)
+    m = next(m for m in steps if m["rollout/correct_samples"] > 0)
+    assert sum(m[f"correct_length/p{p}"] for p in (25, 50, 75, 100)) == pytest.approx(1.0)
+    assert m["rollout/correct_entropy"] > 0
+
+
+def test_rollout_log_metrics_of_multi_turn_and_categories() -> None:
+    from relax.observability.rollout_logs import RolloutLogConfig, rollout_log_metrics
+    from relax.utils.types import Sample
+
+    samples = [Sample(response_length=8, loss_mask=[1, 1, 0, 0, 0, 1, 1, 1], rollout_log_probs=[-0.5] * 8,
+                      metadata={"turns": [{}, {}]}, reward={"score": 1.0, "kind": "math"}),
+               Sample(response_length=2, loss_mask=[1, 1], rollout_log_probs=[-1.5, -0.5],
+                      reward={"score": 0.0, "kind": "code"}),
+               Sample(response_length=3, reward={"score": 1.0, "kind": "math"})]
+    cfg = RolloutLogConfig(log_correct_samples=True, log_multi_turn=True, log_reward_category="kind",
+                           rollout_max_response_len=8, reward_key="score")
+    m = rollout_log_metrics(cfg, samples)
+    assert m["rollout/correct_samples"] == 2 and m["rollout/correct_response_len_mean"] == 5.5
+    assert m["correct_length/p25"] == 0 and m["correct_length/p50"] == 0.5 and m["correct_length/p100"] == 0.5
+    assert m["rollout/correct_entropy"] == 0.5
+    assert m["raw_response_length/response_length_max"] == 8 and m["wo_obs_response_length/response_length_max"] == 5
+    assert m["raw_response_length/response_length_clip_ratio"] == pytest.approx(1 / 3)
+    assert m["multi_turn_metric/round_number_max"] == 2 and m["multi_turn_metric/round_number_min"] == 1
+    assert m["reward_category/math/frac"] == pytest.approx(2 / 3) and m["reward_category/code/reward_mean"] == 0.0
+    off = RolloutLogConfig(log_correct_samples=False, log_multi_turn=False, log_reward_category=None,
+                           rollout_max_response_len=8, reward_key="score")
+    assert rollout_log_metrics(off, samples) == {}

@@ -344,9 +344,9 @@ SEED_FLAGS: list[FlagSpec] = [
     F('timeline-dump-dir', 'str', None, 'Metrics Service', "Timeline trace event export directory (Chrome Trace format). Timeline tracing disabled if not set. Here: DIR/timeline.json, written at the run's end whatever its status: one row per actor (driver, trainer ranks, engines, services, reward scoring) with spans for steps, phases, generate, reward, train, log-prob forwards, optimizer updates, sync, offload/onload and checkpoint, and fault markers (relax/observability/timeline.py)"),
     # --- Logging Options
     F('log-passrate', 'flag', False, 'Logging Options', 'Enable pass@n pass rate logging'),
-    F('log-multi-turn', 'flag', False, 'Logging Options', 'Enable multi-turn Rollout information logging'),
-    F('log-correct-samples', 'flag', False, 'Logging Options', 'Log correct samples'),
-    F('log-reward-category', 'str', None, 'Logging Options', 'Log reward category statistics. Specify key in reward dict'),
+    F('log-multi-turn', 'flag', False, 'Logging Options', 'Enable multi-turn Rollout information logging. Here: raw_response_length/response_length_{mean,max,min,clip_ratio} (observations included), wo_obs_response_length/response_length_{mean,max,min} (the loss mask) and multi_turn_metric/round_number_{mean,max,min} in metrics.jsonl (relax/observability/rollout_logs.py)'),
+    F('log-correct-samples', 'flag', False, 'Logging Options', 'Log correct samples. Here: over the samples of each step whose reward is 1: rollout/correct_samples, rollout/correct_response_len_mean, rollout/correct_entropy and correct_length/p25..p100 (share of correct responses per quarter of --rollout-max-response-len) in metrics.jsonl'),
+    F('log-reward-category', 'str', None, 'Logging Options', 'Log reward category statistics. Specify key in reward dict. Here: samples grouped by the value of KEY in their dict reward: reward_category/<value>/frac and reward_category/<value>/reward_mean in metrics.jsonl'),
     # --- Notifications
     F('notify-urls', 'str', None, 'Notifications', 'Apprise notification URL list (comma-separated)'),
     # --- Router Configuration
@@ -599,6 +599,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "use-tensorboard", "tb-project-name", "tb-experiment-name", "custom-config-path", "use-metrics-service",
     "timeline-dump-dir", "use-pytorch-profiler", "profile-step-start", "profile-step-end", "profile-target",
     "profile-with-stack", "profile-with-memory", "profile-with-flops",  # relax/observability/
+    "log-multi-turn", "log-correct-samples", "log-reward-category",
     "balance-data",  # relax/backends/torch/data_parallel.py
     # additions
     "preset", "output-dir", "overwrite-output-dir", "hook-timeout", "lr-decay-style", "config", "device", "rollout-backend",
