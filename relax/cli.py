@@ -12,6 +12,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve-engine": ("relax.backends.embedded.server", "serve the embedded engine over SGLang's HTTP API"),
     "convert-data": ("relax.data.convert_verl", "convert a verl parquet (prompt, reward_model, extra_info) to relax's"),
     "convert": ("relax.entrypoints.convert", "convert checkpoints between HF and Megatron (TP/PP/EP layouts)"),
+    "report": ("relax.observability.report", "one self-contained HTML page of a run's metrics, events and config"),
 }
 
 

@@ -131,8 +131,10 @@ def _sample(spec) -> tuple[list[str], object]:
         "int_list": (["1", "2"], [1, 2]), "size": (["2MB"], 2 * MiB), "str": (["x"], "x"),
     }
     tokens, value = samples[spec.type]
-    if spec.choices:
+    if spec.choices:  # a list flag's choices are per item
         tokens, value = [spec.choices[-1]], spec.choices[-1]
+        if spec.type in ("str_list", "int_list"):
+            value = [value]
     return tokens, value
 
 

@@ -33,6 +33,8 @@ from relax.engine.rollout.sglang_rollout import GenerateState
 from relax.metrics import console
 from relax.metrics.artifacts import RunArtifacts
 from relax.metrics.sample_records import reward_extras, sample_fields
+from relax.observability.rollout_logs import RolloutLogConfig, rollout_log_metrics
+from relax.observability.spans import RECORDER, SPANS_KEY
 from relax.utils.fault_hooks import fault_at
 from relax.utils.gc_pauses import freeze_startup_objects
 from relax.utils.types import Sample
@@ -206,7 +208,9 @@ class Runtime:
         for group_index, index, passes in train_metrics.pop(CONSUMED_KEY, []):  # the trainer's own report
             artifacts.samples.write({"step": step, "group_index": group_index, "index": index, "fate": "consumed",
                                      "passes": passes, "reason": None})
+        RECORDER.extend(train_metrics.pop(SPANS_KEY, []))  # the trainer's --timeline-dump-dir spans
         extras = reward_extras([s for g in groups for s in g], args.reward_key)
+        extras.update(rollout_log_metrics(RolloutLogConfig.from_args(args), [s for g in groups for s in g]))
         metrics = {"step": step, "weight_version": weight_version, "time": time.time(),
                    **rollout_metrics, **extras, **GenerateState(args).pop_metrics(step), **train_metrics, **perf}
         artifacts.metrics.write(metrics)  # before the checkpoint: a step that trained is in metrics.jsonl even if

@@ -62,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     for notice in [*args.notices, *([appending] if appending else [])]:
         console.info(f"notice: {notice}")
     artifacts = RunArtifacts(args.output_dir)
+    from relax.observability.config import TimelineConfig
+    from relax.observability.timeline import start_timeline, write_timeline
+
+    timeline = TimelineConfig.from_args(args)
+    start_timeline(timeline)  # --timeline-dump-dir
     artifacts.event("run_start", argv=sys.argv[1:] if argv is None else argv)
     info = run_json(args, args.device, "running")
     artifacts.write_run_json(info)
@@ -111,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             artifacts.write_run_json(info)
             artifacts.event("run_end", status=status, exit_code=code, **({"signal": info["signal"]}
                                                                           if "signal" in info else {}))
+            if (trace := write_timeline(timeline)) is not None:
+                console.info(f"timeline (Chrome trace) in {trace}")
             artifacts.close()
         except OSError as exc:  # a full or read-only disk: the run's end cannot be recorded; say so, in one line
             print(f"relax: the run's end is not recorded in {args.output_dir}: {exc.strerror or exc}", file=sys.stderr)

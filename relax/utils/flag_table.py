@@ -341,12 +341,12 @@ SEED_FLAGS: list[FlagSpec] = [
     F('use-clearml', 'flag', False, 'ClearML', 'Enable ClearML logging'),
     # --- Metrics Service
     F('use-metrics-service', 'flag', False, 'Metrics Service', 'Enable centralized metrics collection and reporting service. Here: always on, the flag only confirms it: the driver collects every component\'s metrics (rollout, trainer, services, engines, evaluation) into metrics.jsonl and the --use-tensorboard writer, one record per step'),
-    F('timeline-dump-dir', 'str', None, 'Metrics Service', 'Timeline trace event export directory (Chrome Trace format). Timeline tracing disabled if not set'),
+    F('timeline-dump-dir', 'str', None, 'Metrics Service', "Timeline trace event export directory (Chrome Trace format). Timeline tracing disabled if not set. Here: DIR/timeline.json, written at the run's end whatever its status: one row per actor (driver, trainer ranks, engines, services, reward scoring) with spans for steps, phases, generate, reward, train, log-prob forwards, optimizer updates, sync, offload/onload and checkpoint, and fault markers (relax/observability/timeline.py)"),
     # --- Logging Options
     F('log-passrate', 'flag', False, 'Logging Options', 'Enable pass@n pass rate logging'),
-    F('log-multi-turn', 'flag', False, 'Logging Options', 'Enable multi-turn Rollout information logging'),
-    F('log-correct-samples', 'flag', False, 'Logging Options', 'Log correct samples'),
-    F('log-reward-category', 'str', None, 'Logging Options', 'Log reward category statistics. Specify key in reward dict'),
+    F('log-multi-turn', 'flag', False, 'Logging Options', 'Enable multi-turn Rollout information logging. Here: raw_response_length/response_length_{mean,max,min,clip_ratio} (observations included), wo_obs_response_length/response_length_{mean,max,min} (the loss mask) and multi_turn_metric/round_number_{mean,max,min} in metrics.jsonl (relax/observability/rollout_logs.py)'),
+    F('log-correct-samples', 'flag', False, 'Logging Options', 'Log correct samples. Here: over the samples of each step whose reward is 1: rollout/correct_samples, rollout/correct_response_len_mean, rollout/correct_entropy and correct_length/p25..p100 (share of correct responses per quarter of --rollout-max-response-len) in metrics.jsonl'),
+    F('log-reward-category', 'str', None, 'Logging Options', 'Log reward category statistics. Specify key in reward dict. Here: samples grouped by the value of KEY in their dict reward: reward_category/<value>/frac and reward_category/<value>/reward_mean in metrics.jsonl'),
     # --- Notifications
     F('notify-urls', 'str', None, 'Notifications', 'Apprise notification URL list (comma-separated)'),
     # --- Router Configuration
@@ -378,13 +378,13 @@ SEED_FLAGS: list[FlagSpec] = [
     F('check-weight-update-equal', 'flag', False, 'Debug', 'Check if weight updates are equal'),
     F('enable-cuda-memory-check', 'flag', False, 'Debug', 'Enable memory check around low-level NCCL communication calls. Logs available GPU memory before each collective and attaches memory info to exceptions on failure'),
     # --- Training Performance Profiling
-    F('use-pytorch-profiler', 'flag', False, 'Training Performance Profiling', "Enable PyTorch's built-in profiler to record CUDA kernels, CPU ops, and communication during training (from Megatron)"),
-    F('profile-step-start', 'int', 10, 'Training Performance Profiling', 'Step offset at which to start profiling (inclusive, from Megatron). Counts from 0 since the current training launch, not absolute rollout ID; resets on checkpoint resumption'),
-    F('profile-step-end', 'int', 12, 'Training Performance Profiling', 'Step offset at which to stop profiling (inclusive, from Megatron). Same counting semantics as above. E.g. start=10, end=12 profiles steps 10, 11, 12 (3 steps)'),
-    F('profile-target', 'str_list', ['train_overall'], 'Training Performance Profiling', 'Profiling targets: train_overall, train_actor, train_log_probs'),
-    F('profile-with-stack', 'flag', False, 'Training Performance Profiling', 'Record stack information in profiler traces'),
-    F('profile-with-memory', 'flag', False, 'Training Performance Profiling', 'Record memory information in profiler traces'),
-    F('profile-with-flops', 'flag', False, 'Training Performance Profiling', 'Estimate FLOPs in profiler traces'),
+    F('use-pytorch-profiler', 'flag', False, 'Training Performance Profiling', "Enable PyTorch. Here: torch backend (Megatron inherits the same step), on CPU or GPU; one Chrome trace per profiled target, step and rank under <output-dir>/traces/<tb-experiment-name, default the output dir's name>/train_trace/<target>_step<N>_rank<R>.pt.trace.json (relax/observability/profiler.py)'s built-in profiler to record CUDA kernels, CPU ops, and communication during training (from Megatron)"),
+    F('profile-step-start', 'int', 10, 'Training Performance Profiling', "Step offset at which to start profiling (inclusive, from Megatron). Counts from 0 since the current training launch, not absolute rollout ID; resets on checkpoint resumption. Here: counts train steps of this launch, as the seed says"),
+    F('profile-step-end', 'int', 12, 'Training Performance Profiling', "Step offset at which to stop profiling (inclusive, from Megatron). Same counting semantics as above. E.g. start=10, end=12 profiles steps 10, 11, 12 (3 steps). Here: inclusive"),
+    F('profile-target', 'str_list', ['train_overall'], 'Training Performance Profiling', "Profiling targets: train_overall, train_actor, train_log_probs. Here: train_overall is the whole step, train_log_probs the old/reference/teacher log-prob forwards, train_actor the optimizer steps; several may be given", choices=('train_overall', 'train_actor', 'train_log_probs')),
+    F('profile-with-stack', 'flag', False, 'Training Performance Profiling', "Record stack information in profiler traces. Here: torch.profiler's with_stack"),
+    F('profile-with-memory', 'flag', False, 'Training Performance Profiling', "Record memory information in profiler traces. Here: torch.profiler's profile_memory"),
+    F('profile-with-flops', 'flag', False, 'Training Performance Profiling', "Estimate FLOPs in profiler traces. Here: torch.profiler's with_flops (and record_shapes)"),
     # --- GPU Memory Profiling
     F('record-memory-history', 'flag', False, 'GPU Memory Profiling', 'Enable CUDA memory allocation history recording (from Megatron). Records call stacks and tensor info for each allocation/deallocation, and auto-dumps a snapshot on OOM'),
     F('memory-snapshot-path', 'str', 'snapshot.pickle', 'GPU Memory Profiling', 'Memory snapshot filename (from Megatron)'),
@@ -597,6 +597,9 @@ SUPPORTED: frozenset[str] = frozenset({
     "rollout-health-check-timeout", "rollout-health-check-first-wait",
     # logging and config
     "use-tensorboard", "tb-project-name", "tb-experiment-name", "custom-config-path", "use-metrics-service",
+    "timeline-dump-dir", "use-pytorch-profiler", "profile-step-start", "profile-step-end", "profile-target",
+    "profile-with-stack", "profile-with-memory", "profile-with-flops",  # relax/observability/
+    "log-multi-turn", "log-correct-samples", "log-reward-category",
     "balance-data",  # relax/backends/torch/data_parallel.py
     # additions
     "preset", "output-dir", "overwrite-output-dir", "hook-timeout", "lr-decay-style", "config", "device", "rollout-backend",

@@ -52,6 +52,9 @@ from relax.backends.torch.step_report import CONSUMED_KEY, consumed_samples, log
 from relax.distributed.resources import service_roles
 from relax.models import build_model
 from relax.models.checkpoint_names import checkpoint_state, moe_style
+from relax.observability.config import ProfilerConfig
+from relax.observability.profiler import TrainProfiler
+from relax.observability.spans import SPANS_KEY
 from relax.utils.fault_hooks import fault_at
 from relax.utils.validation import needs_reference_model
 from relax.weights.checksum import state_checksums
@@ -115,6 +118,8 @@ class TorchTrainBackend:
 
             self.critic = Critic(args, self.device, self.pad_id, self.algo, self.dp)
         self._train_offloader = None  # built on the first --offload-train call
+        # --use-pytorch-profiler traces and the --timeline-dump-dir trainer spans (relax/observability/profiler.py)
+        self.profiler = TrainProfiler(ProfilerConfig.from_args(args), rank=self.dp.rank)
 
     def _build(self, name_or_path: str) -> torch.nn.Module:
         """A model in the training dtype; ``--attention-backend flash`` asks torch SDPA for the flash kernel."""
@@ -192,6 +197,14 @@ class TorchTrainBackend:
     def train_rollout(self, samples: list[TrainSample], step: int,
                       precomputed: Precomputed | None = None) -> dict[str, float]:
         """One RL step. ``precomputed``: columns the fully-async services computed (`relax.core.services`)."""
+        self.profiler.start("train_overall", step)
+        metrics = self._train_rollout(samples, step, precomputed)
+        self.profiler.stop("train_overall", step)
+        if spans := self.profiler.pop_spans():
+            metrics[SPANS_KEY] = spans
+        return metrics
+
+    def _train_rollout(self, samples: list[TrainSample], step: int, precomputed: Precomputed | None) -> dict[str, float]:
         args = self.args
         self._step = step
         batch = build_rollout_tensors(samples)
@@ -204,7 +217,9 @@ class TorchTrainBackend:
         # the step's forward fills this in place of the old-log-prob forward (`_micro_batch_loss`)
         self._step_old_lp = torch.zeros_like(batch.loss_mask) if from_step else None
         self._step_old_seen = torch.zeros(n, dtype=torch.bool) if from_step else None
+        self.profiler.start("train_log_probs", step)
         old_lp, ref_lp, teacher_lp, old_values, adv = self._rollout_columns(batch, precomputed, old=not from_step)
+        self.profiler.stop("train_log_probs", step)
         postprocess_rollout_data(args, step, batch, old_lp, ref_lp, adv)
         columns_s = time.perf_counter() - start  # the columns are on the host: their forwards have finished
         metrics: dict[str, float] = {f"train/{k}": float(v) for k, v in adv.metrics.items()}
@@ -218,6 +233,7 @@ class TorchTrainBackend:
         update_actor = should_update_actor(self.algo, step)
         num_steps = 0
         passes = torch.zeros(n)  # per row: how often the loss saw it (the consumed report)
+        self.profiler.start("train_actor", step)
         # PPO epochs: every iteration reuses the old/ref log-probs and advantages computed above
         for _ in range(args.num_iters_per_train_update):
             for gsl in self._global_batches(n):
@@ -235,6 +251,7 @@ class TorchTrainBackend:
                 num_steps += int(update_actor or self.critic is not None)
                 for key, value in step_metrics.items():
                     per_step[key].append(value)
+        self.profiler.stop("train_actor", step)
         metrics.update({f"train/{k}": float(np.mean(v)) for k, v in per_step.items()})
         if from_step:  # the old log-probs exist only now, for the rows the step saw
             old_lp = self._rows_everywhere(self._step_old_lp)

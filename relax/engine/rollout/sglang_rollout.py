@@ -26,6 +26,7 @@ from relax.engine.rollout.state import (  # noqa: F401 - GenerateState, sample_s
     sample_seed,
     sampling_params,
 )
+from relax.observability.spans import RECORDER, wall
 from relax.utils.fault_hooks import fault_at
 from relax.utils.json_codec import logprob
 from relax.utils.plugins import HookTimeout, bounded
@@ -105,6 +106,8 @@ async def _generate_and_score(args: Namespace, rollout_id: int, state: GenerateS
         raise RuntimeError(f"reward function raised (injected fault at step {rollout_id})")
     await compute_rewards(args, flat)
     state.add_seconds(rollout_id, "perf/rollout_reward_time_s", time.perf_counter() - generated)
+    RECORDER.record("generate", "engines", wall(start), wall(generated), step=rollout_id, samples=len(flat))
+    RECORDER.record("reward", "reward", wall(generated), time.time(), step=rollout_id, samples=len(flat))
 
 
 GENERATE_SIGNATURE = "async generate(args, sample: Sample, sampling_params: dict[, evaluation: bool]) -> Sample"
