@@ -9,6 +9,7 @@ from argparse import Namespace
 import pytest
 
 from relax.engine.rollout import multi_turn
+from relax.engine.rollout.config import RolloutConfig
 from relax.engine.rollout.interaction_env import BaseInteractionEnv
 from relax.engine.rollout.sglang_rollout import GenerateState, custom_generate
 from relax.models import load_tokenizer
@@ -77,7 +78,7 @@ def _args(**kw) -> Namespace:
                     sglang_router_port=1)
     for key, value in {**settings, **kw}.items():
         setattr(args, key, value)
-    GenerateState.install(args, tokenizer=TOK, pool=None)
+    GenerateState.install(RolloutConfig.from_args(args), tokenizer=TOK, pool=None)
     return args
 
 
@@ -153,9 +154,12 @@ async def _without_evaluation(args, sample, sampling_params):
 @pytest.mark.parametrize("fn, expected", [("_with_evaluation", {"evaluation": True, "seed": 5}),
                                           ("_without_evaluation", {"seed": 5})])
 def test_custom_generate_gets_evaluation_true_during_eval_when_it_declares_it(fn: str, expected: dict) -> None:
-    args = Namespace(custom_generate_function_path=f"{__name__}.{fn}", hook_timeout=300.0)
+    from relax.utils.arguments import parse_args
+
+    cfg = RolloutConfig.from_args(parse_args(["--preset", "quickstart", "--custom-generate-function-path",
+                                              f"{__name__}.{fn}", "--hook-timeout", "300"]))
     samples = [Sample(index=0)]
-    asyncio.run(custom_generate(args, samples, {"temperature": 1.0}, [5], evaluation=True))
+    asyncio.run(custom_generate(cfg, samples, {"temperature": 1.0}, [5], evaluation=True))
     assert samples[0].metadata == expected
-    asyncio.run(custom_generate(args, samples, {"temperature": 1.0}, [5]))
+    asyncio.run(custom_generate(cfg, samples, {"temperature": 1.0}, [5]))
     assert samples[0].metadata == {**expected, **({"evaluation": False} if "evaluation" in expected else {})}

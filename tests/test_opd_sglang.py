@@ -19,6 +19,7 @@ from relax.backends.embedded.launch import EngineProcess
 from relax.backends.torch.backend import TorchTrainBackend
 from relax.backends.torch.batch import TrainSample, build_rollout_tensors
 from relax.engine.rollout import opd_teacher
+from relax.engine.rollout.teacher_config import TeacherConfig
 from relax.utils.arguments import ConfigError, parse_args
 from relax.utils.types import Sample
 
@@ -111,7 +112,7 @@ def test_unreachable_teacher_url_fails_fast(tmp_path: Path) -> None:
     args = parse_args(["--preset", "quickstart", "--use-opd", "--opd-type", "sglang", "--rm-url", f"{url}/generate"])
     start = time.monotonic()
     with pytest.raises(opd_teacher.TeacherError, match=f"OPD teacher server {url} is not reachable"):
-        opd_teacher.start_teacher(args, "cpu")
+        opd_teacher.start_teacher(TeacherConfig.from_args(args), "cpu")
     assert time.monotonic() - start < 15
 
 

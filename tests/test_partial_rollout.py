@@ -12,6 +12,8 @@ import asyncio
 
 import pytest
 
+from relax.engine.rewards import RewardConfig
+from relax.engine.rollout.config import RolloutConfig
 from relax.engine.rollout.partial_rollout import ABORTED, SURPLUS, PartialRollout
 from relax.engine.rollout.sglang_rollout import GenerateState
 from relax.models import load_tokenizer
@@ -94,10 +96,10 @@ def _args(*extra: str, over_sampling: int = 4):
 
 
 def _step(args, step: int, source, engine: ScriptedEngine) -> tuple[list[list[Sample]], list[dict], dict]:
-    state = GenerateState.install(args, tokenizer=load_tokenizer("tiny-qwen3"), pool=None)
+    state = GenerateState.install(RolloutConfig.from_args(args), tokenizer=load_tokenizer("tiny-qwen3"), pool=None)
     engine.version = step
     source.drawn = []
-    kept = asyncio.run(PartialRollout(args, step, state, source, [engine]).run())
+    kept = asyncio.run(PartialRollout(state.config, RewardConfig.from_args(args), step, state, source, [engine]).run())
     return kept, state.drain_fates(), state.pop_metrics(step)
 
 

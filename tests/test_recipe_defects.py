@@ -47,8 +47,9 @@ def _answers_seven_then_stops(tokenizer, prompt_last: int):
 
 def test_exact_grader_rewards_a_chat_model_whose_eos_ends_the_answer(tmp_path: Path) -> None:
     from relax.backends.embedded.engine import EmbeddedEngine
-    from relax.engine.rewards import compute_rewards
-    from relax.engine.rollout.sglang_rollout import apply_response, sampling_params
+    from relax.engine.rewards import RewardConfig, compute_rewards
+    from relax.engine.rollout.config import RolloutConfig
+    from relax.engine.rollout.sglang_rollout import apply_response
     from relax.utils.types import Sample
 
     tokenizer = bpe_tokenizer(arithmetic_corpus())
@@ -59,11 +60,11 @@ def test_exact_grader_rewards_a_chat_model_whose_eos_ends_the_answer(tmp_path: P
     engine = EmbeddedEngine(model, eos_token_ids=[tokenizer.eos_token_id], tokenizer=tokenizer)
     args = parse_args(["--preset", "quickstart", "--rm-type", "exact", "--rollout-temperature", "0",
                        "--rollout-max-response-len", "8"])
-    params = {k: v for k, v in sampling_params(args).items() if v is not None}
+    params = {k: v for k, v in RolloutConfig.from_args(args).sampling_params().items() if v is not None}
     response = engine.generate([{"input_ids": ids, "sampling_params": params, "return_logprob": True}])[0]
     assert tokenizer.decode(response["output_ids"]) == "7<|im_end|>"  # the model ended its answer with EOS
     sample = apply_response(Sample(index=0, prompt=prompt, tokens=list(ids), label="7"), response)
-    assert asyncio.run(compute_rewards(args, [sample])) == [1.0]
+    assert asyncio.run(compute_rewards(RewardConfig.from_args(args), [sample])) == [1.0]
     assert sample.response == "7"
 
 
@@ -89,6 +90,7 @@ def test_turns_that_reuse_the_given_seed_draw_different_tokens(uniform_engine, m
     """Seed 001's multi-turn shape reuses one seed for every turn; SGLang hashes the seed with the token's
     position, so the second turn (later positions) is not a replay of the first."""
     from relax.engine.rollout import sglang_rollout
+    from relax.engine.rollout.config import RolloutConfig
     from relax.utils.http_utils import run_closing
     from relax.utils.types import Sample
 
@@ -98,11 +100,11 @@ def test_turns_that_reuse_the_given_seed_draw_different_tokens(uniform_engine, m
                        "tests.recipe_hooks.reuse_seed_generate", "--custom-rm-path", "tests.recipe_hooks.turn_reward"])
     args.sglang_router_ip, port = proc.url.removeprefix("http://").rsplit(":", 1)
     args.sglang_router_port = int(port)
-    state = sglang_rollout.GenerateState.install(args, tokenizer=None, pool=None)
+    state = sglang_rollout.GenerateState.install(RolloutConfig.from_args(args), tokenizer=None, pool=None)
     prompt = state.tokenizer.encode("3+4=", add_special_tokens=False)
     samples = [Sample(index=i, group_index=i // 4, tokens=list(prompt), metadata={"c": 5}) for i in range(8)]
 
-    run_closing(sglang_rollout._custom_generate(args, 0, state, samples))
+    run_closing(sglang_rollout._custom_generate(state.config, 0, state, samples))
     turns = [s.metadata["turn_tokens"] for s in samples]
     assert all(len(first) == 2 for first, _ in turns)
     assert all(first != second for first, second in turns), turns

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from relax.engine.rewards import GRADERS, compute_rewards, get_reward_fn
+from relax.engine.rewards import GRADERS, RewardConfig, compute_rewards, get_reward_fn
 from relax.engine.rewards.graders import extract_answer, math_answer, to_number
 from relax.utils.arguments import ConfigError
 from relax.utils.plugins import PluginError
@@ -22,9 +22,14 @@ def _s(response: str, label: object = None, index: int | None = None) -> Sample:
 
 
 def _args(**kw) -> Namespace:
-    base = dict(custom_rm_path=None, rm_type="exact", reward_key=None, group_rm=False, hook_timeout=300.0)
+    base = dict(custom_rm_path=None, rm_type="exact", reward_key=None, group_rm=False, hook_timeout=300.0, rm_url=None)
     base.update(kw)
     return Namespace(**base)
+
+
+def _cfg(args: Namespace) -> RewardConfig:
+    """The reward slice the driver would build from ``args`` (which the reward functions still get)."""
+    return RewardConfig.from_args(args)
 
 
 @pytest.fixture
@@ -99,15 +104,15 @@ def test_unknown_rm_type_lists_known() -> None:
 
 def test_no_reward_configured() -> None:
     with pytest.raises(ConfigError, match="set --rm-type"):
-        asyncio.run(compute_rewards(_args(rm_type=None), [_s("1")]))
+        asyncio.run(compute_rewards(_cfg(_args(rm_type=None)), [_s("1")]))
 
 
 def test_builtin_rewards_are_stored_on_samples() -> None:
     samples = [_s("1", "1"), _s("2", "1"), _s("\\boxed{1}", "1")]
-    assert asyncio.run(compute_rewards(_args(), samples)) == [1.0, 0.0, 0.0]
+    assert asyncio.run(compute_rewards(_cfg(_args()), samples)) == [1.0, 0.0, 0.0]
     assert [s.reward for s in samples] == [1.0, 0.0, 0.0]
-    assert asyncio.run(compute_rewards(_args(rm_type="math_lenient"), samples)) == [1.0, 0.0, 1.0]
-    assert asyncio.run(compute_rewards(_args(rm_type="math"), samples)) == [0.0, 0.0, 1.0]  # needs \\boxed{}
+    assert asyncio.run(compute_rewards(_cfg(_args(rm_type="math_lenient")), samples)) == [1.0, 0.0, 1.0]
+    assert asyncio.run(compute_rewards(_cfg(_args(rm_type="math")), samples)) == [0.0, 0.0, 1.0]  # needs \\boxed{}
 
 
 def test_async_custom_reward_dict_and_reward_key(module) -> None:
@@ -118,14 +123,14 @@ def test_async_custom_reward_dict_and_reward_key(module) -> None:
         "    return {'acc': float(sample.response == 'x'), 'len': float(len(sample.response))}\n"
     )
     samples = [_s("x"), _s("yy")]
-    rewards = asyncio.run(compute_rewards(_args(custom_rm_path=f"{name}.reward", reward_key="acc"), samples))
+    rewards = asyncio.run(compute_rewards(_cfg(_args(custom_rm_path=f"{name}.reward", reward_key="acc")), samples))
     assert rewards == [1.0, 0.0]
     assert samples[1].reward == {"acc": 0.0, "len": 2.0}  # the full dict stays for logging
-    assert asyncio.run(compute_rewards(_args(custom_rm_path=f"{name}.reward", reward_key="len"), samples)) == [1.0, 2.0]
+    assert asyncio.run(compute_rewards(_cfg(_args(custom_rm_path=f"{name}.reward", reward_key="len")), samples)) == [1.0, 2.0]
     with pytest.raises(ValueError, match=r"--reward-key 'nope' not in reward dict \(keys: \['acc', 'len'\]\)"):
-        asyncio.run(compute_rewards(_args(custom_rm_path=f"{name}.reward", reward_key="nope"), samples))
+        asyncio.run(compute_rewards(_cfg(_args(custom_rm_path=f"{name}.reward", reward_key="nope")), samples))
     with pytest.raises(ValueError, match="set --reward-key"):
-        asyncio.run(compute_rewards(_args(custom_rm_path=f"{name}.reward"), samples))
+        asyncio.run(compute_rewards(_cfg(_args(custom_rm_path=f"{name}.reward")), samples))
 
 
 def test_async_custom_rewards_run_concurrently(module) -> None:
@@ -141,7 +146,7 @@ def test_async_custom_rewards_run_concurrently(module) -> None:
         "    return float(sample.index)\n"
     )
     samples = [_s("", index=i) for i in range(5)]
-    assert asyncio.run(compute_rewards(_args(custom_rm_path=f"{name}.reward"), samples)) == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert asyncio.run(compute_rewards(_cfg(_args(custom_rm_path=f"{name}.reward")), samples)) == [0.0, 1.0, 2.0, 3.0, 4.0]
     import sys
 
     assert sys.modules[name].peak == 5
@@ -150,23 +155,23 @@ def test_async_custom_rewards_run_concurrently(module) -> None:
 def test_sync_custom_reward_with_kwargs_signature(module) -> None:
     name = module("def reward_func(args, sample, **kwargs):\n    return len(sample.response)\n")
     samples = [_s("abc"), _s("")]
-    assert asyncio.run(compute_rewards(_args(custom_rm_path=f"{name}.reward_func"), samples)) == [3.0, 0.0]
+    assert asyncio.run(compute_rewards(_cfg(_args(custom_rm_path=f"{name}.reward_func")), samples)) == [3.0, 0.0]
     assert samples[0].reward == 3
 
 
 def test_custom_reward_errors_name_the_function_and_sample(module) -> None:
     name = module("def bad(args, sample):\n    raise RuntimeError('boom')\n")
     with pytest.raises(RuntimeError, match="boom") as info:
-        asyncio.run(compute_rewards(_args(custom_rm_path=f"{name}.bad"), [_s("x", index=4)]))
+        asyncio.run(compute_rewards(_cfg(_args(custom_rm_path=f"{name}.bad")), [_s("x", index=4)]))
     assert f"in reward function --custom-rm-path {name}.bad (sample index 4" in info.value.__notes__[0]
 
 
 def test_custom_reward_bad_paths_name_flag_and_signature(module) -> None:
     with pytest.raises(PluginError, match="--custom-rm-path: cannot import module 'no_such_mod'.*reward_func\\(args, sample"):
-        asyncio.run(compute_rewards(_args(custom_rm_path="no_such_mod.fn"), [_s("x")]))
+        asyncio.run(compute_rewards(_cfg(_args(custom_rm_path="no_such_mod.fn")), [_s("x")]))
     name = module("def one(sample):\n    return 1.0\n")
     with pytest.raises(PluginError, match="takes 1 positional argument"):
-        asyncio.run(compute_rewards(_args(custom_rm_path=f"{name}.one"), [_s("x")]))
+        asyncio.run(compute_rewards(_cfg(_args(custom_rm_path=f"{name}.one")), [_s("x")]))
 
 
 def test_remote_rm_against_a_local_http_server(tmp_path: Path) -> None:
@@ -195,7 +200,7 @@ def test_remote_rm_against_a_local_http_server(tmp_path: Path) -> None:
     try:
         args = Namespace(custom_rm_path=None, rm_type="remote_rm", group_rm=False, reward_key="score",
                          rm_url=f"http://127.0.0.1:{server.server_port}/reward", hook_timeout=60.0)
-        rewards = asyncio.run(compute_rewards(args, [_s("7", "7"), _s("3", "7")]))
+        rewards = asyncio.run(compute_rewards(_cfg(args), [_s("7", "7"), _s("3", "7")]))
     finally:
         server.shutdown()
     assert rewards == [1.0, 0.0]
@@ -208,7 +213,7 @@ def test_remote_rm_down_names_the_url() -> None:
     args = Namespace(custom_rm_path=None, rm_type="remote_rm", group_rm=False, reward_key=None,
                      rm_url="http://127.0.0.1:9/reward", hook_timeout=60.0)
     with pytest.raises(EngineError, match="127.0.0.1:9"):
-        asyncio.run(compute_rewards(args, [_s("7", "7")]))
+        asyncio.run(compute_rewards(_cfg(args), [_s("7", "7")]))
 
 
 def test_remote_rm_that_never_answers_is_bounded_by_hook_timeout() -> None:
@@ -227,7 +232,7 @@ def test_remote_rm_that_never_answers_is_bounded_by_hook_timeout() -> None:
                          hook_timeout=0.5)
         start = time.monotonic()
         with pytest.raises(EngineError) as info:
-            asyncio.run(compute_rewards(args, [Sample(index=4, prompt="p", response="7", label="7")]))
+            asyncio.run(compute_rewards(_cfg(args), [Sample(index=4, prompt="p", response="7", label="7")]))
     assert time.monotonic() - start < 5
     assert str(info.value).startswith(url) and "sample index 4" in str(info.value) and "\n" not in str(info.value)
 
@@ -239,13 +244,13 @@ def test_group_rm_scores_whole_groups(tmp_path: Path, monkeypatch: pytest.Monkey
         "    return [float(len(s.response) == best) for s in samples]\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    args = Namespace(custom_rm_path="my_group_rm.reward", rm_type=None, group_rm=True, reward_key=None,
+    args = Namespace(custom_rm_path="my_group_rm.reward", rm_type=None, group_rm=True, reward_key=None, rm_url=None,
                      hook_timeout=300.0)
     samples = [Sample(response=r, group_index=g) for r, g in [("a", 0), ("bb", 0), ("ccc", 1), ("c", 1)]]
-    assert asyncio.run(compute_rewards(args, samples)) == [0.0, 1.0, 1.0, 0.0]
+    assert asyncio.run(compute_rewards(_cfg(args), samples)) == [0.0, 1.0, 1.0, 0.0]
     sys.modules.pop("my_group_rm", None)
     with pytest.raises(ConfigError, match="--group-rm needs --custom-rm-path"):
-        asyncio.run(compute_rewards(Namespace(custom_rm_path=None, rm_type="exact", group_rm=True, reward_key=None), samples))
+        asyncio.run(compute_rewards(_cfg(_args(group_rm=True)), samples))
 
 
 def test_a_reward_function_that_never_returns_fails_the_run_naming_it(tmp_path, monkeypatch) -> None:
@@ -264,5 +269,5 @@ def test_a_reward_function_that_never_returns_fails_the_run_naming_it(tmp_path, 
         args = _args(custom_rm_path=f"stuck_rm.{name}", rm_type=None, hook_timeout=0.2)
         with pytest.raises(HookTimeout, match=rf"--custom-rm-path stuck_rm.{name} \(sample index 4, group None\) did "
                                               r"not return within --hook-timeout 0.2 s"):
-            asyncio.run(compute_rewards(args, [_s("7", "7", index=4)]))
+            asyncio.run(compute_rewards(_cfg(args), [_s("7", "7", index=4)]))
     assert any(t.name == "relax-sync_reward" and t.daemon for t in threading.enumerate())  # left, harmlessly

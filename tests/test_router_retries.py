@@ -29,6 +29,12 @@ def _worker(name: str, hits: dict[str, int], status: int = 200):
     return serve_in_thread(app, name=f"worker-{name}")
 
 
+def _config(failover: bool) -> RouterConfig:
+    """The router's flags at their schema defaults, but for --use-fault-tolerance."""
+    return RouterConfig(slime_router_health_check_failure_threshold=3, slime_router_timeout=None,
+                        slime_router_max_connections=None, use_fault_tolerance=failover)
+
+
 def _post_many(url: str, n: int) -> list:
     async def go():
         return await asyncio.gather(*(request("POST", f"{url}/generate", {"i": i}) for i in range(n)),
@@ -41,7 +47,7 @@ def test_5xx_and_dropped_requests_are_retried_on_the_other_worker() -> None:
     hits = {"a": 0, "b": 0}
     a, b = _worker("a", hits), _worker("b", hits)
     proxy = FaultProxy(b.url, error_rate=0.5, drop_rate=0.5, seed=0, paths=["/generate"]).start()
-    router = RouterThread([a.url, f"http://{proxy.address}"], RouterConfig(failover=True))
+    router = RouterThread([a.url, f"http://{proxy.address}"], _config(failover=True))
     try:
         answers = _post_many(router.url, 4)
     finally:
@@ -53,10 +59,10 @@ def test_5xx_and_dropped_requests_are_retried_on_the_other_worker() -> None:
 def test_without_failover_a_5xx_answer_goes_back_and_with_it_the_last_one_does() -> None:
     hits = {"a": 0, "b": 0}
     a, b = _worker("a", hits, status=500), _worker("b", hits, status=503)
-    strict = RouterThread([a.url], RouterConfig(failover=False))
+    strict = RouterThread([a.url], _config(failover=False))
     [only] = _post_many(strict.url, 1)
     assert isinstance(only, EngineHTTPError) and only.status == 500 and hits["a"] == 1
-    both = RouterThread([a.url, b.url], RouterConfig(failover=True))
+    both = RouterThread([a.url, b.url], _config(failover=True))
     [last] = _post_many(both.url, 1)  # both fail: each tried once, the last answer is returned as it came
     assert isinstance(last, EngineHTTPError) and last.status in (500, 503) and "boom" in str(last)
     assert hits == {"a": 2, "b": 1}

@@ -110,11 +110,12 @@ def test_an_actor_whose_init_raises_is_one_line_with_the_cause(local_ray: None) 
 
 
 def test_a_reward_key_typo_names_the_sample_the_function_and_the_keys() -> None:
-    from relax.engine.rewards import compute_rewards
+    from relax.engine.rewards import RewardConfig, compute_rewards
 
-    args = Namespace(custom_rm_path=None, rm_type="dapo", group_rm=False, reward_key="scroe")
+    cfg = RewardConfig(rm_type="dapo", custom_rm_path=None, group_rm=False, rm_url=None, hook_timeout=300.0,
+                       reward_key="scroe", args=Namespace())
     with pytest.raises(ValueError) as info:
-        asyncio.run(compute_rewards(args, [Sample(index=5, group_index=1, response="Answer: 3", label="3")]))
+        asyncio.run(compute_rewards(cfg, [Sample(index=5, group_index=1, response="Answer: 3", label="3")]))
     failure = describe(info.value)
     assert failure.message.startswith("reward of sample index 5 (group 1) from --rm-type dapo: ValueError: "
                                       "--reward-key 'scroe' not in reward dict (keys: ['acc', 'pred', 'score'])")

@@ -142,13 +142,14 @@ class Runtime:
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Eval metrics for this step when ``--eval-interval`` says so (the engines hold version ``step``)."""
-        from relax.engine.rollout.evaluation import eval_due, run_eval
+        from relax.engine.rollout.evaluation import run_eval
 
-        if not self.run.eval_sets or not eval_due(self.args, step):
+        run = self.run
+        if not run.eval_sets or not run.eval_config.due(step):
             return {}
         self.artifacts.event("phase", step=step, phase="eval")
         start = time.perf_counter()
-        metrics = run_eval(self.args, step, self.run.eval_sets)
+        metrics = run_eval(run.eval_config, run.rollout_config, run.reward_config, step, run.eval_sets)
         return {**metrics, "perf/eval_time_s": time.perf_counter() - start}
 
     def resync(self, index: int) -> float:
@@ -277,8 +278,9 @@ def start_runtime(args: Namespace, run: RunInputs, artifacts: RunArtifacts) -> R
     teacher = None
     if args.use_opd and args.opd_type == "sglang":
         from relax.engine.rollout.opd_teacher import start_teacher, stop_teacher
+        from relax.engine.rollout.teacher_config import TeacherConfig
 
-        teacher = start_teacher(args, run.device, log_dir=str(artifacts.dir))
+        teacher = start_teacher(TeacherConfig.from_args(args), run.device, log_dir=str(artifacts.dir))
         artifacts.event("process_started", role="opd_teacher", url=teacher.url,
                         pid=teacher.process.pid if teacher.process is not None else None)
     try:
@@ -324,7 +326,7 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
         rt.supervisor = EngineSupervisor(rt)
     pool = HttpEnginePool(EngineClient(fleet.router.url, timeout=None), supervisor=rt.supervisor,
                           on_failure=fleet.failure, engines=lambda: len(fleet.live_records())) if len(fleet) else None
-    GenerateState.install(args, tokenizer=run.tokenizer, pool=pool)
+    GenerateState.install(run.rollout_config, tokenizer=run.tokenizer, pool=pool)
     if args.load:
         directory = ckpt.find_latest(args.load)
         state = ckpt.read_driver_state(directory)

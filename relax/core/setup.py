@@ -12,7 +12,7 @@ import time
 from argparse import Namespace
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import relax
 from relax.core.debug_rollouts import RolloutRecorder, SavedRollouts
@@ -20,6 +20,11 @@ from relax.distributed.cluster import cluster_address
 from relax.utils.arguments import ConfigError, args_to_dict
 from relax.utils.flag_types import Problems
 from relax.utils.plugins import PluginError, load_function, load_object
+
+if TYPE_CHECKING:
+    from relax.engine.rewards.config import RewardConfig
+    from relax.engine.rollout.config import RolloutConfig
+    from relax.engine.rollout.eval_config import EvalConfig
 
 DEFAULT_DATA_SOURCE = "relax.engine.rollout.data_source.RolloutDataSourceWithBuffer"
 
@@ -44,6 +49,20 @@ class RunInputs:
     rollout_fn: Any
     num_rollout: int
     eval_sets: list = field(default_factory=list)
+    # the engine side's typed slices of the flags, built once here (after --hf-checkpoint is final)
+    rollout_config: RolloutConfig | None = None
+    reward_config: RewardConfig | None = None
+    eval_config: EvalConfig | None = None
+
+
+def _engine_slices(args: Namespace) -> dict[str, Any]:
+    """The rollout, reward and eval slices (relax/engine/...), as `RunInputs` fields."""
+    from relax.engine.rewards.config import RewardConfig
+    from relax.engine.rollout.config import RolloutConfig
+    from relax.engine.rollout.eval_config import EvalConfig
+
+    return {"rollout_config": RolloutConfig.from_args(args), "reward_config": RewardConfig.from_args(args),
+            "eval_config": EvalConfig.from_args(args)}
 
 
 def prepare_run(args: Namespace) -> RunInputs:
@@ -80,18 +99,19 @@ def prepare_run(args: Namespace) -> RunInputs:
     if args.custom_generate_function_path:
         from relax.engine.rollout.sglang_rollout import load_generate_function
 
-        p.run(load_generate_function, args, catch=catch)
+        p.run(load_generate_function, args.custom_generate_function_path, catch=catch)
     eval_sets = []
+    slices = _engine_slices(args)
     if args.eval_interval and not args.eval_prompt_data:
         p.add("--eval-interval needs --eval-prompt-data NAME PATH")
     elif tokenizer is not None:
         from relax.engine.rollout.evaluation import load_eval_sets
 
-        eval_sets = p.run(load_eval_sets, args, tokenizer, catch=catch) or []
+        eval_sets = p.run(load_eval_sets, slices["eval_config"], tokenizer, catch=catch) or []
     p.raise_if_any()
     if args.save_debug_rollout_data:
         rollout_fn = RolloutRecorder(rollout_fn, args.save_debug_rollout_data)
-    return RunInputs(device, tokenizer, data_source, rollout_fn, num_rollout, eval_sets)
+    return RunInputs(device, tokenizer, data_source, rollout_fn, num_rollout, eval_sets, **slices)
 
 
 def _replay_inputs(args: Namespace, device: str, tokenizer: Any) -> RunInputs:
@@ -101,7 +121,7 @@ def _replay_inputs(args: Namespace, device: str, tokenizer: Any) -> RunInputs:
     if not num_rollout:
         raise ConfigError(f"--load-debug-rollout-data: no saved rollout at {args.load_debug_rollout_data}")
     saved.check_steps(num_rollout)
-    return RunInputs(device, tokenizer, saved, saved, num_rollout)
+    return RunInputs(device, tokenizer, saved, saved, num_rollout, **_engine_slices(args))
 
 
 def _check_reward(args: Namespace) -> None:

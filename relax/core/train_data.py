@@ -36,7 +36,7 @@ def to_train_samples(args: Namespace, groups: list[list[Sample]]) -> tuple[list[
     if args.use_opd and args.opd_type == "sglang":  # the teacher scores the responses over HTTP
         from relax.engine.rollout.opd_teacher import attach_teacher_log_probs
 
-        attach_teacher_log_probs(args, samples)
+        attach_teacher_log_probs(samples)
     if args.custom_convert_samples_to_train_data_path:
         return _custom_convert(args, samples)
     raw = [extract_reward(s.reward, args.reward_key) for s in samples]

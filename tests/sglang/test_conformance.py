@@ -213,12 +213,14 @@ def test_every_client_request_constructs_its_io_struct(sgl, monkeypatch) -> None
 
 
 def test_rollout_generate_requests_normalize_and_verify_as_sglang_does(sgl) -> None:
+    from relax.engine.rollout.config import RolloutConfig
     from relax.engine.rollout.engine_pool import _batched
-    from relax.engine.rollout.sglang_rollout import sampling_params
+    from relax.utils.arguments import parse_args
 
-    args = Namespace(rollout_temperature=0.8, rollout_top_p=0.9, rollout_top_k=20, rollout_max_response_len=64,
-                     rollout_stop=["\n\n"], rollout_stop_token_ids=[2], rollout_skip_special_tokens=False)
-    params = {k: v for k, v in sampling_params(args).items() if v is not None}
+    cfg = RolloutConfig.from_args(parse_args(["--preset", "quickstart"])).replace(
+        rollout_temperature=0.8, rollout_top_p=0.9, rollout_top_k=20, rollout_max_response_len=64,
+        rollout_stop=["\n\n"], rollout_stop_token_ids=[2], rollout_skip_special_tokens=False)
+    params = {k: v for k, v in cfg.sampling_params().items() if v is not None}
     singles = [{"input_ids": [1, 2, 3 + i], "sampling_params": {**params, "sampling_seed": 100 + i},
                 "return_logprob": True} for i in range(4)]
     for body in [singles[0], _batched(singles)]:

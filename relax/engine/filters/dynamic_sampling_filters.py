@@ -19,6 +19,7 @@ class DynamicFilterOutput:
     reason: str | None = None
 
 
+# seed hook: seed 000 --dynamic-sampling-filter-path (filter(args, samples, **kwargs))
 def check_reward_nonzero_std(args: Namespace, samples: list[Sample], **kwargs) -> DynamicFilterOutput:
     """DAPO: drop a group whose rewards are all equal (all right or all wrong: zero GRPO advantage).
 

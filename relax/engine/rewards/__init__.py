@@ -3,8 +3,8 @@
 Custom reward functions follow Relax's contract ``reward_func(args, sample, **kwargs)``
 returning a float or a dict (then ``--reward-key`` picks the value); sync or async both work.
 
-`compute_rewards` resolves one *scorer* for the run: a coroutine that takes the samples and
-returns one raw reward per sample. Per-sample functions (built-in graders, custom rm) are
+`compute_rewards` takes the run's `RewardConfig` slice and resolves one *scorer*: a coroutine that
+takes the samples and returns one raw reward per sample. Per-sample functions (built-in graders, custom rm) are
 wrapped by `_per_sample`; group rewards (``--group-rm``) and the remote rm slot in as other
 scorers without touching the callers.
 """
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from argparse import Namespace
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from relax.algorithms.rewards import extract_reward
+from relax.engine.rewards.config import RewardConfig
 from relax.engine.rewards.graders import GRADERS, RewardFn
 from relax.utils.arguments import ConfigError
 from relax.utils.plugins import HookTimeout, bounded, load_function
@@ -25,9 +25,9 @@ from relax.utils.types import Sample
 
 CUSTOM_RM_SIGNATURE = "reward_func(args, sample, **kwargs) -> float | dict"
 
-Scorer = Callable[[Namespace, list[Sample]], Awaitable[list[Any]]]
+Scorer = Callable[[list[Sample]], Awaitable[list[Any]]]
 
-__all__ = ["CUSTOM_RM_SIGNATURE", "GRADERS", "RewardFn", "compute_rewards", "get_reward_fn"]
+__all__ = ["CUSTOM_RM_SIGNATURE", "GRADERS", "RewardConfig", "RewardFn", "compute_rewards", "get_reward_fn"]
 
 
 def get_reward_fn(rm_type: str) -> RewardFn:
@@ -38,17 +38,17 @@ def get_reward_fn(rm_type: str) -> RewardFn:
         raise ConfigError(f"unknown --rm-type {rm_type!r}; known: {', '.join(sorted(GRADERS))}") from None
 
 
-def _per_sample(fn: Callable[..., Any], name: str, timeout_s: float | None = None) -> Scorer:
-    """Score samples one call each; async functions run concurrently. ``timeout_s``: a user function's bound per
-    call (``--hook-timeout``; built-in graders have none)."""
+def _per_sample(fn: Callable[..., Any], name: str, hook_args: Any, timeout_s: float | None = None) -> Scorer:
+    """Score samples one call each, as ``fn(hook_args, sample)``; async functions run concurrently. ``timeout_s``: a
+    user function's bound per call (``--hook-timeout``; built-in graders have none)."""
 
-    async def call(args: Namespace, sample: Sample, serial: asyncio.Lock) -> Any:
+    async def call(sample: Sample, serial: asyncio.Lock) -> Any:
         try:
             if timeout_s is not None:
                 flag, path = name.split(" ", 1)
-                return await bounded(flag, path, timeout_s, fn, args, sample, serial=serial,
+                return await bounded(flag, path, timeout_s, fn, hook_args, sample, serial=serial,
                                      detail=f"sample index {sample.index}, group {sample.group_index}")
-            result = fn(args, sample)
+            result = fn(hook_args, sample)
             return await result if inspect.isawaitable(result) else result
         except HookTimeout:
             raise
@@ -56,9 +56,9 @@ def _per_sample(fn: Callable[..., Any], name: str, timeout_s: float | None = Non
             exc.add_note(f"in reward function {name} (sample index {sample.index}, group {sample.group_index})")
             raise
 
-    async def score(args: Namespace, samples: list[Sample]) -> list[Any]:
+    async def score(samples: list[Sample]) -> list[Any]:
         serial = asyncio.Lock()  # a plain function scores one sample at a time, as it always did
-        return list(await asyncio.gather(*(call(args, s, serial) for s in samples)))
+        return list(await asyncio.gather(*(call(s, serial) for s in samples)))
 
     return score
 
@@ -66,64 +66,60 @@ def _per_sample(fn: Callable[..., Any], name: str, timeout_s: float | None = Non
 GROUP_RM_SIGNATURE = "reward_func(args, samples: list[Sample], **kwargs) -> list[float | dict]"
 
 
-def _per_group(fn: Callable[..., Any], name: str, timeout_s: float) -> Scorer:
-    """``--group-rm``: one call per group (samples sharing a prompt), all groups concurrently, each at most
-    ``timeout_s`` (``--hook-timeout``)."""
+def _per_group(fn: Callable[..., Any], name: str, hook_args: Any, timeout_s: float) -> Scorer:
+    """``--group-rm``: one call ``fn(hook_args, group)`` per group (samples sharing a prompt), all groups
+    concurrently, each at most ``timeout_s`` (``--hook-timeout``)."""
     serial = asyncio.Lock()
 
-    async def call(args: Namespace, group: list[Sample]) -> list[Any]:
+    async def call(group: list[Sample]) -> list[Any]:
         flag, path = name.split(" ", 1)
-        result = await bounded(flag, path, timeout_s, fn, args, group, serial=serial,
+        result = await bounded(flag, path, timeout_s, fn, hook_args, group, serial=serial,
                                detail=f"group {group[0].group_index if group else None}")
         if len(result) != len(group):
             raise RuntimeError(f"{name} returned {len(result)} rewards for a group of {len(group)} samples")
         return list(result)
 
-    async def score(args: Namespace, samples: list[Sample]) -> list[Any]:
+    async def score(samples: list[Sample]) -> list[Any]:
         groups: dict[Any, list[Sample]] = {}
         for s in samples:
             groups.setdefault(s.group_index, []).append(s)
-        results = await asyncio.gather(*(call(args, g) for g in groups.values()))
+        results = await asyncio.gather(*(call(g) for g in groups.values()))
         by_id = {id(s): r for g, rs in zip(groups.values(), results, strict=True) for s, r in zip(g, rs, strict=True)}
         return [by_id[id(s)] for s in samples]
     return score
 
 
-def reward_source(args: Namespace) -> str:
-    """The flag and value that name the run's reward function (for messages)."""
-    return f"--custom-rm-path {args.custom_rm_path}" if args.custom_rm_path else f"--rm-type {args.rm_type}"
-
-
-def _scorer(args: Namespace) -> Scorer:
-    if args.group_rm:
-        if not args.custom_rm_path:
+def _scorer(cfg: RewardConfig) -> Scorer:
+    """Every reward function, built-in or the user's, gets the seeds' ``args`` (``cfg.args``)."""
+    if cfg.group_rm:
+        if not cfg.custom_rm_path:
             raise ConfigError("--group-rm needs --custom-rm-path (a function scoring a whole group)")
-        fn = load_function(args.custom_rm_path, flag="--custom-rm-path", signature=GROUP_RM_SIGNATURE, min_args=2)
-        return _per_group(fn, reward_source(args), args.hook_timeout)
-    if args.custom_rm_path:
-        fn = load_function(args.custom_rm_path, flag="--custom-rm-path", signature=CUSTOM_RM_SIGNATURE, min_args=2)
-        return _per_sample(fn, reward_source(args), args.hook_timeout)
-    if args.rm_type is None:
+        fn = load_function(cfg.custom_rm_path, flag="--custom-rm-path", signature=GROUP_RM_SIGNATURE, min_args=2)
+        return _per_group(fn, cfg.source, cfg.args, cfg.hook_timeout)
+    if cfg.custom_rm_path:
+        fn = load_function(cfg.custom_rm_path, flag="--custom-rm-path", signature=CUSTOM_RM_SIGNATURE, min_args=2)
+        return _per_sample(fn, cfg.source, cfg.args, cfg.hook_timeout)
+    if cfg.rm_type is None:
         raise ConfigError("no reward: set --rm-type (built-in: " + ", ".join(sorted(GRADERS)) + ") or --custom-rm-path")
-    return _per_sample(get_reward_fn(args.rm_type), reward_source(args))
+    return _per_sample(get_reward_fn(cfg.rm_type), cfg.source, cfg.args)
 
 
-async def compute_rewards(args: Namespace, samples: list[Sample]) -> list[float]:
+async def compute_rewards(cfg: RewardConfig, samples: list[Sample]) -> list[float]:
     """Score every sample, store the raw result (float or dict) on ``sample.reward``, return the floats.
 
     A dict result needs ``--reward-key`` naming the value to train on; the full dict stays on
     the sample for logging (its other numeric keys become ``rollout/reward_extra/<key>`` metrics).
     A key the dict lacks fails here, at the first sample, naming the sample and the reward function.
     """
-    raw = await _scorer(args)(args, samples)
+    raw = await _scorer(cfg)(samples)
     if len(raw) != len(samples):
         raise RuntimeError(f"reward scorer returned {len(raw)} rewards for {len(samples)} samples")
     out = []
     for s, r in zip(samples, raw, strict=True):
         s.reward = r
         try:
-            out.append(extract_reward(r, args.reward_key))
+            out.append(extract_reward(r, cfg.reward_key))
         except (TypeError, ValueError) as exc:
-            exc.add_note(f"reward of sample index {s.index} (group {s.group_index}) from {reward_source(args)}")
+            exc.add_note(f"reward of sample index {s.index} (group {s.group_index}) from {cfg.source}")
             raise
     return out

@@ -21,6 +21,7 @@ from relax.utils.types import Sample
 RewardFn = Callable[[Namespace, Sample], float]
 
 
+# seed hook: seed 001 (reward_func(args, sample)), as a --rm-type grader
 def exact(args: Namespace, sample: Sample) -> float:
     """1.0 when the stripped response equals the stripped label."""
     return float(sample.response.strip() == str(sample.label).strip())
@@ -76,6 +77,7 @@ def to_number(text: str) -> Fraction | None:
         return None
 
 
+# seed hook: seed 001 (reward_func(args, sample)), as a --rm-type grader
 def math_answer(args: Namespace, sample: Sample) -> float:
     """1.0 when the response's final answer (the last ``\\boxed{}``, else the last number) equals the label,
     numerically when both are numbers (``1/2``, ``0.5``, ``\\frac{1}{2}``, ``1,000``), else as normalized strings.

@@ -34,6 +34,7 @@ def _label(label: Any) -> str | None:
     return boxed_answer(text) if "\\boxed" in text else text
 
 
+# seed hook: seed 001 (reward_func(args, sample)), as a --rm-type grader
 def math_verl(args: Namespace, sample: Sample) -> float:
     """1.0 when the last boxed answer equals the label (normal form or symbolically), else 0.0."""
     truth = _label(sample.label)
@@ -41,6 +42,7 @@ def math_verl(args: Namespace, sample: Sample) -> float:
     return float(truth is not None and answers_equal(given, truth))
 
 
+# seed hook: seed 001 (reward_func(args, sample)), as a --rm-type grader
 def deepscaler(args: Namespace, sample: Sample) -> float:
     """``math`` on the part after the last ``</think>`` (or ``###Response``); 0.0 without either marker."""
     response = sample.response
@@ -92,6 +94,7 @@ def _dapo_truth(label: Any) -> str:
         return truth  # DAPO's answers are integers; anything else is compared as its normal form
 
 
+# seed hook: seed 001 (reward_func(args, sample)), as a --rm-type grader
 def dapo(args: Namespace, sample: Sample) -> dict[str, Any]:
     """``score`` 1.0 when the last ``Answer:`` of the final 300 characters equals the label, else -1.0."""
     found = _ANSWER.findall(sample.response[-DAPO_TAIL_CHARS:])

@@ -17,6 +17,7 @@ from relax.utils.types import Sample
 RETRIES = 3
 
 
+# seed hook: seed 001 (reward_func(args, sample)), as --rm-type remote_rm
 async def remote_rm(args: Namespace, sample: Sample) -> Any:
     """POST {prompt, response, label, metadata} to ``--rm-url``; its JSON answer (a number, or an object for
     ``--reward-key``) is the reward. Connection errors and 5xx answers are retried."""

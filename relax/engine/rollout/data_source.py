@@ -21,6 +21,7 @@ import numpy as np
 
 from relax.data.dataset import DataError, prompt_files, read_records
 from relax.data.prompts import CUSTOM_PROMPT_SIGNATURE, build_samples
+from relax.engine.rollout.data_config import PromptDataConfig
 from relax.utils.plugins import PluginError, load_function
 from relax.utils.types import Sample
 
@@ -29,27 +30,30 @@ BUFFER_FILTER_SIGNATURE = "buffer_filter(args, rollout_id, buffer: list[list[Sam
 
 
 class RolloutDataSourceWithBuffer:
-    """Reads ``args.prompt_data`` once; ``tokenizer`` defaults to the ``--hf-checkpoint`` one."""
+    """Reads ``--prompt-data`` once; ``tokenizer`` defaults to the ``--hf-checkpoint`` one. What it reads of the
+    flags is its `PromptDataConfig` slice (``self.config``)."""
 
+    # seed hook: seed 000's --data-source-path names this class; the driver builds any such class from args
     def __init__(self, args: Namespace, tokenizer: Any = None):
-        if not args.prompt_data:
+        cfg = self.config = PromptDataConfig.from_args(args)
+        if not cfg.prompt_data:
             raise DataError("--prompt-data is required")
         if tokenizer is None:
             from relax.models import load_tokenizer
 
-            tokenizer = load_tokenizer(args.hf_checkpoint)
+            tokenizer = load_tokenizer(cfg.hf_checkpoint)
         prompt_fn = None
-        if args.custom_prompt_path:
-            prompt_fn = load_function(args.custom_prompt_path, flag="--custom-prompt-path",
+        if cfg.custom_prompt_path:
+            prompt_fn = load_function(cfg.custom_prompt_path, flag="--custom-prompt-path",
                                       signature=CUSTOM_PROMPT_SIGNATURE, min_args=2)
         self.num_records, self.num_filtered, self.prompts = 0, 0, []
-        for path in prompt_files(args.prompt_data):  # one file, or several read in order (seed 004)
-            records = read_records(path, required_keys=[args.input_key])
+        for path in prompt_files(cfg.prompt_data):  # one file, or several read in order (seed 004)
+            records = read_records(path, required_keys=[cfg.input_key])
             prompts, filtered = build_samples(
-                records, tokenizer, path=path, input_key=args.input_key, label_key=args.label_key,
-                metadata_key=args.metadata_key, apply_chat_template=args.apply_chat_template,
-                apply_chat_template_kwargs=args.apply_chat_template_kwargs, system_prompt=args.system_prompt,
-                tool_key=args.tool_key, max_prompt_len=args.rollout_max_prompt_len, prompt_fn=prompt_fn,
+                records, tokenizer, path=path, input_key=cfg.input_key, label_key=cfg.label_key,
+                metadata_key=cfg.metadata_key, apply_chat_template=cfg.apply_chat_template,
+                apply_chat_template_kwargs=cfg.apply_chat_template_kwargs, system_prompt=cfg.system_prompt,
+                tool_key=cfg.tool_key, max_prompt_len=cfg.rollout_max_prompt_len, prompt_fn=prompt_fn,
                 first_index=self.num_records,
             )
             self.prompts += prompts
@@ -57,20 +61,20 @@ class RolloutDataSourceWithBuffer:
             self.num_filtered += filtered
         if not self.prompts:
             raise DataError(
-                f"{args.prompt_data}: no prompts left (empty file, or all longer than --rollout-max-prompt-len)"
+                f"{cfg.prompt_data}: no prompts left (empty file, or all longer than --rollout-max-prompt-len)"
             )
-        self.n_samples = args.n_samples_per_prompt
-        self.shuffle = args.rollout_shuffle
-        self.seed = args.rollout_seed
+        self.n_samples = cfg.n_samples_per_prompt
+        self.shuffle = cfg.rollout_shuffle
+        self.seed = cfg.rollout_seed
         self.epoch = 0
         self.offset = 0  # position in this epoch's order
         self.sample_counter = 0  # next Sample.index
         self.buffer: list[list[Sample]] = []
         self._order = self._epoch_order(0)
-        self.args = args
+        self.args = args  # what the --buffer-filter-path hook gets (Relax's signature)
         self.buffer_filter = None
-        if args.buffer_filter_path:
-            self.buffer_filter = load_function(args.buffer_filter_path, flag="--buffer-filter-path",
+        if cfg.buffer_filter_path:
+            self.buffer_filter = load_function(cfg.buffer_filter_path, flag="--buffer-filter-path",
                                                signature=BUFFER_FILTER_SIGNATURE, min_args=4)
 
     def __len__(self) -> int:

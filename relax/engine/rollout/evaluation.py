@@ -10,12 +10,14 @@ labels come from ``--eval-label-key``, else ``--label-key``);
 Seeds depend on (rollout seed, step, dataset, sample), so an eval is reproducible. With
 ``--custom-generate-function-path`` the recipe's function generates the eval samples too, and a
 function that declares seed 001's optional ``evaluation`` parameter gets ``evaluation=True``.
+
+What it reads of the flags is three slices the driver builds once: `EvalConfig`, and the rollout's
+`RolloutConfig` (fallback sampling, seed, generate hook) and `RewardConfig` (the training reward).
 """
 
 from __future__ import annotations
 
 import asyncio
-from argparse import Namespace
 from dataclasses import dataclass
 from math import comb
 from typing import Any
@@ -23,7 +25,9 @@ from typing import Any
 from relax.algorithms import extract_reward
 from relax.data.dataset import read_records
 from relax.data.prompts import build_samples
-from relax.engine.rewards import compute_rewards
+from relax.engine.rewards import RewardConfig, compute_rewards
+from relax.engine.rollout.config import RolloutConfig
+from relax.engine.rollout.eval_config import EvalConfig
 from relax.engine.rollout.sglang_rollout import GenerateState, apply_response, custom_generate, sample_seed
 from relax.utils.arguments import ConfigError
 from relax.utils.types import Sample
@@ -37,44 +41,28 @@ class EvalSet:
     prompts: list[Sample]
 
 
-def load_eval_sets(args: Namespace, tokenizer: Any) -> list[EvalSet]:
-    items = args.eval_prompt_data or []
+def load_eval_sets(cfg: EvalConfig, tokenizer: Any) -> list[EvalSet]:
+    items = cfg.eval_prompt_data or []
     if len(items) % 2:
         raise ConfigError("--eval-prompt-data takes pairs: NAME PATH [NAME PATH ...]")
     sets = []
     for name, path in zip(items[::2], items[1::2], strict=True):
         prompts, _ = build_samples(
-            read_records(path), tokenizer, path=path, input_key=args.eval_input_key,
-            label_key=args.eval_label_key or args.label_key,
-            metadata_key=args.metadata_key, apply_chat_template=args.apply_chat_template,
-            apply_chat_template_kwargs=args.apply_chat_template_kwargs, system_prompt=args.system_prompt,
-            tool_key=args.eval_tool_key or args.tool_key, max_prompt_len=args.eval_max_prompt_len,
+            read_records(path), tokenizer, path=path, input_key=cfg.eval_input_key,
+            label_key=cfg.eval_label_key or cfg.label_key,
+            metadata_key=cfg.metadata_key, apply_chat_template=cfg.apply_chat_template,
+            apply_chat_template_kwargs=cfg.apply_chat_template_kwargs, system_prompt=cfg.system_prompt,
+            tool_key=cfg.eval_tool_key or cfg.tool_key, max_prompt_len=cfg.eval_max_prompt_len,
         )
         sets.append(EvalSet(name, prompts))
     return sets
 
 
-def eval_due(args: Namespace, step: int) -> bool:
-    if not args.eval_interval:
-        return False
-    if step == 0 and args.skip_eval_before_train:
-        return False
-    return step % args.eval_interval == 0
-
-
-def eval_sampling_params(args: Namespace) -> dict[str, Any]:
-    def pick(eval_value, rollout_value):
-        return rollout_value if eval_value is None else eval_value
-
-    return {
-        "temperature": pick(args.eval_temperature, args.rollout_temperature),
-        "top_p": pick(args.eval_top_p, args.rollout_top_p),
-        "top_k": pick(args.eval_top_k, args.rollout_top_k),
-        "max_new_tokens": pick(args.eval_max_response_len, args.rollout_max_response_len),
-        "stop": args.rollout_stop,
-        "stop_token_ids": args.rollout_stop_token_ids,
-        "skip_special_tokens": args.rollout_skip_special_tokens,
-    }
+def eval_sampling_params(cfg: EvalConfig, rollout: RolloutConfig) -> dict[str, Any]:
+    """The rollout's sampling params, each overridden by its eval flag when that is set."""
+    overrides = {"temperature": cfg.eval_temperature, "top_p": cfg.eval_top_p, "top_k": cfg.eval_top_k,
+                 "max_new_tokens": cfg.eval_max_response_len}
+    return {**rollout.sampling_params(), **{k: v for k, v in overrides.items() if v is not None}}
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -84,26 +72,27 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-async def _evaluate_set(args: Namespace, step: int, set_index: int, eval_set: EvalSet) -> dict[str, float]:
-    n = args.n_samples_per_eval_prompt
+async def _evaluate_set(cfg: EvalConfig, rollout: RolloutConfig, rewards: RewardConfig, step: int, set_index: int,
+                        eval_set: EvalSet) -> dict[str, float]:
+    n = cfg.n_samples_per_eval_prompt
     samples = [p.copy() for p in eval_set.prompts for _ in range(n)]
-    params = eval_sampling_params(args)
-    seeds = [sample_seed(args.rollout_seed + EVAL_SEED_OFFSET + set_index, step, i) for i in range(len(samples))]
-    if args.custom_generate_function_path:  # the recipe's own rollout, told it is evaluating (seed 001)
-        await custom_generate(args, samples, params, seeds, evaluation=True)
+    params = eval_sampling_params(cfg, rollout)
+    seeds = [sample_seed(rollout.rollout_seed + EVAL_SEED_OFFSET + set_index, step, i) for i in range(len(samples))]
+    if rollout.custom_generate_function_path:  # the recipe's own rollout, told it is evaluating (seed 001)
+        await custom_generate(rollout, samples, params, seeds, evaluation=True)
     else:
         requests = [{"input_ids": list(s.tokens), "return_logprob": True,
                      "sampling_params": dict(params, sampling_seed=seed)} for s, seed in zip(samples, seeds, strict=True)]
-        responses = await GenerateState(args).pool.generate_batch(requests, n)
+        responses = await GenerateState(rollout.args, config=rollout).pool.generate_batch(requests, n)
         for s, resp in zip(samples, responses, strict=True):
             apply_response(s, resp)
-    await compute_rewards(args, samples)
-    rewards = [extract_reward(s.reward, args.eval_reward_key) for s in samples]
-    correct = [sum(r > 0 for r in rewards[i : i + n]) for i in range(0, len(rewards), n)]
+    await compute_rewards(rewards, samples)
+    values = [extract_reward(s.reward, cfg.eval_reward_key) for s in samples]
+    correct = [sum(r > 0 for r in values[i : i + n]) for i in range(0, len(values), n)]
     prefix = f"eval/{eval_set.name}"
-    out = {f"{prefix}/reward_mean": sum(rewards) / len(rewards), f"{prefix}/pass@{n}": sum(c > 0 for c in correct) / len(correct),
+    out = {f"{prefix}/reward_mean": sum(values) / len(values), f"{prefix}/pass@{n}": sum(c > 0 for c in correct) / len(correct),
            f"{prefix}/response_len_mean": sum(s.response_length for s in samples) / len(samples)}
-    if args.log_passrate:
+    if cfg.log_passrate:
         k = 1
         while k < n:
             out[f"{prefix}/pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(correct)
@@ -111,9 +100,11 @@ async def _evaluate_set(args: Namespace, step: int, set_index: int, eval_set: Ev
     return out
 
 
-def run_eval(args: Namespace, step: int, eval_sets: list[EvalSet]) -> dict[str, float]:
+def run_eval(cfg: EvalConfig, rollout: RolloutConfig, rewards: RewardConfig, step: int,
+             eval_sets: list[EvalSet]) -> dict[str, float]:
     async def all_sets() -> dict[str, float]:
-        parts = await asyncio.gather(*(_evaluate_set(args, step, i, s) for i, s in enumerate(eval_sets)))
+        parts = await asyncio.gather(*(_evaluate_set(cfg, rollout, rewards, step, i, s)
+                                       for i, s in enumerate(eval_sets)))
         return {k: v for part in parts for k, v in part.items()}
 
     return asyncio.run(all_sets())

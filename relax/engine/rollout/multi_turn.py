@@ -23,6 +23,7 @@ and ``metadata["turns"]`` keeps each turn's text and seed, ``metadata["env_info"
 from __future__ import annotations
 
 from argparse import Namespace
+from dataclasses import dataclass
 from typing import Any
 
 from relax.engine.protocol import parse_weight_version
@@ -39,18 +40,29 @@ def turn_seed(seed: int, turn: int) -> int:
     return sample_seed(seed, 1, turn)
 
 
-def _max_turns(args: Namespace) -> int:
-    value = getattr(args, "max_turns", None)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"the multi-turn rollout needs max_turns >= 1, got {value!r}: {CONFIG_HINT}")
-    return value
+@dataclass(frozen=True)
+class Episode:
+    """What one multi-turn trajectory reads, taken from ``args`` once at the hook boundary (`generate`).
 
+    ``max_turns``, ``max_tokens_per_turn`` and the env module are keys of the ``--custom-config-path`` YAML, not
+    flags, so this is a plain checked record rather than a flag slice. ``env_args`` is the seeds' ``args``, handed
+    on only to the env factory, whose signature ``build_env(sample, args)`` seed 004 fixes."""
 
-def _turn_cap(args: Namespace) -> int | None:
-    value = getattr(args, "max_tokens_per_turn", None)
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ValueError(f"max_tokens_per_turn must be an integer >= 1, got {value!r}: {CONFIG_HINT}")
-    return value
+    env_module: str
+    max_turns: int
+    max_tokens_per_turn: int | None
+    router_url: str  # the run's router (relax/core/runtime.py sets --sglang-router-ip/port)
+    chat: bool  # --apply-chat-template: render observations with the chat template
+    tokenizer: Any
+    env_args: Any
+
+    def __post_init__(self) -> None:
+        value = self.max_turns
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"the multi-turn rollout needs max_turns >= 1, got {value!r}: {CONFIG_HINT}")
+        value = self.max_tokens_per_turn
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"max_tokens_per_turn must be an integer >= 1, got {value!r}: {CONFIG_HINT}")
 
 
 def _chat_observation(tokenizer: Any, text: str, role: str, after_eos: bool) -> str:
@@ -93,18 +105,18 @@ class _Trajectory:
         self.versions += [version] * len(ids)
 
 
-async def run_episode(args: Namespace, sample: Sample, sampling_params: dict[str, Any], env_module: str,
+async def run_episode(episode: Episode, sample: Sample, sampling_params: dict[str, Any],
                       evaluation: bool = False) -> Sample:
     """One sample's trajectory: model turns and environment observations, until done, max_turns or the budget."""
     from relax.utils.http_utils import post
 
-    max_turns, cap = _max_turns(args), _turn_cap(args)
-    tokenizer = GenerateState(args).tokenizer
+    max_turns, cap, env_module = episode.max_turns, episode.max_tokens_per_turn, episode.env_module
+    tokenizer = episode.tokenizer
     eos_ids = {tokenizer.eos_token_id} - {None}
-    url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
+    url = episode.router_url
     budget = int(sampling_params["max_new_tokens"])
     traj, info, status, version = _Trajectory(sample.tokens), {}, Sample.Status.COMPLETED, None
-    env = load_env_factory(env_module)(sample=sample, args=args)
+    env = load_env_factory(env_module)(sample=sample, args=episode.env_args)
     try:
         env.reset()
         for turn in range(max_turns):
@@ -124,7 +136,7 @@ async def run_episode(args: Namespace, sample: Sample, sampling_params: dict[str
             if done or turn + 1 == max_turns:
                 break
             text, role = observation_text(obs, f"{env_module}.step")
-            obs_ids = observation_ids(tokenizer, text, role, chat=args.apply_chat_template,
+            obs_ids = observation_ids(tokenizer, text, role, chat=episode.chat,
                                       after_eos=bool(ids) and ids[-1] in eos_ids)
             if len(traj.mask) + len(obs_ids) >= budget:  # no room for the observation and a next turn
                 status = Sample.Status.TRUNCATED
@@ -150,10 +162,17 @@ def _finish(sample: Sample, traj: _Trajectory, tokenizer: Any, status: Sample.St
     return sample
 
 
+# seed hook: seed 001's custom generate function, generate(args, sample, sampling_params, evaluation=False)
 async def generate(args: Namespace, sample: Sample, sampling_params: dict[str, Any], evaluation: bool = False,
                    *, env_module: str | None = None) -> Sample:
-    """The custom generate function. ``env_module``: a recipe's default when its YAML names none."""
+    """The custom generate function. ``env_module``: a recipe's default when its YAML names none.
+
+    The YAML keys are read with ``getattr``: they are not flags, and a recipe's YAML may leave them out."""
     module = getattr(args, "rollout_interaction_env_path", None) or env_module
     if not module:
         raise ValueError(f"the multi-turn rollout needs rollout_interaction_env_path (the env module): {CONFIG_HINT}")
-    return await run_episode(args, sample, sampling_params, module, evaluation)
+    episode = Episode(env_module=module, max_turns=getattr(args, "max_turns", None),
+                      max_tokens_per_turn=getattr(args, "max_tokens_per_turn", None),
+                      router_url=f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate",
+                      chat=bool(args.apply_chat_template), tokenizer=GenerateState(args).tokenizer, env_args=args)
+    return await run_episode(episode, sample, sampling_params, evaluation)

@@ -25,11 +25,11 @@ request timeout.
 from __future__ import annotations
 
 import asyncio
-from argparse import Namespace
 from dataclasses import dataclass
 from typing import Any
 
 from relax.engine.rollout.engine_client import EngineClient, EngineError
+from relax.engine.rollout.teacher_config import TeacherConfig
 from relax.utils.http_utils import close_session
 from relax.utils.types import Sample
 
@@ -43,9 +43,10 @@ class TeacherError(RuntimeError):
 
 @dataclass
 class TeacherServer:
-    """The teacher's address, and the embedded server process when the run started it."""
+    """The teacher's address, the temperature it scores at, and the embedded server process when the run started it."""
 
     url: str
+    temperature: float = 1.0  # --rollout-temperature
     process: Any = None  # relax.backends.embedded.launch.EngineProcess
 
     def stop(self) -> None:
@@ -63,22 +64,22 @@ def base_url(url: str) -> str:
     return url if "://" in url else f"http://{url}"
 
 
-def start_teacher(args: Namespace, device: str, log_dir: str | None = None) -> TeacherServer:
+def start_teacher(cfg: TeacherConfig, device: str, log_dir: str | None = None) -> TeacherServer:
     """Connect to ``--rm-url`` or launch the embedded teacher; check it answers; make it the active teacher."""
     global _ACTIVE
-    if args.rm_url:
-        teacher = TeacherServer(base_url(args.rm_url))
+    if cfg.rm_url:
+        teacher = TeacherServer(base_url(cfg.rm_url), cfg.rollout_temperature)
     else:
         from relax.backends.embedded.launch import EngineProcess
 
-        server_args = ["--hf-checkpoint", args.opd_teacher_load, "--seed", str(args.seed), "--device", device,
+        server_args = ["--hf-checkpoint", cfg.opd_teacher_load, "--seed", str(cfg.seed), "--device", device,
                        "--dtype", "float32", "--host", "127.0.0.1"]
         try:
             process = EngineProcess.start(server_args, timeout=120.0, log_dir=log_dir)
         except RuntimeError as exc:
-            raise TeacherError(f"OPD teacher server over --opd-teacher-load {args.opd_teacher_load} did not start: "
+            raise TeacherError(f"OPD teacher server over --opd-teacher-load {cfg.opd_teacher_load} did not start: "
                                f"{str(exc).splitlines()[0]}") from None
-        teacher = TeacherServer(process.url, process)
+        teacher = TeacherServer(process.url, cfg.rollout_temperature, process)
     if not asyncio.run(_healthy(teacher.url)):
         teacher.stop()
         raise TeacherError(f"OPD teacher server {teacher.url} is not reachable (no answer to /health within "
@@ -139,10 +140,10 @@ async def score(url: str, samples: list[Sample], temperature: float) -> list[lis
     return [response_log_probs(a, s.response_length, client.base_url) for a, s in zip(answers, samples, strict=True)]
 
 
-def attach_teacher_log_probs(args: Namespace, samples: list[Sample]) -> None:
-    """Fill ``sample.teacher_log_probs`` for every sample from the active teacher server."""
+def attach_teacher_log_probs(samples: list[Sample]) -> None:
+    """Fill ``sample.teacher_log_probs`` for every sample from the active teacher server (at its temperature)."""
     if _ACTIVE is None:
         raise RuntimeError("--opd-type sglang: no teacher server is running (start_teacher was not called)")
-    values = asyncio.run(score(_ACTIVE.url, samples, args.rollout_temperature))
+    values = asyncio.run(score(_ACTIVE.url, samples, _ACTIVE.temperature))
     for s, lp in zip(samples, values, strict=True):
         s.teacher_log_probs = lp

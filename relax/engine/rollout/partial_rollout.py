@@ -18,9 +18,10 @@ the default rollout this mode is not bit-reproducible across runs.
 from __future__ import annotations
 
 import asyncio
-from argparse import Namespace
 from typing import Any
 
+from relax.engine.rewards.config import RewardConfig
+from relax.engine.rollout.config import RolloutConfig
 from relax.engine.rollout.partial_samples import (
     FINISHED,
     append_response,
@@ -39,12 +40,13 @@ SURPLUS = "partial_rollout_surplus"
 class PartialRollout:
     """One step of partial rollout over ``clients`` (objects with async ``generate`` and ``abort_request``)."""
 
-    def __init__(self, args: Namespace, rollout_id: int, state: GenerateState, data_source: Any, clients: list):
+    def __init__(self, cfg: RolloutConfig, rewards: RewardConfig, rollout_id: int, state: GenerateState,
+                 data_source: Any, clients: list):
         if not clients:
             raise ValueError("partial rollout needs at least one engine client")
-        self.args, self.rollout_id, self.state, self.data_source = args, rollout_id, state, data_source
+        self.cfg, self.rewards, self.rollout_id, self.state, self.data_source = cfg, rewards, rollout_id, state, data_source
         self.clients = clients
-        self.keep = dynamic_filter(args)
+        self.keep = dynamic_filter(cfg)
         self.inflight: dict[str, tuple[Any, Sample]] = {}
         self.aborting = False
         self.versions: set[int] = set()  # weight versions that answered this step
@@ -53,7 +55,7 @@ class PartialRollout:
         self.recycled = 0
 
     async def run(self) -> list[list[Sample]]:
-        args, target = self.args, self.args.rollout_batch_size
+        target = self.cfg.rollout_batch_size
         kept: list[list[Sample]] = []
         pending: set[asyncio.Task] = set()
         live = rounds = 0  # live: groups drawn and not rejected (Relax's remaining_batch_size)
@@ -64,7 +66,7 @@ class PartialRollout:
                     if rounds > MAX_SAMPLING_ROUNDS:
                         raise RuntimeError(f"partial rollout kept {len(kept)} of {target} groups after "
                                            f"{MAX_SAMPLING_ROUNDS} draws; check --dynamic-sampling-filter-path")
-                    groups = self.data_source.get_samples(args.over_sampling_batch_size or target)
+                    groups = self.data_source.get_samples(self.cfg.draw_size)
                     pending |= {asyncio.ensure_future(self._run_group(g)) for g in groups}
                     live += len(groups)
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -74,7 +76,7 @@ class PartialRollout:
                         self._recycle(group)
                         live -= 1
                         continue
-                    keep, reason = self.keep(args, group)
+                    keep, reason = self.keep(group)
                     if not keep:
                         self.state.record(self.rollout_id, group, "filtered", reason or "dynamic_sampling_filter")
                         live -= 1
@@ -101,15 +103,15 @@ class PartialRollout:
         self.num_groups += 1
         await asyncio.gather(*(self._generate(client, s) for s in group))
         if not self.aborting and all(s.status in FINISHED for s in group):
-            await compute_rewards(self.args, group)
+            await compute_rewards(self.rewards, group)
         return group
 
     async def _generate(self, client: Any, sample: Sample) -> None:
-        if sample.status in FINISHED or (self.aborting and not protected(self.args, sample)):
+        if sample.status in FINISHED or (self.aborting and not protected(self.cfg, sample)):
             return  # finished before it was recycled, or drawn too late to start
         rid = f"relax-{self.rollout_id}-{sample.index}"
         params = dict(self.state.sampling_params,
-                      sampling_seed=sample_seed(self.args.rollout_seed, self.rollout_id, sample.index))
+                      sampling_seed=sample_seed(self.cfg.rollout_seed, self.rollout_id, sample.index))
         self.inflight[rid] = (client, sample)
         try:
             response = await client.generate(resume_request(sample, params, rid))
@@ -120,7 +122,7 @@ class PartialRollout:
             self.versions.add(sample.weight_version)
 
     async def _abort_inflight(self) -> None:
-        targets = [(client, rid) for rid, (client, s) in self.inflight.items() if not protected(self.args, s)]
+        targets = [(client, rid) for rid, (client, s) in self.inflight.items() if not protected(self.cfg, s)]
         await asyncio.gather(*(client.abort_request(rid) for client, rid in targets))
 
     def _recycle(self, group: list[Sample]) -> None:
@@ -136,11 +138,12 @@ class PartialRollout:
         samples = [s for g in kept for s in g]
         tokens = [v for s in samples for v in (s.token_weight_versions or []) if v is not None]
         current = max(self.versions | set(tokens), default=self.rollout_id)
-        if self.args.mask_offpolicy_in_partial_rollout:
+        if self.cfg.mask_offpolicy_in_partial_rollout:
             mask_offpolicy(samples, current)
         self.state.add_metrics(self.rollout_id, partial_metrics(samples, current, self.aborted, self.recycled))
 
 
-async def generate_partial_rollout_async(args: Namespace, rollout_id: int, data_source: Any) -> list[list[Sample]]:
-    state = GenerateState(args)
-    return await PartialRollout(args, rollout_id, state, data_source, [state.pool]).run()  # aborts go via the router
+async def generate_partial_rollout_async(cfg: RolloutConfig, rewards: RewardConfig, rollout_id: int,
+                                         data_source: Any) -> list[list[Sample]]:
+    state = GenerateState(cfg.args, config=cfg)
+    return await PartialRollout(cfg, rewards, rollout_id, state, data_source, [state.pool]).run()  # aborts via the router

@@ -9,10 +9,10 @@ then zeroes the loss mask of the tokens an older policy produced.
 
 from __future__ import annotations
 
-from argparse import Namespace
 from typing import Any
 
 from relax.engine.protocol import parse_weight_version
+from relax.engine.rollout.config import RolloutConfig
 from relax.engine.rollout.state import FINISH_STATUS
 from relax.utils.json_codec import logprob
 from relax.utils.types import Sample
@@ -20,9 +20,9 @@ from relax.utils.types import Sample
 FINISHED = (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
 
 
-def protected(args: Namespace, sample: Sample) -> bool:
+def protected(cfg: RolloutConfig, sample: Sample) -> bool:
     """A sample aborted ``--partial-rollout-max-aborted-count`` times is never aborted again."""
-    limit = args.partial_rollout_max_aborted_count
+    limit = cfg.partial_rollout_max_aborted_count
     return limit is not None and sample.abort_count >= limit
 
 

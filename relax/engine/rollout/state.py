@@ -1,5 +1,6 @@
 """What the rollout functions share (the default rollout, partial rollout, multi-turn): the process-wide
 `GenerateState`, per-sample sampling seeds, the finish-reason -> status map and the dynamic-sampling filter.
+What they read of the flags is the `RolloutConfig` slice (relax/engine/rollout/config.py).
 
 A leaf below relax/engine/rollout/sglang_rollout.py (which re-exports `GenerateState` and `sample_seed` under
 their Relax paths) and relax/engine/rollout/partial_rollout.py, so neither imports the other for them.
@@ -10,6 +11,7 @@ from __future__ import annotations
 from argparse import Namespace
 from typing import Any
 
+from relax.engine.rollout.config import RolloutConfig
 from relax.utils.types import Sample
 
 _MASK63 = (1 << 63) - 1
@@ -38,17 +40,22 @@ class _Singleton(type):
 
 
 class GenerateState(metaclass=_Singleton):
-    """Process-wide rollout state: tokenizer, default sampling params and the engine pool."""
+    """Process-wide rollout state: tokenizer, default sampling params and the engine pool.
 
-    def __init__(self, args: Namespace, *, tokenizer: Any = None, pool: Any = None):
+    ``config``: the run's rollout slice (`install` passes the driver's); built from ``args`` otherwise."""
+
+    # seed hook: seed 001's custom generate example calls GenerateState(args)
+    def __init__(self, args: Namespace | None, *, config: RolloutConfig | None = None, tokenizer: Any = None,
+                 pool: Any = None):
+        self.config = config if config is not None else RolloutConfig.from_args(args)
         if tokenizer is None:
             from relax.models import load_tokenizer
 
-            tokenizer = load_tokenizer(args.hf_checkpoint)
+            tokenizer = load_tokenizer(self.config.hf_checkpoint)
         self.args = args
         self.tokenizer = tokenizer
         self.pool = pool
-        self.sampling_params = sampling_params(args)
+        self.sampling_params = self.config.sampling_params()
         self._fates: list[dict[str, Any]] = []  # filtered / recycled samples, drained into samples.jsonl
         self._metrics: dict[int, dict[str, float]] = {}  # per rollout id, merged into that step's metrics
 
@@ -56,7 +63,7 @@ class GenerateState(metaclass=_Singleton):
         from relax.metrics.sample_records import sample_fields
 
         self._fates += [{"step": step, "group_index": s.group_index, "index": s.index, "attempts": s.abort_count + 1,
-                         "fate": fate, "reason": reason, **sample_fields(s, self.args.reward_key)} for s in group]
+                         "fate": fate, "reason": reason, **sample_fields(s, self.config.reward_key)} for s in group]
 
     def drain_fates(self) -> list[dict[str, Any]]:
         fates, self._fates = self._fates, []
@@ -74,22 +81,11 @@ class GenerateState(metaclass=_Singleton):
         return self._metrics.pop(step, {})
 
     @classmethod
-    def install(cls, args: Namespace, *, tokenizer: Any = None, pool: Any = None) -> GenerateState:
-        """Replace the process-wide state (the driver calls this once engines are up)."""
+    def install(cls, config: RolloutConfig, *, tokenizer: Any = None, pool: Any = None) -> GenerateState:
+        """Replace the process-wide state (the driver calls this once engines are up); ``GenerateState(args)``
+        then returns it, with ``args`` the one the slice was built from."""
         type(cls).reset(cls)
-        return cls(args, tokenizer=tokenizer, pool=pool)
-
-
-def sampling_params(args: Namespace) -> dict[str, Any]:
-    return {
-        "temperature": args.rollout_temperature,
-        "top_p": args.rollout_top_p,
-        "top_k": args.rollout_top_k,
-        "max_new_tokens": args.rollout_max_response_len,
-        "stop": args.rollout_stop,
-        "stop_token_ids": args.rollout_stop_token_ids,
-        "skip_special_tokens": args.rollout_skip_special_tokens,
-    }
+        return cls(config.args, config=config, tokenizer=tokenizer, pool=pool)
 
 
 FINISH_STATUS = {"length": Sample.Status.TRUNCATED, "stop": Sample.Status.COMPLETED, "abort": Sample.Status.ABORTED}
@@ -99,18 +95,19 @@ MAX_SAMPLING_ROUNDS = 64
 FILTER_SIGNATURE = "filter(args, samples: list[Sample], **kwargs) -> DynamicFilterOutput | bool"
 
 
-def dynamic_filter(args: Namespace):
-    if not args.dynamic_sampling_filter_path:
-        return lambda a, g: (True, None)
+def dynamic_filter(cfg: RolloutConfig):
+    """``keep(group) -> (keep, reason)``: the ``--dynamic-sampling-filter-path`` hook, called with the seeds'
+    ``args`` (``cfg.args``); every group is kept without one."""
+    if not cfg.dynamic_sampling_filter_path:
+        return lambda g: (True, None)
     from relax.utils.plugins import culprit, load_function
 
-    fn = load_function(args.dynamic_sampling_filter_path, flag="--dynamic-sampling-filter-path",
-                       signature=FILTER_SIGNATURE, min_args=2)
+    path = cfg.dynamic_sampling_filter_path
+    fn = load_function(path, flag="--dynamic-sampling-filter-path", signature=FILTER_SIGNATURE, min_args=2)
 
-    def keep(a: Namespace, group: list[Sample]) -> tuple[bool, str | None]:
-        with culprit("--dynamic-sampling-filter-path", args.dynamic_sampling_filter_path,
-                     f"group {group[0].group_index if group else None}"):
-            out = fn(a, group)
+    def keep(group: list[Sample]) -> tuple[bool, str | None]:
+        with culprit("--dynamic-sampling-filter-path", path, f"group {group[0].group_index if group else None}"):
+            out = fn(cfg.args, group)
         return (bool(out), None) if isinstance(out, bool) else (bool(out.keep), out.reason)
 
     return keep

@@ -7,11 +7,11 @@ listens on loopback: everything that posts to it runs in the driver process.
 
 from __future__ import annotations
 
-from argparse import Namespace
 from dataclasses import dataclass
 
 from relax.backends.embedded.hosting import Served, serve_in_thread
 from relax.engine.router.router import Router
+from relax.utils.flag_slice import FlagSlice
 
 GENERATE_TIMEOUT_S = 600.0
 """How long the run's router waits for one engine's answer to a request (a batched /generate: a share of a
@@ -20,21 +20,43 @@ rollout step) when --slime-router-timeout is unset; an engine that does not answ
 found only this way: set --slime-router-timeout to the longest a rollout step's share may take (docs/waits.md)."""
 
 
+MAX_CONNECTIONS = 1024
+"""The router's connection pool to the engines when --slime-router-max-connections is unset."""
+
+
 @dataclass(frozen=True)
-class RouterConfig:
-    """The seed's Router Configuration flags that apply to our router (a typed slice of the flags)."""
+class RouterConfig(FlagSlice):
+    """The seed's Router Configuration flags that apply to our router (a typed slice of the flags, built by the
+    driver with ``RouterConfig.from_args(args)``, relax/utils/flag_slice.py)."""
 
-    failure_threshold: int = 3  # --slime-router-health-check-failure-threshold
-    request_timeout: float = GENERATE_TIMEOUT_S  # --slime-router-timeout
-    max_connections: int = 1024  # --slime-router-max-connections
-    failover: bool = True  # --use-fault-tolerance: retry a request on another engine when one fails
+    # when an engine counts as down, and how long one request to it may take (None: GENERATE_TIMEOUT_S)
+    slime_router_health_check_failure_threshold: int
+    slime_router_timeout: float | None
+    # the connection pool to the engines (None: MAX_CONNECTIONS)
+    slime_router_max_connections: int | None
+    # --use-fault-tolerance: retry a request on another engine when one fails
+    use_fault_tolerance: bool
 
-    @classmethod
-    def from_args(cls, args: Namespace) -> RouterConfig:
-        return cls(failure_threshold=args.slime_router_health_check_failure_threshold,
-                   request_timeout=args.slime_router_timeout or GENERATE_TIMEOUT_S,
-                   max_connections=args.slime_router_max_connections or cls.max_connections,
-                   failover=bool(args.use_fault_tolerance))
+    @property
+    def failure_threshold(self) -> int:
+        return self.slime_router_health_check_failure_threshold
+
+    @property
+    def request_timeout(self) -> float:
+        return self.slime_router_timeout or GENERATE_TIMEOUT_S
+
+    @property
+    def max_connections(self) -> int:
+        return self.slime_router_max_connections or MAX_CONNECTIONS
+
+    @property
+    def failover(self) -> bool:
+        return self.use_fault_tolerance
+
+    def validate(self) -> None:
+        if self.slime_router_health_check_failure_threshold < 1:
+            raise ValueError("--slime-router-health-check-failure-threshold must be >= 1, got "
+                             f"{self.slime_router_health_check_failure_threshold}")
 
 
 class RouterThread:
