@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-from argparse import Namespace
 from pathlib import Path
 
 import pytest
@@ -165,19 +164,20 @@ def test_an_sglang_environment_of_its_own_is_on_the_servers_path_only(tmp_path, 
 def test_a_model_preset_is_written_once_for_the_server_to_load(sglang_machine, tmp_path) -> None:
     from transformers import AutoConfig, AutoTokenizer
 
-    args = Namespace(hf_checkpoint="tiny-qwen3", output_dir=str(tmp_path), train_backend="torch", bf16=False, seed=3)
-    path = launcher.server_model_path(SGLangLaunchConfig.from_args(args))
+    parsed = parse_args([*BASE, "--rollout-backend", "sglang", "--device", "cuda"])
+    cfg = SGLangLaunchConfig.from_args(parsed).replace(hf_checkpoint="tiny-qwen3", output_dir=str(tmp_path),
+                                                       train_backend="torch", bf16=False, seed=3)
+    path = launcher.server_model_path(cfg)
     assert path == str(tmp_path / "sglang_model" / "tiny-qwen3")
     assert AutoConfig.from_pretrained(path).model_type == "qwen3"
     assert AutoTokenizer.from_pretrained(path)("12")["input_ids"]
     stamp = (Path(path) / "model.safetensors").stat().st_mtime_ns
-    assert launcher.server_model_path(SGLangLaunchConfig.from_args(args)) == path and (Path(path) / "model.safetensors").stat().st_mtime_ns == stamp
-    parsed = parse_args([*BASE, "--rollout-backend", "sglang", "--device", "cuda"])
-    cmd = launcher.launch_command(SGLangLaunchConfig.from_args(parsed), engine_index=0, host="127.0.0.1", port=1, nccl_port=2, api_key=None,
-                                  model_path=path)
+    assert launcher.server_model_path(cfg) == path and (Path(path) / "model.safetensors").stat().st_mtime_ns == stamp
+    cmd = launcher.launch_command(SGLangLaunchConfig.from_args(parsed), engine_index=0, host="127.0.0.1", port=1,
+                                  nccl_port=2, api_key=None, model_path=path)
     assert cmd[cmd.index("--model-path") + 1] == path
-    args.hf_checkpoint = str(tmp_path / "my-model")  # a directory of the user's: passed as it is
-    assert launcher.server_model_path(SGLangLaunchConfig.from_args(args)) == str(tmp_path / "my-model")
+    mine = cfg.replace(hf_checkpoint=str(tmp_path / "my-model"))  # a directory of the user's: passed as it is
+    assert launcher.server_model_path(mine) == str(tmp_path / "my-model")
 
 
 @pytest.mark.parametrize(("flags", "message"), [
