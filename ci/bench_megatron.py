@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import statistics
@@ -411,7 +412,7 @@ def run_train_rows(backend: Any, ns: argparse.Namespace, flops: FlopModel) -> Tr
             try:
                 return fn()
             except Exception as exc:  # noqa: BLE001 - OOM retries, anything else is reported in the table
-                retry = is_oom(exc) and backend.args.micro_batch_size > 1
+                retry = is_oom(exc) and backend.cfg.micro_batch_size > 1
                 if not retry:
                     msg = f"{name}: {type(exc).__name__}: {str(exc)[:300]}"
                     log("FAILED " + msg)
@@ -420,8 +421,8 @@ def run_train_rows(backend: Any, ns: argparse.Namespace, flops: FlopModel) -> Tr
             _free_memory(ns.device)
             if not retry:
                 return None
-            backend.args.micro_batch_size //= 2
-            res.micro_batch = backend.args.micro_batch_size
+            backend.cfg = dataclasses.replace(backend.cfg, micro_batch_size=backend.cfg.micro_batch_size // 2)
+            res.micro_batch = backend.cfg.micro_batch_size
             log(f"{name}: CUDA out of memory; retrying with micro-batch {res.micro_batch}")
 
     def add(name: str, times: list[float] | None, per_token: Callable[[bool], float], note: str) -> None:
@@ -464,7 +465,7 @@ def run_train_rows(backend: Any, ns: argparse.Namespace, flops: FlopModel) -> Tr
         log(f"LM loss (fwd+bwd+Adam): {ns.warmup} warm-up + {ns.steps} timed")
         ids = torch.tensor([s.tokens for s in samples], device=backend.device)
         times = with_oom_retry("LM loss", lambda: time_steps(
-            lambda i: lm_loss_step(backend, ids, backend.args.micro_batch_size, megatron), ns.warmup, ns.steps,
+            lambda i: lm_loss_step(backend, ids, backend.cfg.micro_batch_size, megatron), ns.warmup, ns.steps,
             ns.device))
         add("LM loss (fwd+bwd+Adam)", times, lambda c: flops.train_flops_per_token(ns.seq_len, c),
             "Megatron cross-entropy" if megatron else "HF cross-entropy")
@@ -632,6 +633,7 @@ def run_sync_rows(backend: Any, engine: Any, ns: argparse.Namespace) -> SyncResu
 
 # ---------------------------------------------------------------------------------------------- main
 def build_backend(ns: argparse.Namespace, output_dir: str) -> Any:
+    from relax.backends.config import TrainerConfig
     from relax.backends.train_registry import build_train_backend
     from relax.utils.arguments import parse_args
 
@@ -640,7 +642,7 @@ def build_backend(ns: argparse.Namespace, output_dir: str) -> Any:
         from relax.backends.megatron import model as mcore_model
 
         mcore_model.DEFAULT_ATTENTION = ns.attention  # what build_gpt_model uses for the local spec
-    return build_train_backend(args, ns.device)
+    return build_train_backend(TrainerConfig.from_args(args), ns.device)
 
 
 def build_engine(ns: argparse.Namespace) -> Any:

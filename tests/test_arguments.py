@@ -149,12 +149,12 @@ def test_every_flag_parses_with_its_type(spec) -> None:
 def test_trainer_ranks_are_data_parallel_for_both_backends(monkeypatch) -> None:
     dp2 = ["--resource", '{"actor": [2, 1]}']
     cpu = parse_args([*BASE, *dp2])  # no GPU here: two data-parallel torch ranks, each a CPU actor
-    assert cpu.resource == {"actor": [2, 0]} and trainer_ranks(cpu) == 2
+    assert cpu.resource == {"actor": [2, 0]} and trainer_ranks(cpu.resource) == 2
     assert any("every role runs on the CPU, one actor per replica" in n for n in cpu.notices)
     pretend_gpu_machine(monkeypatch)
     args = parse_args([*BASE, *dp2, "--train-backend", "megatron", "--device", "cuda"])  # Megatron DP = 2
     assert args.train_backend == "megatron" and args.tensor_model_parallel_size == 1
-    assert args.resource == {"actor": [2, 1]} and trainer_ranks(args) == 2
+    assert args.resource == {"actor": [2, 1]} and trainer_ranks(args.resource) == 2
 
 
 def test_bad_values_name_the_flag() -> None:

@@ -5,6 +5,7 @@ backend on tiny-qwen3 (the GPU run is the same code with ``--train-backend megat
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
@@ -175,8 +176,13 @@ def test_time_steps_runs_warmup_untimed() -> None:
     assert calls == [0, 1, 2, 3, 4] and len(times) == 3 and all(t >= 0 for t in times)
 
 
+@dataclass(frozen=True)
+class _FakeTrainerConfig:
+    micro_batch_size: int
+
+
 def _fake_backend(train_rollout, micro_batch: int = 8) -> SimpleNamespace:
-    return SimpleNamespace(args=SimpleNamespace(micro_batch_size=micro_batch), hf_config=SimpleNamespace(vocab_size=50),
+    return SimpleNamespace(cfg=_FakeTrainerConfig(micro_batch), hf_config=SimpleNamespace(vocab_size=50),
                            train_rollout=train_rollout, device="cpu")
 
 
@@ -184,7 +190,7 @@ def test_out_of_memory_halves_the_micro_batch_and_retries() -> None:
     backend = None
 
     def train_rollout(samples, step):
-        if backend.args.micro_batch_size > 2:
+        if backend.cfg.micro_batch_size > 2:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return {"train/grad_norm": 1.0}
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from relax.backends.config import TrainerConfig
+from relax.backends.embedded.config import EmbeddedEngineConfig
 from relax.backends.torch.backend import TorchTrainBackend
 from relax.backends.train_registry import weight_dtype
 from relax.utils.arguments import parse_args
@@ -17,7 +19,7 @@ torch.set_num_threads(1)
 
 
 def _backend(*flags: str) -> TorchTrainBackend:
-    return TorchTrainBackend(parse_args([*BASE, "--bf16", *flags]), "cpu")
+    return TorchTrainBackend(TrainerConfig.from_args(parse_args([*BASE, "--bf16", *flags])), "cpu")
 
 
 def test_bf16_weights_fp32_masters_and_rounded_updates() -> None:
@@ -89,10 +91,10 @@ def _engine_vs_trainer(device: str, tmp_path: Path) -> float:
 
     path = hf_dir(tmp_path / "qwen2", "qwen2", bpe_tokenizer(arithmetic_corpus()), seed=4)
     args = parse_args([*BASE, "--bf16", "--hf-checkpoint", str(path), "--device", device])
-    backend = TorchTrainBackend(args, device)
+    backend = TorchTrainBackend(TrainerConfig.from_args(args), device)
     assert backend.model.config._attn_implementation == "sdpa"  # HF directories load with SDPA
     backend.train_rollout(_samples(seed=6, vocab=200), 0)
-    engine = build_engine(args, device)
+    engine = build_engine(EmbeddedEngineConfig.from_args(args), device)
     assert {p.dtype for p in engine.model.parameters()} == {torch.bfloat16}
     engine.update_weights_from_tensors(backend.device_named_tensors())
     prompt = [5, 17, 33, 8]

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from relax.backends.config import TrainerConfig
 from relax.backends.torch.backend import TorchTrainBackend
 from relax.backends.torch.data_parallel import DataParallel
 from relax.utils.arguments import parse_args
@@ -37,7 +38,7 @@ METRIC_TOL = 1e-6  # the logged metrics are reduced in float32
 
 
 def _train(flags: list[str]) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
-    backend = _float64(TorchTrainBackend(parse_args([*BASE, *flags]), "cpu"))
+    backend = _float64(TorchTrainBackend(TrainerConfig.from_args(parse_args([*BASE, *flags])), "cpu"))
     metrics = [backend.train_rollout(_samples(seed=10 + step), step) for step in range(ROLLOUTS)]
     return metrics, {k: v.detach().clone() for k, v in backend.model.state_dict().items()}
 
@@ -97,7 +98,7 @@ def test_ranks_stay_bitwise_replicated(dp2_results, config: str) -> None:
 
 
 def _initial_weights(config: str) -> dict[str, torch.Tensor]:
-    backend = _float64(TorchTrainBackend(parse_args([*BASE, *CONFIGS[config]]), "cpu"))
+    backend = _float64(TorchTrainBackend(TrainerConfig.from_args(parse_args([*BASE, *CONFIGS[config]])), "cpu"))
     return backend.model.state_dict()
 
 

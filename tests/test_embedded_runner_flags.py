@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from relax.backends.embedded import runner_choice as rc
+from relax.backends.embedded.config import EmbeddedEngineConfig
 from relax.backends.embedded.runner_choice import resolve_runner
 from relax.utils.arguments import ConfigError, parse_args
 from tests.e2e_helpers import FAST_FLAGS, assert_ok, read_jsonl, run_relax
@@ -119,12 +120,12 @@ def test_engine_kwargs_size_the_kv_cache_for_one_rollout_step(monkeypatch) -> No
              "--device", "cuda"]
     model = _fake_model("bench-270m", torch.bfloat16)
     # the model's 32768 positions x 64 slots would be 64 GiB of bf16 KV cache: auto keeps hf
-    assert rc.engine_runner_kwargs(parse_args([*BASE, *flags]), "cuda", model) == {
+    assert rc.engine_runner_kwargs(EmbeddedEngineConfig.from_args(parse_args([*BASE, *flags])), "cuda", model) == {
         "runner": "hf", "cuda_graph": False, "compile": False}
     with pytest.raises(ValueError, match="--rollout-max-context-len"):
-        rc.engine_runner_kwargs(parse_args([*BASE, *flags, "--embedded-runner", "lean"]), "cuda", model)
+        rc.engine_runner_kwargs(EmbeddedEngineConfig.from_args(parse_args([*BASE, *flags, "--embedded-runner", "lean"])), "cuda", model)
     fits = parse_args([*BASE, *flags, "--rollout-max-context-len", "384", "--embedded-compile"])
-    assert rc.engine_runner_kwargs(fits, "cuda", model) == {
+    assert rc.engine_runner_kwargs(EmbeddedEngineConfig.from_args(fits), "cuda", model) == {
         "runner": "lean", "cuda_graph": True, "compile": True, "max_running_requests": 64}
     assert rc.kv_cache_bytes(model.config, 64, 384, 2) == 2 * 16 * 8 * 64 * 2 * 64 * 384
 
@@ -133,7 +134,7 @@ def test_engine_kwargs_size_the_kv_cache_for_one_rollout_step(monkeypatch) -> No
 def test_engine_actor_builds_the_chosen_runner_on_cpu(runner: str, cls: str) -> None:
     from relax.distributed.engine_actor import build_engine
 
-    engine = build_engine(parse_args([*BASE, "--embedded-runner", runner]), "cpu")
+    engine = build_engine(EmbeddedEngineConfig.from_args(parse_args([*BASE, "--embedded-runner", runner])), "cpu")
     assert type(engine.runner).__name__ == cls
     # static/lean hold one slot per sample of a rollout step (quickstart: 32 prompts x 8)
     assert engine.max_running_requests == 256

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from relax.backends.config import TrainerConfig
 from relax.backends.embedded.weights_checker import WeightsChecker
 from relax.backends.services import AdvantageService, ForwardService
 from relax.backends.torch.backend import TorchTrainBackend
@@ -124,12 +125,12 @@ def _sums(service: ForwardService) -> dict[str, str]:
 @pytest.mark.parametrize("kl", [KL_LOSS, ("--kl-coef", "0.1")], ids=["kl-loss", "kl-reward"])
 def test_service_columns_give_the_trainers_own_step(roles: str, iters: str, kl: tuple[str, ...]) -> None:
     flags = (*kl, "--lr", "0.02", "--num-iters-per-train-update", iters)
-    alone = TorchTrainBackend(_args(*flags), "cpu")  # computes every column itself
+    alone = TorchTrainBackend(TrainerConfig.from_args(_args(*flags)), "cpu")  # computes every column itself
     args = _service_args(*flags, resource=ALL_ROLES if roles == "all" else FORWARD_ROLES)
-    trainer = TorchTrainBackend(args, "cpu")
+    trainer = TorchTrainBackend(TrainerConfig.from_args(args), "cpu")
     assert trainer.ref_model is None and alone.ref_model is not None  # the reference lives in the service
-    reference, actor_fwd = ForwardService(args, "cpu", "reference"), ForwardService(args, "cpu", "actor_fwd")
-    advantages = AdvantageService(args)
+    reference, actor_fwd = ForwardService(TrainerConfig.from_args(args), "cpu", "reference"), ForwardService(TrainerConfig.from_args(args), "cpu", "actor_fwd")
+    advantages = AdvantageService(TrainerConfig.from_args(args))
     _sync(trainer, actor_fwd)
     for step in range(2):
         samples = _samples(seed=10 + step)
@@ -149,8 +150,8 @@ def test_service_columns_give_the_trainers_own_step(roles: str, iters: str, kl: 
 
 def test_service_token_budget_changes_only_the_split() -> None:
     args = _service_args(*KL_LOSS, "--ref-actor-config", '{"max_tokens_per_gpu": 24}', resource=FORWARD_ROLES)
-    trainer = TorchTrainBackend(_args(*KL_LOSS), "cpu")
-    service = ForwardService(args, "cpu", "reference")
+    trainer = TorchTrainBackend(TrainerConfig.from_args(_args(*KL_LOSS)), "cpu")
+    service = ForwardService(TrainerConfig.from_args(args), "cpu", "reference")
     samples = _samples(seed=10)
     assert service.backend._all_micro_batches(samples, log_probs=True) != trainer._all_micro_batches(samples)
     expected = trainer._log_probs_no_grad(trainer.ref_model, build_rollout_tensors(samples))
@@ -160,7 +161,7 @@ def test_service_token_budget_changes_only_the_split() -> None:
 
 
 def test_reference_service_refuses_weight_updates() -> None:
-    service = ForwardService(_service_args(*KL_LOSS, resource=FORWARD_ROLES), "cpu", "reference")
+    service = ForwardService(TrainerConfig.from_args(_service_args(*KL_LOSS, resource=FORWARD_ROLES)), "cpu", "reference")
     with pytest.raises(RuntimeError, match="frozen"):
         service.update_weights_from_tensors([], version=1)
 
@@ -168,7 +169,7 @@ def test_reference_service_refuses_weight_updates() -> None:
 def test_actor_fwd_sync_writes_every_tensor() -> None:
     """--check-weight-update-equal randomizes actor_fwd like an engine; one sync restores every tensor."""
     args = _service_args(resource='{"actor_fwd":[1,0]}')
-    trainer, actor_fwd = TorchTrainBackend(args, "cpu"), ForwardService(args, "cpu", "actor_fwd")
+    trainer, actor_fwd = TorchTrainBackend(TrainerConfig.from_args(args), "cpu"), ForwardService(TrainerConfig.from_args(args), "cpu", "actor_fwd")
     trainer.train_rollout(_samples(seed=10), 0)
     WeightsChecker(actor_fwd.model).run("reset_tensors")
     noisy, target = _sums(actor_fwd), trainer.checksums()

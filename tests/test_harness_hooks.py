@@ -8,6 +8,7 @@ import threading
 import pytest
 import torch
 
+from relax.backends.config import TrainerConfig
 from relax.backends.embedded.engine import EmbeddedEngine
 from relax.backends.torch.step_report import consumed_samples, logprob_mismatch_metrics
 from relax.utils import fault_hooks
@@ -119,7 +120,7 @@ def test_trainer_reports_what_it_consumed_and_the_planted_drop(monkeypatch: pyte
 
     args = parse_args(["--preset", "quickstart", "--rollout-batch-size", "4", "--n-samples-per-prompt", "2",
                        "--global-batch-size", "8", "--micro-batch-size", "4", "--num-iters-per-train-update", "2"])
-    backend = TorchTrainBackend(args, "cpu")
+    backend = TorchTrainBackend(TrainerConfig.from_args(args), "cpu")
     metrics = backend.train_rollout(_samples(8), 0)
     assert metrics[CONSUMED_KEY] == [[i // 2, i, 2] for i in range(8)]  # two PPO epochs, every row twice
     assert "train/train_rollout_logprob_abs_diff_max" in metrics

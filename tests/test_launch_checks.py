@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from relax.backends.config import TrainerConfig
+from relax.models.arch_flags import ModelArchConfig
 from relax.utils.arguments import ConfigError, parse_args
 from relax.utils.flag_types import ConfigErrors
 
@@ -125,7 +127,7 @@ def test_max_tokens_per_gpu_without_dynamic_batching_budgets_the_log_prob_passes
     args = parse_args([*BASE, "--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--micro-batch-size", "1",
                        "--max-tokens-per-gpu", "20"])
     assert args.log_probs_max_tokens_per_gpu == 20 and not args.use_dynamic_batch_size
-    backend = TorchTrainBackend(args, "cpu")
+    backend = TorchTrainBackend(TrainerConfig.from_args(args), "cpu")
     samples = [TrainSample(tokens=[1] * 5, response_length=1, loss_mask=[1], reward=0.0) for _ in range(8)]
     assert len(backend._micro_batches(samples, slice(0, 8))) == 8
     assert backend._micro_batches(samples, slice(0, 8), log_probs=True) == [slice(0, 4), slice(4, 8)]
@@ -151,11 +153,11 @@ def test_shipped_model_scripts_parse_and_build_the_published_architecture(name: 
     from relax.models.arch_flags import config_from_flags, spec_from_flags
 
     args = parse_args([*BASE, *_model_args(str(REPO / "scripts/models" / f"{name}.sh")), "--seq-length", "4096"])
-    config = config_from_flags(args, pad_token_id=0, eos_token_id=1, vocab_from_tokenizer=0)
+    config = config_from_flags(ModelArchConfig.from_args(args), pad_token_id=0, eos_token_id=1, vocab_from_tokenizer=0)
     with torch.device("meta"):
         model = tf.AutoModelForCausalLM.from_config(config)
     assert sum(p.numel() for p in model.parameters()) / 1e9 == pytest.approx(PUBLISHED[name], rel=2e-3)
-    spec = spec_from_flags(args)  # what the Megatron backend builds from the same flags
+    spec = spec_from_flags(ModelArchConfig.from_args(args))  # what the Megatron backend builds from the same flags
     assert (spec.num_layers, spec.hidden_size, spec.vocab_size) == (config.num_hidden_layers, config.hidden_size,
                                                                    config.vocab_size)
     assert spec.qk_layernorm == name.startswith(("qwen3", "tiny-qwen3")) and spec.add_qkv_bias == name.startswith("qwen2")

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from relax.backends.config import TrainerConfig
 from relax.backends.lr_schedule import LRSchedule
 from relax.utils.arguments import ConfigError, parse_args
 from relax.utils.presets import QUICKSTART
@@ -16,7 +17,7 @@ QUICK = ["--preset", "quickstart", "--rollout-batch-size", "8", "--n-samples-per
 
 @pytest.mark.parametrize("style", ["constant", "linear", "cosine"])
 def test_the_rate_of_every_step_follows_its_closed_form(style: str) -> None:
-    schedule = LRSchedule.from_args(parse_args([*QUICK, "--lr-decay-style", style]))
+    schedule = LRSchedule.of(TrainerConfig.from_args(parse_args([*QUICK, "--lr-decay-style", style])))
     assert (schedule.steps_per_rollout, schedule.total_steps) == (2, 20)  # 32 samples / 16 per optimizer step
     for step in range(10):
         for k in range(2):
@@ -40,7 +41,7 @@ def test_the_trainer_logs_the_decayed_rate(tmp_path) -> None:
     from relax.backends.torch.batch import TrainSample
 
     args = parse_args([*QUICK, "--lr-decay-style", "linear"])
-    backend = TorchTrainBackend(args, "cpu")
+    backend = TorchTrainBackend(TrainerConfig.from_args(args), "cpu")
     samples = [TrainSample(tokens=[5, 6, 7, 8], response_length=2, loss_mask=[1, 1], reward=float(i % 2))
                for i in range(32)]
     lrs = [backend.train_rollout(samples, step)["train/lr"] for step in (0, 5)]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from relax.backends.config import TrainerConfig
 from relax.backends.megatron.checks import module_available
 from tests.gpu.samples import varied_samples
 
@@ -38,7 +39,7 @@ def _backend(model: str, world: int, extra: list[str]):
                        "--prompt-data", "x.jsonl", "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
                        "--num-rollout", "1", "--micro-batch-size", "2", "--lr", "3e-3", "--no-bias-swiglu-fusion",
                        "--no-bias-dropout-fusion", "--no-rope-fusion", "--resource", f'{{"actor": [{world}, {world}]}}', *extra])
-    return MegatronTrainBackend(args, "cpu")
+    return MegatronTrainBackend(TrainerConfig.from_args(args), "cpu")
 
 
 def _one_step(rank: int, model: str, world: int, extra: list[str]) -> dict:

@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from relax.backends.megatron import fusions
+from relax.backends.megatron.megatron_config import MegatronConfig
 from relax.utils.arguments import parse_args
 from relax.utils.flag_types import ConfigError
 
 
-def _args(**kw) -> SimpleNamespace:
-    return SimpleNamespace(**{"no_bias_swiglu_fusion": False, "no_bias_dropout_fusion": False, "no_rope_fusion": False,
-                              **kw})
+def _args(**kw) -> MegatronConfig:
+    """The Megatron slice of the default flags (fusions on), with ``kw`` changed."""
+    return MegatronConfig.from_args(parse_args(["--prompt-data", "x.jsonl", "--rollout-batch-size", "2", "--num-rollout", "1"])).replace(**kw)
 
 
 FIELDS = {"no_bias_swiglu_fusion": "bias_activation_fusion", "no_bias_dropout_fusion": "bias_dropout_fusion",

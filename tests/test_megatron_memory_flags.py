@@ -18,6 +18,7 @@ import torch
 
 from relax.backends.megatron import memory_flags
 from relax.backends.megatron.checks import module_available
+from relax.backends.megatron.megatron_config import MegatronConfig
 from relax.backends.megatron.memory_flags import (
     make_embedding_output_differentiable,
     optimizer_offload_kwargs,
@@ -35,11 +36,9 @@ FLAG_NAMES = ("recompute-granularity", "recompute-method", "recompute-num-layers
 needs_mcore = pytest.mark.skipif(not module_available("megatron.core"), reason="needs megatron-core")
 
 
-def _ns(**kw) -> Namespace:
-    base = dict(recompute_granularity=None, recompute_method=None, recompute_num_layers=None,
-                optimizer_cpu_offload=False, overlap_cpu_optimizer_d2h_h2d=False, use_precision_aware_optimizer=False,
-                use_distributed_optimizer=False)
-    return Namespace(**{**base, **kw})
+def _ns(**kw) -> MegatronConfig:
+    """The Megatron slice of the default flags, with ``kw`` changed."""
+    return MegatronConfig.from_args(parse_args(BASE)).replace(**kw)
 
 
 @pytest.fixture
@@ -77,7 +76,7 @@ def test_optimizer_offload_kwargs(monkeypatch: pytest.MonkeyPatch) -> None:
     assert optimizer_offload_kwargs(on) == {
         "use_precision_aware_optimizer": True, "optimizer_cpu_offload": True, "optimizer_offload_fraction": 1.0,
         "overlap_cpu_optimizer_d2h_h2d": False}  # megatron's default fraction 0.0 would offload nothing
-    on.overlap_cpu_optimizer_d2h_h2d = True
+    on = on.replace(overlap_cpu_optimizer_d2h_h2d=True)
     assert optimizer_offload_kwargs(on)["overlap_cpu_optimizer_d2h_h2d"] is True
     aware = _ns(use_distributed_optimizer=True, use_precision_aware_optimizer=True)
     monkeypatch.setattr(memory_flags, "te_available", lambda: False)

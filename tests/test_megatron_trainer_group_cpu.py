@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from relax.backends.config import TrainerConfig
 from relax.backends.megatron.checks import module_available
 
 pytestmark = [pytest.mark.megatron, pytest.mark.ray,
@@ -73,7 +74,9 @@ def test_rank_zero_takes_its_parallel_peer_along(ray_with_megatron_shims, monkey
                        "--num-rollout", "1", "--micro-batch-size", "2", "--no-bias-swiglu-fusion",
                        "--no-bias-dropout-fusion", "--no-rope-fusion", "--resource", '{"actor": [2, 2]}',
                        *parallel])
-    group = TrainerGroup.start(TrainerActor, args, "cpu", [{"num_cpus": 0, "max_concurrency": 2}] * 2)
+    group = TrainerGroup.start(TrainerActor, TrainerConfig.from_args(args), "cpu",
+                               [{"num_cpus": 0, "max_concurrency": 2}] * 2,
+                               timeout_minutes=args.distributed_timeout_minutes)
     leader = group.leader
     described = ray.get(leader.describe.remote())
     sizes = described["parallel"]

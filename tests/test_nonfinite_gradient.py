@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from relax.backends.config import TrainerConfig
 from relax.backends.nonfinite import nonfinite_gradient_error
 
 
@@ -26,7 +27,7 @@ def test_torch_backend_raises_it_before_stepping(tmp_path) -> None:
     from relax.utils.arguments import parse_args
 
     args = parse_args(["--preset", "quickstart", "--output-dir", str(tmp_path)])
-    backend = TorchTrainBackend(args, "cpu")
+    backend = TorchTrainBackend(TrainerConfig.from_args(args), "cpu")
     before = {n: p.detach().clone() for n, p in backend.model.named_parameters()}
     for p in backend.model.parameters():
         p.grad = torch.zeros_like(p)

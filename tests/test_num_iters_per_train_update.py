@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from relax.algorithms import compute_advantages
+from relax.backends.config import TrainerConfig
 from relax.backends.torch.backend import TorchTrainBackend
 from relax.backends.torch.batch import build_rollout_tensors
 from relax.utils.flag_types import ConfigError
@@ -28,8 +29,8 @@ def _reference_step(backend: TorchTrainBackend, samples, iters: int) -> list[dic
     old = backend._log_probs_no_grad(backend.model, batch)
     ref = backend._log_probs_no_grad(backend.ref_model, batch) if backend.ref_model is not None else None
     adv = compute_advantages(backend.algo, rewards=batch.rewards, loss_mask=batch.loss_mask,
-                             group_size=backend.args.n_samples_per_prompt, old_log_probs=old, ref_log_probs=ref)
-    gbs = backend.args.global_batch_size
+                             group_size=backend.cfg.n_samples_per_prompt, old_log_probs=old, ref_log_probs=ref)
+    gbs = backend.cfg.global_batch_size
     return [backend._optimizer_step(batch, slice(i, i + gbs), old, ref, adv.advantages)
             for _ in range(iters) for i in range(0, len(samples), gbs)]
 
@@ -43,7 +44,7 @@ def _assert_same_weights(a: TorchTrainBackend, b: TorchTrainBackend) -> None:
 @pytest.mark.parametrize("extra", [(), KL], ids=["grpo", "kl-loss"])
 def test_iterations_equal_the_reference_loop(iters: int, extra: tuple[str, ...]) -> None:
     args = _args(*extra, "--lr", "0.02", "--num-iters-per-train-update", str(iters))
-    trained, reference = TorchTrainBackend(args, "cpu"), TorchTrainBackend(args, "cpu")
+    trained, reference = TorchTrainBackend(TrainerConfig.from_args(args), "cpu"), TorchTrainBackend(TrainerConfig.from_args(args), "cpu")
     for step in range(2):
         samples = _samples(seed=10 + step)
         metrics = trained.train_rollout(samples, step)
@@ -60,18 +61,18 @@ def test_iterations_equal_the_reference_loop(iters: int, extra: tuple[str, ...])
 
 def test_one_iteration_is_the_default_step() -> None:
     """N = 1 (the default) and an explicit 1 give bitwise the same step; first-step ratio is exactly 1."""
-    a = TorchTrainBackend(_args(*KL), "cpu")
-    b = TorchTrainBackend(_args(*KL, "--num-iters-per-train-update", "1"), "cpu")
+    a = TorchTrainBackend(TrainerConfig.from_args(_args(*KL)), "cpu")
+    b = TorchTrainBackend(TrainerConfig.from_args(_args(*KL, "--num-iters-per-train-update", "1")), "cpu")
     ma, mb = a.train_rollout(_samples(seed=10), 0), b.train_rollout(_samples(seed=10), 0)
     assert no_timings(ma) == no_timings(mb) and ma["train/num_optimizer_steps"] == 2.0  # perf/: timings
     _assert_same_weights(a, b)
-    single = TorchTrainBackend(_args(*KL, "--global-batch-size", "16"), "cpu").train_rollout(_samples(seed=10), 0)
+    single = TorchTrainBackend(TrainerConfig.from_args(_args(*KL, "--global-batch-size", "16")), "cpu").train_rollout(_samples(seed=10), 0)
     assert single["train/ppo_kl"] == 0.0
 
 
 def test_ppo_critic_steps_repeat_too() -> None:
     args = _args("--advantage-estimator", "ppo", "--num-iters-per-train-update", "2")
-    metrics = TorchTrainBackend(args, "cpu").train_rollout(_samples(seed=10), 0)
+    metrics = TorchTrainBackend(TrainerConfig.from_args(args), "cpu").train_rollout(_samples(seed=10), 0)
     assert metrics["train/num_optimizer_steps"] == 4.0
     assert "train/value_loss" in metrics and "train/critic_grad_norm" in metrics
 

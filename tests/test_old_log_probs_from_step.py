@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from relax.backends.config import TrainerConfig
 from relax.backends.torch.backend import TorchTrainBackend
 from tests.test_train_loop_flags import _args, _samples
 
@@ -26,7 +27,7 @@ def _forwards(backend: TorchTrainBackend) -> list[int]:
 
 def test_same_step_as_with_the_separate_forward_and_one_forward_fewer() -> None:
     args = _args(*ONE_STEP, "--lr", "0.02")
-    reused, separate = TorchTrainBackend(args, "cpu"), TorchTrainBackend(args, "cpu")
+    reused, separate = TorchTrainBackend(TrainerConfig.from_args(args), "cpu"), TorchTrainBackend(TrainerConfig.from_args(args), "cpu")
     separate._old_log_probs_from_step = lambda *a: False
     calls_reused, calls_separate = _forwards(reused), _forwards(separate)
     for step in range(2):
@@ -55,7 +56,7 @@ def test_same_step_as_with_the_separate_forward_and_one_forward_fewer() -> None:
     ((*ONE_STEP, "--advantage-estimator", "ppo"), "a critic"),
 ])
 def test_conditions_that_need_the_separate_forward_keep_it(flags, why) -> None:
-    metrics = TorchTrainBackend(_args(*flags), "cpu").train_rollout(_samples(seed=30), 0)
+    metrics = TorchTrainBackend(TrainerConfig.from_args(_args(*flags)), "cpu").train_rollout(_samples(seed=30), 0)
     assert metrics["train/old_log_probs_from_step"] == 0.0, why
 
 
@@ -63,4 +64,4 @@ def test_rollout_data_hook_keeps_the_separate_forward(tmp_path, monkeypatch) -> 
     (tmp_path / "hook_mod.py").write_text("def hook(args, rollout_id, data):\n    return None\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     args = _args(*ONE_STEP, "--rollout-data-postprocess-path", "hook_mod.hook")
-    assert TorchTrainBackend(args, "cpu").train_rollout(_samples(seed=31), 0)["train/old_log_probs_from_step"] == 0.0
+    assert TorchTrainBackend(TrainerConfig.from_args(args), "cpu").train_rollout(_samples(seed=31), 0)["train/old_log_probs_from_step"] == 0.0

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from relax.backends.config import TrainerConfig
 from relax.backends.embedded.launch import EngineProcess
 from relax.backends.torch.backend import TorchTrainBackend
 from relax.backends.torch.batch import TrainSample, build_rollout_tensors
@@ -60,7 +61,7 @@ def test_server_teacher_log_probs_equal_training_backend_teacher(teacher_dir: Pa
                                                                   temperature: float) -> None:
     args = parse_args(["--preset", "quickstart", "--use-opd", "--opd-type", "megatron", "--opd-teacher-load",
                        str(teacher_dir), "--rollout-temperature", str(temperature), "--micro-batch-size", "4"])
-    backend = TorchTrainBackend(args, "cpu")
+    backend = TorchTrainBackend(TrainerConfig.from_args(args), "cpu")
     samples = _samples(int(backend.teacher.config.vocab_size))
     train = [TrainSample(tokens=s.tokens, response_length=s.response_length, loss_mask=s.loss_mask, reward=0.0)
              for s in samples]

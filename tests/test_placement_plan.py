@@ -15,14 +15,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from relax.distributed.config import PlacementConfig
 from relax.distributed.resources import COLOCATED_SHARE, check_fits, plan_resources, trainer_ranks
 from relax.utils.arguments import parse_args
 from relax.utils.flag_types import ConfigError
 
 
 def _args(resource: dict | None = None, *, colocate: bool = False, per_engine: int = 1, per_node: int = 8,
-          train_only: bool = False, rollout_only: bool = False) -> Namespace:
-    return Namespace(resource=resource, colocate=colocate, rollout_num_gpus_per_engine=per_engine,
+          train_only: bool = False, rollout_only: bool = False) -> PlacementConfig:
+    return PlacementConfig(resource=resource, colocate=colocate, rollout_num_gpus_per_engine=per_engine,
                      num_gpus_per_node=per_node, debug_train_only=train_only, debug_rollout_only=rollout_only,
                      rollout_external=False)
 
@@ -106,10 +107,10 @@ def test_requests_that_make_no_sense(args: Namespace, device: str, message: str)
 
 
 def test_trainer_ranks_count_gpus() -> None:
-    assert trainer_ranks(_args({"actor": [1, 8]})) == 8
-    assert trainer_ranks(_args({"actor": [2, 4]})) == 8
-    assert trainer_ranks(_args({"actor": [2, 0]})) == 2
-    assert trainer_ranks(_args({"rollout": [1, 2]})) == 1
+    assert trainer_ranks(_args({"actor": [1, 8]}).resource) == 8
+    assert trainer_ranks(_args({"actor": [2, 4]}).resource) == 8
+    assert trainer_ranks(_args({"actor": [2, 0]}).resource) == 2
+    assert trainer_ranks(_args({"rollout": [1, 2]}).resource) == 1
 
 
 def test_flags_are_checked_when_parsing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,12 +8,12 @@ its timeout with one line instead of waiting forever.
 from __future__ import annotations
 
 import logging
-from argparse import Namespace
 
 import pytest
 import ray
 
 from relax.core.fault_tolerance import wait_for
+from relax.distributed.config import PlacementConfig
 from relax.distributed.placement import Placement, where
 from relax.distributed.resources import plan_resources
 from relax.utils.flag_types import ConfigError
@@ -42,7 +42,7 @@ class Probe:
 
 
 def _plan(resource: dict, colocate: bool, device: str = "cuda"):
-    return plan_resources(Namespace(resource=resource, colocate=colocate, rollout_num_gpus_per_engine=1,
+    return plan_resources(PlacementConfig(resource=resource, colocate=colocate, rollout_num_gpus_per_engine=1,
                                     num_gpus_per_node=8, debug_train_only=False, debug_rollout_only=False,
                                     rollout_external=False), device)
 

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from relax.backends.config import TrainerConfig
 from relax.backends.torch.batch import TrainSample, build_rollout_tensors
 from relax.backends.torch.rollout_postprocess import postprocess_rollout_data
 from relax.core.train_data import to_train_samples
@@ -148,10 +149,16 @@ def _batch():
     return batch, adv
 
 
+def _hook_config(path: str) -> TrainerConfig:
+    """The trainer's slice of the default flags, with ``--rollout-data-postprocess-path`` set to ``path``."""
+    flags = ["--prompt-data", "x.jsonl", "--rollout-batch-size", "2", "--num-rollout", "1"]
+    return TrainerConfig.from_args(parse_args(flags)).replace(rollout_data_postprocess_path=path)
+
+
 def test_postprocess_hook_edits_the_loss_mask_the_trainer_uses(hooks: str) -> None:
     batch, adv = _batch()
-    args = SimpleNamespace(rollout_data_postprocess_path=f"{hooks}.zero_first_token")
-    postprocess_rollout_data(args, 3, batch, torch.zeros_like(batch.loss_mask), None, adv)
+    cfg = _hook_config(f"{hooks}.zero_first_token")
+    postprocess_rollout_data(cfg, 3, batch, torch.zeros_like(batch.loss_mask), None, adv)
     assert batch.loss_mask.tolist() == [[0, 1, 0], [0, 1, 1]]
     rollout_id, keys = sys.modules[hooks].CALLS[0]
     assert rollout_id == 3 and {"loss_masks", "log_probs", "advantages", "rewards", "tokens"} <= set(keys)
@@ -159,13 +166,13 @@ def test_postprocess_hook_edits_the_loss_mask_the_trainer_uses(hooks: str) -> No
 
 def test_postprocess_hook_may_return_replacements(hooks: str) -> None:
     batch, adv = _batch()
-    args = SimpleNamespace(rollout_data_postprocess_path=f"{hooks}.replace_advantages")
-    postprocess_rollout_data(args, 0, batch, torch.zeros_like(batch.loss_mask), None, adv)
+    cfg = _hook_config(f"{hooks}.replace_advantages")
+    postprocess_rollout_data(cfg, 0, batch, torch.zeros_like(batch.loss_mask), None, adv)
     assert bool((adv.advantages == 7.0).all())
 
 
 def test_postprocess_hook_wrong_answer_is_refused(hooks: str) -> None:
     batch, adv = _batch()
-    args = SimpleNamespace(rollout_data_postprocess_path=f"{hooks}.returns_list")
+    cfg = _hook_config(f"{hooks}.returns_list")
     with pytest.raises(PluginError, match="--rollout-data-postprocess-path returned list; expected"):
-        postprocess_rollout_data(args, 0, batch, torch.zeros_like(batch.loss_mask), None, adv)
+        postprocess_rollout_data(cfg, 0, batch, torch.zeros_like(batch.loss_mask), None, adv)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-from argparse import Namespace
 from pathlib import Path
 
 import pytest
 
 from relax.backends.sglang import launcher
+from relax.backends.sglang.config import SGLangLaunchConfig
 from relax.backends.sglang.server_args import PINNED, RESERVED, pinned, server_arg_tokens
 from relax.utils.arguments import parse_args
 from relax.utils.flag_table import FLAGS
@@ -96,7 +96,7 @@ def test_launch_command_for_a_representative_set_of_flags(sglang_machine) -> Non
                        "--rollout-num-gpus-per-engine", "2", "--seed", "40",
                        "--sglang-mem-fraction-static", "0.6", "--sglang-disable-radix-cache",
                        "--sglang-cuda-graph-max-bs", "64", "--sglang-log-level", "warning"])
-    cmd = launcher.launch_command(args, engine_index=3, host="127.0.0.1", port=31000, nccl_port=31001, api_key="k",
+    cmd = launcher.launch_command(SGLangLaunchConfig.from_args(args), engine_index=3, host="127.0.0.1", port=31000, nccl_port=31001, api_key="k",
                                   python="python3")
     assert cmd[:3] == ["python3", "-m", "sglang.launch_server"]
     pairs = {flag: cmd[cmd.index(flag) + 1] for flag in ("--model-path", "--tp-size", "--random-seed", "--host",
@@ -114,7 +114,7 @@ def test_list_options_take_every_value_up_to_the_next_flag(sglang_machine) -> No
     flags = [*BASE, "--device", "cuda", "--rollout-backend", "sglang", "--sglang-cuda-graph-bs", "1", "2", "4"]
     args = parse_args([*flags, "--sglang-log-level", "warning"])
     assert args.sglang_passthrough["cuda_graph_bs"] == ["1", "2", "4"]
-    cmd = launcher.launch_command(args, engine_index=0, host="127.0.0.1", port=31000, nccl_port=31001, api_key="k")
+    cmd = launcher.launch_command(SGLangLaunchConfig.from_args(args), engine_index=0, host="127.0.0.1", port=31000, nccl_port=31001, api_key="k")
     assert cmd[cmd.index("--cuda-graph-bs"):][:5] == ["--cuda-graph-bs", "1", "2", "4", "--log-level"]
     with pytest.raises(ConfigError, match=r"^--sglang-log-level: SGLang's --log-level takes one value, got 2: warning info$"):
         parse_args([*flags, "--sglang-log-level", "warning", "info"])
@@ -122,7 +122,7 @@ def test_list_options_take_every_value_up_to_the_next_flag(sglang_machine) -> No
 
 def test_megatron_exports_bf16_and_no_offload_means_no_memory_saver(sglang_machine) -> None:
     args = parse_args([*BASE, "--device", "cuda", "--train-backend", "megatron", "--rollout-backend", "sglang"])
-    cmd = launcher.launch_command(args, engine_index=0, host="127.0.0.1", port=1, nccl_port=2, api_key=None)
+    cmd = launcher.launch_command(SGLangLaunchConfig.from_args(args), engine_index=0, host="127.0.0.1", port=1, nccl_port=2, api_key=None)
     assert cmd[cmd.index("--dtype") + 1] == "bfloat16" and "--enable-memory-saver" not in cmd
     assert "--api-key" not in cmd and cmd[cmd.index("--tp-size") + 1] == "1"
 
@@ -164,19 +164,20 @@ def test_an_sglang_environment_of_its_own_is_on_the_servers_path_only(tmp_path, 
 def test_a_model_preset_is_written_once_for_the_server_to_load(sglang_machine, tmp_path) -> None:
     from transformers import AutoConfig, AutoTokenizer
 
-    args = Namespace(hf_checkpoint="tiny-qwen3", output_dir=str(tmp_path), train_backend="torch", bf16=False, seed=3)
-    path = launcher.server_model_path(args)
+    parsed = parse_args([*BASE, "--rollout-backend", "sglang", "--device", "cuda"])
+    cfg = SGLangLaunchConfig.from_args(parsed).replace(hf_checkpoint="tiny-qwen3", output_dir=str(tmp_path),
+                                                       train_backend="torch", bf16=False, seed=3)
+    path = launcher.server_model_path(cfg)
     assert path == str(tmp_path / "sglang_model" / "tiny-qwen3")
     assert AutoConfig.from_pretrained(path).model_type == "qwen3"
     assert AutoTokenizer.from_pretrained(path)("12")["input_ids"]
     stamp = (Path(path) / "model.safetensors").stat().st_mtime_ns
-    assert launcher.server_model_path(args) == path and (Path(path) / "model.safetensors").stat().st_mtime_ns == stamp
-    parsed = parse_args([*BASE, "--rollout-backend", "sglang", "--device", "cuda"])
-    cmd = launcher.launch_command(parsed, engine_index=0, host="127.0.0.1", port=1, nccl_port=2, api_key=None,
-                                  model_path=path)
+    assert launcher.server_model_path(cfg) == path and (Path(path) / "model.safetensors").stat().st_mtime_ns == stamp
+    cmd = launcher.launch_command(SGLangLaunchConfig.from_args(parsed), engine_index=0, host="127.0.0.1", port=1,
+                                  nccl_port=2, api_key=None, model_path=path)
     assert cmd[cmd.index("--model-path") + 1] == path
-    args.hf_checkpoint = str(tmp_path / "my-model")  # a directory of the user's: passed as it is
-    assert launcher.server_model_path(args) == str(tmp_path / "my-model")
+    mine = cfg.replace(hf_checkpoint=str(tmp_path / "my-model"))  # a directory of the user's: passed as it is
+    assert launcher.server_model_path(mine) == str(tmp_path / "my-model")
 
 
 @pytest.mark.parametrize(("flags", "message"), [

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from relax.backends.config import TrainerConfig
 from relax.backends.torch.backend import TorchTrainBackend
 from relax.backends.torch.batch import TrainSample, build_model_inputs, build_rollout_tensors
 from relax.backends.torch.freezing import apply_param_freezing
@@ -47,7 +48,7 @@ def _samples(seed: int, n: int = 16, vocab: int = 100) -> list[TrainSample]:
 
 def _train(args, rollouts: int = 2) -> tuple[TorchTrainBackend, list[dict[str, float]], list[dict[str, torch.Tensor]]]:
     """Train ``rollouts`` RL steps; returns the backend, each step's metrics and every optimizer step's gradients."""
-    backend = TorchTrainBackend(args, "cpu")
+    backend = TorchTrainBackend(TrainerConfig.from_args(args), "cpu")
     grads: list[dict[str, torch.Tensor]] = []
     apply = backend._apply_gradients
 
@@ -94,8 +95,8 @@ def test_token_budget_packs_in_order_within_budget() -> None:
 
 def test_dynamic_split_really_differs_from_fixed() -> None:
     samples = _samples(seed=10)
-    dyn = TorchTrainBackend(_args("--use-dynamic-batch-size", "--max-tokens-per-gpu", "24"), "cpu")
-    fixed = TorchTrainBackend(_args(), "cpu")
+    dyn = TorchTrainBackend(TrainerConfig.from_args(_args("--use-dynamic-batch-size", "--max-tokens-per-gpu", "24")), "cpu")
+    fixed = TorchTrainBackend(TrainerConfig.from_args(_args()), "cpu")
     d, f = dyn._all_micro_batches(samples), fixed._all_micro_batches(samples)
     assert f == [slice(i, i + 4) for i in range(0, 16, 4)]
     assert d != f and len({sl.stop - sl.start for sl in d}) > 1
@@ -152,8 +153,8 @@ def test_separate_log_probs_budget_still_matches() -> None:
 
 def test_dynamic_batching_keeps_step0_ppo_kl_exactly_zero() -> None:
     """Old log-probs use the train forward's split (same budget), so the first ratio is exactly 1."""
-    backend = TorchTrainBackend(_args("--global-batch-size", "16", "--use-dynamic-batch-size",
-                                      "--max-tokens-per-gpu", "24"), "cpu")
+    backend = TorchTrainBackend(TrainerConfig.from_args(_args("--global-batch-size", "16", "--use-dynamic-batch-size",
+                                      "--max-tokens-per-gpu", "24")), "cpu")
     assert backend.train_rollout(_samples(seed=10), 0)["train/ppo_kl"] == 0.0
 
 
@@ -200,7 +201,7 @@ def _snapshot(backend: TorchTrainBackend) -> dict[str, torch.Tensor]:
 def test_frozen_params_stay_bitwise_unchanged(flags: list[str], frozen_re: str) -> None:
     import re
 
-    backend = TorchTrainBackend(_args(*flags), "cpu")
+    backend = TorchTrainBackend(TrainerConfig.from_args(_args(*flags)), "cpu")
     before = _snapshot(backend)
     frozen = {n for n in before if re.search(frozen_re, n)}
     assert frozen and len(frozen) < len(before)
@@ -219,20 +220,18 @@ def test_frozen_params_stay_bitwise_unchanged(flags: list[str], frozen_re: str) 
 
 def test_pattern_matching_nothing_names_it() -> None:
     with pytest.raises(ConfigError, match=r"--freeze-params-name-list: pattern\(s\) \['no_such_param'\] match no"):
-        TorchTrainBackend(_args("--freeze-params-name-list", "embed", "no_such_param"), "cpu")
+        TorchTrainBackend(TrainerConfig.from_args(_args("--freeze-params-name-list", "embed", "no_such_param")), "cpu")
     with pytest.raises(ConfigError, match=r"--only-train-params-name-list: pattern\(s\) \['nope'\]"):
-        TorchTrainBackend(_args("--only-train-params-name-list", "nope"), "cpu")
+        TorchTrainBackend(TrainerConfig.from_args(_args("--only-train-params-name-list", "nope")), "cpu")
 
 
 def test_freezing_everything_or_both_lists_is_an_error() -> None:
     with pytest.raises(ConfigError, match="leaves no parameter to train"):
-        TorchTrainBackend(_args("--freeze-params-name-list", "."), "cpu")
+        TorchTrainBackend(TrainerConfig.from_args(_args("--freeze-params-name-list", ".")), "cpu")
     with pytest.raises(ConfigError, match="cannot be used together"):
         _args("--only-train-params-name-list", "a", "--freeze-params-name-list", "b")
-    args = _args()
-    args.only_train_params_name_list, args.freeze_params_name_list = ["a"], ["b"]
     with pytest.raises(ConfigError, match="cannot be used together"):
-        apply_param_freezing(torch.nn.Linear(2, 2), args)
+        apply_param_freezing(torch.nn.Linear(2, 2), ["a"], ["b"])
 
 
 # ---------------------------------------------------------------------- parse-time rules

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import ray
 
+from relax.backends.config import TrainerConfig
 from relax.backends.torch.batch import TrainSample
 from relax.distributed.actors import TrainerActor
 from relax.distributed.trainer_group import TrainerGroup
@@ -54,7 +55,9 @@ def ray_cluster(tmp_path_factory):
 
 def test_a_dead_rank_fails_the_step_at_once(ray_cluster) -> None:
     args = parse_args([*FAST_FLAGS, *DP2, "--num-rollout", "1", "--distributed-timeout-minutes", "30"])
-    group = TrainerGroup.start(TrainerActor, args, "cpu", [{"num_cpus": 0, "max_concurrency": 2}] * 2)
+    group = TrainerGroup.start(TrainerActor, TrainerConfig.from_args(args), "cpu",
+                               [{"num_cpus": 0, "max_concurrency": 2}] * 2,
+                               timeout_minutes=args.distributed_timeout_minutes)
     assert len(set(group.pids)) == 2
     samples = [TrainSample(tokens=[5, 6, 7, 8], response_length=2, loss_mask=[1, 1], reward=float(i % 2))
                for i in range(32)]

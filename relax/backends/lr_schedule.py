@@ -9,8 +9,11 @@ the same curve with no state of its own in the checkpoint.
 from __future__ import annotations
 
 import math
-from argparse import Namespace
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from relax.backends.config import TrainerConfig
 
 STYLES = ("constant", "linear", "cosine")
 
@@ -23,11 +26,11 @@ class LRSchedule:
     total_steps: int  # of the run
 
     @classmethod
-    def from_args(cls, args: Namespace) -> LRSchedule:
-        per_rollout = (args.rollout_batch_size * args.n_samples_per_prompt // args.global_batch_size
-                       * args.num_iters_per_train_update)
-        total = per_rollout * (args.num_rollout or 0)
-        return cls(args.lr_decay_style, float(args.lr), max(per_rollout, 1), total)
+    def of(cls, cfg: TrainerConfig) -> LRSchedule:
+        per_rollout = (cfg.rollout_batch_size * cfg.n_samples_per_prompt // cfg.global_batch_size
+                       * cfg.num_iters_per_train_update)
+        total = per_rollout * (cfg.num_rollout or 0)
+        return cls(cfg.lr_decay_style, float(cfg.lr), max(per_rollout, 1), total)
 
     def lr_at(self, rollout_step: int, index: int) -> float:
         """The rate of the ``index``-th optimizer step of rollout step ``rollout_step``."""

@@ -5,12 +5,9 @@ Their Ray actors are relax/distributed/service_actors.py.
 
 from __future__ import annotations
 
-import copy
-from argparse import Namespace
-
 import torch
 
-from relax.algorithms import AlgorithmConfig
+from relax.backends.config import TrainerConfig
 from relax.backends.torch.batch import Precomputed, build_rollout_tensors, rollout_advantages
 from relax.backends.train_registry import build_train_backend
 
@@ -20,15 +17,13 @@ def fetch_samples(samples) -> list:
     return samples.fetch() if hasattr(samples, "fetch") else samples
 
 
-def service_args(args: Namespace) -> Namespace:
-    """The services' copy of the flags: ``--ref-actor-config`` max_tokens_per_gpu becomes their token budget."""
-    budget = args.ref_actor_config["max_tokens_per_gpu"]
+def service_config(cfg: TrainerConfig) -> TrainerConfig:
+    """The services' copy of the trainer's slice: ``--ref-actor-config`` max_tokens_per_gpu becomes their token
+    budget."""
+    budget = cfg.ref_actor_config["max_tokens_per_gpu"]
     if budget is None:
-        return args
-    out = copy.copy(args)
-    out.use_dynamic_batch_size = True
-    out.max_tokens_per_gpu = out.log_probs_max_tokens_per_gpu = budget
-    return out
+        return cfg
+    return cfg.replace(use_dynamic_batch_size=True, max_tokens_per_gpu=budget, log_probs_max_tokens_per_gpu=budget)
 
 
 class ForwardService:
@@ -39,9 +34,9 @@ class ForwardService:
     sync reaches it exactly as it reaches an engine.
     """
 
-    def __init__(self, args: Namespace, device: str, role: str):
+    def __init__(self, cfg: TrainerConfig, device: str, role: str):
         self.role = role
-        self.backend = build_train_backend(service_args(args), device, inference_only=True)
+        self.backend = build_train_backend(service_config(cfg), device, inference_only=True)
         if role == "reference":
             self.backend.model.eval()  # as the trainer's frozen reference copy
         self.weight_version = 0
@@ -69,12 +64,12 @@ class ForwardService:
 class AdvantageService:
     """``advantages``: the trainer's advantage computation, on CPU, from the other services' columns."""
 
-    def __init__(self, args: Namespace):
-        self.args = args
-        self.algo = AlgorithmConfig.from_args(args)
+    def __init__(self, cfg: TrainerConfig):
+        self.algo = cfg.algo
+        self.group_size = cfg.n_samples_per_prompt
 
     def compute(self, samples, old_log_probs: torch.Tensor, ref_log_probs: torch.Tensor | None) -> Precomputed:
         batch = build_rollout_tensors(fetch_samples(samples))
-        adv = rollout_advantages(self.algo, batch, self.args.n_samples_per_prompt, old_log_probs, ref_log_probs,
+        adv = rollout_advantages(self.algo, batch, self.group_size, old_log_probs, ref_log_probs,
                                  teacher_log_probs=batch.teacher_log_probs)
         return Precomputed(old_log_probs, ref_log_probs, adv.advantages, adv.returns, adv.metrics)

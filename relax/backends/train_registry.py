@@ -9,11 +9,13 @@ checksums agree bit for bit.
 from __future__ import annotations
 
 import importlib
-from argparse import Namespace
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from relax.backends.config import TrainerConfig
 
 
 @dataclass(frozen=True)
@@ -29,11 +31,11 @@ TRAIN_BACKENDS: dict[str, TrainBackendEntry] = {
 }
 
 
-def build_train_backend(args: Namespace, device: str, *, inference_only: bool = False) -> Any:
+def build_train_backend(cfg: TrainerConfig, device: str, *, inference_only: bool = False) -> Any:
     """``inference_only``: a forward-only copy (no optimizer, no grads) for the fully-async services."""
-    entry = TRAIN_BACKENDS[args.train_backend]
+    entry = TRAIN_BACKENDS[cfg.train_backend]
     cls = getattr(importlib.import_module(entry.module), entry.cls)
-    return cls(args, device, inference_only=True) if inference_only else cls(args, device)
+    return cls(cfg, device, inference_only=True) if inference_only else cls(cfg, device)
 
 
 def weight_dtype(train_backend: str, bf16: bool = False) -> torch.dtype:

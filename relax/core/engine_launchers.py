@@ -30,9 +30,11 @@ class EmbeddedLauncher(EngineLauncher):
         return len(self.slots)
 
     def begin(self, indices: list[int]) -> Any:
+        from relax.backends.embedded.config import EmbeddedEngineConfig
         from relax.distributed.engine_actor import EngineActor
 
-        return indices, [EngineActor.options(**self.slots[i].options).remote(self.args, self.device, i, self.host,
+        cfg = EmbeddedEngineConfig.from_args(self.args)
+        return indices, [EngineActor.options(**self.slots[i].options).remote(cfg, self.device, i, self.host,
                                                                              self.api_key) for i in indices]
 
     def finish(self, pending: Any) -> list[EngineRecord]:

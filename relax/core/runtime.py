@@ -18,12 +18,14 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from relax import checkpoint as ckpt
+from relax.backends.config import TrainerConfig
 from relax.backends.torch.step_report import CONSUMED_KEY
 from relax.core.engines import EngineFleet
 from relax.core.services import ServiceGroup
 from relax.core.setup import RunInputs
 from relax.distributed.actors import TrainerActor
 from relax.distributed.cluster import cluster_address, start_ray
+from relax.distributed.config import PlacementConfig
 from relax.distributed.placement import Placement, where
 from relax.distributed.resources import plan_resources
 from relax.distributed.trainer_group import TrainerGroup
@@ -296,13 +298,17 @@ def start_runtime(args: Namespace, run: RunInputs, artifacts: RunArtifacts) -> R
 def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) -> Runtime:
     """Start Ray and the actors, resume from --load, and push the initial weights (version = start step)."""
     start_ray(run.device == "cuda", cluster_address(args.ray_address))
-    placement = Placement.reserve(plan_resources(args, run.device))  # one line, in seconds, when GPUs are missing
+    # one line, in seconds, when GPUs are missing
+    placement = Placement.reserve(plan_resources(PlacementConfig.from_args(args), run.device))
     artifacts.event("placement", groups=placement.describe())
     launcher, pending = EngineFleet.begin(args, run.device, placement.engines)
-    services = ServiceGroup.start(args, run.device, placement) if placement.services else None
+    trainer_cfg = TrainerConfig.from_args(args)  # the trainer ranks' and the services' slice of the flags
+    services = ServiceGroup.start(trainer_cfg, run.device, placement) if placement.services else None
     # max_concurrency 2: heartbeats are answered while a training step runs
     ranks = [{"max_concurrency": 2, **slot.options} for slot in placement.trainer_ranks]
-    group = TrainerGroup.start(TrainerActor, args, run.device, ranks) if ranks else None  # none: --debug-rollout-only
+    group = (TrainerGroup.start(TrainerActor, trainer_cfg, run.device, ranks,
+                                timeout_minutes=args.distributed_timeout_minutes)
+             if ranks else None)  # none: --debug-rollout-only
     trainer = group.leader if group else None
     fleet = EngineFleet.finish(args, launcher, pending)
     started = [*zip((s.name for s in placement.trainer_ranks), group.actors if group else [], strict=True),

@@ -31,11 +31,11 @@ Samples arrive as a list of `TrainSample` or as an object whose ``fetch()`` retu
 
 from __future__ import annotations
 
-from argparse import Namespace
 from dataclasses import dataclass
 
 import ray
 
+from relax.backends.config import TrainerConfig
 from relax.backends.torch.batch import Precomputed
 from relax.distributed.placement import Placement
 from relax.distributed.resources import SERVICE_ROLES
@@ -52,15 +52,16 @@ class ServiceGroup:
     advantages: object = None
 
     @classmethod
-    def start(cls, args: Namespace, device: str, placement: Placement) -> ServiceGroup:
-        """Create the actors (they load their models concurrently with the trainer and engines)."""
+    def start(cls, cfg: TrainerConfig, device: str, placement: Placement) -> ServiceGroup:
+        """Create the actors (they load their models concurrently with the trainer and engines); ``cfg``: the
+        trainer's slice of the flags (the forward copies are the trainer's backend)."""
         handles = {}
         for role, slot in placement.services.items():
             if role == "advantages":
-                handles[role] = AdvantagesActor.options(**slot.options).remote(args)
+                handles[role] = AdvantagesActor.options(**slot.options).remote(cfg)
             else:  # a role given no GPU computes on CPU, even on a GPU run
                 on_device = device if slot.gpus else "cpu"
-                handles[role] = ForwardServiceActor.options(**slot.options).remote(args, on_device, role)
+                handles[role] = ForwardServiceActor.options(**slot.options).remote(cfg, on_device, role)
         return cls(**handles)
 
     def actors(self) -> dict[str, object]:

@@ -154,8 +154,9 @@ def prepare_model(args: Namespace, p: Problems) -> Any:
         p.add(f"--apply-chat-template: the tokenizer of {args.hf_checkpoint} has no chat template "
               "(no chat_template in tokenizer_config.json, no chat_template.jinja)")
     directory = Path(args.hf_checkpoint)
-    if directory.is_dir() and not (directory / "config.json").is_file() and arch_flags.describes_model(args):
-        built = p.run(arch_flags.materialize, args, tokenizer, Path(args.output_dir) / "model_from_flags",
+    arch = arch_flags.ModelArchConfig.from_args(args)
+    if directory.is_dir() and not (directory / "config.json").is_file() and arch_flags.describes_model(arch):
+        built = p.run(arch_flags.materialize, arch, tokenizer, Path(args.output_dir) / "model_from_flags",
                       catch=(arch_flags.ArchFlagError,))
         if built is not None:
             args.notices.append(f"{directory} has no config.json: built the model the architecture flags describe "
@@ -164,7 +165,7 @@ def prepare_model(args: Namespace, p: Problems) -> Any:
         return tokenizer
     checkpoint = resolve_checkpoint(args.hf_checkpoint)
     where = f"{directory / 'config.json'}" if checkpoint.kind == "dir" else f"preset {args.hf_checkpoint!r}"
-    for line in arch_flags.check_against_config(args, checkpoint.config, where):
+    for line in arch_flags.check_against_config(arch, checkpoint.config, where):
         p.add(line)
     return tokenizer
 

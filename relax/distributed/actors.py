@@ -11,11 +11,11 @@ import itertools
 import os
 import threading
 import time
-from argparse import Namespace
 
 import ray
 import torch
 
+from relax.backends.config import TrainerConfig
 from relax.distributed.trainer_group import GroupMember
 from relax.utils.fault_hooks import checkpoint_write_delay
 from relax.utils.gc_pauses import freeze_startup_objects
@@ -36,14 +36,14 @@ class TrainerActor:
     (data parallelism), so weight syncs, checksums and checkpoints are rank 0's alone.
     """
 
-    def __init__(self, args: Namespace, device: str, member: GroupMember | None = None):
+    def __init__(self, cfg: TrainerConfig, device: str, member: GroupMember | None = None):
         _init_process()
         from relax.backends.train_registry import build_train_backend
 
         if member is not None:
             member.join()
         self._peers: list = []  # rank 0: the other ranks' actor handles
-        self.backend = build_train_backend(args, device)
+        self.backend = build_train_backend(cfg, device)
         checksum.warm_up(self.backend.device)
         self._pusher = WeightPusher()
         freeze_startup_objects()  # the model and the imports: full GCs skip them (relax/utils/gc_pauses.py)
@@ -61,13 +61,13 @@ class TrainerActor:
         """A peer's part of rank 0's weight export: iterate the backend's buckets (its gathers), discard them."""
         return sum(1 for _ in self.backend.weight_buckets(bucket_bytes))
 
-    def _with_peers(self, method: str, args: tuple, local):
-        """``local()`` here while the peers run ``method(*args)``; rank 0's result.
+    def _with_peers(self, method: str, call_args: tuple, local):
+        """``local()`` here while the peers run ``method(*call_args)``; rank 0's result.
 
         A peer's failure raises at once, even while this rank waits for that peer inside a collective
         (the driver then ends the run and the stuck collective with it), and so does this rank's own.
         """
-        peers = [getattr(peer, method).remote(*args) for peer in self._peers]
+        peers = [getattr(peer, method).remote(*call_args) for peer in self._peers]
         if not peers:
             return local()
         outcome: dict = {}

@@ -8,11 +8,11 @@ loopback when the run lives on one machine, else this node's address with the ru
 from __future__ import annotations
 
 import os
-from argparse import Namespace
 
 import ray
 import torch
 
+from relax.backends.embedded.config import EmbeddedEngineConfig
 from relax.utils.gc_pauses import freeze_startup_objects
 from relax.weights import checksum
 from relax.weights.devices import device_identity
@@ -20,7 +20,7 @@ from relax.weights.devices import device_identity
 
 @ray.remote
 class EngineActor:
-    def __init__(self, args: Namespace, device: str, engine_id: int, host: str = "127.0.0.1",
+    def __init__(self, cfg: EmbeddedEngineConfig, device: str, engine_id: int, host: str = "127.0.0.1",
                  api_key: str | None = None):
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         from relax.backends.embedded.hosting import serve_in_thread
@@ -30,9 +30,9 @@ class EngineActor:
         if host == "node":  # the cluster spans machines: serve on this node's address (with the run's API key)
             host = ray.util.get_node_ip_address()
         self.engine_id = engine_id
-        self.engine = build_engine(args, device)
+        self.engine = build_engine(cfg, device)
         checksum.warm_up(self.engine.device)
-        self.server = EngineServer(Scheduler(self.engine), api_key=api_key, model_path=str(args.hf_checkpoint))
+        self.server = EngineServer(Scheduler(self.engine), api_key=api_key, model_path=str(cfg.hf_checkpoint))
         self.url = serve_in_thread(self.server.app(), host, name=f"relax-engine-{engine_id}-http").url
         freeze_startup_objects()  # the model and the imports: full GCs skip them (relax/utils/gc_pauses.py)
 
@@ -55,7 +55,7 @@ class EngineActor:
         return held_bytes(self.engine.device)
 
 
-def build_engine(args: Namespace, device: str):
+def build_engine(cfg: EmbeddedEngineConfig, device: str):
     """The embedded engine an `EngineActor` hosts: ``--hf-checkpoint`` in the trainer's export dtype, with
     the runner ``--embedded-runner`` / ``--embedded-cuda-graph`` / ``--embedded-compile`` resolve to on
     ``device`` (relax/backends/embedded/runner_choice.py)."""
@@ -64,11 +64,11 @@ def build_engine(args: Namespace, device: str):
     from relax.backends.train_registry import weight_dtype
     from relax.models import build_model, load_tokenizer
 
-    tokenizer = load_tokenizer(args.hf_checkpoint)
+    tokenizer = load_tokenizer(cfg.hf_checkpoint)
     # the engine holds weights in the trainer's export dtype, so both sides' checksums agree bitwise
-    dtype = weight_dtype(args.train_backend, args.bf16)
-    model = build_model(args.hf_checkpoint, dtype=dtype, seed=args.seed).to(device).eval()
+    dtype = weight_dtype(cfg.train_backend, cfg.bf16)
+    model = build_model(cfg.hf_checkpoint, dtype=dtype, seed=cfg.seed).to(device).eval()
     eos = [t for t in [tokenizer.eos_token_id, getattr(model.config, "eos_token_id", None)] if isinstance(t, int)]
     return EmbeddedEngine(model, eos_token_ids=sorted(set(eos)), device=device,
-                          max_context_len=args.rollout_max_context_len, tokenizer=tokenizer,
-                          **engine_runner_kwargs(args, device, model))
+                          max_context_len=cfg.rollout_max_context_len, tokenizer=tokenizer,
+                          **engine_runner_kwargs(cfg, device, model))

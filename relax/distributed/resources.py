@@ -22,10 +22,11 @@ of the same GPU. Otherwise every role gets GPUs of its own. The plan is pure (te
 from __future__ import annotations
 
 import json
-from argparse import Namespace
 from collections import Counter
 from dataclasses import asdict, dataclass
+from typing import Any
 
+from relax.distributed.config import PlacementConfig
 from relax.utils.flag_types import ConfigError
 
 SUPPORTED_ROLES = ("actor", "rollout")
@@ -121,39 +122,39 @@ def parse_roles(raw) -> dict[str, RoleResources]:
     return roles
 
 
-def trainer_ranks(args: Namespace) -> int:
+def trainer_ranks(resource: Any) -> int:
     """How many trainer ranks ``--resource`` asks for: one per actor GPU (replicas on CPU); 1 by default."""
-    role = parse_roles(args.resource).get("actor")
+    role = parse_roles(resource).get("actor")
     return role.actors if role else 1
 
 
-def rollout_role_given(args: Namespace) -> bool:
+def rollout_role_given(resource: Any) -> bool:
     """``--resource`` names the rollout role (the run starts engines for it)."""
-    return "rollout" in parse_roles(args.resource)
+    return "rollout" in parse_roles(resource)
 
 
-def service_roles(args: Namespace) -> frozenset[str]:
+def service_roles(resource: Any) -> frozenset[str]:
     """The fully-async service roles ``--resource`` names (empty without any)."""
-    return frozenset(role for role in parse_roles(args.resource) if role in SERVICE_ROLES)
+    return frozenset(role for role in parse_roles(resource) if role in SERVICE_ROLES)
 
 
-def plan_resources(args: Namespace, device: str) -> ResourcePlan:
+def plan_resources(cfg: PlacementConfig, device: str) -> ResourcePlan:
     """The groups and slots of a run on ``device`` ("cpu" or "cuda"); ConfigError for a request that makes no sense.
 
     A role left out of ``--resource`` gets one replica of one GPU on CUDA runs (none on CPU). The
     debug modes leave a role out: ``--debug-train-only`` starts no engines, ``--debug-rollout-only``
     no trainer; ``--rollout-external`` reserves nothing for engines (they run elsewhere).
     """
-    roles = parse_roles(args.resource)
+    roles = parse_roles(cfg.resource)
     default = RoleResources(1, 1 if device == "cuda" else 0)
-    actor = None if args.debug_rollout_only else roles.get("actor", default)
-    rollout = None if args.debug_train_only or args.rollout_external else roles.get("rollout", default)
-    per_engine, per_node = args.rollout_num_gpus_per_engine, args.num_gpus_per_node
+    actor = None if cfg.debug_rollout_only else roles.get("actor", default)
+    rollout = None if cfg.debug_train_only or cfg.rollout_external else roles.get("rollout", default)
+    per_engine, per_node = cfg.rollout_num_gpus_per_engine, cfg.num_gpus_per_node
     _check_sizes(actor, rollout, device, per_engine, per_node)
     builder = _Builder(per_node)
     ranks: list[SlotSpec] = []
     engines: list[SlotSpec] = []
-    if args.colocate and actor and rollout and actor.gpus and rollout.gpus:
+    if cfg.colocate and actor and rollout and actor.gpus and rollout.gpus:
         if per_engine > 1:
             raise ConfigError(f"not supported yet: --colocate with --rollout-num-gpus-per-engine {per_engine} "
                               "(an engine's GPUs would span several trainer ranks' bundles)")

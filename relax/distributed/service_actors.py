@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from argparse import Namespace
 
 import ray
 import torch
 
+from relax.backends.config import TrainerConfig
 from relax.backends.services import AdvantageService, ForwardService
 from relax.weights import checksum
 from relax.weights.devices import device_identity
@@ -27,9 +27,10 @@ def _init_process() -> None:
 class ForwardServiceActor:
     """The ``reference`` or ``actor_fwd`` service (`relax.backends.services.ForwardService`)."""
 
-    def __init__(self, args: Namespace, device: str, role: str, host: str = "127.0.0.1", api_key: str | None = None):
+    def __init__(self, cfg: TrainerConfig, device: str, role: str, host: str = "127.0.0.1",
+                 api_key: str | None = None):
         _init_process()
-        self.service = ForwardService(args, device, role)
+        self.service = ForwardService(cfg, device, role)
         checksum.warm_up(self.service.device)
         self._lock = threading.Lock()  # a weight update never runs inside a forward pass
         self.url = self._serve(host, api_key) if role == "actor_fwd" else None
@@ -79,9 +80,9 @@ class ForwardServiceActor:
 class AdvantagesActor:
     """The ``advantages`` service (`relax.backends.services.AdvantageService`), CPU only."""
 
-    def __init__(self, args: Namespace):
+    def __init__(self, cfg: TrainerConfig):
         _init_process()
-        self.service = AdvantageService(args)
+        self.service = AdvantageService(cfg)
 
     def pid(self) -> int:
         return os.getpid()

@@ -62,26 +62,28 @@ class TrainerGroup:
         return self.actors[0]
 
     @classmethod
-    def start(cls, actor_cls, args, device: str, rank_options: list[dict]) -> TrainerGroup:
+    def start(cls, actor_cls, config, device: str, rank_options: list[dict], *,
+              timeout_minutes: float) -> TrainerGroup:
         """Start one trainer rank per entry of ``rank_options`` (rank r:
-        ``actor_cls.options(**rank_options[r]).remote(args, device, member)``; its placement, relax/distributed/
+        ``actor_cls.options(**rank_options[r]).remote(config, device, member)``; its placement, relax/distributed/
         placement.py) and wait until all are up; a rank that fails to start fails the start at once, with its own
-        error."""
+        error. ``config``: what every rank's constructor gets (the trainer's slice, relax/backends/config.py);
+        ``timeout_minutes``: ``--distributed-timeout-minutes``, for the rendezvous and every collective."""
         import ray
 
         world_size = len(rank_options)
         if world_size == 1:
-            actor = actor_cls.options(**rank_options[0]).remote(args, device, None)
+            actor = actor_cls.options(**rank_options[0]).remote(config, device, None)
             return cls([actor], [ray.get(actor.pid.remote())])
         import torch.distributed as dist
 
         host = ray.util.get_node_ip_address()
-        timeout = timedelta(minutes=args.distributed_timeout_minutes)
+        timeout = timedelta(minutes=timeout_minutes)
         store = dist.TCPStore(host, 0, is_master=True, timeout=timeout, wait_for_workers=False)
         backend = "nccl" if device == "cuda" else "gloo"
-        members = [GroupMember(rank, world_size, host, store.port, backend, args.distributed_timeout_minutes)
+        members = [GroupMember(rank, world_size, host, store.port, backend, timeout_minutes)
                    for rank in range(world_size)]
-        actors = [actor_cls.options(**options).remote(args, device, member)
+        actors = [actor_cls.options(**options).remote(config, device, member)
                   for options, member in zip(rank_options, members, strict=True)]
         pids = _first_failure_first([actor.pid.remote() for actor in actors])
         ray.get(actors[0].attach_peers.remote(actors[1:]))

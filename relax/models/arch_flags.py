@@ -21,11 +21,11 @@ silently trained as something else. The flags count as "describing a model" once
 from __future__ import annotations
 
 import math
-from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from relax.utils.flag_slice import FlagSlice
 from relax.utils.flag_table import FLAGS_BY_NAME
 
 CORE_FLAGS = ("num_layers", "hidden_size", "num_attention_heads")
@@ -36,12 +36,48 @@ class ArchFlagError(ValueError):
     """The architecture flags describe a model the backends do not build, or one that lacks a size."""
 
 
-def describes_model(args: Namespace) -> bool:
-    return any(getattr(args, dest) is not None for dest in CORE_FLAGS)
+@dataclass(frozen=True)
+class ModelArchConfig(FlagSlice):
+    """The Megatron-LM architecture flags, as parsed (None / off where a script does not pass them); built once by
+    the driver (relax/core/setup.py)."""
+
+    # sizes
+    num_layers: int | None
+    hidden_size: int | None
+    num_attention_heads: int | None
+    ffn_hidden_size: int | None
+    kv_channels: int | None
+    group_query_attention: bool
+    num_query_groups: int | None
+    # MLP, norms, positions
+    swiglu: bool
+    normalization: str
+    norm_epsilon: float
+    position_embedding_type: str
+    use_rotary_position_embeddings: bool
+    rotary_base: float
+    max_position_embeddings: int | None
+    seq_length: int | None
+    # vocabulary and embeddings
+    vocab_size: int | None
+    make_vocab_size_divisible_by: int
+    untie_embeddings_and_output_weights: bool
+    # biases and q/k norms
+    disable_bias_linear: bool
+    add_qkv_bias: bool
+    qk_layernorm: bool
+    # initialisation and the dtype the weights are written in
+    init_method_std: float
+    seed: int
+    bf16: bool
 
 
-def _given(args: Namespace, dest: str) -> bool:
-    return getattr(args, dest) != FLAGS_BY_NAME[dest.replace("_", "-")].default
+def describes_model(arch: ModelArchConfig) -> bool:
+    return any(getattr(arch, dest) is not None for dest in CORE_FLAGS)
+
+
+def _given(arch: ModelArchConfig, dest: str) -> bool:
+    return getattr(arch, dest) != FLAGS_BY_NAME[dest.replace("_", "-")].default
 
 
 @dataclass(frozen=True)
@@ -80,25 +116,25 @@ def padded_vocab(vocab: int, divisible_by: int) -> int:
     return int(math.ceil(vocab / divisible_by) * divisible_by) if divisible_by > 1 else vocab
 
 
-def flag_model(args: Namespace) -> FlagModel:
-    hidden, heads = args.hidden_size, args.num_attention_heads
-    ffn = args.ffn_hidden_size
+def flag_model(arch: ModelArchConfig) -> FlagModel:
+    hidden, heads = arch.hidden_size, arch.num_attention_heads
+    ffn = arch.ffn_hidden_size
     if ffn is None and hidden is not None:  # Megatron-LM's default (arguments.py)
-        ffn = int(4 * hidden * 2 / 3 / 64) * 64 if args.swiglu else 4 * hidden
-    head_dim = args.kv_channels
+        ffn = int(4 * hidden * 2 / 3 / 64) * 64 if arch.swiglu else 4 * hidden
+    head_dim = arch.kv_channels
     if head_dim is None and hidden is not None and heads:
         head_dim = hidden // heads
     return FlagModel(
-        num_hidden_layers=args.num_layers, hidden_size=hidden, intermediate_size=ffn, num_attention_heads=heads,
-        num_key_value_heads=args.num_query_groups if args.group_query_attention else heads, head_dim=head_dim,
-        gated_silu=bool(args.swiglu), rms_norm=args.normalization == "RMSNorm", rms_norm_eps=float(args.norm_epsilon),
-        rope=args.position_embedding_type == "rope" or bool(args.use_rotary_position_embeddings),
-        rope_theta=float(args.rotary_base),
-        vocab_size=None if args.vocab_size is None else padded_vocab(args.vocab_size, args.make_vocab_size_divisible_by),
-        tie_word_embeddings=not args.untie_embeddings_and_output_weights, bias_linear=not args.disable_bias_linear,
-        qkv_bias=bool(args.add_qkv_bias), qk_norm=bool(args.qk_layernorm),
-        max_position_embeddings=args.max_position_embeddings or args.seq_length,
-        initializer_range=float(args.init_method_std),
+        num_hidden_layers=arch.num_layers, hidden_size=hidden, intermediate_size=ffn, num_attention_heads=heads,
+        num_key_value_heads=arch.num_query_groups if arch.group_query_attention else heads, head_dim=head_dim,
+        gated_silu=bool(arch.swiglu), rms_norm=arch.normalization == "RMSNorm", rms_norm_eps=float(arch.norm_epsilon),
+        rope=arch.position_embedding_type == "rope" or bool(arch.use_rotary_position_embeddings),
+        rope_theta=float(arch.rotary_base),
+        vocab_size=None if arch.vocab_size is None else padded_vocab(arch.vocab_size, arch.make_vocab_size_divisible_by),
+        tie_word_embeddings=not arch.untie_embeddings_and_output_weights, bias_linear=not arch.disable_bias_linear,
+        qkv_bias=bool(arch.add_qkv_bias), qk_norm=bool(arch.qk_layernorm),
+        max_position_embeddings=arch.max_position_embeddings or arch.seq_length,
+        initializer_range=float(arch.init_method_std),
     )
 
 
@@ -110,41 +146,41 @@ def _hf_qkv_bias(config: Any) -> bool:
     return config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False))
 
 
-def check_against_config(args: Namespace, config: Any, where: str) -> list[str]:
+def check_against_config(arch: ModelArchConfig, config: Any, where: str) -> list[str]:
     """Every field where the flags' model differs from the HF ``config`` (``where`` names its file), one line each."""
-    if not describes_model(args):
+    if not describes_model(arch):
         return []
     from relax.backends.megatron.config import rope_theta
 
-    m = flag_model(args)
-    gqa = (f"--group-query-attention --num-query-groups {args.num_query_groups}" if args.group_query_attention
+    m = flag_model(arch)
+    gqa = (f"--group-query-attention --num-query-groups {arch.num_query_groups}" if arch.group_query_attention
            else "no --group-query-attention (as many key/value heads as attention heads)")
     numbers = [  # (flags say, their value, HF field, HF value)
         ("--num-layers", m.num_hidden_layers, "num_hidden_layers", config.num_hidden_layers),
         ("--hidden-size", m.hidden_size, "hidden_size", config.hidden_size),
         ("--num-attention-heads", m.num_attention_heads, "num_attention_heads", config.num_attention_heads),
-        ("--ffn-hidden-size" if args.ffn_hidden_size is not None else "Megatron's default --ffn-hidden-size",
+        ("--ffn-hidden-size" if arch.ffn_hidden_size is not None else "Megatron's default --ffn-hidden-size",
          m.intermediate_size, "intermediate_size", config.intermediate_size),
         (gqa, m.num_key_value_heads, "num_key_value_heads",
          getattr(config, "num_key_value_heads", None) or config.num_attention_heads),
-        ("--kv-channels" if args.kv_channels is not None else "hidden-size / num-attention-heads", m.head_dim,
+        ("--kv-channels" if arch.kv_channels is not None else "hidden-size / num-attention-heads", m.head_dim,
          "head_dim", _hf_head_dim(config)),
         ("--norm-epsilon", m.rms_norm_eps, "rms_norm_eps", getattr(config, "rms_norm_eps", None)),
         ("--rotary-base", m.rope_theta, "rope_theta", rope_theta(config)),
     ]
-    if args.vocab_size is not None:
-        numbers.append((f"--vocab-size {args.vocab_size} padded to a multiple of {args.make_vocab_size_divisible_by} "
+    if arch.vocab_size is not None:
+        numbers.append((f"--vocab-size {arch.vocab_size} padded to a multiple of {arch.make_vocab_size_divisible_by} "
                         "(--make-vocab-size-divisible-by)", m.vocab_size, "vocab_size", config.vocab_size))
-    if args.max_position_embeddings is not None:
+    if arch.max_position_embeddings is not None:
         numbers.append(("--max-position-embeddings", m.max_position_embeddings, "max_position_embeddings",
                         config.max_position_embeddings))
-    if _given(args, "init_method_std"):
+    if _given(arch, "init_method_std"):
         numbers.append(("--init-method-std", m.initializer_range, "initializer_range",
                         getattr(config, "initializer_range", None)))
     out = [f"{flag} {ours} does not match {field}={theirs} in {where}" for flag, ours, field, theirs in numbers
            if ours is not None and not _same(ours, theirs)]
-    if args.seq_length is not None and args.seq_length > config.max_position_embeddings:
-        out.append(f"--seq-length {args.seq_length} exceeds max_position_embeddings={config.max_position_embeddings} "
+    if arch.seq_length is not None and arch.seq_length > config.max_position_embeddings:
+        out.append(f"--seq-length {arch.seq_length} exceeds max_position_embeddings={config.max_position_embeddings} "
                    f"in {where}")
     out += _check_switches(m, config, where)
     return out
@@ -179,13 +215,13 @@ def _check_switches(m: FlagModel, config: Any, where: str) -> list[str]:
     return [f"{ours} does not match {where}: {theirs}" for ours, theirs, agree in switches if not agree]
 
 
-def config_from_flags(args: Namespace, *, pad_token_id: int | None, eos_token_id: int | None,
+def config_from_flags(arch: ModelArchConfig, *, pad_token_id: int | None, eos_token_id: int | None,
                       vocab_from_tokenizer: int) -> Any:
     """The HF config of the model the flags describe; `ArchFlagError` names what is missing or not built."""
     import transformers as tf
 
-    m = flag_model(args)
-    missing = [f"--{d.replace('_', '-')}" for d in CORE_FLAGS if getattr(args, d) is None]
+    m = flag_model(arch)
+    missing = [f"--{d.replace('_', '-')}" for d in CORE_FLAGS if getattr(arch, d) is None]
     if m.max_position_embeddings is None:
         missing.append("--max-position-embeddings (or --seq-length)")
     if missing:
@@ -198,7 +234,7 @@ def config_from_flags(args: Namespace, *, pad_token_id: int | None, eos_token_id
         raise ArchFlagError(f"not supported yet: building a model with {', '.join(refused)}; the Qwen2, Qwen3 "
                             "and Llama families are built")
     classes = {"qwen3": tf.Qwen3Config, "qwen2": tf.Qwen2Config, "llama": tf.LlamaConfig}
-    vocab = m.vocab_size or padded_vocab(vocab_from_tokenizer, args.make_vocab_size_divisible_by)
+    vocab = m.vocab_size or padded_vocab(vocab_from_tokenizer, arch.make_vocab_size_divisible_by)
     return classes[m.family](
         vocab_size=vocab, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
         num_hidden_layers=m.num_hidden_layers, num_attention_heads=m.num_attention_heads,
@@ -209,16 +245,16 @@ def config_from_flags(args: Namespace, *, pad_token_id: int | None, eos_token_id
     )
 
 
-def spec_from_flags(args: Namespace, *, pad_token_id: int | None = None, eos_token_id: int | None = None,
+def spec_from_flags(arch: ModelArchConfig, *, pad_token_id: int | None = None, eos_token_id: int | None = None,
                     vocab_from_tokenizer: int = 0) -> Any:
     """The Megatron backend's `McoreModelSpec` for the model the flags describe (no HF config needed)."""
     from relax.backends.megatron.config import McoreModelSpec
 
-    return McoreModelSpec.from_hf(config_from_flags(args, pad_token_id=pad_token_id, eos_token_id=eos_token_id,
+    return McoreModelSpec.from_hf(config_from_flags(arch, pad_token_id=pad_token_id, eos_token_id=eos_token_id,
                                                     vocab_from_tokenizer=vocab_from_tokenizer))
 
 
-def materialize(args: Namespace, tokenizer: Any, out_dir: str | Path) -> Path:
+def materialize(arch: ModelArchConfig, tokenizer: Any, out_dir: str | Path) -> Path:
     """Write the model the flags describe as an HF directory: config, the tokenizer, seeded random-init weights.
 
     Every process of the run (trainer, engines, services) then loads it like any checkpoint.
@@ -227,13 +263,13 @@ def materialize(args: Namespace, tokenizer: Any, out_dir: str | Path) -> Path:
     import torch
     import transformers as tf
 
-    config = config_from_flags(args, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+    config = config_from_flags(arch, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                                vocab_from_tokenizer=len(tokenizer))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(args.seed)
+        torch.manual_seed(arch.seed)
         model = tf.AutoModelForCausalLM.from_config(config)
-    model.to(torch.bfloat16 if args.bf16 else torch.float32).save_pretrained(out, safe_serialization=True)
+    model.to(torch.bfloat16 if arch.bf16 else torch.float32).save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out

@@ -7,6 +7,8 @@ schema (relax/utils/flag_table.py), not here: every field is read strictly, and 
 namespace lacks is a programming error named at once. A slice whose component calls a user hook that
 the seeds give the whole namespace (``reward_func(args, sample)``, ``GenerateState(args)``) declares
 ``args: Any = field(default=None, compare=False, repr=False)`` and gets it filled; no other code reads it.
+A slice that bundles another (the trainer's config holds the algorithm's) declares the field with
+``sub_slice(OtherConfig)``; ``from_args`` builds it from the same namespace.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ class FlagSlice:
 
     @classmethod
     def from_args(cls, args: Namespace) -> Self:
-        names = [f.name for f in dataclasses.fields(cls) if f.name != "args"]
+        nested = {f.name: f.metadata["slice"] for f in dataclasses.fields(cls) if "slice" in f.metadata}
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "args" and f.name not in nested]
         missing = [n for n in names if not hasattr(args, n)]
         if missing:
             raise ValueError(
@@ -32,6 +35,7 @@ class FlagSlice:
         for f in dataclasses.fields(cls):  # store_true flags whose schema default is "-" arrive as None
             if f.name in values and f.type in ("bool", bool):
                 values[f.name] = bool(values[f.name])
+        values.update({name: slice_cls.from_args(args) for name, slice_cls in nested.items()})
         if "args" in {f.name for f in dataclasses.fields(cls)}:
             values["args"] = args
         cfg = cls(**values)
@@ -43,3 +47,8 @@ class FlagSlice:
 
     def replace(self, **changes: Any) -> Self:
         return dataclasses.replace(self, **changes)
+
+
+def sub_slice(slice_cls: type[FlagSlice]) -> Any:
+    """A field holding another slice, built by ``from_args`` from the same flags."""
+    return dataclasses.field(metadata={"slice": slice_cls})

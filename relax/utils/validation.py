@@ -14,9 +14,11 @@ import re
 from argparse import Namespace
 from collections.abc import Callable, Set
 
+from relax.backends.embedded.config import EmbeddedEngineConfig
 from relax.backends.embedded.runner_choice import check_runner_flags
 from relax.backends.megatron import memory_flags
-from relax.backends.megatron.checks import check_train_backend_args
+from relax.backends.megatron.checks import check_train_backend
+from relax.backends.megatron.megatron_config import MegatronConfig
 from relax.utils import debug_modes
 from relax.utils.flag_table import FLAGS_BY_NAME
 from relax.utils.flag_types import Problems
@@ -130,8 +132,8 @@ def _requirements(args: Namespace, p: Problems) -> None:
         p.add("--rm-type remote_rm requires --rm-url")
     if args.use_dynamic_batch_size and not args.max_tokens_per_gpu:
         p.add("--use-dynamic-batch-size requires --max-tokens-per-gpu")
-    p.run(check_train_backend_args, args)
-    p.run(check_runner_flags, args)
+    p.run(lambda: check_train_backend(MegatronConfig.from_args(args), args.resource))
+    p.run(lambda: check_runner_flags(EmbeddedEngineConfig.from_args(args)))
 
 
 def _opd_sglang(args: Namespace, p: Problems) -> None:
@@ -154,7 +156,7 @@ def _megatron_memory(args: Namespace, p: Problems) -> None:
     Megatron flags: refused with the torch backend. Combinations megatron-core's `TransformerConfig`
     / `OptimizerConfig` reject, or would silently ignore, are refused here, naming the flags.
     """
-    given = memory_flags.memory_flags_given(args)
+    given = memory_flags.memory_flags_given(MegatronConfig.from_args(args))
     if given and args.train_backend != "megatron":
         for dest in given:
             p.add(f"not supported yet: {_flag(dest)} with --train-backend {args.train_backend} "
@@ -281,7 +283,7 @@ def _external_engines(args: Namespace, p: Problems, sglang_flags: list[str]) -> 
     if sglang_flags:
         p.add(f"{sglang_flags[0]} with --rollout-external: the run does not start those servers (pass SGLang's "
               "flags where you start them)")
-    if p.run(rollout_role_given, args):
+    if p.run(rollout_role_given, args.resource):
         p.add("--resource role 'rollout' with --rollout-external: the engines are the servers at "
               "--rollout-external-engine-addrs")
 
@@ -317,7 +319,7 @@ def _services(args: Namespace, p: Problems) -> None:
     """
     from relax.distributed.resources import parse_ref_actor_config, service_roles
 
-    roles = p.run(service_roles, args)
+    roles = p.run(service_roles, args.resource)
     if roles is None:
         return
     if args.ref_actor_config is not None and not roles & {"reference", "actor_fwd"}:
@@ -361,9 +363,10 @@ def _placement(args: Namespace, p: Problems) -> None:
     """``--resource`` with ``--num-gpus-per-node`` / ``--rollout-num-gpus-per-engine`` must make a plan
     (relax/distributed/resources.py); ``--device auto`` is checked as a CPU run here and planned again
     on the resolved device at start."""
+    from relax.distributed.config import PlacementConfig
     from relax.distributed.resources import plan_resources
 
-    p.run(plan_resources, args, "cuda" if args.device == "cuda" else "cpu")
+    p.run(lambda: plan_resources(PlacementConfig.from_args(args), "cuda" if args.device == "cuda" else "cpu"))
 
 
 @rule

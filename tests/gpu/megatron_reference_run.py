@@ -4,7 +4,7 @@
 
 Run as a script (not ``-m``), so ``relax`` comes from the first PYTHONPATH entry: the current tree, or
 a checkout of an older commit (tests/gpu/test_megatron_reproduces_base.py compares the two). It uses
-only what every version of the backend offers (``MegatronTrainBackend(args, "cuda")``,
+only what every version of the backend offers (``MegatronTrainBackend(TrainerConfig.from_args(args), "cuda")``,
 ``_log_probs_no_grad``, ``train_rollout``, ``checksums``) and the GPU tests' samples (tests/gpu/samples.py, beside it).
 """
 
@@ -14,6 +14,8 @@ import argparse
 
 import torch
 from samples import varied_samples  # tests/gpu/samples.py: this script's directory is first on sys.path
+
+from relax.backends.config import TrainerConfig
 
 CONFIGS = {
     "plain": [],
@@ -31,7 +33,7 @@ def run(flags: list[str]) -> dict:
     args = parse_args(["--train-backend", "megatron", "--device", "cuda", "--hf-checkpoint", "small-qwen3",
                        "--prompt-data", "x.jsonl", "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
                        "--num-rollout", "1", "--micro-batch-size", "2", "--lr", "3e-3", *flags])
-    backend = MegatronTrainBackend(args, "cuda")
+    backend = MegatronTrainBackend(TrainerConfig.from_args(args), "cuda")
     record: dict = {"log_probs": [], "metrics": []}
     for step in range(STEPS):
         batch = varied_samples(step)

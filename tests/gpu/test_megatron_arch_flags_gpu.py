@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from relax.backends.config import TrainerConfig
 from relax.backends.megatron.checks import module_available
+from relax.models.arch_flags import ModelArchConfig
 
 pytestmark = [
     pytest.mark.gpu,
@@ -49,8 +51,8 @@ def test_megatron_trains_a_model_built_from_flags(tmp_path: Path) -> None:
     p = Problems()
     prepare_model(args, p)
     assert not p, p.lines
-    backend = MegatronTrainBackend(args, "cuda")
-    assert backend.spec == spec_from_flags(args, pad_token_id=0, eos_token_id=2, vocab_from_tokenizer=100)
+    backend = MegatronTrainBackend(TrainerConfig.from_args(args), "cuda")
+    assert backend.spec == spec_from_flags(ModelArchConfig.from_args(args), pad_token_id=0, eos_token_id=2, vocab_from_tokenizer=100)
     samples = _random_samples(8, 100, seed=3)
     for s in samples:
         s.tokens = [t % 100 for t in s.tokens]

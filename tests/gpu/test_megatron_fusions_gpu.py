@@ -35,7 +35,9 @@ __all__ = ["mcore"]  # the module-scoped fixture, imported so pytest finds it he
 def test_fused_and_unfused_layers_agree_in_bf16(mcore) -> None:
     from relax.backends.megatron.config import McoreModelSpec
     from relax.backends.megatron.fusions import fusion_kwargs
+    from relax.backends.megatron.megatron_config import MegatronConfig
     from relax.backends.megatron.model import build_gpt_model
+    from relax.utils.arguments import parse_args
     from tests.megatron_helpers import load_hf_state
 
     hf = _hf(SMALL)
@@ -47,8 +49,8 @@ def test_fused_and_unfused_layers_agree_in_bf16(mcore) -> None:
 
     out = {}
     for name, off in (("unfused", True), ("fused", False)):
-        extra = fusion_kwargs(SimpleNamespace(no_bias_swiglu_fusion=off, no_bias_dropout_fusion=off,
-                                              no_rope_fusion=off))
+        extra = fusion_kwargs(MegatronConfig.from_args(parse_args(["--prompt-data", "x.jsonl", "--rollout-batch-size", "2", "--num-rollout", "1"]))
+                              .replace(no_bias_swiglu_fusion=off, no_bias_dropout_fusion=off, no_rope_fusion=off))
         built = build_gpt_model(McoreModelSpec.from_hf(tf.Qwen3Config(**SMALL)), use_te=False, extra_config=extra)
         assert built.config.bias_activation_fusion is not off and built.config.bias_dropout_fusion is not off
         assert built.config.apply_rope_fusion is not off

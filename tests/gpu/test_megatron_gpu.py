@@ -14,6 +14,7 @@ import pytest
 import torch
 import transformers as tf
 
+from relax.backends.config import TrainerConfig
 from relax.backends.megatron.checks import module_available
 
 pytestmark = [
@@ -141,7 +142,7 @@ def test_training_steps_reduce_the_loss(mcore) -> None:
     from relax.backends.torch.batch import build_rollout_tensors
 
     args = _args("--use-distributed-optimizer", "--use-kl-loss", "--kl-loss-coef", "0.01")
-    backend = MegatronTrainBackend(args, "cuda")
+    backend = MegatronTrainBackend(TrainerConfig.from_args(args), "cuda")
     samples = _random_samples(8, 100, seed=2)
     for s in samples:
         s.tokens = [t % 100 for t in s.tokens]
@@ -169,7 +170,7 @@ def test_weight_export_matches_an_hf_engine_and_checkpoints_resume(mcore, tmp_pa
     from relax.models import build_model
     from relax.weights.checksum import state_checksums
 
-    backend = MegatronTrainBackend(_args(), "cuda")
+    backend = MegatronTrainBackend(TrainerConfig.from_args(_args()), "cuda")
     samples = _random_samples(8, 100, seed=3)
     for s in samples:
         s.tokens = [t % 100 for t in s.tokens]
@@ -187,7 +188,7 @@ def test_weight_export_matches_an_hf_engine_and_checkpoints_resume(mcore, tmp_pa
     saved = backend.checksums()
     backend.train_rollout(samples, 1)
     after_one_more = backend.checksums()
-    resumed = MegatronTrainBackend(_args(), "cuda")
+    resumed = MegatronTrainBackend(TrainerConfig.from_args(_args()), "cuda")
     resumed.load(str(tmp_path / "ckpt"))
     assert resumed.checksums() == saved
     resumed.train_rollout(samples, 1)
@@ -207,7 +208,7 @@ def test_distributed_optimizer_checkpoint_resumes_bitwise(mcore, tmp_path) -> No
     from relax.backends.megatron.backend import MegatronTrainBackend
 
     args = ("--use-distributed-optimizer",)
-    backend = MegatronTrainBackend(_args(*args), "cuda")
+    backend = MegatronTrainBackend(TrainerConfig.from_args(_args(*args)), "cuda")
     samples = _random_samples(8, 100, seed=4)
     for s in samples:
         s.tokens = [t % 100 for t in s.tokens]
@@ -220,13 +221,13 @@ def test_distributed_optimizer_checkpoint_resumes_bitwise(mcore, tmp_path) -> No
     expected = backend.checksums()
     resumed = {}
     for name in ("full", "weights"):
-        other = MegatronTrainBackend(_args(*args), "cuda")
+        other = MegatronTrainBackend(TrainerConfig.from_args(_args(*args)), "cuda")
         other.load(str(tmp_path / name))
         other.train_rollout(samples, 1)
         resumed[name] = other.checksums() == expected
         del other
     _report("megatron_distributed_optimizer_resume", resumed)
     assert resumed == {"full": True, "weights": False}
-    plain = MegatronTrainBackend(_args(), "cuda")
+    plain = MegatronTrainBackend(TrainerConfig.from_args(_args()), "cuda")
     with pytest.raises(ValueError, match="saved with --use-distributed-optimizer"):
         plain.load(str(tmp_path / "full"))

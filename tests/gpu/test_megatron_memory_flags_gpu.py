@@ -37,6 +37,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from relax.backends.config import TrainerConfig
 from relax.backends.megatron.checks import module_available
 from tests.gpu.samples import varied_samples
 
@@ -81,7 +82,7 @@ def _backend(*flags: str, micro_batch: int = 2):
     from relax.backends.megatron.backend import MegatronTrainBackend
 
     _free()
-    return MegatronTrainBackend(_args(*flags, micro_batch=micro_batch), "cuda")
+    return MegatronTrainBackend(TrainerConfig.from_args(_args(*flags, micro_batch=micro_batch)), "cuda")
 
 
 def _free() -> None:

@@ -21,6 +21,7 @@ import pytest
 import torch
 import transformers as tf
 
+from relax.backends.config import TrainerConfig
 from relax.backends.megatron.checks import module_available
 
 pytestmark = [
@@ -100,7 +101,7 @@ def _step(rank: int, model: str, world: int, flags: list[str]) -> dict:
                        "--prompt-data", "x.jsonl", "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
                        "--num-rollout", "1", "--micro-batch-size", "2", "--lr", "1e-5",
                        "--resource", f'{{"actor": [{world}, {world}]}}', *flags])
-    backend = MegatronTrainBackend(args, "cuda")
+    backend = MegatronTrainBackend(TrainerConfig.from_args(args), "cuda")
     g = torch.Generator().manual_seed(7)
     samples = [TrainSample(tokens=torch.randint(3, 32000, (48 + 16 * (i % 4),), generator=g).tolist(),
                            response_length=24 + 8 * (i % 3), loss_mask=[1] * (24 + 8 * (i % 3)), reward=float(i % 2))
@@ -146,7 +147,6 @@ def test_parallel_layout_matches_one_gpu(tmp_path_factory, name: str, model: str
 @_needs_gpus(3)
 def test_relax_train_with_tensor_parallel_trainer_syncs_bitwise(tmp_path: Path) -> None:
     """Three GPUs: a TP = 2 trainer (two rank actors) and one engine; weights equal at every version."""
-    from argparse import Namespace
 
     from relax.distributed.resources import trainer_ranks
     from tests.e2e_helpers import assert_ok, read_jsonl, run_relax
@@ -156,7 +156,7 @@ def test_relax_train_with_tensor_parallel_trainer_syncs_bitwise(tmp_path: Path) 
             "--micro-batch-size", "16", "--num-rollout", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"]
     # the seed's form ([replicas, total GPUs]) once --resource starts one rank per GPU, else 2 replicas of 1 GPU
     resource = next(r for r in ('{"actor": [1, 2], "rollout": [1, 1]}', '{"actor": [2, 1], "rollout": [1, 1]}')
-                    if trainer_ranks(Namespace(resource=r)) == 2)
+                    if trainer_ranks(r) == 2)
     run = tmp_path / "run"
     assert_ok(run_relax([*base, "--resource", resource, "--output-dir", str(run)], tmp_path, timeout=900))
     records = read_jsonl(run / "weights.jsonl")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from relax.backends.config import TrainerConfig
 from relax.backends.megatron.checks import module_available
 from tests.gpu.samples import varied_samples
 
@@ -39,7 +40,7 @@ def _args(*extra: str):
 def test_freezing_megatron_names_keeps_exported_weights_bitwise(mcore) -> None:
     from relax.backends.megatron.backend import MegatronTrainBackend
 
-    backend = MegatronTrainBackend(_args("--freeze-params-name-list", "embedding", r"decoder\.layers\.0\."), "cuda")
+    backend = MegatronTrainBackend(TrainerConfig.from_args(_args("--freeze-params-name-list", "embedding", r"decoder\.layers\.0\.")), "cuda")
     assert backend.frozen_params and all("embedding" in n or "layers.0." in n for n in backend.frozen_params)
     before = {k: v.clone() for k, v in backend.hf_state().items()}
     for step in range(2):
@@ -57,17 +58,17 @@ def test_unknown_megatron_name_pattern_is_an_error(mcore) -> None:
     from relax.utils.flag_types import ConfigError
 
     with pytest.raises(ConfigError, match="embed_tokens"):  # an HF name: this backend matches megatron names
-        MegatronTrainBackend(_args("--only-train-params-name-list", "embed_tokens"), "cuda")
+        MegatronTrainBackend(TrainerConfig.from_args(_args("--only-train-params-name-list", "embed_tokens")), "cuda")
 
 
 def test_chunked_log_probs_equal_unchunked_and_dynamic_batching_trains(mcore) -> None:
     from relax.backends.megatron.backend import MegatronTrainBackend
     from relax.backends.torch.batch import build_rollout_tensors
 
-    backend = MegatronTrainBackend(_args("--use-dynamic-batch-size", "--max-tokens-per-gpu", "48"), "cuda")
+    backend = MegatronTrainBackend(TrainerConfig.from_args(_args("--use-dynamic-batch-size", "--max-tokens-per-gpu", "48")), "cuda")
     batch = build_rollout_tensors(varied_samples(seed=5))
     plain = backend._log_probs_no_grad(backend.model, batch)
-    backend.args.log_probs_chunk_size = 7
+    backend.cfg = backend.cfg.replace(log_probs_chunk_size=7)
     chunked = backend._log_probs_no_grad(backend.model, batch)
     assert torch.equal(plain, chunked)
     assert len(backend._all_micro_batches(batch.samples)) > 4  # not the fixed 2-sample split

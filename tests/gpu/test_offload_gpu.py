@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from relax.backends.config import TrainerConfig
 from tests.gpu.samples import varied_samples
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -20,7 +21,7 @@ def _backend():
     args = parse_args(["--train-backend", "torch", "--device", "cuda", "--hf-checkpoint", "small-qwen3",
                        "--prompt-data", "x.jsonl", "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
                        "--num-rollout", "2", "--micro-batch-size", "2", "--lr", "3e-3"])
-    return TorchTrainBackend(args, "cuda")
+    return TorchTrainBackend(TrainerConfig.from_args(args), "cuda")
 
 
 def _state_bytes(backend) -> tuple[int, int, int]:

@@ -36,6 +36,8 @@ from argparse import Namespace
 import pytest
 import torch
 
+from relax.backends.sglang.config import SGLangLaunchConfig
+
 pytest.importorskip("sglang", reason="needs the sglang package (the GPU image: nox -s sglang_conformance)")
 pytestmark = pytest.mark.sglang
 
@@ -140,7 +142,7 @@ def test_launch_command_parses_with_sglangs_own_parser(sgl, monkeypatch) -> None
                        "--resource", '{"actor": [1, 1], "rollout": [1, 2]}',
                        "--seed", "7", "--sglang-mem-fraction-static", "0.6", "--sglang-disable-radix-cache",
                        "--sglang-cuda-graph-bs", "1", "2", "4", "--sglang-log-level", "warning"])
-    cmd = launcher.launch_command(args, engine_index=1, host="127.0.0.1", port=30001, nccl_port=30002, api_key="k")
+    cmd = launcher.launch_command(SGLangLaunchConfig.from_args(args), engine_index=1, host="127.0.0.1", port=30001, nccl_port=30002, api_key="k")
     ns = _sglang_parser(sgl).parse_args(cmd[3:])
     assert (ns.model_path, ns.tensor_parallel_size, ns.random_seed, ns.port, ns.nccl_port, ns.api_key) == \
         ("/models/qwen", 2, 8, 30001, 30002, "k")

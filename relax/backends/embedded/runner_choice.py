@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 import sys
-from argparse import Namespace
 from dataclasses import dataclass
 from typing import Any
+
+from relax.backends.embedded.config import EmbeddedEngineConfig
 
 RUNNER_CHOICES = ("auto", "hf", "static", "lean")
 PREALLOCATING = ("static", "lean")  # runners that allocate slots x context length of KV cache up front
@@ -80,17 +81,17 @@ def _too_big(runner: str) -> str:
             "longest prompt plus --rollout-max-response-len, or use --embedded-runner hf")
 
 
-def check_runner_flags(args: Namespace) -> None:
+def check_runner_flags(cfg: EmbeddedEngineConfig) -> None:
     """Parse-time check of the runner flags against ``--device`` (torch is imported only when it matters)."""
     from relax.utils.flag_types import ConfigError
 
-    device = args.device
-    if device == "auto" and (args.embedded_cuda_graph or args.embedded_compile):
+    device = cfg.device
+    if device == "auto" and (cfg.embedded_cuda_graph or cfg.embedded_compile):
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        resolve_runner(args.embedded_runner, args.embedded_cuda_graph, args.embedded_compile,
+        resolve_runner(cfg.embedded_runner, cfg.embedded_cuda_graph, cfg.embedded_compile,
                        "cuda" if device == "auto" else device)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
@@ -114,20 +115,20 @@ def _memory_budget(device: str) -> int:
     return int(KV_BUDGET_FRACTION * total)
 
 
-def engine_runner_kwargs(args: Namespace, device: str, model: Any) -> dict[str, Any]:
+def engine_runner_kwargs(cfg: EmbeddedEngineConfig, device: str, model: Any) -> dict[str, Any]:
     """``EmbeddedEngine`` keyword arguments for the runner flags (`resolve_runner`) on ``device``.
 
     For the preallocating runners the slot count is the samples of one rollout step (at most
     `MAX_SLOTS`; more requests queue), and the KV cache spans ``--rollout-max-context-len`` (else
     the model's ``max_position_embeddings``); `resolve_runner` decides whether that fits.
     """
-    slots = min(MAX_SLOTS, (args.over_sampling_batch_size or args.rollout_batch_size) * args.n_samples_per_prompt)
+    slots = min(MAX_SLOTS, (cfg.over_sampling_batch_size or cfg.rollout_batch_size) * cfg.n_samples_per_prompt)
     limit = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
-    context = min(args.rollout_max_context_len or limit, limit)
+    context = min(cfg.rollout_max_context_len or limit, limit)
     size = kv_cache_bytes(model.config, slots, context, next(model.parameters()).element_size())
     from relax.backends.embedded.lean_runner import unsupported
 
-    choice = resolve_runner(args.embedded_runner, args.embedded_cuda_graph, args.embedded_compile, device,
+    choice = resolve_runner(cfg.embedded_runner, cfg.embedded_cuda_graph, cfg.embedded_compile, device,
                             kv_cache_fits=size <= _memory_budget(device), lean_refuses=", ".join(unsupported(model)))
     if choice.why:
         print(f"relax: engine on {device}: --embedded-runner auto chose hf: {choice.why}", file=sys.stderr)

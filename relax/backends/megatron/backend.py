@@ -21,15 +21,14 @@ and runs before the DDP wrap, so frozen parameters get no grad buffer and no opt
 
 from __future__ import annotations
 
-from argparse import Namespace
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from relax.algorithms import AlgorithmConfig
 from relax.algorithms.reducers import merge_metrics
+from relax.backends.config import TrainerConfig
 from relax.backends.lr_schedule import LRSchedule
 from relax.backends.megatron.bridge import BridgeWeights
 from relax.backends.megatron.config import McoreModelSpec
@@ -48,11 +47,10 @@ from relax.backends.megatron.schedule import StageRunner
 from relax.backends.megatron.sharding import global_name
 from relax.backends.megatron.weights import ShardPlan, load_hf_weights
 from relax.backends.nonfinite import nonfinite_gradient_error
-from relax.backends.torch.backend import TorchTrainBackend, needs_reference_model
+from relax.backends.torch.backend import TorchTrainBackend
 from relax.backends.torch.batch import RolloutTensors, build_model_inputs
 from relax.backends.torch.data_parallel import DataParallel
 from relax.backends.torch.freezing import apply_param_freezing
-from relax.observability.config import ProfilerConfig
 from relax.observability.profiler import TrainProfiler
 from relax.weights.checksum import state_checksums
 
@@ -75,39 +73,41 @@ class MegatronTrainBackend(TorchTrainBackend):
 
     collective_io = True  # save / load / save_hf / weight export run on every rank together
 
-    def __init__(self, args: Namespace, device: str):
-        self.args = args
-        self.sizes = ParallelSizes.from_args(args)
-        init_parallel_state(self.sizes, args.seed, backend="gloo" if device == "cpu" else "nccl",
-                            timeout_minutes=args.distributed_timeout_minutes)
+    def __init__(self, cfg: TrainerConfig, device: str):
+        self.cfg = cfg
+        self.algo = cfg.algo
+        mcfg = cfg.megatron
+        self.sizes = ParallelSizes.of(mcfg)
+        init_parallel_state(self.sizes, cfg.seed, backend="gloo" if device == "cpu" else "nccl",
+                            timeout_minutes=mcfg.distributed_timeout_minutes)
         self.device = torch.device("cuda", torch.cuda.current_device()) if device != "cpu" else torch.device("cpu")
         self.dp = _data_parallel()
-        torch.manual_seed(args.seed)
-        self.hf_config, reader = open_hf_weights(args.hf_checkpoint, seed=args.seed)
+        torch.manual_seed(cfg.seed)
+        self.hf_config, reader = open_hf_weights(cfg.hf_checkpoint, seed=cfg.seed)
         self.spec = McoreModelSpec.from_hf(self.hf_config)
         check_model_fits(self.sizes, self.spec)
-        self.fusions = fusion_kwargs(args)
+        self.fusions = fusion_kwargs(mcfg)
         recompile_headroom()  # before any compiled fusion runs (fusions.py)
-        self._bridge = BridgeWeights(args.hf_checkpoint) if args.megatron_to_hf_mode == "bridge" else None
+        self._bridge = BridgeWeights(cfg.hf_checkpoint) if mcfg.megatron_to_hf_mode == "bridge" else None
         layers_per_stage = self.spec.num_layers // self.sizes.pp
-        self.built = self._load(reader, recompute_kwargs(args, layers_per_stage))  # only the trainer recomputes
+        self.built = self._load(reader, recompute_kwargs(mcfg, layers_per_stage))  # only the trainer recomputes
         self.plan = ShardPlan.of(self.built, self.sizes.layout, rank_pos())
-        self.ref_model = _frozen(self._load(reader)).module if needs_reference_model(args) else None
-        self.teacher = self._teacher() if args.use_opd else None
+        self.ref_model = _frozen(self._load(reader)).module if cfg.needs_reference_model else None
+        self.teacher = self._teacher() if cfg.use_opd else None
         del reader
-        self.frozen_params = apply_param_freezing(self.built.gpt, args, rename=self._global_name,
+        self.frozen_params = apply_param_freezing(self.built.gpt, cfg.only_train_params_name_list,
+                                                  cfg.freeze_params_name_list, rename=self._global_name,
                                                   across_ranks=_union_over_ranks)
-        if args.recompute_granularity == "full":  # a frozen embedding must not cut the checkpointed layers' grads
+        if mcfg.recompute_granularity == "full":  # a frozen embedding must not cut the checkpointed layers' grads
             make_embedding_output_differentiable(self.built.gpt)
         self.model, self.optimizer = self._wrap_for_training(self.built)
-        self.algo = AlgorithmConfig.from_args(args)
-        self.schedule = LRSchedule.from_args(args)  # constant: --lr-decay-style is refused with megatron
+        self.schedule = LRSchedule.of(cfg)  # constant: --lr-decay-style is refused with megatron
         self.pad_id = int(getattr(self.hf_config, "pad_token_id", None) or 0)
         self.runner = StageRunner(self.sizes.tp if self.sizes.sequence_parallel else 1, self.pad_id, self.device)
         self._step = 0
         self.critic = None  # --advantage-estimator ppo is refused for this backend at parse time
         self._exporter = None  # built on first use: every rank builds it (an all-gather of shapes)
-        self.profiler = TrainProfiler(ProfilerConfig.from_args(args), rank=self.dp.rank)  # the inherited step's
+        self.profiler = TrainProfiler(cfg.profiler, rank=self.dp.rank)  # the inherited step's
 
     def _build(self, spec: McoreModelSpec, extra_config: dict[str, Any] | None = None) -> BuiltModel:
         return build_gpt_model(spec, sizes=self.sizes, device=self.device.type,
@@ -124,10 +124,10 @@ class MegatronTrainBackend(TorchTrainBackend):
 
     def _teacher(self):
         """The OPD teacher, frozen, in the student's parallel layout (always through the raw converter)."""
-        config, reader = open_hf_weights(self.args.opd_teacher_load, seed=self.args.seed)
+        config, reader = open_hf_weights(self.cfg.opd_teacher_load, seed=self.cfg.seed)
         spec = McoreModelSpec.from_hf(config)
         if spec.vocab_size != self.spec.vocab_size:
-            raise ValueError(f"--opd-teacher-load {self.args.opd_teacher_load}: vocab {spec.vocab_size} differs "
+            raise ValueError(f"--opd-teacher-load {self.cfg.opd_teacher_load}: vocab {spec.vocab_size} differs "
                              f"from the student's {self.spec.vocab_size}")
         check_model_fits(self.sizes, spec)
         teacher = self._build(spec)
@@ -141,8 +141,8 @@ class MegatronTrainBackend(TorchTrainBackend):
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-        args = self.args
-        distributed = bool(args.use_distributed_optimizer)
+        cfg = self.cfg
+        distributed = bool(cfg.megatron.use_distributed_optimizer)
         ddp = DistributedDataParallel(
             config=built.config,
             ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
@@ -150,11 +150,11 @@ class MegatronTrainBackend(TorchTrainBackend):
             module=built.module,
         )
         opt_config = OptimizerConfig(
-            optimizer="adam", lr=args.lr, min_lr=args.lr, weight_decay=args.weight_decay,
-            adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=1e-8,
-            clip_grad=args.clip_grad, bf16=True, params_dtype=torch.bfloat16,
+            optimizer="adam", lr=cfg.lr, min_lr=cfg.lr, weight_decay=cfg.weight_decay,
+            adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2, adam_eps=1e-8,
+            clip_grad=cfg.clip_grad, bf16=True, params_dtype=torch.bfloat16,
             use_distributed_optimizer=distributed,
-            **optimizer_offload_kwargs(args),  # --optimizer-cpu-offload: megatron's HybridDeviceOptimizer
+            **optimizer_offload_kwargs(cfg.megatron),  # --optimizer-cpu-offload: megatron's HybridDeviceOptimizer
         )
         optimizer = get_megatron_optimizer(opt_config, [ddp])
         self.fused_adam = use_fused_torch_adam(optimizer) > 0
@@ -168,8 +168,8 @@ class MegatronTrainBackend(TorchTrainBackend):
 
     def _log_probs(self, logits: torch.Tensor, inputs, *, with_entropy: bool):
         return response_log_probs_from_logits(logits, inputs, vocab_size=self.spec.vocab_size,
-                                              temperature=self.args.rollout_temperature, with_entropy=with_entropy,
-                                              chunk_size=self.args.log_probs_chunk_size)
+                                              temperature=self.cfg.rollout_temperature, with_entropy=with_entropy,
+                                              chunk_size=self.cfg.log_probs_chunk_size)
 
     @torch.no_grad()
     def _log_probs_no_grad(self, model: torch.nn.Module, batch: RolloutTensors) -> torch.Tensor:
@@ -232,7 +232,7 @@ class MegatronTrainBackend(TorchTrainBackend):
         ok, grad_norm, _ = self.optimizer.step()
         if not ok:
             raise FloatingPointError(f"Megatron optimizer skipped the step; loss was {loss}")
-        if grad_norm is None or self.args.clip_grad <= 0:  # megatron reports the norm only when it clips
+        if grad_norm is None or self.cfg.clip_grad <= 0:  # megatron reports the norm only when it clips
             grad_norm = self.optimizer.get_grad_norm()
         return float(grad_norm)
 
@@ -267,14 +267,14 @@ class MegatronTrainBackend(TorchTrainBackend):
 
     def checksums(self) -> dict[str, str]:
         """Per-tensor checksums of the full HF tensors, on rank 0 (every rank takes part; ``{}`` elsewhere)."""
-        named = [pair for bucket in self.weight_buckets(self.args.update_weight_buffer_size) for pair in bucket]
+        named = [pair for bucket in self.weight_buckets(self.cfg.update_weight_buffer_size) for pair in bucket]
         return state_checksums(named) if named else {}
 
     # ------------------------------------------------------------------ checkpoints, sharded per rank
     def save(self, directory: str, *, save_optimizer: bool) -> None:
         from relax.backends.megatron.checkpoint import save_checkpoint
 
-        if save_optimizer and self.args.optimizer_cpu_offload:  # refused at parse time too (validation.py)
+        if save_optimizer and self.cfg.megatron.optimizer_cpu_offload:  # refused at parse time too (validation.py)
             raise RuntimeError("relax: not supported yet: saving the --optimizer-cpu-offload optimizer state "
                                "(save with --no-save-optim)")
         save_checkpoint(directory, self.built.gpt, self.optimizer, save_optimizer=save_optimizer, meta=self._meta())
@@ -287,14 +287,14 @@ class MegatronTrainBackend(TorchTrainBackend):
     def _meta(self) -> dict:
         """What a checkpoint records about the run (relax/backends/megatron/checkpoint.py)."""
         sizes = self.sizes
-        return {"distributed_optimizer": bool(self.args.use_distributed_optimizer), "tp": sizes.tp, "pp": sizes.pp,
+        return {"distributed_optimizer": bool(self.cfg.megatron.use_distributed_optimizer), "tp": sizes.tp, "pp": sizes.pp,
                 "ep": sizes.ep, "etp": sizes.etp, "dp": self.dp.size}
 
     def save_hf(self, directory: str) -> None:
         from relax.backends.megatron.hf_export import write_hf_checkpoint
 
-        write_hf_checkpoint(directory, self.weight_buckets(self.args.update_weight_buffer_size), self.hf_config,
-                            self.args.hf_checkpoint, tied=self.spec.tie_word_embeddings)
+        write_hf_checkpoint(directory, self.weight_buckets(self.cfg.update_weight_buffer_size), self.hf_config,
+                            self.cfg.hf_checkpoint, tied=self.spec.tie_word_embeddings)
 
     def describe(self) -> dict[str, Any]:
         sizes = self.sizes

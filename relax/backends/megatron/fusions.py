@@ -33,12 +33,12 @@ its models.
 
 from __future__ import annotations
 
-from argparse import Namespace
 from typing import Any
 
 import torch
 
 from relax.backends.megatron.checks import module_available
+from relax.backends.megatron.megatron_config import MegatronConfig
 from relax.utils.flag_types import ConfigError
 
 RECOMPILE_LIMIT = 64
@@ -52,11 +52,11 @@ def recompile_headroom() -> None:
     config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
 
 
-def fusion_kwargs(args: Namespace) -> dict[str, Any]:
+def fusion_kwargs(cfg: MegatronConfig) -> dict[str, Any]:
     """`TransformerConfig` fields for every model the backend builds (trainer, reference, teacher)."""
-    kwargs = {"bias_activation_fusion": not args.no_bias_swiglu_fusion,
-              "bias_dropout_fusion": not args.no_bias_dropout_fusion,
-              "apply_rope_fusion": not args.no_rope_fusion}
+    kwargs = {"bias_activation_fusion": not cfg.no_bias_swiglu_fusion,
+              "bias_dropout_fusion": not cfg.no_bias_dropout_fusion,
+              "apply_rope_fusion": not cfg.no_rope_fusion}
     if any(kwargs.values()) and not module_available("triton"):
         raise ConfigError("the Megatron SwiGLU / bias-dropout-add / RoPE fusions are compiled by torch.compile, which "
                           "needs triton (not importable): pass --no-bias-swiglu-fusion --no-bias-dropout-fusion "

@@ -31,10 +31,10 @@ FusedAdam (optimizer_config.py:441-466), refused when transformer_engine is not 
 
 from __future__ import annotations
 
-from argparse import Namespace
 from typing import Any
 
 from relax.backends.megatron.checks import module_available
+from relax.backends.megatron.megatron_config import MegatronConfig
 from relax.utils.flag_types import ConfigError
 
 RECOMPUTE_FLAGS = ("recompute_granularity", "recompute_method", "recompute_num_layers")
@@ -73,25 +73,25 @@ def _mcore_version() -> str:
         return "(not installed)"
 
 
-def memory_flags_given(args: Namespace) -> list[str]:
+def memory_flags_given(cfg: MegatronConfig) -> list[str]:
     """Dests of the recompute / optimizer-offload flags set to something other than their default (off)."""
-    return [dest for dest in MEMORY_FLAGS if getattr(args, dest, None) not in (None, False)]
+    return [dest for dest in MEMORY_FLAGS if getattr(cfg, dest) not in (None, False)]
 
 
-def recompute_kwargs(args: Namespace, num_layers: int | None = None) -> dict[str, Any]:
+def recompute_kwargs(cfg: MegatronConfig, num_layers: int | None = None) -> dict[str, Any]:
     """`TransformerConfig` fields for the trainer's model; ``{}`` without ``--recompute-granularity``.
 
     ``num_layers``: the model's layer count; a larger ``--recompute-num-layers`` is refused
     (megatron: "between 1 and num_layers_per_pipeline_rank").
     """
-    granularity = args.recompute_granularity
+    granularity = cfg.recompute_granularity
     if granularity is None:
         return {}
     if granularity == "selective":
         return {"recompute_granularity": "selective", "recompute_modules": list(SELECTIVE_RECOMPUTE_MODULES)}
     if granularity != "full":
         raise ConfigError(f"--recompute-granularity {granularity!r}: choose full or selective")
-    method, layers = args.recompute_method, args.recompute_num_layers
+    method, layers = cfg.recompute_method, cfg.recompute_num_layers
     if method is None or layers is None:
         raise ConfigError("--recompute-granularity full needs --recompute-method (uniform or block) and "
                           "--recompute-num-layers N")
@@ -101,14 +101,14 @@ def recompute_kwargs(args: Namespace, num_layers: int | None = None) -> dict[str
             "distribute_saved_activations": False}
 
 
-def optimizer_offload_kwargs(args: Namespace) -> dict[str, Any]:
+def optimizer_offload_kwargs(cfg: MegatronConfig) -> dict[str, Any]:
     """`OptimizerConfig` fields for the optimizer offload flags; ``{}`` when none is given."""
     out: dict[str, Any] = {}
-    if args.use_precision_aware_optimizer:
-        if not args.use_distributed_optimizer:
+    if cfg.use_precision_aware_optimizer:
+        if not cfg.use_distributed_optimizer:
             raise ConfigError("--use-precision-aware-optimizer needs --use-distributed-optimizer "
                               "(megatron-core's OptimizerConfig)")
-        if not args.optimizer_cpu_offload and not te_available():
+        if not cfg.optimizer_cpu_offload and not te_available():
             raise ConfigError("not supported yet: --use-precision-aware-optimizer without --optimizer-cpu-offload "
                               "(megatron-core runs it on Transformer Engine's FusedAdam; transformer_engine is "
                               "not installed)")
@@ -117,13 +117,13 @@ def optimizer_offload_kwargs(args: Namespace) -> dict[str, Any]:
                               f"{_mcore_version()} and no Transformer Engine (its OptimizerConfig compares a "
                               "missing TE version; megatron-core 0.19 handles it)")
         out["use_precision_aware_optimizer"] = True
-    if args.optimizer_cpu_offload:
-        if not args.use_precision_aware_optimizer:
+    if cfg.optimizer_cpu_offload:
+        if not cfg.use_precision_aware_optimizer:
             raise ConfigError("--optimizer-cpu-offload needs --use-precision-aware-optimizer (Megatron-LM's rule: "
                               "the hybrid device optimizer runs on that code path)")
         out.update(optimizer_cpu_offload=True, optimizer_offload_fraction=1.0,
-                   overlap_cpu_optimizer_d2h_h2d=bool(args.overlap_cpu_optimizer_d2h_h2d))
-    elif args.overlap_cpu_optimizer_d2h_h2d:
+                   overlap_cpu_optimizer_d2h_h2d=bool(cfg.overlap_cpu_optimizer_d2h_h2d))
+    elif cfg.overlap_cpu_optimizer_d2h_h2d:
         raise ConfigError("--overlap-cpu-optimizer-d2h-h2d has no effect without --optimizer-cpu-offload")
     return out
 

@@ -25,11 +25,14 @@ the HF config suffice, `check_parallel_flags` / `check_model_fits`):
 from __future__ import annotations
 
 import socket
-from argparse import Namespace
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from relax.backends.megatron.sharding import ParallelLayout, RankPos
 from relax.utils.flag_types import ConfigError
+
+if TYPE_CHECKING:
+    from relax.backends.megatron.megatron_config import MegatronConfig
 
 PARALLEL_FLAGS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
                   "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel")
@@ -45,9 +48,9 @@ class ParallelSizes:
     sequence_parallel: bool = False
 
     @classmethod
-    def from_args(cls, args: Namespace) -> ParallelSizes:
-        return cls(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size,
-                   args.expert_model_parallel_size, args.expert_tensor_parallel_size, bool(args.sequence_parallel))
+    def of(cls, cfg: MegatronConfig) -> ParallelSizes:
+        return cls(cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size, cfg.context_parallel_size,
+                   cfg.expert_model_parallel_size, cfg.expert_tensor_parallel_size, bool(cfg.sequence_parallel))
 
     @property
     def model_parallel(self) -> int:

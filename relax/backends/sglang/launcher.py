@@ -27,12 +27,12 @@ import socket
 import subprocess
 import sys
 import time
-from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
 import ray
 
+from relax.backends.sglang.config import SGLangLaunchConfig
 from relax.engine.launcher import EngineLauncher, EngineRecord
 from relax.weights.transports import SyncTarget
 
@@ -64,18 +64,18 @@ def server_env() -> dict[str, str]:
     return env
 
 
-def server_model_path(args: Namespace) -> str:
+def server_model_path(cfg: SGLangLaunchConfig) -> str:
     """What the server loads: ``--hf-checkpoint`` itself, or a preset written under the output dir (once)."""
     from relax.backends.train_registry import weight_dtype
     from relax.models.registry import PRESETS, build_model, load_tokenizer, save_hf
 
-    name = str(args.hf_checkpoint)
+    name = str(cfg.hf_checkpoint)
     if name not in PRESETS:
         return name
-    out = Path(args.output_dir) / "sglang_model" / name
+    out = Path(cfg.output_dir) / "sglang_model" / name
     if not (out / "config.json").is_file():
-        dtype = weight_dtype(args.train_backend, args.bf16)
-        save_hf(build_model(name, dtype=dtype, seed=args.seed), load_tokenizer(name), out)
+        dtype = weight_dtype(cfg.train_backend, cfg.bf16)
+        save_hf(build_model(name, dtype=dtype, seed=cfg.seed), load_tokenizer(name), out)
     return str(out)
 
 
@@ -85,24 +85,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_command(args: Namespace, *, engine_index: int, host: str, port: int, nccl_port: int,
+def launch_command(cfg: SGLangLaunchConfig, *, engine_index: int, host: str, port: int, nccl_port: int,
                    api_key: str | None, python: str = sys.executable, model_path: str | None = None) -> list[str]:
     """The ``sglang.launch_server`` command of engine ``engine_index`` (tested by the command it builds)."""
     from relax.backends.sglang.server_args import server_arg_tokens
     from relax.backends.train_registry import weight_dtype
 
-    dtype = str(weight_dtype(args.train_backend, args.bf16)).removeprefix("torch.")
-    model = model_path or str(args.hf_checkpoint)
+    dtype = str(weight_dtype(cfg.train_backend, cfg.bf16)).removeprefix("torch.")
+    model = model_path or str(cfg.hf_checkpoint)
     cmd = [python, "-m", "sglang.launch_server", "--model-path", model, "--host", host,
-           "--port", str(port), "--tp-size", str(args.rollout_num_gpus_per_engine),
-           "--random-seed", str(args.seed + engine_index), "--base-gpu-id", "0", "--nccl-port", str(nccl_port),
+           "--port", str(port), "--tp-size", str(cfg.rollout_num_gpus_per_engine),
+           "--random-seed", str(cfg.seed + engine_index), "--base-gpu-id", "0", "--nccl-port", str(nccl_port),
            "--dtype", dtype]
-    if args.offload_rollout:
+    if cfg.offload_rollout:
         cmd.append("--enable-memory-saver")
     if api_key:
         cmd += ["--api-key", api_key]
-    declared = {"mem_fraction_static": args.sglang_mem_fraction_static}  # seed 000's --sglang-* rows
-    passthrough = {**{k: v for k, v in declared.items() if v is not None}, **args.sglang_passthrough}
+    declared = {"mem_fraction_static": cfg.sglang_mem_fraction_static}  # seed 000's --sglang-* rows
+    passthrough = {**{k: v for k, v in declared.items() if v is not None}, **cfg.sglang_passthrough}
     return cmd + server_arg_tokens(passthrough)
 
 
@@ -110,13 +110,13 @@ def launch_command(args: Namespace, *, engine_index: int, host: str, port: int, 
 class SGLangEngineActor:
     """Owns one SGLang server process (on the GPUs Ray gave this actor)."""
 
-    def __init__(self, args: Namespace, engine_id: int, host: str = "127.0.0.1", api_key: str | None = None,
+    def __init__(self, cfg: SGLangLaunchConfig, engine_id: int, host: str = "127.0.0.1", api_key: str | None = None,
                  log_dir: str | None = None, model_path: str | None = None):
         if host == "node":
             host = ray.util.get_node_ip_address()
         port = _free_port()
         self.url = f"http://{host}:{port}"
-        self.command = launch_command(args, engine_index=engine_id, host=host, port=port, nccl_port=_free_port(),
+        self.command = launch_command(cfg, engine_index=engine_id, host=host, port=port, nccl_port=_free_port(),
                                       api_key=api_key, model_path=model_path)
         self.log_path = Path(log_dir or "/tmp") / f"sglang-engine-{engine_id}-{port}.log"
         with open(self.log_path, "w") as log:
@@ -183,20 +183,25 @@ class SGLangEngineActor:
 class SGLangLauncher(EngineLauncher):
     name = "sglang"
 
+    def __init__(self, *launcher_args: Any, **launcher_kwargs: Any) -> None:
+        super().__init__(*launcher_args, **launcher_kwargs)
+        # the EngineLauncher base (relax/engine/launcher.py) still receives the namespace: its slice is built here
+        self.cfg = SGLangLaunchConfig.from_args(self.args)
+
     def count(self) -> int:
         return len(self.slots)
 
     def begin(self, indices: list[int]) -> Any:
         """Each engine's actor holds its placement slot's GPUs (``--rollout-num-gpus-per-engine`` of one node)."""
-        model_path = server_model_path(self.args)
+        model_path = server_model_path(self.cfg)
         return indices, [SGLangEngineActor.options(**self.slots[i].options).remote(
-            self.args, i, self.host, self.api_key, str(self.args.output_dir), model_path) for i in indices]
+            self.cfg, i, self.host, self.api_key, str(self.cfg.output_dir), model_path) for i in indices]
 
     def finish(self, pending: Any) -> list[EngineRecord]:
         indices, actors = pending
         answers = ray.get([a.endpoint.remote() for a in actors])
         pids = ray.get([a.pid.remote() for a in actors])
         return [EngineRecord(i, SyncTarget(f"engine:{i}", url, device, reports_checksums=False,
-                                           tp_size=self.args.rollout_num_gpus_per_engine, api_key=self.api_key),
+                                           tp_size=self.cfg.rollout_num_gpus_per_engine, api_key=self.api_key),
                              actor, pid)
                 for i, actor, (url, device), pid in zip(indices, actors, answers, pids, strict=True)]

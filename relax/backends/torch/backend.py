@@ -21,7 +21,6 @@ from __future__ import annotations
 import copy
 import random
 import time
-from argparse import Namespace
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -29,9 +28,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from relax.algorithms import AdvantageOutput, AlgorithmConfig, policy_loss
+from relax.algorithms import AdvantageOutput, policy_loss
 from relax.algorithms.critic import should_update_actor
 from relax.algorithms.reducers import merge_metrics
+from relax.backends.config import TrainerConfig
 from relax.backends.lr_schedule import LRSchedule
 from relax.backends.nonfinite import nonfinite_gradient_error
 from relax.backends.torch.batch import (
@@ -52,14 +52,12 @@ from relax.backends.torch.step_report import CONSUMED_KEY, consumed_samples, log
 from relax.distributed.resources import service_roles
 from relax.models import build_model
 from relax.models.checkpoint_names import checkpoint_state, moe_style
-from relax.observability.config import ProfilerConfig
 from relax.observability.profiler import TrainProfiler
 from relax.observability.spans import SPANS_KEY
 from relax.utils.fault_hooks import fault_at
-from relax.utils.validation import needs_reference_model
 from relax.weights.checksum import state_checksums
 
-__all__ = ["TorchTrainBackend", "needs_reference_model"]
+__all__ = ["TorchTrainBackend"]
 
 
 class TorchTrainBackend:
@@ -71,34 +69,35 @@ class TorchTrainBackend:
 
     master: MasterWeights | None = None  # fp32 master weights with --bf16 (master_weights.py)
 
-    def __init__(self, args: Namespace, device: str, *, inference_only: bool = False):
-        self.args = args
+    def __init__(self, cfg: TrainerConfig, device: str, *, inference_only: bool = False):
+        self.cfg = cfg
+        self.algo = cfg.algo
         self.device = torch.device(device)
         self.dp = DataParallel.current()  # the trainer group's ranks (relax/backends/torch/data_parallel.py)
-        torch.manual_seed(args.seed)
-        self.dtype = torch.bfloat16 if args.bf16 else torch.float32
-        self.model = self._build(args.hf_checkpoint).to(self.device)
+        torch.manual_seed(cfg.seed)
+        self.dtype = torch.bfloat16 if cfg.bf16 else torch.float32
+        self.model = self._build(cfg.hf_checkpoint).to(self.device)
         self.model.train()
         self.ref_model = None
         if inference_only:
             self._init_inference_only()
             return
         # with a `reference` service the frozen copy lives there, not here
-        if needs_reference_model(args) and "reference" not in service_roles(args):
+        if cfg.needs_reference_model and "reference" not in service_roles(cfg.resource):
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.frozen_params = apply_param_freezing(self.model, args)
+        self.frozen_params = apply_param_freezing(self.model, cfg.only_train_params_name_list,
+                                                  cfg.freeze_params_name_list)
         trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        if args.bf16:
+        if cfg.bf16:
             self.master = MasterWeights(trainable)
         self.optimizer = torch.optim.AdamW(
             list(self.master.params) if self.master is not None else [p for _, p in trainable],
-            lr=args.lr,
-            betas=(args.adam_beta1, args.adam_beta2),
+            lr=cfg.lr,
+            betas=(cfg.adam_beta1, cfg.adam_beta2),
             eps=1e-8,
-            weight_decay=args.weight_decay,
+            weight_decay=cfg.weight_decay,
         )
-        self.algo = AlgorithmConfig.from_args(args)
-        self.schedule = LRSchedule.from_args(args)
+        self.schedule = LRSchedule.of(cfg)
         self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
         self._step = 0  # the rollout step being trained (for fault hooks)
         self._step_old_lp: torch.Tensor | None = None  # `_old_log_probs_from_step`: filled by the step's forward
@@ -106,30 +105,29 @@ class TorchTrainBackend:
         # OPD with the teacher in the training backend (--opd-type megatron; the torch backend plays that role).
         # With --opd-type sglang the teacher's log-probs arrive with the samples (relax.engine.rollout.opd_teacher).
         self.teacher = None
-        if args.use_opd and args.opd_type == "megatron":
-            self.teacher = self._build(args.opd_teacher_load)
+        if cfg.use_opd and cfg.opd_type == "megatron":
+            self.teacher = self._build(cfg.opd_teacher_load)
             self.teacher = self.teacher.to(self.device).eval().requires_grad_(False)
             if self.teacher.config.vocab_size != self.model.config.vocab_size:
-                raise ValueError(f"--opd-teacher-load {args.opd_teacher_load}: vocab {self.teacher.config.vocab_size} "
+                raise ValueError(f"--opd-teacher-load {cfg.opd_teacher_load}: vocab {self.teacher.config.vocab_size} "
                                  f"differs from the student's {self.model.config.vocab_size}")
         self.critic = None
-        if args.advantage_estimator == "ppo":
+        if cfg.algo.advantage_estimator == "ppo":
             from relax.backends.torch.critic import Critic
 
-            self.critic = Critic(args, self.device, self.pad_id, self.algo, self.dp)
+            self.critic = Critic(cfg, self.device, self.pad_id, self.dp)
         self._train_offloader = None  # built on the first --offload-train call
         # --use-pytorch-profiler traces and the --timeline-dump-dir trainer spans (relax/observability/profiler.py)
-        self.profiler = TrainProfiler(ProfilerConfig.from_args(args), rank=self.dp.rank)
+        self.profiler = TrainProfiler(cfg.profiler, rank=self.dp.rank)
 
     def _build(self, name_or_path: str) -> torch.nn.Module:
         """A model in the training dtype; ``--attention-backend flash`` asks torch SDPA for the flash kernel."""
-        attn = "sdpa" if self.args.attention_backend == "flash" else None
-        return build_model(name_or_path, dtype=self.dtype, seed=self.args.seed, attn_implementation=attn)
+        attn = "sdpa" if self.cfg.attention_backend == "flash" else None
+        return build_model(name_or_path, dtype=self.dtype, seed=self.cfg.seed, attn_implementation=attn)
 
     def _init_inference_only(self) -> None:
         self.model.requires_grad_(False)
         self.frozen_params, self.optimizer, self.teacher, self.critic = [], None, None, None
-        self.algo = AlgorithmConfig.from_args(self.args)
         self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
         self._step = 0
         self._train_offloader = None
@@ -137,7 +135,7 @@ class TorchTrainBackend:
     # ------------------------------------------------------------------ forward passes
     def _global_batches(self, n: int) -> list[slice]:
         """One slice per optimizer step."""
-        return fixed_micro_batches(0, n, self.args.global_batch_size)
+        return fixed_micro_batches(0, n, self.cfg.global_batch_size)
 
     def _micro_batches(self, samples: list[TrainSample], gsl: slice, *, log_probs: bool = False) -> list[slice]:
         """This data-parallel rank's micro-batches (absolute row slices) of one optimizer step's rows ``gsl``.
@@ -149,14 +147,14 @@ class TorchTrainBackend:
         ``--max-tokens-per-gpu`` (seed 004's template passes it so) still budgets the no-grad
         log-prob passes, which keep no activations and so fit more samples per pass.
         """
-        args = self.args
-        max_tokens = args.log_probs_max_tokens_per_gpu if log_probs else None
-        if args.use_dynamic_batch_size:
-            max_tokens = args.log_probs_max_tokens_per_gpu if log_probs else args.max_tokens_per_gpu
+        cfg = self.cfg
+        max_tokens = cfg.log_probs_max_tokens_per_gpu if log_probs else None
+        if cfg.use_dynamic_batch_size:
+            max_tokens = cfg.log_probs_max_tokens_per_gpu if log_probs else cfg.max_tokens_per_gpu
         lengths = [len(s.tokens) for s in samples]
-        slices = micro_batches(lengths, gsl.start, gsl.stop, micro_batch_size=args.micro_batch_size,
+        slices = micro_batches(lengths, gsl.start, gsl.stop, micro_batch_size=cfg.micro_batch_size,
                                max_tokens=max_tokens)
-        costs = [(sl.stop - sl.start) * max(lengths[sl]) for sl in slices] if args.balance_data else None
+        costs = [(sl.stop - sl.start) * max(lengths[sl]) for sl in slices] if cfg.balance_data else None
         return self.dp.mine(slices, costs)
 
     def _all_micro_batches(self, samples: list[TrainSample], *, log_probs: bool = False) -> list[slice]:
@@ -165,8 +163,8 @@ class TorchTrainBackend:
 
     def _forward_log_probs(self, model: torch.nn.Module, inputs, *, with_entropy: bool):
         """Response log-probs (and entropy) of one micro-batch; backends override the forward."""
-        return response_log_probs(model, inputs, temperature=self.args.rollout_temperature, with_entropy=with_entropy,
-                                  chunk_size=self.args.log_probs_chunk_size)
+        return response_log_probs(model, inputs, temperature=self.cfg.rollout_temperature, with_entropy=with_entropy,
+                                  chunk_size=self.cfg.log_probs_chunk_size)
 
     @torch.no_grad()
     def _log_probs_no_grad(self, model: torch.nn.Module, batch: RolloutTensors) -> torch.Tensor:
@@ -205,12 +203,12 @@ class TorchTrainBackend:
         return metrics
 
     def _train_rollout(self, samples: list[TrainSample], step: int, precomputed: Precomputed | None) -> dict[str, float]:
-        args = self.args
+        cfg = self.cfg
         self._step = step
         batch = build_rollout_tensors(samples)
         n = len(samples)
-        if n % args.global_batch_size:
-            raise ValueError(f"rollout produced {n} samples, not a multiple of --global-batch-size {args.global_batch_size}")
+        if n % cfg.global_batch_size:
+            raise ValueError(f"rollout produced {n} samples, not a multiple of --global-batch-size {cfg.global_batch_size}")
         start = time.perf_counter()
         precomputed = precomputed or Precomputed()
         from_step = self._old_log_probs_from_step(batch, step, precomputed)
@@ -220,7 +218,7 @@ class TorchTrainBackend:
         self.profiler.start("train_log_probs", step)
         old_lp, ref_lp, teacher_lp, old_values, adv = self._rollout_columns(batch, precomputed, old=not from_step)
         self.profiler.stop("train_log_probs", step)
-        postprocess_rollout_data(args, step, batch, old_lp, ref_lp, adv)
+        postprocess_rollout_data(cfg, step, batch, old_lp, ref_lp, adv)
         columns_s = time.perf_counter() - start  # the columns are on the host: their forwards have finished
         metrics: dict[str, float] = {f"train/{k}": float(v) for k, v in adv.metrics.items()}
         metrics["train/old_log_probs_from_step"] = float(from_step)
@@ -235,7 +233,7 @@ class TorchTrainBackend:
         passes = torch.zeros(n)  # per row: how often the loss saw it (the consumed report)
         self.profiler.start("train_actor", step)
         # PPO epochs: every iteration reuses the old/ref log-probs and advantages computed above
-        for _ in range(args.num_iters_per_train_update):
+        for _ in range(cfg.num_iters_per_train_update):
             for gsl in self._global_batches(n):
                 micro = self._micro_batches(samples, gsl)
                 if fault_at("TRAINER_DROP_SAMPLE", step) and micro and micro[-1].stop - micro[-1].start > 1:
@@ -277,12 +275,12 @@ class TorchTrainBackend:
         or critic term; no rollout-data hook; not precomputed by the services). Its log-probs, detached, are
         the old ones (the PPO ratio is exactly 1 at that step, as with the separate forward); the
         train/rollout mismatch metrics are computed from them after the step."""
-        a = self.args
-        return (pre.old_log_probs is None and a.num_iters_per_train_update == 1
-                and len(batch.samples) == a.global_batch_size and should_update_actor(self.algo, step)
-                and self.ref_model is None and pre.ref_log_probs is None and not needs_reference_model(a)
+        cfg = self.cfg
+        return (pre.old_log_probs is None and cfg.num_iters_per_train_update == 1
+                and len(batch.samples) == cfg.global_batch_size and should_update_actor(self.algo, step)
+                and self.ref_model is None and pre.ref_log_probs is None and not cfg.needs_reference_model
                 and self.teacher is None and batch.teacher_log_probs is None and self.critic is None
-                and not a.rollout_data_postprocess_path)
+                and not cfg.rollout_data_postprocess_path)
 
     def _rows_everywhere(self, rows: torch.Tensor) -> torch.Tensor:
         """``[N, T]`` filled by this rank's micro-batches -> the whole matrix on every rank."""
@@ -298,7 +296,7 @@ class TorchTrainBackend:
         ref_lp = pre.ref_log_probs
         if ref_lp is None and self.ref_model is not None:
             ref_lp = self._log_probs_no_grad(self.ref_model, batch)
-        if ref_lp is None and needs_reference_model(self.args):
+        if ref_lp is None and self.cfg.needs_reference_model:
             raise RuntimeError("the reference model lives in the `reference` service, but no reference log-probs "
                                "were passed to train_rollout")
         teacher_lp = batch.teacher_log_probs
@@ -309,7 +307,7 @@ class TorchTrainBackend:
             returns = None if pre.returns is None else pre.returns.clone()
             return old_lp, ref_lp, teacher_lp, old_values, AdvantageOutput(pre.advantages.clone(), returns,
                                                                            dict(pre.metrics))
-        adv = rollout_advantages(self.algo, batch, self.args.n_samples_per_prompt, old_lp, ref_lp, old_values, teacher_lp)
+        adv = rollout_advantages(self.algo, batch, self.cfg.n_samples_per_prompt, old_lp, ref_lp, old_values, teacher_lp)
         return old_lp, ref_lp, teacher_lp, old_values, adv
 
     def _optimizer_step(
@@ -382,7 +380,7 @@ class TorchTrainBackend:
         params = list(self.master.params) if self.master is not None else [p for p in self.model.parameters()
                                                                               if p.requires_grad]
         self.dp.reduce_gradients(params)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.args.clip_grad)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.clip_grad)
         if not torch.isfinite(grad_norm):
             named = self.master.named_grads() if self.master is not None else (
                 (n, p.grad) for n, p in self.model.named_parameters())
@@ -487,7 +485,7 @@ class TorchTrainBackend:
     def save_hf(self, directory: str) -> None:
         from relax.models import load_tokenizer, save_hf
 
-        save_hf(self.model, load_tokenizer(self.args.hf_checkpoint), directory)
+        save_hf(self.model, load_tokenizer(self.cfg.hf_checkpoint), directory)
 
     def describe(self) -> dict[str, Any]:
         return {"num_params": sum(p.numel() for p in self.model.parameters()), "device": str(self.device),

@@ -6,7 +6,7 @@ The value of response token t is read at the same position whose logits predict 
 
 from __future__ import annotations
 
-from argparse import Namespace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -15,6 +15,9 @@ from relax.algorithms.reducers import merge_metrics
 from relax.backends.torch.batch import RolloutTensors, build_model_inputs
 from relax.backends.torch.data_parallel import DataParallel
 from relax.models import build_model
+
+if TYPE_CHECKING:
+    from relax.backends.config import TrainerConfig
 
 
 class ValueModel(torch.nn.Module):
@@ -36,11 +39,11 @@ class Critic:
     ``dp``: the actor's data-parallel group; the critic runs the same micro-batches as the actor on each rank.
     """
 
-    def __init__(self, args: Namespace, device: torch.device, pad_id: int, algo_cfg, dp: DataParallel):
-        self.args, self.device, self.pad_id, self.algo, self.dp = args, device, pad_id, algo_cfg, dp
-        self.model = ValueModel(build_model(args.hf_checkpoint, dtype=torch.float32, seed=args.seed)).to(device)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.critic_lr,
-                                           betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
+    def __init__(self, cfg: TrainerConfig, device: torch.device, pad_id: int, dp: DataParallel):
+        self.cfg, self.device, self.pad_id, self.algo, self.dp = cfg, device, pad_id, cfg.algo, dp
+        self.model = ValueModel(build_model(cfg.hf_checkpoint, dtype=torch.float32, seed=cfg.seed)).to(device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.algo.critic_lr,
+                                           betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay)
 
     def _values(self, batch: RolloutTensors, sl: slice) -> torch.Tensor:
         inputs = build_model_inputs(batch.samples[sl], batch.loss_mask.shape[1], self.pad_id, self.device)
@@ -70,7 +73,7 @@ class Critic:
             sums = merge_metrics(sums, {k: v.detach().cpu() for k, v in m.items()})
         out = {k: float(v) for k, v in self.dp.merge_metrics(sums).items()}
         self.dp.reduce_gradients(self.model.parameters())
-        out["critic_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad))
+        out["critic_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_grad))
         self.optimizer.step()
         out["critic_lr"] = self.optimizer.param_groups[0]["lr"]
         return out

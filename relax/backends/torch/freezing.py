@@ -12,7 +12,6 @@ they are in no optimizer (no update, no weight decay, no Adam state) and keep th
 from __future__ import annotations
 
 import re
-from argparse import Namespace
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -28,9 +27,10 @@ def _names_by_param(module: torch.nn.Module) -> dict[torch.nn.Parameter, list[st
     return names
 
 
-def apply_param_freezing(module: torch.nn.Module, args: Namespace, *, rename: Callable[[str], str] | None = None,
+def apply_param_freezing(module: torch.nn.Module, only: list[str] | None, freeze: list[str] | None, *, rename: Callable[[str], str] | None = None,
                          across_ranks: Callable[[set[str], int], tuple[set[str], int]] | None = None) -> list[str]:
-    """Set ``requires_grad`` from the two flags; returns the frozen parameters' names (first name each).
+    """Set ``requires_grad`` from ``--only-train-params-name-list`` (``only``) and ``--freeze-params-name-list``
+    (``freeze``); returns the frozen parameters' names (first name each).
 
     Raises ConfigError naming a pattern that matches no parameter, or when nothing is left to train.
     A model split over ranks (Megatron's pipeline / expert parallelism) passes ``rename`` (a local
@@ -38,7 +38,6 @@ def apply_param_freezing(module: torch.nn.Module, args: Namespace, *, rename: Ca
     (this rank's used patterns and trainable count -> every rank's), so both errors look at the whole
     model, not one stage.
     """
-    only, freeze = args.only_train_params_name_list, args.freeze_params_name_list
     if only and freeze:
         raise ConfigError("--only-train-params-name-list and --freeze-params-name-list cannot be used together")
     if not only and not freeze:

@@ -9,25 +9,29 @@ the trainer trains on what the dict holds afterwards.
 
 from __future__ import annotations
 
-from argparse import Namespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from relax.backends.torch.batch import RolloutTensors
 from relax.utils.plugins import PluginError, culprit, load_function
 
+if TYPE_CHECKING:
+    from relax.backends.config import TrainerConfig
+
 FLAG = "--rollout-data-postprocess-path"
 SIGNATURE = "rollout_data_postprocess(args, rollout_id, rollout_data: dict) -> dict | None"
 EDITABLE = ("loss_masks", "advantages")
 
 
-def postprocess_rollout_data(args: Namespace, rollout_id: int, batch: RolloutTensors, log_probs: torch.Tensor,
+def postprocess_rollout_data(cfg: TrainerConfig, rollout_id: int, batch: RolloutTensors, log_probs: torch.Tensor,
                              ref_log_probs: torch.Tensor | None, adv: Any) -> None:
-    """Run the hook (when set) and write its ``loss_masks`` / ``advantages`` back into the step's tensors."""
-    if not args.rollout_data_postprocess_path:
+    """Run the hook (when set) and write its ``loss_masks`` / ``advantages`` back into the step's tensors.
+    The hook gets ``cfg.args``: its seed 000 signature takes the whole namespace."""
+    path = cfg.rollout_data_postprocess_path
+    if not path:
         return
-    fn = load_function(args.rollout_data_postprocess_path, flag=FLAG, signature=SIGNATURE, min_args=3)
+    fn = load_function(path, flag=FLAG, signature=SIGNATURE, min_args=3)
     data = {
         "tokens": [list(s.tokens) for s in batch.samples],
         "response_lengths": [s.response_length for s in batch.samples],
@@ -39,8 +43,8 @@ def postprocess_rollout_data(args: Namespace, rollout_id: int, batch: RolloutTen
         "advantages": adv.advantages,
         "returns": adv.returns,
     }
-    with culprit(FLAG, args.rollout_data_postprocess_path, f"rollout {rollout_id}"):
-        out = fn(args, rollout_id, data)
+    with culprit(FLAG, path, f"rollout {rollout_id}"):
+        out = fn(cfg.args, rollout_id, data)
     if out is not None and not isinstance(out, dict):
         raise PluginError(f"{FLAG} returned {type(out).__name__}; expected {SIGNATURE}")
     result = data if out is None else out

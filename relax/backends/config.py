@@ -1,0 +1,80 @@
+"""The typed slice of flags a train backend reads (torch or Megatron, the trainer's ranks and the services' copies).
+
+The driver builds it once (`TrainerConfig.from_args`, relax/core/runtime.py) and the trainer actors, the
+fully-async services and the backends receive it; the field list is every flag the training side depends on.
+The RL math's own flags come along as ``algo`` (`relax.algorithms.AlgorithmConfig`) and the Megatron backend's
+layout, memory and fusion flags as ``megatron`` (relax/backends/megatron/megatron_config.py). ``args`` is kept
+only for the ``--rollout-data-postprocess-path`` hook, whose seed 000 signature takes the whole namespace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from relax.algorithms.config import AlgorithmConfig
+from relax.backends.lr_schedule import STYLES
+from relax.backends.megatron.megatron_config import MegatronConfig
+from relax.observability.config import ProfilerConfig
+from relax.utils.flag_slice import FlagSlice, sub_slice
+from relax.utils.flag_types import ConfigError
+
+
+@dataclass(frozen=True)
+class TrainerConfig(FlagSlice):
+    # the model and its numerics
+    train_backend: str
+    hf_checkpoint: str
+    seed: int
+    bf16: bool
+    attention_backend: str | None
+    # optimizer (AdamW; the critic's rate is algo.critic_lr)
+    lr: float
+    adam_beta1: float
+    adam_beta2: float
+    weight_decay: float
+    clip_grad: float
+    # learning-rate schedule over the run (relax/backends/lr_schedule.py)
+    lr_decay_style: str
+    num_rollout: int | None
+    rollout_batch_size: int
+    # batches: optimizer steps, micro-batches, PPO epochs
+    n_samples_per_prompt: int
+    global_batch_size: int
+    micro_batch_size: int
+    num_iters_per_train_update: int
+    use_dynamic_batch_size: bool
+    max_tokens_per_gpu: int | None
+    log_probs_max_tokens_per_gpu: int | None
+    balance_data: bool
+    # log-probs: the rollout's temperature, computed in vocabulary chunks
+    rollout_temperature: float
+    log_probs_chunk_size: int | None
+    # which parameters train (relax/backends/torch/freezing.py)
+    only_train_params_name_list: list[str] | None
+    freeze_params_name_list: list[str] | None
+    # OPD with the teacher in the trainer (--opd-type megatron)
+    use_opd: bool
+    opd_type: str | None
+    opd_teacher_load: str | None
+    # fully-async services: which roles run beside the trainer, and their token budget
+    resource: Any
+    ref_actor_config: dict[str, Any]
+    # weight export bucket size (the Megatron backend's checksums and --save-hf)
+    update_weight_buffer_size: int
+    # the user hook over one step's training data (relax/backends/torch/rollout_postprocess.py)
+    rollout_data_postprocess_path: str | None
+    algo: AlgorithmConfig = sub_slice(AlgorithmConfig)
+    megatron: MegatronConfig = sub_slice(MegatronConfig)
+    profiler: ProfilerConfig = sub_slice(ProfilerConfig)  # --use-pytorch-profiler, --timeline-dump-dir's spans
+    args: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def needs_reference_model(self) -> bool:
+        """KL loss or KL reward shaping need the frozen reference model (in the trainer, or the `reference`
+        service); the same rule as relax.utils.validation.needs_reference_model."""
+        return bool(self.algo.use_kl_loss or self.algo.kl_loss_coef or self.algo.kl_coef)
+
+    def validate(self) -> None:
+        if self.lr_decay_style not in STYLES:
+            raise ConfigError(f"--lr-decay-style {self.lr_decay_style!r}: one of {', '.join(STYLES)}")
