@@ -11,13 +11,16 @@ trainer loads while the engines do; the base class is relax/engine/launcher.py.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import ray
 
+from relax.backends.embedded.config import EmbeddedEngineConfig
 from relax.backends.sglang.launcher import SGLangLauncher
 from relax.engine.launcher import EngineLauncher, EngineRecord
 from relax.engine.rollout.engine_client import EngineClient, EngineError
+from relax.utils.flag_slice import FlagSlice
 from relax.utils.flag_types import ConfigError
 from relax.utils.http_utils import run_closing
 from relax.weights.transports import SyncTarget
@@ -25,16 +28,15 @@ from relax.weights.transports import SyncTarget
 
 class EmbeddedLauncher(EngineLauncher):
     name = "embedded"
+    config_class = EmbeddedEngineConfig
 
     def count(self) -> int:
         return len(self.slots)
 
     def begin(self, indices: list[int]) -> Any:
-        from relax.backends.embedded.config import EmbeddedEngineConfig
         from relax.distributed.engine_actor import EngineActor
 
-        cfg = EmbeddedEngineConfig.from_args(self.args)
-        return indices, [EngineActor.options(**self.slots[i].options).remote(cfg, self.device, i, self.host,
+        return indices, [EngineActor.options(**self.slots[i].options).remote(self.cfg, self.device, i, self.host,
                                                                              self.api_key) for i in indices]
 
     def finish(self, pending: Any) -> list[EngineRecord]:
@@ -49,20 +51,27 @@ ATTACH_TIMEOUT_S = 10.0
 """How long attaching an external engine waits for its ``/server_info`` (it is up already, or the run fails)."""
 
 
+@dataclass(frozen=True)
+class ExternalEnginesConfig(FlagSlice):
+    rollout_external_engine_addrs: list[str] | None  # HOST:PORT (or a URL) of each engine the user runs
+
+
 class ExternalEngines(EngineLauncher):
     """``--rollout-external-engine-addrs host:port ...``: servers the user runs; probed, never restarted."""
 
     name = "external"
     can_restart = False
+    config_class = ExternalEnginesConfig
+    cfg: ExternalEnginesConfig
 
     def count(self) -> int:
-        return len(self.args.rollout_external_engine_addrs or [])
+        return len(self.cfg.rollout_external_engine_addrs or [])
 
     def begin(self, indices: list[int]) -> Any:
         return indices
 
     def finish(self, pending: Any) -> list[EngineRecord]:
-        return [self._attach(i, self.args.rollout_external_engine_addrs[i]) for i in pending]
+        return [self._attach(i, self.cfg.rollout_external_engine_addrs[i]) for i in pending]
 
     def _attach(self, index: int, address: str) -> EngineRecord:
         url = address if "://" in address else f"http://{address}"

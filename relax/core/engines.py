@@ -48,7 +48,8 @@ class EngineFleet:
         without waiting."""
         host, api_key = _bind() if not args.rollout_external else ("127.0.0.1", None)
         kind = "external" if args.rollout_external else args.rollout_backend
-        launcher = launcher_class(kind)(args, device, slots, host=host, api_key=api_key)
+        launcher_cls = launcher_class(kind)
+        launcher = launcher_cls(launcher_cls.config_class.from_args(args), device, slots, host=host, api_key=api_key)
         return launcher, launcher.begin(list(range(launcher.count())))
 
     @classmethod

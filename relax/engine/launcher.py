@@ -8,10 +8,10 @@ each other.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from argparse import Namespace
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from relax.utils.flag_slice import FlagSlice
 from relax.weights.transports import SyncTarget
 
 
@@ -25,13 +25,15 @@ class EngineRecord:
 
 
 class EngineLauncher(ABC):
-    """Starts (or attaches to) engine ``index``; ``can_restart``: a dead one can be replaced."""
+    """Starts (or attaches to) engine ``index``; ``can_restart``: a dead one can be replaced. ``config_class``: the
+    typed slice of flags the launcher reads, which the driver builds (relax/core/engines.py)."""
 
     name: ClassVar[str]
     can_restart: ClassVar[bool] = True
+    config_class: ClassVar[type[FlagSlice]]
 
-    def __init__(self, args: Namespace, device: str, slots: list, *, host: str, api_key: str | None):
-        self.args, self.device, self.slots = args, device, list(slots)  # one placement Slot per engine
+    def __init__(self, cfg: FlagSlice, device: str, slots: list, *, host: str, api_key: str | None):
+        self.cfg, self.device, self.slots = cfg, device, list(slots)  # one placement Slot per engine
         self.host, self.api_key = host, api_key
 
     @abstractmethod

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"relax: interrupted by {signalled.name}; recording the run's end and stopping Ray",
                       file=sys.stderr)
             else:
-                code, failure = _report(exc, debug_requested(args), describe)
+                code, failure = _report(exc, debug_requested(bool(getattr(args, "debug", False))), describe)
                 status = "failed"
         # the run's end is on disk before Ray goes down: a shutdown cut short (a second signal, a cluster already
         # killed with the process group) leaves the artifacts complete

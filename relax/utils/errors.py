@@ -39,8 +39,9 @@ class Failure:
         return {"error": out["message"], "error_type": out["type"], "error_where": out["where"]}
 
 
-def debug_requested(args=None) -> bool:
-    return bool(getattr(args, "debug", False)) or os.environ.get(DEBUG_ENV, "") not in ("", "0", "false")
+def debug_requested(debug: bool = False) -> bool:
+    """``--debug``, or the environment asks for full tracebacks."""
+    return debug or os.environ.get(DEBUG_ENV, "") not in ("", "0", "false")
 
 
 def _is_library(path: str) -> bool:

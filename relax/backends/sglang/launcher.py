@@ -182,11 +182,8 @@ class SGLangEngineActor:
 
 class SGLangLauncher(EngineLauncher):
     name = "sglang"
-
-    def __init__(self, *launcher_args: Any, **launcher_kwargs: Any) -> None:
-        super().__init__(*launcher_args, **launcher_kwargs)
-        # the EngineLauncher base (relax/engine/launcher.py) still receives the namespace: its slice is built here
-        self.cfg = SGLangLaunchConfig.from_args(self.args)
+    config_class = SGLangLaunchConfig
+    cfg: SGLangLaunchConfig
 
     def count(self) -> int:
         return len(self.slots)
