@@ -4,6 +4,7 @@ per actor) and ``--use-pytorch-profiler`` (torch.profiler traces of the chosen s
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -18,6 +19,8 @@ from tests.e2e_helpers import FAST_FLAGS, assert_ok, run_relax
 PANELS = {"reward", "loss", "response_length", "step_time", "weight_sync", "logprob_mismatch", "staleness", "events"}
 FIGURE = re.compile(r"<script type=application/json data-panel=(\w+)>(.*?)</script>", re.S)
 
+REPO = Path(__file__).resolve().parents[1]  # the run's --custom-rm-path is a function of this module
+
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
@@ -29,7 +32,8 @@ def run_dir(tmp_path_factory) -> Path:
                       "--use-pytorch-profiler", "--profile-step-start", "2", "--profile-step-end", "3",
                       "--profile-target", "train_overall", "train_actor", "train_log_probs",
                       "--custom-rm-path", "tests.test_run_report.category_reward", "--reward-key", "score",
-                      "--log-correct-samples", "--log-multi-turn", "--log-reward-category", "verdict"], tmp)
+                      "--log-correct-samples", "--log-multi-turn", "--log-reward-category", "verdict"], tmp,
+                     env={"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
     assert_ok(proc)
     return out
 
