@@ -35,6 +35,7 @@ from relax.engine.rollout.sglang_rollout import GenerateState
 from relax.metrics import console
 from relax.metrics.artifacts import RunArtifacts
 from relax.metrics.sample_records import reward_extras, sample_fields
+from relax.core.rollout_log_hook import apply_hook
 from relax.observability.rollout_logs import RolloutLogConfig, rollout_log_metrics
 from relax.observability.spans import RECORDER, SPANS_KEY
 from relax.utils.fault_hooks import fault_at
@@ -212,6 +213,8 @@ class Runtime:
             artifacts.samples.write({"step": step, "group_index": group_index, "index": index, "fate": "consumed",
                                      "passes": passes, "reason": None})
         RECORDER.extend(train_metrics.pop(SPANS_KEY, []))  # the trainer's --timeline-dump-dir spans
+        rollout_metrics = apply_hook(args, step, [s for g in groups for s in g], rollout_metrics,
+                                     float(perf.get("perf/rollout_time_s", 0.0)))
         extras = reward_extras([s for g in groups for s in g], args.reward_key)
         extras.update(rollout_log_metrics(RolloutLogConfig.from_args(args), [s for g in groups for s in g]))
         metrics = {"step": step, "weight_version": weight_version, "time": time.time(),

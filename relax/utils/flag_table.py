@@ -195,7 +195,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('rollout-function-path', 'str', 'relax.engine.rollout.sglang_rollout.generate_rollout', 'Custom Rollout Functions', 'Rollout generation function path'),
     F('custom-generate-function-path', 'str', None, 'Custom Rollout Functions', 'Custom generate function to replace default rollout generate function. Suitable for multi-turn dialogue, function calling, etc.'),
     F('rollout-data-postprocess-path', 'str', None, 'Custom Rollout Functions', 'Rollout data postprocessing function, called after all data (including log_probs) is fetched. Can be used to update loss mask'),
-    F('custom-rollout-log-function-path', 'str', None, 'Custom Rollout Functions', 'Custom Rollout logging function'),
+    F('custom-rollout-log-function-path', 'str', None, 'Custom Rollout Functions', 'Custom Rollout logging function. Here: log_rollout_data(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool (slime\'s signature), called after each step\'s rollout with the trained samples and the step\'s rollout/* metrics; keys it adds to that dict are logged with the step; True leaves the default rollout/* metrics out (relax/core/rollout_log_hook.py); loaded at launch'),
     F('custom-eval-rollout-log-function-path', 'str', None, 'Custom Rollout Functions', 'Custom evaluation Rollout logging function'),
     # --- Batch Configuration
     F('global-batch-size', 'int', None, 'Batch Configuration', 'Global batch size. Defines sample count needed for one parameter update (optimizer.step). When None, rollout-batch-size * n-samples-per-prompt (one update per rollout)'),
@@ -599,7 +599,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "use-tensorboard", "tb-project-name", "tb-experiment-name", "custom-config-path", "use-metrics-service",
     "timeline-dump-dir", "use-pytorch-profiler", "profile-step-start", "profile-step-end", "profile-target",
     "profile-with-stack", "profile-with-memory", "profile-with-flops",  # relax/observability/
-    "log-multi-turn", "log-correct-samples", "log-reward-category",
+    "log-multi-turn", "log-correct-samples", "log-reward-category", "custom-rollout-log-function-path",
     "balance-data",  # relax/backends/torch/data_parallel.py
     # additions
     "preset", "output-dir", "overwrite-output-dir", "hook-timeout", "lr-decay-style", "config", "device", "rollout-backend",
