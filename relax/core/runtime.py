@@ -21,6 +21,7 @@ from relax import checkpoint as ckpt
 from relax.backends.config import TrainerConfig
 from relax.backends.torch.step_report import CONSUMED_KEY
 from relax.core.engines import EngineFleet
+from relax.core.rollout_log_hook import apply_hook
 from relax.core.services import ServiceGroup
 from relax.core.setup import RunInputs
 from relax.distributed.actors import TrainerActor
@@ -35,7 +36,6 @@ from relax.engine.rollout.sglang_rollout import GenerateState
 from relax.metrics import console
 from relax.metrics.artifacts import RunArtifacts
 from relax.metrics.sample_records import reward_extras, sample_fields
-from relax.core.rollout_log_hook import apply_hook
 from relax.observability.rollout_logs import RolloutLogConfig, rollout_log_metrics
 from relax.observability.spans import RECORDER, SPANS_KEY
 from relax.utils.fault_hooks import fault_at
