@@ -386,11 +386,11 @@ SEED_FLAGS: list[FlagSpec] = [
     F('profile-with-memory', 'flag', False, 'Training Performance Profiling', "Record memory information in profiler traces. Here: torch.profiler's profile_memory"),
     F('profile-with-flops', 'flag', False, 'Training Performance Profiling', "Estimate FLOPs in profiler traces. Here: torch.profiler's with_flops (and record_shapes)"),
     # --- GPU Memory Profiling
-    F('record-memory-history', 'flag', False, 'GPU Memory Profiling', 'Enable CUDA memory allocation history recording (from Megatron). Records call stacks and tensor info for each allocation/deallocation, and auto-dumps a snapshot on OOM'),
-    F('memory-snapshot-path', 'str', 'snapshot.pickle', 'GPU Memory Profiling', 'Memory snapshot filename (from Megatron)'),
-    F('memory-snapshot-dir', 'str', None, 'GPU Memory Profiling', 'Memory snapshot output directory. Defaults to traces/<tb_experiment_name>/memory_snapshot'),
-    F('memory-snapshot-num-steps', 'int', None, 'GPU Memory Profiling', 'Proactively dump a memory snapshot after the specified number of steps (0-indexed, i.e., setting 3 means dump after step 2)'),
-    F('memory-recorder', 'str', 'torch', 'GPU Memory Profiling', 'Memory recorder backend: torch (PyTorch built-in), memray (requires pip install memray)', choices=('torch', 'memray')),
+    F('record-memory-history', 'flag', False, 'GPU Memory Profiling', 'Enable CUDA memory allocation history recording (from Megatron). Records call stacks and tensor info for each allocation/deallocation, and auto-dumps a snapshot on OOM. Here: torch.cuda.memory._record_memory_history from the train backend\'s start (torch and megatron), with a snapshot when a step runs out of memory (relax/observability/memory.py); CUDA only, refused in one line on a run without a GPU'),
+    F('memory-snapshot-path', 'str', 'snapshot.pickle', 'GPU Memory Profiling', 'Memory snapshot filename (from Megatron). Here: the file name of each snapshot, prefixed rank<R>_<step<N> or oom_step<N>>_'),
+    F('memory-snapshot-dir', 'str', None, 'GPU Memory Profiling', 'Memory snapshot output directory. Defaults to traces/<tb_experiment_name>/memory_snapshot. Here: under --output-dir: <output-dir>/traces/<tb-experiment-name or the output dir\'s name>/memory_snapshot'),
+    F('memory-snapshot-num-steps', 'int', None, 'GPU Memory Profiling', 'Proactively dump a memory snapshot after the specified number of steps (0-indexed, i.e., setting 3 means dump after step 2). Here: counted in this launch; turns the history on; CUDA only'),
+    F('memory-recorder', 'str', 'torch', 'GPU Memory Profiling', 'Memory recorder backend: torch (PyTorch built-in), memray (requires pip install memray)', choices=('torch. Here: torch only; memray is not supported yet', 'memray')),
     # --- Network
     F('http-proxy', 'str', None, 'Network', 'HTTP proxy address'),
     F('use-distributed-post', 'flag', False, 'Network', 'Use distributed POST requests'),
@@ -600,6 +600,8 @@ SUPPORTED: frozenset[str] = frozenset({
     "timeline-dump-dir", "use-pytorch-profiler", "profile-step-start", "profile-step-end", "profile-target",
     "profile-with-stack", "profile-with-memory", "profile-with-flops",  # relax/observability/
     "log-multi-turn", "log-correct-samples", "log-reward-category", "custom-rollout-log-function-path",
+    "record-memory-history", "memory-snapshot-path", "memory-snapshot-dir", "memory-snapshot-num-steps",
+    "memory-recorder",  # relax/observability/memory.py
     "balance-data",  # relax/backends/torch/data_parallel.py
     # additions
     "preset", "output-dir", "overwrite-output-dir", "hook-timeout", "lr-decay-style", "config", "device", "rollout-backend",
@@ -613,6 +615,7 @@ SUPPORTED: frozenset[str] = frozenset({
 })
 SUPPORTED_VALUES: dict[str, frozenset[Any]] = {
     "optimizer": frozenset({"adam"}),
+    "memory-recorder": frozenset({"torch"}),
     "lr-decay-style": frozenset({"constant", "linear", "cosine"}),  # relax/backends/lr_schedule.py (torch backend)
     "opd-type": frozenset({"megatron", "sglang"}),  # megatron: the training backend's teacher (torch on CPU);
     # sglang: a teacher engine server at --rm-url, or an embedded one over --opd-teacher-load (opd_teacher.py)

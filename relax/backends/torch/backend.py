@@ -52,6 +52,7 @@ from relax.backends.torch.step_report import CONSUMED_KEY, consumed_samples, log
 from relax.distributed.resources import service_roles
 from relax.models import build_model
 from relax.models.checkpoint_names import checkpoint_state, moe_style
+from relax.observability.memory import MemoryRecorder
 from relax.observability.profiler import TrainProfiler
 from relax.observability.spans import SPANS_KEY
 from relax.utils.fault_hooks import fault_at
@@ -119,6 +120,7 @@ class TorchTrainBackend:
         self._train_offloader = None  # built on the first --offload-train call
         # --use-pytorch-profiler traces and the --timeline-dump-dir trainer spans (relax/observability/profiler.py)
         self.profiler = TrainProfiler(cfg.profiler, rank=self.dp.rank)
+        self.memory = MemoryRecorder(cfg.memory, rank=self.dp.rank)  # CUDA allocator snapshots
 
     def _build(self, name_or_path: str) -> torch.nn.Module:
         """A model in the training dtype; ``--attention-backend flash`` asks torch SDPA for the flash kernel."""
@@ -196,7 +198,8 @@ class TorchTrainBackend:
                       precomputed: Precomputed | None = None) -> dict[str, float]:
         """One RL step. ``precomputed``: columns the fully-async services computed (`relax.core.services`)."""
         self.profiler.start("train_overall", step)
-        metrics = self._train_rollout(samples, step, precomputed)
+        with self.memory.step(step):
+            metrics = self._train_rollout(samples, step, precomputed)
         self.profiler.stop("train_overall", step)
         if spans := self.profiler.pop_spans():
             metrics[SPANS_KEY] = spans
