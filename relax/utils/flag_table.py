@@ -390,7 +390,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('memory-snapshot-path', 'str', 'snapshot.pickle', 'GPU Memory Profiling', 'Memory snapshot filename (from Megatron). Here: the file name of each snapshot, prefixed rank<R>_<step<N> or oom_step<N>>_'),
     F('memory-snapshot-dir', 'str', None, 'GPU Memory Profiling', 'Memory snapshot output directory. Defaults to traces/<tb_experiment_name>/memory_snapshot. Here: under --output-dir: <output-dir>/traces/<tb-experiment-name or the output dir\'s name>/memory_snapshot'),
     F('memory-snapshot-num-steps', 'int', None, 'GPU Memory Profiling', 'Proactively dump a memory snapshot after the specified number of steps (0-indexed, i.e., setting 3 means dump after step 2). Here: counted in this launch; turns the history on; CUDA only'),
-    F('memory-recorder', 'str', 'torch', 'GPU Memory Profiling', 'Memory recorder backend: torch (PyTorch built-in), memray (requires pip install memray)', choices=('torch. Here: torch only; memray is not supported yet', 'memray')),
+    F('memory-recorder', 'str', 'torch', 'GPU Memory Profiling', 'Memory recorder backend: torch (PyTorch built-in), memray (requires pip install memray). Here: torch only; memray is not supported yet', choices=('torch', 'memray')),
     # --- Network
     F('http-proxy', 'str', None, 'Network', 'HTTP proxy address'),
     F('use-distributed-post', 'flag', False, 'Network', 'Use distributed POST requests'),
