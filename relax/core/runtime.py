@@ -8,6 +8,7 @@ accounting, checkpoints, HF exports) is written here, the same way for both.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from argparse import Namespace
@@ -37,6 +38,7 @@ from relax.metrics import console
 from relax.metrics.artifacts import RunArtifacts
 from relax.metrics.sample_records import reward_extras, sample_fields
 from relax.observability.rollout_logs import RolloutLogConfig, rollout_log_metrics
+from relax.observability.sglang_profile import EngineProfiling, SglangProfileConfig
 from relax.observability.spans import RECORDER, SPANS_KEY
 from relax.utils.fault_hooks import fault_at
 from relax.utils.gc_pauses import freeze_startup_objects
@@ -70,6 +72,7 @@ class Runtime:
     # inside one, so every request's tokens come from one weight version
     generation_lock: threading.RLock = field(default_factory=threading.RLock)
     placement: Placement | None = None  # the GPUs reserved for the run's actors (released at shutdown)
+    profiling: EngineProfiling | None = None  # --sglang-profile: the engines' profilers around chosen rollouts
 
     @property
     def trainer(self):
@@ -85,6 +88,10 @@ class Runtime:
         args = self.args
         return PushOptions(transport=args.weight_sync_transport, bucket_bytes=args.update_weight_buffer_size,
                            keep_snapshot=bool(args.use_fault_tolerance), timeout_s=self._sync_timeout())
+
+    def engine_profile(self, step: int) -> contextlib.AbstractContextManager:
+        """Around step ``step``'s rollout: the engines' profilers when --sglang-profile selects the step."""
+        return self.profiling.rollout(step) if self.profiling is not None else contextlib.nullcontext()
 
     def sync_targets(self) -> list[SyncTarget]:
         return self.fleet.live_targets() + (self.services.sync_targets() if self.services else [])
@@ -326,6 +333,8 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
                  f"{len(fleet)} {launcher.name} engine(s) behind {fleet.router.url}"
                  + (f"; services {', '.join(services.actors())}" if services else ""))
     rt = Runtime(args, run, artifacts, group, fleet, services=services, placement=placement)
+    rt.profiling = EngineProfiling(SglangProfileConfig.from_args(args),
+                                   lambda: [(t.url, t.api_key) for t in fleet.live_targets()])
     # recipes post to http://{sglang_router_ip}:{sglang_router_port}/generate, whatever engines stand behind it
     args.sglang_router_ip, port = fleet.router.url.removeprefix("http://").rsplit(":", 1)
     args.sglang_router_port = int(port)

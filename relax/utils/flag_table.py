@@ -181,16 +181,16 @@ SEED_FLAGS: list[FlagSpec] = [
     F('rollout-external-engine-addrs', 'str_list', None, 'External Inference Engine', 'List of external engine addresses and ports. Here: HOST:PORT or http://HOST:PORT, one per server; needs --rollout-external'),
     # --- SGLang Engine Parameters
     F('sglang-mem-fraction-static', 'float', None, 'SGLang Engine Parameters', 'SGLang static memory allocation ratio. Here: --rollout-backend sglang passes it as --mem-fraction-static; every other SGLang option X of ServerArgs is accepted as --sglang-X (checked against SGLang\'s option list pinned in relax/backends/sglang/server_args.json; options the launcher sets from Relax\'s flags are refused, naming the flag to use)', seed_default='-'),
-    F('sglang-profile', 'flag', False, 'SGLang Engine Parameters', 'Enable torch profiling on SGLang engines during rollout. Profile traces will be saved per rollout step'),
-    F('sglang-profile-steps', 'int_list', None, 'SGLang Engine Parameters', 'List of absolute rollout step IDs (0-indexed) at which to enable SGLang profiling. Takes precedence over --sglang-profile-step-start/end. Example: --sglang-profile-steps 3 10 50'),
-    F('sglang-profile-step-start', 'int', None, 'SGLang Engine Parameters', 'Start of the rollout step range for SGLang profiling (inclusive, 0-indexed). Used with --sglang-profile-step-end to specify a contiguous range. Ignored if --sglang-profile-steps is set'),
-    F('sglang-profile-step-end', 'int', None, 'SGLang Engine Parameters', 'End of the rollout step range for SGLang profiling (inclusive, 0-indexed). Used with --sglang-profile-step-start to specify a contiguous range. Ignored if --sglang-profile-steps is set. E.g. start=2, end=4 profiles steps 2, 3, 4'),
-    F('sglang-profile-output-dir', 'str', None, 'SGLang Engine Parameters', 'Output directory for SGLang profile traces. Defaults to traces/<tb_experiment_name>/sglang_trace'),
-    F('sglang-profile-num-steps', 'int', 3, 'SGLang Engine Parameters', 'Number of SGLang forward steps to profile per rollout. -1 profiles the entire rollout step until stop_profile is called'),
-    F('sglang-profile-activities', 'str_list', ['CPU', 'GPU'], 'SGLang Engine Parameters', 'Activities to profile (e.g., CPU GPU)'),
-    F('sglang-profile-by-stage', 'flag', False, 'SGLang Engine Parameters', 'Profile by stage (prefill/decode) separately'),
-    F('sglang-profile-with-stack', 'flag', False, 'SGLang Engine Parameters', 'Record call stack in profile traces'),
-    F('sglang-profile-record-shapes', 'flag', False, 'SGLang Engine Parameters', 'Record tensor shapes in profile traces'),
+    F('sglang-profile', 'flag', False, 'SGLang Engine Parameters', 'Enable torch profiling on SGLang engines during rollout. Profile traces will be saved per rollout step. Here: the driver POSTs /start_profile to every engine before each selected rollout and /stop_profile after it (relax/observability/sglang_profile.py); the embedded engine serves both with torch.profiler over its forward steps (relax/backends/embedded/profiling.py); traces per step under <dir>/step<N>/'),
+    F('sglang-profile-steps', 'int_list', None, 'SGLang Engine Parameters', 'List of absolute rollout step IDs (0-indexed) at which to enable SGLang profiling. Takes precedence over --sglang-profile-step-start/end. Example: --sglang-profile-steps 3 10 50. Here: with none of the three step flags set, every rollout step is profiled'),
+    F('sglang-profile-step-start', 'int', None, 'SGLang Engine Parameters', 'Start of the rollout step range for SGLang profiling (inclusive, 0-indexed). Used with --sglang-profile-step-end to specify a contiguous range. Ignored if --sglang-profile-steps is set. Here: unset with --sglang-profile-step-end set: from step 0'),
+    F('sglang-profile-step-end', 'int', None, 'SGLang Engine Parameters', 'End of the rollout step range for SGLang profiling (inclusive, 0-indexed). Used with --sglang-profile-step-start to specify a contiguous range. Ignored if --sglang-profile-steps is set. E.g. start=2, end=4 profiles steps 2, 3, 4. Here: unset with --sglang-profile-step-start set: to the last step'),
+    F('sglang-profile-output-dir', 'str', None, 'SGLang Engine Parameters', 'Output directory for SGLang profile traces. Defaults to traces/<tb_experiment_name>/sglang_trace. Here: the default is <output-dir>/traces/<tb-experiment-name, else the output dir\'s name>/sglang_trace; each step\'s traces in its step<N>/ (sent to the engines as an absolute output_dir)'),
+    F('sglang-profile-num-steps', 'int', 3, 'SGLang Engine Parameters', 'Number of SGLang forward steps to profile per rollout. -1 profiles the entire rollout step until stop_profile is called. Here: sent as num_steps (-1: none, so the session ends at the /stop_profile after the rollout); an engine that already stopped on its own answers the stop with \'not in progress\', which is not an error'),
+    F('sglang-profile-activities', 'str_list', ['CPU', 'GPU'], 'SGLang Engine Parameters', 'Activities to profile (e.g., CPU GPU). Here: sent as activities; the embedded engine records CPU, GPU (CUDA activity when it runs on a GPU) and MEM (profile_memory), and refuses RPD in one line'),
+    F('sglang-profile-by-stage', 'flag', False, 'SGLang Engine Parameters', 'Profile by stage (prefill/decode) separately. Here: sent as profile_by_stage; the embedded engine refuses it (one trace per session), so the run fails at the first profiled step in one line'),
+    F('sglang-profile-with-stack', 'flag', False, 'SGLang Engine Parameters', 'Record call stack in profile traces. Here: sent as with_stack (false when not given)'),
+    F('sglang-profile-record-shapes', 'flag', False, 'SGLang Engine Parameters', 'Record tensor shapes in profile traces. Here: sent as record_shapes'),
     # --- Custom Rollout Functions
     F('rollout-function-path', 'str', 'relax.engine.rollout.sglang_rollout.generate_rollout', 'Custom Rollout Functions', 'Rollout generation function path'),
     F('custom-generate-function-path', 'str', None, 'Custom Rollout Functions', 'Custom generate function to replace default rollout generate function. Suitable for multi-turn dialogue, function calling, etc.'),
@@ -610,6 +610,9 @@ SUPPORTED: frozenset[str] = frozenset({
     "slime-router-timeout", "slime-router-max-connections", "slime-router-health-check-failure-threshold",
     "embedded-runner", "embedded-cuda-graph", "embedded-compile", "weight-sync-transport", "weight-sync-timeout",
     "debug", "bf16",
+    "sglang-profile", "sglang-profile-steps", "sglang-profile-step-start", "sglang-profile-step-end",
+    "sglang-profile-output-dir", "sglang-profile-num-steps", "sglang-profile-activities", "sglang-profile-by-stage",
+    "sglang-profile-with-stack", "sglang-profile-record-shapes",  # relax/observability/sglang_profile.py
     # Megatron model architecture (relax/models/arch_flags.py); ref-load naming the --hf-checkpoint directory
     *(spec.name for spec in MODEL_FLAGS), "ref-load",
 })
