@@ -338,7 +338,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('tb-project-name', 'str', None, 'TensorBoard', 'TensorBoard log directory. Defaults to environment variable TENSORBOARD_DIR'),
     F('tb-experiment-name', 'str', None, 'TensorBoard', 'TensorBoard experiment name'),
     # --- ClearML
-    F('use-clearml', 'flag', False, 'ClearML', 'Enable ClearML logging'),
+    F('use-clearml', 'flag', False, 'ClearML', 'Enable ClearML logging. Here: one ClearML task per run, Task.init(project_name=--tb-project-name or relax, task_name=--tb-experiment-name or the output dir\'s name); the config is task.connect-ed and every numeric step metric reported with report_scalar(title, series, value, iteration=step), title/series split at the first / (relax/metrics/clearml_logger.py); CLEARML_OFFLINE_MODE=1 keeps it offline; needs the clearml extra (pip install \'relax-harness[clearml]\'), else refused at launch in one line'),
     # --- Metrics Service
     F('use-metrics-service', 'flag', False, 'Metrics Service', 'Enable centralized metrics collection and reporting service. Here: always on, the flag only confirms it: the driver collects every component\'s metrics (rollout, trainer, services, engines, evaluation) into metrics.jsonl and the --use-tensorboard writer, one record per step'),
     F('timeline-dump-dir', 'str', None, 'Metrics Service', "Timeline trace event export directory (Chrome Trace format). Timeline tracing disabled if not set. Here: DIR/timeline.json, written at the run's end whatever its status: one row per actor (driver, trainer ranks, engines, services, reward scoring) with spans for steps, phases, generate, reward, train, log-prob forwards, optimizer updates, sync, offload/onload and checkpoint, and fault markers (relax/observability/timeline.py)"),
@@ -348,7 +348,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('log-correct-samples', 'flag', False, 'Logging Options', 'Log correct samples. Here: over the samples of each step whose reward is 1: rollout/correct_samples, rollout/correct_response_len_mean, rollout/correct_entropy and correct_length/p25..p100 (share of correct responses per quarter of --rollout-max-response-len) in metrics.jsonl'),
     F('log-reward-category', 'str', None, 'Logging Options', 'Log reward category statistics. Specify key in reward dict. Here: samples grouped by the value of KEY in their dict reward: reward_category/<value>/frac and reward_category/<value>/reward_mean in metrics.jsonl'),
     # --- Notifications
-    F('notify-urls', 'str', None, 'Notifications', 'Apprise notification URL list (comma-separated)'),
+    F('notify-urls', 'str', None, 'Notifications', 'Apprise notification URL list (comma-separated). Here: a notice through apprise (Apprise().add(url), .notify(title, body)) when the run starts, and when it finishes or fails (an interrupted run counts as failed); a notice that cannot be sent is one console line, never a failure (relax/observability/notify.py); needs the notify extra (pip install \'relax-harness[notify]\'), else refused at launch in one line'),
     # --- Router Configuration
     F('use-slime-router', 'flag', False, 'Router Configuration', "Use SlimeRouter for text-based routing instead of SGLang's token-based routing"),
     F('slime-router-middleware-paths', 'str_list', None, 'Router Configuration', 'List of middleware paths'),
@@ -613,6 +613,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "sglang-profile", "sglang-profile-steps", "sglang-profile-step-start", "sglang-profile-step-end",
     "sglang-profile-output-dir", "sglang-profile-num-steps", "sglang-profile-activities", "sglang-profile-by-stage",
     "sglang-profile-with-stack", "sglang-profile-record-shapes",  # relax/observability/sglang_profile.py
+    "notify-urls", "use-clearml",  # relax/observability/notify.py, relax/metrics/clearml_logger.py
     # Megatron model architecture (relax/models/arch_flags.py); ref-load naming the --hf-checkpoint directory
     *(spec.name for spec in MODEL_FLAGS), "ref-load",
 })
