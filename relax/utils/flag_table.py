@@ -373,8 +373,8 @@ SEED_FLAGS: list[FlagSpec] = [
     F('load-debug-rollout-data', 'str', None, 'Debug', 'Load debug Rollout data. Automatically enables --debug-train-only when set. Here: files written by --save-debug-rollout-data (docs/artifacts.md); with {rollout_id} step k reads rollout k and --num-rollout defaults to the consecutive files from 0, without it every step reads the one file; a missing or malformed file fails at start, naming it'),
     F('load-debug-rollout-data-subsample', 'float', None, 'Debug', 'Subsample debug Rollout data to accelerate debugging. Here: a fraction in (0, 1]; each step keeps that share of the groups (rounded, at least one), whole groups from the front; the kept samples must still fill whole --global-batch-size batches'),
     F('save-debug-rollout-data', 'str', None, 'Debug', 'Save Rollout data. Path supports {rollout_id} placeholder. Here: every rollout step writes its sample groups as JSON (tokens, loss masks, rollout log-probs, rewards, group and sample indices, weight versions, status; docs/artifacts.md) before training on them, so --load-debug-rollout-data replays them, e.g. under another parallel layout'),
-    F('save-debug-train-data', 'str', None, 'Debug', 'Save training data. Path supports {rollout_id} placeholder'),
-    F('dump-details', 'str', None, 'Debug', 'Export all training details for post-hoc analysis'),
+    F('save-debug-train-data', 'str', None, 'Debug', 'Save training data. Path supports {rollout_id} placeholder. Here: rank 0 of the trainer torch.saves each step\'s batch once its advantages are computed: a dict of rollout_id, tokens, response_lengths, rewards, loss_masks, rollout_log_probs, advantages and sample_ids (relax/observability/train_dumps.py documents the format)'),
+    F('dump-details', 'str', None, 'Debug', 'Export all training details for post-hoc analysis. Here: DIR/rollout_<step>.jsonl, one JSON line per trained sample: tokens, response_length, reward, and per response token loss_mask, rollout/old/ref log-probs and advantages (null where the step computed none; relax/observability/train_dumps.py)'),
     F('check-weight-update-equal', 'flag', False, 'Debug', 'Check if weight updates are equal'),
     F('enable-cuda-memory-check', 'flag', False, 'Debug', 'Enable memory check around low-level NCCL communication calls. Logs available GPU memory before each collective and attaches memory info to exceptions on failure'),
     # --- Training Performance Profiling
@@ -614,6 +614,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "sglang-profile-output-dir", "sglang-profile-num-steps", "sglang-profile-activities", "sglang-profile-by-stage",
     "sglang-profile-with-stack", "sglang-profile-record-shapes",  # relax/observability/sglang_profile.py
     "notify-urls", "use-clearml",  # relax/observability/notify.py, relax/metrics/clearml_logger.py
+    "save-debug-train-data", "dump-details",  # relax/observability/train_dumps.py
     # Megatron model architecture (relax/models/arch_flags.py); ref-load naming the --hf-checkpoint directory
     *(spec.name for spec in MODEL_FLAGS), "ref-load",
 })

@@ -55,6 +55,7 @@ from relax.models.checkpoint_names import checkpoint_state, moe_style
 from relax.observability.memory import MemoryRecorder
 from relax.observability.profiler import TrainProfiler
 from relax.observability.spans import SPANS_KEY
+from relax.observability.train_dumps import dump_step
 from relax.utils.fault_hooks import fault_at
 from relax.weights.checksum import state_checksums
 
@@ -222,6 +223,8 @@ class TorchTrainBackend:
         old_lp, ref_lp, teacher_lp, old_values, adv = self._rollout_columns(batch, precomputed, old=not from_step)
         self.profiler.stop("train_log_probs", step)
         postprocess_rollout_data(cfg, step, batch, old_lp, ref_lp, adv)
+        if self.dp.rank == 0:  # --save-debug-train-data, --dump-details (relax/observability/train_dumps.py)
+            dump_step(cfg.dumps, step, batch, old_lp, ref_lp, adv.advantages)
         columns_s = time.perf_counter() - start  # the columns are on the host: their forwards have finished
         metrics: dict[str, float] = {f"train/{k}": float(v) for k, v in adv.metrics.items()}
         metrics["train/old_log_probs_from_step"] = float(from_step)
