@@ -22,6 +22,7 @@ from relax import checkpoint as ckpt
 from relax.backends.config import TrainerConfig
 from relax.backends.torch.step_report import CONSUMED_KEY
 from relax.core.engines import EngineFleet
+from relax.core.eval_log_hook import apply_hook as apply_eval_hook
 from relax.core.rollout_log_hook import apply_hook
 from relax.core.services import ServiceGroup
 from relax.core.setup import RunInputs
@@ -159,7 +160,9 @@ class Runtime:
             return {}
         self.artifacts.event("phase", step=step, phase="eval")
         start = time.perf_counter()
-        metrics = run_eval(run.eval_config, run.rollout_config, run.reward_config, step, run.eval_sets)
+        data: dict[str, dict[str, list]] = {}
+        metrics = run_eval(run.eval_config, run.rollout_config, run.reward_config, step, run.eval_sets, data)
+        metrics = apply_eval_hook(self.args, step, data, metrics)  # --custom-eval-rollout-log-function-path
         return {**metrics, "perf/eval_time_s": time.perf_counter() - start}
 
     def resync(self, index: int) -> float:

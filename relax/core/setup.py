@@ -178,7 +178,7 @@ def _data_source(args: Namespace, tokenizer: Any) -> Any:
 def _check_train_data_hooks(args: Namespace) -> None:
     """Load the train-data hooks now: the post-process one runs in the trainer actor, far from the user."""
     from relax.backends.torch import rollout_postprocess
-    from relax.core import rollout_log_hook
+    from relax.core import eval_log_hook, rollout_log_hook
     from relax.core.train_data import CONVERT_SIGNATURE
 
     if args.custom_convert_samples_to_train_data_path:
@@ -189,6 +189,8 @@ def _check_train_data_hooks(args: Namespace) -> None:
                       signature=rollout_postprocess.SIGNATURE, min_args=3)
     if args.custom_rollout_log_function_path:
         rollout_log_hook.check_hook(args.custom_rollout_log_function_path)
+    if args.custom_eval_rollout_log_function_path:
+        eval_log_hook.check_hook(args.custom_eval_rollout_log_function_path)
 
 
 def run_json(args: Namespace, device: str, status: str, **extra: Any) -> dict[str, Any]:

@@ -196,7 +196,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('custom-generate-function-path', 'str', None, 'Custom Rollout Functions', 'Custom generate function to replace default rollout generate function. Suitable for multi-turn dialogue, function calling, etc.'),
     F('rollout-data-postprocess-path', 'str', None, 'Custom Rollout Functions', 'Rollout data postprocessing function, called after all data (including log_probs) is fetched. Can be used to update loss mask'),
     F('custom-rollout-log-function-path', 'str', None, 'Custom Rollout Functions', 'Custom Rollout logging function. Here: log_rollout_data(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool (slime\'s signature), called after each step\'s rollout with the trained samples and the step\'s rollout/* metrics; keys it adds to that dict are logged with the step; True leaves the default rollout/* metrics out (relax/core/rollout_log_hook.py); loaded at launch'),
-    F('custom-eval-rollout-log-function-path', 'str', None, 'Custom Rollout Functions', 'Custom evaluation Rollout logging function'),
+    F('custom-eval-rollout-log-function-path', 'str', None, 'Custom Rollout Functions', 'Custom evaluation Rollout logging function. Here: log_eval_rollout_data(rollout_id, args, data, extra_metrics) -> bool (slime\'s signature), called by the driver after each eval with data = {eval set name: {samples, rewards}} and the eval/* metrics; keys it adds to that dict are logged with the step; True leaves the default eval/* metrics out (relax/core/eval_log_hook.py); loaded at launch'),
     # --- Batch Configuration
     F('global-batch-size', 'int', None, 'Batch Configuration', 'Global batch size. Defines sample count needed for one parameter update (optimizer.step). When None, rollout-batch-size * n-samples-per-prompt (one update per rollout)'),
     F('micro-batch-size', 'int', 1, 'Batch Configuration', 'Micro batch size. Ignored when --use-dynamic-batch-size is enabled'),
@@ -615,6 +615,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "sglang-profile-with-stack", "sglang-profile-record-shapes",  # relax/observability/sglang_profile.py
     "notify-urls", "use-clearml",  # relax/observability/notify.py, relax/metrics/clearml_logger.py
     "save-debug-train-data", "dump-details",  # relax/observability/train_dumps.py
+    "custom-eval-rollout-log-function-path",  # relax/core/eval_log_hook.py
     # Megatron model architecture (relax/models/arch_flags.py); ref-load naming the --hf-checkpoint directory
     *(spec.name for spec in MODEL_FLAGS), "ref-load",
 })
