@@ -87,3 +87,33 @@ def test_a_run_leaves_a_trace_only_for_the_selected_step(tmp_path: Path) -> None
     events = _events(traces[0])
     assert any(e.get("ph") == "X" and e.get("name", "").startswith("aten::") for e in events)
     assert traces[0].stat().st_mtime >= start
+
+
+def test_the_engine_server_serves_start_and_stop_profile(tmp_path: Path) -> None:
+    """Over HTTP, as the driver calls it: a session without num_steps spans requests until /stop_profile (served
+    while the engine is idle); a field this engine does not implement is a 400 naming it."""
+    from relax.backends.embedded.launch import EngineProcess
+    from relax.engine.rollout.engine_client import EngineClient
+    from relax.utils.http_utils import EngineHTTPError, run_closing
+
+    proc = EngineProcess.start(["--hf-checkpoint", "tiny-qwen3", "--seed", "1"])
+    try:
+        client = EngineClient(proc.url, timeout=60)
+        gen = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}}
+
+        async def session() -> tuple[str, str]:
+            started = await client.start_profile({"output_dir": str(tmp_path / "t"), "activities": ["CPU", "GPU"],
+                                                  "record_shapes": True, "with_stack": False})
+            await client.generate([gen, gen])
+            return started, await client.stop_profile()
+
+        started, stopped = run_closing(session())
+        assert started.startswith("Start profiling") and "forward steps" in stopped
+        (trace,) = (tmp_path / "t").glob("*.trace.json")
+        assert any(e.get("name", "").startswith("aten::") for e in _events(trace))
+        with pytest.raises(EngineHTTPError, match="not in progress"):
+            run_closing(client.stop_profile())
+        with pytest.raises(EngineHTTPError, match="profile_by_stage"):
+            run_closing(client.start_profile({"profile_by_stage": True}))
+    finally:
+        proc.stop()

@@ -148,11 +148,14 @@ class Scheduler:
                 try:
                     finished = self.engine.step()
                     self.steps += 1
-                    self.profiler.after_step()
                 except Exception as exc:  # a failing step fails its requests, not the server
                     log.exception("engine step failed")
                     self._fail_all(exc)
                     continue
+                try:
+                    self.profiler.after_step()  # /start_profile's num_steps: stops and writes the trace
+                except Exception:  # a trace that cannot be written fails no request
+                    log.exception("writing the profiler's trace failed")
                 self._resolve(finished)
 
     def _resolve(self, reqs: list[Request]) -> None:
