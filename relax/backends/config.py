@@ -16,6 +16,8 @@ from relax.algorithms.config import AlgorithmConfig
 from relax.backends.lr_schedule import STYLES
 from relax.backends.megatron.megatron_config import MegatronConfig
 from relax.observability.config import ProfilerConfig
+from relax.observability.memory import MemoryConfig
+from relax.observability.train_dumps import TrainDumpConfig
 from relax.utils.flag_slice import FlagSlice, sub_slice
 from relax.utils.flag_types import ConfigError
 
@@ -67,6 +69,8 @@ class TrainerConfig(FlagSlice):
     algo: AlgorithmConfig = sub_slice(AlgorithmConfig)
     megatron: MegatronConfig = sub_slice(MegatronConfig)
     profiler: ProfilerConfig = sub_slice(ProfilerConfig)  # --use-pytorch-profiler, --timeline-dump-dir's spans
+    memory: MemoryConfig = sub_slice(MemoryConfig)  # --record-memory-history, --memory-snapshot-*
+    dumps: TrainDumpConfig = sub_slice(TrainDumpConfig)  # --save-debug-train-data, --dump-details
     args: Any = field(default=None, compare=False, repr=False)
 
     @property

@@ -21,7 +21,8 @@ def train_colocate(rt: Runtime) -> None:
         artifacts.event("step_start", step=step)
         eval_metrics = rt.evaluate(step)
         artifacts.event("phase", step=step, phase="rollout")
-        groups = run.rollout_fn(args, step, run.data_source)
+        with rt.engine_profile(step):  # --sglang-profile
+            groups = run.rollout_fn(args, step, run.data_source)
         samples, raw_rewards = to_train_samples(args, groups)
         t1 = time.perf_counter()
         offload.before_train(step)

@@ -101,7 +101,7 @@ class _Producer(threading.Thread):
                     self.data_states[step] = rt.run.data_source.state_dict()
                 rt.artifacts.event("phase", step=step, phase="rollout")
                 t0 = time.perf_counter()
-                with rt.generation_lock:  # a weight sync waits for this rollout's requests (runtime.py)
+                with rt.generation_lock, rt.engine_profile(step):  # a weight sync waits for this rollout (runtime.py)
                     groups = rt.run.rollout_fn(args, step, rt.run.data_source)
                 unversioned = fill_weight_versions(groups, started)
                 if unversioned:

@@ -8,6 +8,7 @@ accounting, checkpoints, HF exports) is written here, the same way for both.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from argparse import Namespace
@@ -21,6 +22,8 @@ from relax import checkpoint as ckpt
 from relax.backends.config import TrainerConfig
 from relax.backends.torch.step_report import CONSUMED_KEY
 from relax.core.engines import EngineFleet
+from relax.core.eval_log_hook import apply_hook as apply_eval_hook
+from relax.core.rollout_log_hook import apply_hook
 from relax.core.services import ServiceGroup
 from relax.core.setup import RunInputs
 from relax.distributed.actors import TrainerActor
@@ -36,6 +39,7 @@ from relax.metrics import console
 from relax.metrics.artifacts import RunArtifacts
 from relax.metrics.sample_records import reward_extras, sample_fields
 from relax.observability.rollout_logs import RolloutLogConfig, rollout_log_metrics
+from relax.observability.sglang_profile import EngineProfiling, SglangProfileConfig
 from relax.observability.spans import RECORDER, SPANS_KEY
 from relax.utils.fault_hooks import fault_at
 from relax.utils.gc_pauses import freeze_startup_objects
@@ -69,6 +73,7 @@ class Runtime:
     # inside one, so every request's tokens come from one weight version
     generation_lock: threading.RLock = field(default_factory=threading.RLock)
     placement: Placement | None = None  # the GPUs reserved for the run's actors (released at shutdown)
+    profiling: EngineProfiling | None = None  # --sglang-profile: the engines' profilers around chosen rollouts
 
     @property
     def trainer(self):
@@ -84,6 +89,10 @@ class Runtime:
         args = self.args
         return PushOptions(transport=args.weight_sync_transport, bucket_bytes=args.update_weight_buffer_size,
                            keep_snapshot=bool(args.use_fault_tolerance), timeout_s=self._sync_timeout())
+
+    def engine_profile(self, step: int) -> contextlib.AbstractContextManager:
+        """Around step ``step``'s rollout: the engines' profilers when --sglang-profile selects the step."""
+        return self.profiling.rollout(step) if self.profiling is not None else contextlib.nullcontext()
 
     def sync_targets(self) -> list[SyncTarget]:
         return self.fleet.live_targets() + (self.services.sync_targets() if self.services else [])
@@ -151,7 +160,9 @@ class Runtime:
             return {}
         self.artifacts.event("phase", step=step, phase="eval")
         start = time.perf_counter()
-        metrics = run_eval(run.eval_config, run.rollout_config, run.reward_config, step, run.eval_sets)
+        data: dict[str, dict[str, list]] = {}
+        metrics = run_eval(run.eval_config, run.rollout_config, run.reward_config, step, run.eval_sets, data)
+        metrics = apply_eval_hook(self.args, step, data, metrics)  # --custom-eval-rollout-log-function-path
         return {**metrics, "perf/eval_time_s": time.perf_counter() - start}
 
     def resync(self, index: int) -> float:
@@ -212,6 +223,8 @@ class Runtime:
             artifacts.samples.write({"step": step, "group_index": group_index, "index": index, "fate": "consumed",
                                      "passes": passes, "reason": None})
         RECORDER.extend(train_metrics.pop(SPANS_KEY, []))  # the trainer's --timeline-dump-dir spans
+        rollout_metrics = apply_hook(args, step, [s for g in groups for s in g], rollout_metrics,
+                                     float(perf.get("perf/rollout_time_s", 0.0)))
         extras = reward_extras([s for g in groups for s in g], args.reward_key)
         extras.update(rollout_log_metrics(RolloutLogConfig.from_args(args), [s for g in groups for s in g]))
         metrics = {"step": step, "weight_version": weight_version, "time": time.time(),
@@ -323,6 +336,8 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
                  f"{len(fleet)} {launcher.name} engine(s) behind {fleet.router.url}"
                  + (f"; services {', '.join(services.actors())}" if services else ""))
     rt = Runtime(args, run, artifacts, group, fleet, services=services, placement=placement)
+    rt.profiling = EngineProfiling(SglangProfileConfig.from_args(args),
+                                   lambda: [(t.url, t.api_key) for t in fleet.live_targets()])
     # recipes post to http://{sglang_router_ip}:{sglang_router_port}/generate, whatever engines stand behind it
     args.sglang_router_ip, port = fleet.router.url.removeprefix("http://").rsplit(":", 1)
     args.sglang_router_port = int(port)

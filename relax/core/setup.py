@@ -178,6 +178,7 @@ def _data_source(args: Namespace, tokenizer: Any) -> Any:
 def _check_train_data_hooks(args: Namespace) -> None:
     """Load the train-data hooks now: the post-process one runs in the trainer actor, far from the user."""
     from relax.backends.torch import rollout_postprocess
+    from relax.core import eval_log_hook, rollout_log_hook
     from relax.core.train_data import CONVERT_SIGNATURE
 
     if args.custom_convert_samples_to_train_data_path:
@@ -186,6 +187,10 @@ def _check_train_data_hooks(args: Namespace) -> None:
     if args.rollout_data_postprocess_path:
         load_function(args.rollout_data_postprocess_path, flag=rollout_postprocess.FLAG,
                       signature=rollout_postprocess.SIGNATURE, min_args=3)
+    if args.custom_rollout_log_function_path:
+        rollout_log_hook.check_hook(args.custom_rollout_log_function_path)
+    if args.custom_eval_rollout_log_function_path:
+        eval_log_hook.check_hook(args.custom_eval_rollout_log_function_path)
 
 
 def run_json(args: Namespace, device: str, status: str, **extra: Any) -> dict[str, Any]:

@@ -118,6 +118,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("/weights_checker", ("GET", "POST"), "CheckWeightsReqInput", {**BASE_REQ, "action": "checksum"},
              note="actions: snapshot, reset_tensors, compare, checksum; answers {success, message}, and checksum "
              "adds {ranks, per_engine_checksum}"),
+    Endpoint("/start_profile", ("GET", "POST"), "ProfileReqInput",
+             {**BASE_REQ, "output_dir": None, "start_step": None, "num_steps": None, "activities": None,
+              "profile_by_stage": False, "with_stack": None, "record_shapes": None, "merge_profiles": False,
+              "profile_prefix": None, "profile_stages": None},
+             note="torch.profiler traces under output_dir; with num_steps it stops by itself after that many "
+             "forward steps"),
+    Endpoint("/stop_profile", ("GET", "POST"), None, note="stops the profiler and writes its trace"),
 )
 ENDPOINTS_BY_PATH: dict[str, Endpoint] = {e.path: e for e in ENDPOINTS}
 

@@ -70,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     artifacts.event("run_start", argv=sys.argv[1:] if argv is None else argv)
     info = run_json(args, args.device, "running")
     artifacts.write_run_json(info)
+    from relax.observability.notify import Notifier, NotifyConfig
+
+    notifier = Notifier(NotifyConfig.from_args(args), warn=console.info)  # --notify-urls
+    notifier.started(f"output dir {args.output_dir}")
     code, failure, status = 0, None, "completed"
     with interruptible():
         try:
@@ -82,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
                 tb = TensorBoardLogger(str(args.output_dir), args.tb_project_name, args.tb_experiment_name)
                 artifacts.add_step_logger(tb)
                 console.info(f"tensorboard logs in {tb.log_dir}")
+            if args.use_clearml:
+                from relax.metrics.clearml_logger import ClearMLConfig, ClearMLLogger
+
+                artifacts.add_step_logger(ClearMLLogger(ClearMLConfig.from_args(args), info["config"]))
             console.info(f"output dir {args.output_dir}; {run.num_rollout} steps on {run.device}")
             # the loops import Ray, torch's distributed stack and the backends (seconds): only once the inputs are
             # known good, so a bad path or file is reported in about a second
@@ -112,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         # killed with the process group) leaves the artifacts complete
         info.update(status=status, exit_code=code, end_time=time.time(),
                     **(failure.record() if failure else {"error": None}))
+        if status == "completed":
+            notifier.finished(f"completed; artifacts in {args.output_dir}")
+        else:
+            notifier.failed(f"{status} (exit {code}): {info.get('error') or info.get('signal')}")
         try:
             artifacts.write_run_json(info)
             artifacts.event("run_end", status=status, exit_code=code, **({"signal": info["signal"]}

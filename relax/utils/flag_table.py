@@ -181,22 +181,22 @@ SEED_FLAGS: list[FlagSpec] = [
     F('rollout-external-engine-addrs', 'str_list', None, 'External Inference Engine', 'List of external engine addresses and ports. Here: HOST:PORT or http://HOST:PORT, one per server; needs --rollout-external'),
     # --- SGLang Engine Parameters
     F('sglang-mem-fraction-static', 'float', None, 'SGLang Engine Parameters', 'SGLang static memory allocation ratio. Here: --rollout-backend sglang passes it as --mem-fraction-static; every other SGLang option X of ServerArgs is accepted as --sglang-X (checked against SGLang\'s option list pinned in relax/backends/sglang/server_args.json; options the launcher sets from Relax\'s flags are refused, naming the flag to use)', seed_default='-'),
-    F('sglang-profile', 'flag', False, 'SGLang Engine Parameters', 'Enable torch profiling on SGLang engines during rollout. Profile traces will be saved per rollout step'),
-    F('sglang-profile-steps', 'int_list', None, 'SGLang Engine Parameters', 'List of absolute rollout step IDs (0-indexed) at which to enable SGLang profiling. Takes precedence over --sglang-profile-step-start/end. Example: --sglang-profile-steps 3 10 50'),
-    F('sglang-profile-step-start', 'int', None, 'SGLang Engine Parameters', 'Start of the rollout step range for SGLang profiling (inclusive, 0-indexed). Used with --sglang-profile-step-end to specify a contiguous range. Ignored if --sglang-profile-steps is set'),
-    F('sglang-profile-step-end', 'int', None, 'SGLang Engine Parameters', 'End of the rollout step range for SGLang profiling (inclusive, 0-indexed). Used with --sglang-profile-step-start to specify a contiguous range. Ignored if --sglang-profile-steps is set. E.g. start=2, end=4 profiles steps 2, 3, 4'),
-    F('sglang-profile-output-dir', 'str', None, 'SGLang Engine Parameters', 'Output directory for SGLang profile traces. Defaults to traces/<tb_experiment_name>/sglang_trace'),
-    F('sglang-profile-num-steps', 'int', 3, 'SGLang Engine Parameters', 'Number of SGLang forward steps to profile per rollout. -1 profiles the entire rollout step until stop_profile is called'),
-    F('sglang-profile-activities', 'str_list', ['CPU', 'GPU'], 'SGLang Engine Parameters', 'Activities to profile (e.g., CPU GPU)'),
-    F('sglang-profile-by-stage', 'flag', False, 'SGLang Engine Parameters', 'Profile by stage (prefill/decode) separately'),
-    F('sglang-profile-with-stack', 'flag', False, 'SGLang Engine Parameters', 'Record call stack in profile traces'),
-    F('sglang-profile-record-shapes', 'flag', False, 'SGLang Engine Parameters', 'Record tensor shapes in profile traces'),
+    F('sglang-profile', 'flag', False, 'SGLang Engine Parameters', 'Enable torch profiling on SGLang engines during rollout. Profile traces will be saved per rollout step. Here: the driver POSTs /start_profile to every engine before each selected rollout and /stop_profile after it (relax/observability/sglang_profile.py); the embedded engine serves both with torch.profiler over its forward steps (relax/backends/embedded/profiling.py); traces per step under <dir>/step<N>/'),
+    F('sglang-profile-steps', 'int_list', None, 'SGLang Engine Parameters', 'List of absolute rollout step IDs (0-indexed) at which to enable SGLang profiling. Takes precedence over --sglang-profile-step-start/end. Example: --sglang-profile-steps 3 10 50. Here: with none of the three step flags set, every rollout step is profiled'),
+    F('sglang-profile-step-start', 'int', None, 'SGLang Engine Parameters', 'Start of the rollout step range for SGLang profiling (inclusive, 0-indexed). Used with --sglang-profile-step-end to specify a contiguous range. Ignored if --sglang-profile-steps is set. Here: unset with --sglang-profile-step-end set: from step 0'),
+    F('sglang-profile-step-end', 'int', None, 'SGLang Engine Parameters', 'End of the rollout step range for SGLang profiling (inclusive, 0-indexed). Used with --sglang-profile-step-start to specify a contiguous range. Ignored if --sglang-profile-steps is set. E.g. start=2, end=4 profiles steps 2, 3, 4. Here: unset with --sglang-profile-step-start set: to the last step'),
+    F('sglang-profile-output-dir', 'str', None, 'SGLang Engine Parameters', 'Output directory for SGLang profile traces. Defaults to traces/<tb_experiment_name>/sglang_trace. Here: the default is <output-dir>/traces/<tb-experiment-name, else the output dir\'s name>/sglang_trace; each step\'s traces in its step<N>/ (sent to the engines as an absolute output_dir)'),
+    F('sglang-profile-num-steps', 'int', 3, 'SGLang Engine Parameters', 'Number of SGLang forward steps to profile per rollout. -1 profiles the entire rollout step until stop_profile is called. Here: sent as num_steps (-1: none, so the session ends at the /stop_profile after the rollout); an engine that already stopped on its own answers the stop with \'not in progress\', which is not an error'),
+    F('sglang-profile-activities', 'str_list', ['CPU', 'GPU'], 'SGLang Engine Parameters', 'Activities to profile (e.g., CPU GPU). Here: sent as activities; the embedded engine records CPU, GPU (CUDA activity when it runs on a GPU) and MEM (profile_memory), and refuses RPD in one line'),
+    F('sglang-profile-by-stage', 'flag', False, 'SGLang Engine Parameters', 'Profile by stage (prefill/decode) separately. Here: sent as profile_by_stage; the embedded engine refuses it (one trace per session), so the run fails at the first profiled step in one line'),
+    F('sglang-profile-with-stack', 'flag', False, 'SGLang Engine Parameters', 'Record call stack in profile traces. Here: sent as with_stack (false when not given)'),
+    F('sglang-profile-record-shapes', 'flag', False, 'SGLang Engine Parameters', 'Record tensor shapes in profile traces. Here: sent as record_shapes'),
     # --- Custom Rollout Functions
     F('rollout-function-path', 'str', 'relax.engine.rollout.sglang_rollout.generate_rollout', 'Custom Rollout Functions', 'Rollout generation function path'),
     F('custom-generate-function-path', 'str', None, 'Custom Rollout Functions', 'Custom generate function to replace default rollout generate function. Suitable for multi-turn dialogue, function calling, etc.'),
     F('rollout-data-postprocess-path', 'str', None, 'Custom Rollout Functions', 'Rollout data postprocessing function, called after all data (including log_probs) is fetched. Can be used to update loss mask'),
-    F('custom-rollout-log-function-path', 'str', None, 'Custom Rollout Functions', 'Custom Rollout logging function'),
-    F('custom-eval-rollout-log-function-path', 'str', None, 'Custom Rollout Functions', 'Custom evaluation Rollout logging function'),
+    F('custom-rollout-log-function-path', 'str', None, 'Custom Rollout Functions', 'Custom Rollout logging function. Here: log_rollout_data(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool (slime\'s signature), called after each step\'s rollout with the trained samples and the step\'s rollout/* metrics; keys it adds to that dict are logged with the step; True leaves the default rollout/* metrics out (relax/core/rollout_log_hook.py); loaded at launch'),
+    F('custom-eval-rollout-log-function-path', 'str', None, 'Custom Rollout Functions', 'Custom evaluation Rollout logging function. Here: log_eval_rollout_data(rollout_id, args, data, extra_metrics) -> bool (slime\'s signature), called by the driver after each eval with data = {eval set name: {samples, rewards}} and the eval/* metrics; keys it adds to that dict are logged with the step; True leaves the default eval/* metrics out (relax/core/eval_log_hook.py); loaded at launch'),
     # --- Batch Configuration
     F('global-batch-size', 'int', None, 'Batch Configuration', 'Global batch size. Defines sample count needed for one parameter update (optimizer.step). When None, rollout-batch-size * n-samples-per-prompt (one update per rollout)'),
     F('micro-batch-size', 'int', 1, 'Batch Configuration', 'Micro batch size. Ignored when --use-dynamic-batch-size is enabled'),
@@ -338,7 +338,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('tb-project-name', 'str', None, 'TensorBoard', 'TensorBoard log directory. Defaults to environment variable TENSORBOARD_DIR'),
     F('tb-experiment-name', 'str', None, 'TensorBoard', 'TensorBoard experiment name'),
     # --- ClearML
-    F('use-clearml', 'flag', False, 'ClearML', 'Enable ClearML logging'),
+    F('use-clearml', 'flag', False, 'ClearML', 'Enable ClearML logging. Here: one ClearML task per run, Task.init(project_name=--tb-project-name or relax, task_name=--tb-experiment-name or the output dir\'s name); the config is task.connect-ed and every numeric step metric reported with report_scalar(title, series, value, iteration=step), title/series split at the first / (relax/metrics/clearml_logger.py); CLEARML_OFFLINE_MODE=1 keeps it offline; needs the clearml extra (pip install \'relax-harness[clearml]\'), else refused at launch in one line'),
     # --- Metrics Service
     F('use-metrics-service', 'flag', False, 'Metrics Service', 'Enable centralized metrics collection and reporting service. Here: always on, the flag only confirms it: the driver collects every component\'s metrics (rollout, trainer, services, engines, evaluation) into metrics.jsonl and the --use-tensorboard writer, one record per step'),
     F('timeline-dump-dir', 'str', None, 'Metrics Service', "Timeline trace event export directory (Chrome Trace format). Timeline tracing disabled if not set. Here: DIR/timeline.json, written at the run's end whatever its status: one row per actor (driver, trainer ranks, engines, services, reward scoring) with spans for steps, phases, generate, reward, train, log-prob forwards, optimizer updates, sync, offload/onload and checkpoint, and fault markers (relax/observability/timeline.py)"),
@@ -348,7 +348,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('log-correct-samples', 'flag', False, 'Logging Options', 'Log correct samples. Here: over the samples of each step whose reward is 1: rollout/correct_samples, rollout/correct_response_len_mean, rollout/correct_entropy and correct_length/p25..p100 (share of correct responses per quarter of --rollout-max-response-len) in metrics.jsonl'),
     F('log-reward-category', 'str', None, 'Logging Options', 'Log reward category statistics. Specify key in reward dict. Here: samples grouped by the value of KEY in their dict reward: reward_category/<value>/frac and reward_category/<value>/reward_mean in metrics.jsonl'),
     # --- Notifications
-    F('notify-urls', 'str', None, 'Notifications', 'Apprise notification URL list (comma-separated)'),
+    F('notify-urls', 'str', None, 'Notifications', 'Apprise notification URL list (comma-separated). Here: a notice through apprise (Apprise().add(url), .notify(title, body)) when the run starts, and when it finishes or fails (an interrupted run counts as failed); a notice that cannot be sent is one console line, never a failure (relax/observability/notify.py); needs the notify extra (pip install \'relax-harness[notify]\'), else refused at launch in one line'),
     # --- Router Configuration
     F('use-slime-router', 'flag', False, 'Router Configuration', "Use SlimeRouter for text-based routing instead of SGLang's token-based routing"),
     F('slime-router-middleware-paths', 'str_list', None, 'Router Configuration', 'List of middleware paths'),
@@ -373,8 +373,8 @@ SEED_FLAGS: list[FlagSpec] = [
     F('load-debug-rollout-data', 'str', None, 'Debug', 'Load debug Rollout data. Automatically enables --debug-train-only when set. Here: files written by --save-debug-rollout-data (docs/artifacts.md); with {rollout_id} step k reads rollout k and --num-rollout defaults to the consecutive files from 0, without it every step reads the one file; a missing or malformed file fails at start, naming it'),
     F('load-debug-rollout-data-subsample', 'float', None, 'Debug', 'Subsample debug Rollout data to accelerate debugging. Here: a fraction in (0, 1]; each step keeps that share of the groups (rounded, at least one), whole groups from the front; the kept samples must still fill whole --global-batch-size batches'),
     F('save-debug-rollout-data', 'str', None, 'Debug', 'Save Rollout data. Path supports {rollout_id} placeholder. Here: every rollout step writes its sample groups as JSON (tokens, loss masks, rollout log-probs, rewards, group and sample indices, weight versions, status; docs/artifacts.md) before training on them, so --load-debug-rollout-data replays them, e.g. under another parallel layout'),
-    F('save-debug-train-data', 'str', None, 'Debug', 'Save training data. Path supports {rollout_id} placeholder'),
-    F('dump-details', 'str', None, 'Debug', 'Export all training details for post-hoc analysis'),
+    F('save-debug-train-data', 'str', None, 'Debug', 'Save training data. Path supports {rollout_id} placeholder. Here: rank 0 of the trainer torch.saves each step\'s batch once its advantages are computed: a dict of rollout_id, tokens, response_lengths, rewards, loss_masks, rollout_log_probs, advantages and sample_ids (relax/observability/train_dumps.py documents the format)'),
+    F('dump-details', 'str', None, 'Debug', 'Export all training details for post-hoc analysis. Here: DIR/rollout_<step>.jsonl, one JSON line per trained sample: tokens, response_length, reward, and per response token loss_mask, rollout/old/ref log-probs and advantages (null where the step computed none; relax/observability/train_dumps.py)'),
     F('check-weight-update-equal', 'flag', False, 'Debug', 'Check if weight updates are equal'),
     F('enable-cuda-memory-check', 'flag', False, 'Debug', 'Enable memory check around low-level NCCL communication calls. Logs available GPU memory before each collective and attaches memory info to exceptions on failure'),
     # --- Training Performance Profiling
@@ -386,11 +386,11 @@ SEED_FLAGS: list[FlagSpec] = [
     F('profile-with-memory', 'flag', False, 'Training Performance Profiling', "Record memory information in profiler traces. Here: torch.profiler's profile_memory"),
     F('profile-with-flops', 'flag', False, 'Training Performance Profiling', "Estimate FLOPs in profiler traces. Here: torch.profiler's with_flops (and record_shapes)"),
     # --- GPU Memory Profiling
-    F('record-memory-history', 'flag', False, 'GPU Memory Profiling', 'Enable CUDA memory allocation history recording (from Megatron). Records call stacks and tensor info for each allocation/deallocation, and auto-dumps a snapshot on OOM'),
-    F('memory-snapshot-path', 'str', 'snapshot.pickle', 'GPU Memory Profiling', 'Memory snapshot filename (from Megatron)'),
-    F('memory-snapshot-dir', 'str', None, 'GPU Memory Profiling', 'Memory snapshot output directory. Defaults to traces/<tb_experiment_name>/memory_snapshot'),
-    F('memory-snapshot-num-steps', 'int', None, 'GPU Memory Profiling', 'Proactively dump a memory snapshot after the specified number of steps (0-indexed, i.e., setting 3 means dump after step 2)'),
-    F('memory-recorder', 'str', 'torch', 'GPU Memory Profiling', 'Memory recorder backend: torch (PyTorch built-in), memray (requires pip install memray)', choices=('torch', 'memray')),
+    F('record-memory-history', 'flag', False, 'GPU Memory Profiling', 'Enable CUDA memory allocation history recording (from Megatron). Records call stacks and tensor info for each allocation/deallocation, and auto-dumps a snapshot on OOM. Here: torch.cuda.memory._record_memory_history from the train backend\'s start (torch and megatron), with a snapshot when a step runs out of memory (relax/observability/memory.py); CUDA only, refused in one line on a run without a GPU'),
+    F('memory-snapshot-path', 'str', 'snapshot.pickle', 'GPU Memory Profiling', 'Memory snapshot filename (from Megatron). Here: the file name of each snapshot, prefixed rank<R>_<step<N> or oom_step<N>>_'),
+    F('memory-snapshot-dir', 'str', None, 'GPU Memory Profiling', 'Memory snapshot output directory. Defaults to traces/<tb_experiment_name>/memory_snapshot. Here: under --output-dir: <output-dir>/traces/<tb-experiment-name or the output dir\'s name>/memory_snapshot'),
+    F('memory-snapshot-num-steps', 'int', None, 'GPU Memory Profiling', 'Proactively dump a memory snapshot after the specified number of steps (0-indexed, i.e., setting 3 means dump after step 2). Here: counted in this launch; turns the history on; CUDA only'),
+    F('memory-recorder', 'str', 'torch', 'GPU Memory Profiling', 'Memory recorder backend: torch (PyTorch built-in), memray (requires pip install memray). Here: torch only; memray is not supported yet', choices=('torch', 'memray')),
     # --- Network
     F('http-proxy', 'str', None, 'Network', 'HTTP proxy address'),
     F('use-distributed-post', 'flag', False, 'Network', 'Use distributed POST requests'),
@@ -599,7 +599,9 @@ SUPPORTED: frozenset[str] = frozenset({
     "use-tensorboard", "tb-project-name", "tb-experiment-name", "custom-config-path", "use-metrics-service",
     "timeline-dump-dir", "use-pytorch-profiler", "profile-step-start", "profile-step-end", "profile-target",
     "profile-with-stack", "profile-with-memory", "profile-with-flops",  # relax/observability/
-    "log-multi-turn", "log-correct-samples", "log-reward-category",
+    "log-multi-turn", "log-correct-samples", "log-reward-category", "custom-rollout-log-function-path",
+    "record-memory-history", "memory-snapshot-path", "memory-snapshot-dir", "memory-snapshot-num-steps",
+    "memory-recorder",  # relax/observability/memory.py
     "balance-data",  # relax/backends/torch/data_parallel.py
     # additions
     "preset", "output-dir", "overwrite-output-dir", "hook-timeout", "lr-decay-style", "config", "device", "rollout-backend",
@@ -608,11 +610,18 @@ SUPPORTED: frozenset[str] = frozenset({
     "slime-router-timeout", "slime-router-max-connections", "slime-router-health-check-failure-threshold",
     "embedded-runner", "embedded-cuda-graph", "embedded-compile", "weight-sync-transport", "weight-sync-timeout",
     "debug", "bf16",
+    "sglang-profile", "sglang-profile-steps", "sglang-profile-step-start", "sglang-profile-step-end",
+    "sglang-profile-output-dir", "sglang-profile-num-steps", "sglang-profile-activities", "sglang-profile-by-stage",
+    "sglang-profile-with-stack", "sglang-profile-record-shapes",  # relax/observability/sglang_profile.py
+    "notify-urls", "use-clearml",  # relax/observability/notify.py, relax/metrics/clearml_logger.py
+    "save-debug-train-data", "dump-details",  # relax/observability/train_dumps.py
+    "custom-eval-rollout-log-function-path",  # relax/core/eval_log_hook.py
     # Megatron model architecture (relax/models/arch_flags.py); ref-load naming the --hf-checkpoint directory
     *(spec.name for spec in MODEL_FLAGS), "ref-load",
 })
 SUPPORTED_VALUES: dict[str, frozenset[Any]] = {
     "optimizer": frozenset({"adam"}),
+    "memory-recorder": frozenset({"torch"}),
     "lr-decay-style": frozenset({"constant", "linear", "cosine"}),  # relax/backends/lr_schedule.py (torch backend)
     "opd-type": frozenset({"megatron", "sglang"}),  # megatron: the training backend's teacher (torch on CPU);
     # sglang: a teacher engine server at --rm-url, or an embedded one over --opd-teacher-load (opd_teacher.py)

@@ -90,8 +90,10 @@ def _error_message(text: str) -> str:
 
 
 async def request(method: str, url: str, payload: Any = None, *, timeout: float | None = None,
-                  headers: dict[str, str] | None = None, connect_timeout: float = CONNECT_TIMEOUT_S) -> Any:
-    """One HTTP call returning the decoded JSON (or ``None`` for an empty body)."""
+                  headers: dict[str, str] | None = None, connect_timeout: float = CONNECT_TIMEOUT_S,
+                  text: bool = False) -> Any:
+    """One HTTP call returning the decoded JSON (or ``None`` for an empty body); ``text``: the body as text
+    (SGLang's plain-text answers, e.g. /start_profile's)."""
     client_timeout = aiohttp.ClientTimeout(total=timeout, connect=min(connect_timeout, timeout or connect_timeout))
     try:
         body = None if payload is None else dumps(payload)
@@ -101,6 +103,8 @@ async def request(method: str, url: str, payload: Any = None, *, timeout: float 
             raw = await resp.read()
             if resp.status >= 400:
                 raise EngineHTTPError(url, resp.status, _error_message(raw.decode(errors="replace")))
+            if text:
+                return raw.decode(errors="replace")
             return loads(raw) if raw.strip() else None
     except EngineError:
         raise

@@ -40,6 +40,8 @@ GPU_FLAGS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "sglang_mem_fraction_static": (lambda v: v is not None, "the share of GPU memory an SGLang engine takes"),
     "attention_backend": (lambda v: v in ("flash", "fused"), "flash and fused attention are CUDA kernels"),
     "weight_sync_transport": (lambda v: v == "cuda-ipc", "CUDA IPC shares GPU memory between processes"),
+    "record_memory_history": (bool, "the CUDA allocator's history"),
+    "memory_snapshot_num_steps": (lambda v: v is not None, "a snapshot of the CUDA allocator"),
 }
 _MEGATRON_WHY = "a --train-backend megatron flag, and megatron-core runs on CUDA GPUs only"
 

@@ -19,6 +19,8 @@ from relax.backends.embedded.runner_choice import check_runner_flags
 from relax.backends.megatron import memory_flags
 from relax.backends.megatron.checks import check_train_backend
 from relax.backends.megatron.megatron_config import MegatronConfig
+from relax.metrics.clearml_logger import ClearMLConfig
+from relax.observability.notify import NotifyConfig
 from relax.utils import debug_modes
 from relax.utils.flag_table import FLAGS_BY_NAME
 from relax.utils.flag_types import Problems
@@ -134,6 +136,8 @@ def _requirements(args: Namespace, p: Problems) -> None:
         p.add("--use-dynamic-batch-size requires --max-tokens-per-gpu")
     p.run(lambda: check_train_backend(MegatronConfig.from_args(args), args.resource))
     p.run(lambda: check_runner_flags(EmbeddedEngineConfig.from_args(args)))
+    p.run(NotifyConfig.from_args, args, catch=(ValueError,))  # --notify-urls: apprise installed
+    p.run(ClearMLConfig.from_args, args, catch=(ValueError,))  # --use-clearml: clearml installed
 
 
 def _opd_sglang(args: Namespace, p: Problems) -> None:

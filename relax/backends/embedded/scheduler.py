@@ -21,6 +21,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from relax.backends.embedded.engine import EmbeddedEngine, Request
+from relax.backends.embedded.profiling import StepProfiler
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class Scheduler:
         self._exclusive_waiters = 0
         self._stopped = False
         self.steps = 0
+        self.profiler = StepProfiler(engine.device)  # /start_profile, /stop_profile: run in this loop's thread
         self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
         self._thread.start()
 
@@ -108,6 +110,12 @@ class Scheduler:
                 self._exclusive_waiters -= 1
                 self._cond.notify_all()
 
+    def profile(self, action: str, body: dict[str, Any] | None = None) -> Future:
+        """``start`` or ``stop`` a torch.profiler session between two steps, in the stepping thread."""
+        future = self.profiler.request(action, body)
+        self._wake()
+        return future
+
     def close(self) -> None:
         with self._cond:
             self._stopped = True
@@ -120,8 +128,11 @@ class Scheduler:
         with self._cond:
             self._cond.notify_all()
 
-    def _runnable(self) -> bool:
+    def _can_step(self) -> bool:
         return not self._paused and not self._exclusive_waiters and self.engine.has_work()
+
+    def _runnable(self) -> bool:
+        return self.profiler.pending or self._can_step()
 
     def _loop(self) -> None:
         while True:
@@ -131,7 +142,8 @@ class Scheduler:
                 if self._stopped:
                     return
             with self._engine_lock:
-                if not self._runnable():
+                self.profiler.serve()
+                if not self._can_step():
                     continue
                 try:
                     finished = self.engine.step()
@@ -140,6 +152,10 @@ class Scheduler:
                     log.exception("engine step failed")
                     self._fail_all(exc)
                     continue
+                try:
+                    self.profiler.after_step()  # /start_profile's num_steps: stops and writes the trace
+                except Exception:  # a trace that cannot be written fails no request
+                    log.exception("writing the profiler's trace failed")
                 self._resolve(finished)
 
     def _resolve(self, reqs: list[Request]) -> None:

@@ -82,6 +82,8 @@ IMPLEMENTED: dict[str, frozenset[str]] = {
     "/flush_cache": frozenset(),
     "/release_memory_occupation": frozenset({"tags"}),
     "/resume_memory_occupation": frozenset({"tags"}),
+    "/start_profile": frozenset({"output_dir", "num_steps", "activities", "with_stack", "record_shapes",
+                                 "profile_prefix"}),  # profiling.py; profile_by_stage: one trace per session
 }
 
 
@@ -109,7 +111,8 @@ class EngineServer:
         app.router.add_put("/generate", self.generate)
         self.weights.add_to(app)
         get_and_post = {"/flush_cache": self.flush_cache, "/release_memory_occupation": self.release_memory,
-                        "/resume_memory_occupation": self.resume_memory}
+                        "/resume_memory_occupation": self.resume_memory,
+                        "/start_profile": self.start_profile, "/stop_profile": self.stop_profile}
         for path, handler in get_and_post.items():
             app.router.add_get(path, handler)
             app.router.add_post(path, handler)
@@ -209,6 +212,16 @@ class EngineServer:
         ok = await self.exclusive(self.engine.flush_cache)
         return web.Response(text="Cache flushed.\n" if ok else "Cache not flushed: requests are running.\n",
                             status=200 if ok else 400)
+
+    # ------------------------------------------------------------------ profiling (profiling.py)
+    async def start_profile(self, request: web.Request) -> web.Response:
+        body = _checked("/start_profile", await self.body(request))
+        text = await asyncio.wrap_future(self.scheduler.profile("start", body))
+        return web.Response(text=text, status=200)
+
+    async def stop_profile(self, request: web.Request) -> web.Response:
+        text = await asyncio.wrap_future(self.scheduler.profile("stop"))
+        return web.Response(text=text, status=200)
 
     # ------------------------------------------------------------------ memory, health, info
     async def release_memory(self, request: web.Request) -> web.Response:

@@ -51,6 +51,7 @@ from relax.backends.torch.backend import TorchTrainBackend
 from relax.backends.torch.batch import RolloutTensors, build_model_inputs
 from relax.backends.torch.data_parallel import DataParallel
 from relax.backends.torch.freezing import apply_param_freezing
+from relax.observability.memory import MemoryRecorder
 from relax.observability.profiler import TrainProfiler
 from relax.weights.checksum import state_checksums
 
@@ -108,6 +109,7 @@ class MegatronTrainBackend(TorchTrainBackend):
         self.critic = None  # --advantage-estimator ppo is refused for this backend at parse time
         self._exporter = None  # built on first use: every rank builds it (an all-gather of shapes)
         self.profiler = TrainProfiler(cfg.profiler, rank=self.dp.rank)  # the inherited step's
+        self.memory = MemoryRecorder(cfg.memory, rank=self.dp.rank)
 
     def _build(self, spec: McoreModelSpec, extra_config: dict[str, Any] | None = None) -> BuiltModel:
         return build_gpt_model(spec, sizes=self.sizes, device=self.device.type,

@@ -52,8 +52,10 @@ from relax.backends.torch.step_report import CONSUMED_KEY, consumed_samples, log
 from relax.distributed.resources import service_roles
 from relax.models import build_model
 from relax.models.checkpoint_names import checkpoint_state, moe_style
+from relax.observability.memory import MemoryRecorder
 from relax.observability.profiler import TrainProfiler
 from relax.observability.spans import SPANS_KEY
+from relax.observability.train_dumps import dump_step
 from relax.utils.fault_hooks import fault_at
 from relax.weights.checksum import state_checksums
 
@@ -119,6 +121,7 @@ class TorchTrainBackend:
         self._train_offloader = None  # built on the first --offload-train call
         # --use-pytorch-profiler traces and the --timeline-dump-dir trainer spans (relax/observability/profiler.py)
         self.profiler = TrainProfiler(cfg.profiler, rank=self.dp.rank)
+        self.memory = MemoryRecorder(cfg.memory, rank=self.dp.rank)  # CUDA allocator snapshots
 
     def _build(self, name_or_path: str) -> torch.nn.Module:
         """A model in the training dtype; ``--attention-backend flash`` asks torch SDPA for the flash kernel."""
@@ -196,7 +199,8 @@ class TorchTrainBackend:
                       precomputed: Precomputed | None = None) -> dict[str, float]:
         """One RL step. ``precomputed``: columns the fully-async services computed (`relax.core.services`)."""
         self.profiler.start("train_overall", step)
-        metrics = self._train_rollout(samples, step, precomputed)
+        with self.memory.step(step):
+            metrics = self._train_rollout(samples, step, precomputed)
         self.profiler.stop("train_overall", step)
         if spans := self.profiler.pop_spans():
             metrics[SPANS_KEY] = spans
@@ -219,6 +223,8 @@ class TorchTrainBackend:
         old_lp, ref_lp, teacher_lp, old_values, adv = self._rollout_columns(batch, precomputed, old=not from_step)
         self.profiler.stop("train_log_probs", step)
         postprocess_rollout_data(cfg, step, batch, old_lp, ref_lp, adv)
+        if self.dp.rank == 0:  # --save-debug-train-data, --dump-details (relax/observability/train_dumps.py)
+            dump_step(cfg.dumps, step, batch, old_lp, ref_lp, adv.advantages)
         columns_s = time.perf_counter() - start  # the columns are on the host: their forwards have finished
         metrics: dict[str, float] = {f"train/{k}": float(v) for k, v in adv.metrics.items()}
         metrics["train/old_log_probs_from_step"] = float(from_step)

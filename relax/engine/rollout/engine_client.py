@@ -67,6 +67,18 @@ class EngineClient:
     async def flush_cache(self) -> Any:
         return await self._post("/flush_cache")
 
+    # ------------------------------------------------------------------ profiling
+    async def start_profile(self, body: dict[str, Any]) -> str:
+        """SGLang's ``/start_profile`` with a ``ProfileReqInput`` body (None fields: SGLang's defaults); SGLang
+        answers in plain text."""
+        body = {k: v for k, v in body.items() if v is not None}
+        return await request("POST", f"{self.base_url}/start_profile", body, timeout=self.control_timeout,
+                             headers=self.headers, text=True)
+
+    async def stop_profile(self) -> str:
+        return await request("POST", f"{self.base_url}/stop_profile", {}, timeout=self.weights_timeout,
+                             headers=self.headers, text=True)
+
     # ------------------------------------------------------------------ weights
     async def update_weights_from_tensor(self, serialized_named_tensors: Sequence[str], *,
                                          load_format: str | None = None, flush_cache: bool = True,

@@ -73,7 +73,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 async def _evaluate_set(cfg: EvalConfig, rollout: RolloutConfig, rewards: RewardConfig, step: int, set_index: int,
-                        eval_set: EvalSet) -> dict[str, float]:
+                        eval_set: EvalSet, data: dict[str, dict[str, list]] | None = None) -> dict[str, float]:
     n = cfg.n_samples_per_eval_prompt
     samples = [p.copy() for p in eval_set.prompts for _ in range(n)]
     params = eval_sampling_params(cfg, rollout)
@@ -88,6 +88,8 @@ async def _evaluate_set(cfg: EvalConfig, rollout: RolloutConfig, rewards: Reward
             apply_response(s, resp)
     await compute_rewards(rewards, samples)
     values = [extract_reward(s.reward, cfg.eval_reward_key) for s in samples]
+    if data is not None:  # --custom-eval-rollout-log-function-path's per-set data (relax/core/eval_log_hook.py)
+        data[eval_set.name] = {"samples": samples, "rewards": values}
     correct = [sum(r > 0 for r in values[i : i + n]) for i in range(0, len(values), n)]
     prefix = f"eval/{eval_set.name}"
     out = {f"{prefix}/reward_mean": sum(values) / len(values), f"{prefix}/pass@{n}": sum(c > 0 for c in correct) / len(correct),
@@ -101,9 +103,10 @@ async def _evaluate_set(cfg: EvalConfig, rollout: RolloutConfig, rewards: Reward
 
 
 def run_eval(cfg: EvalConfig, rollout: RolloutConfig, rewards: RewardConfig, step: int,
-             eval_sets: list[EvalSet]) -> dict[str, float]:
+             eval_sets: list[EvalSet], data: dict[str, dict[str, list]] | None = None) -> dict[str, float]:
+    """The eval metrics; ``data``, when given, receives ``{set name: {"samples", "rewards"}}``."""
     async def all_sets() -> dict[str, float]:
-        parts = await asyncio.gather(*(_evaluate_set(cfg, rollout, rewards, step, i, s)
+        parts = await asyncio.gather(*(_evaluate_set(cfg, rollout, rewards, step, i, s, data)
                                        for i, s in enumerate(eval_sets)))
         return {k: v for part in parts for k, v in part.items()}
 

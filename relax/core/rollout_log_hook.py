@@ -1,0 +1,39 @@
+"""``--custom-rollout-log-function-path``: the user's own logging of each step's rollout (seed 000).
+
+The hook is slime's: ``log_rollout_data(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool``,
+called once per step after the rollout, before the step's metrics are written. ``samples`` are the step's trained
+samples, ``rollout_extra_metrics`` the step's ``rollout/*`` metrics (a dict the hook may add to: what it adds is
+logged with the step), ``rollout_time`` the rollout's seconds. Returning True means the hook logged the rollout
+itself: the step's default ``rollout/*`` metrics are left out (the hook's own additions stay). The hook takes the
+whole ``args``, as the seed fixes, so it is called from the driver.
+"""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from typing import Any
+
+from relax.utils.plugins import culprit, load_function
+
+FLAG = "--custom-rollout-log-function-path"
+SIGNATURE = "log_rollout_data(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool"
+
+
+def check_hook(path: str) -> None:
+    """Load the hook before anything starts: a bad path is one line at launch, not after the first rollout."""
+    load_function(path, flag=FLAG, signature=SIGNATURE, min_args=5)
+
+
+def apply_hook(args: Namespace, step: int, samples: list[Any], rollout_metrics: dict[str, float],
+               rollout_time: float) -> dict[str, float]:
+    """The step's rollout metrics after the hook ran (itself when no hook is given)."""
+    path = args.custom_rollout_log_function_path
+    if not path:
+        return rollout_metrics
+    fn = load_function(path, flag=FLAG, signature=SIGNATURE, min_args=5)
+    given = dict(rollout_metrics)
+    extra = dict(rollout_metrics)
+    with culprit(FLAG, path, f"rollout {step}"):
+        skip_default = fn(step, args, samples, extra, rollout_time)
+    added = {k: v for k, v in extra.items() if k not in given or v != given[k]}
+    return added if skip_default is True else {**given, **added}
