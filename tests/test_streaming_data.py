@@ -12,7 +12,7 @@ import pytest
 from relax.data.dataset import DataError
 from relax.engine.rollout.data_source import RolloutDataSourceWithBuffer
 from relax.utils.plugins import PluginError
-from tests.test_data import TOK, _args, _key, _write_jsonl, _write_parquet
+from tests.test_data import TOK, _args, _key, _write_jsonl
 
 ROWS = [{"q": f"{i}+1=", "a": str(i + 1), "metadata": {"i": i}} for i in range(23)]
 
