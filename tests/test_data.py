@@ -42,7 +42,8 @@ def _args(path: Path, **kw) -> Namespace:
     base = dict(prompt_data=str(path), input_key="q", label_key="a", metadata_key="metadata", tool_key="tools",
                 apply_chat_template=False, apply_chat_template_kwargs={}, system_prompt=None,
                 rollout_max_prompt_len=None, n_samples_per_prompt=2, rollout_shuffle=True, rollout_seed=5,
-                hf_checkpoint="tiny-qwen3", custom_prompt_path=None, buffer_filter_path=None)
+                hf_checkpoint="tiny-qwen3", custom_prompt_path=None, buffer_filter_path=None,
+                use_streaming_dataset=False, streaming_buffer_size=4)
     base.update(kw)
     return Namespace(**base)
 

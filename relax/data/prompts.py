@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from relax.data.dataset import DataError, missing_key
+from relax.utils.plugins import PluginError
 from relax.utils.types import Sample
 
 logger = logging.getLogger(__name__)
@@ -82,43 +84,83 @@ def _check_tokens(tokens: list[int], tokenizer: Any, where: str) -> None:
                         "know only the words w0, w1, ... (e.g. the maxword task)")
 
 
+@dataclass(frozen=True)
+class SampleBuilder:
+    """How one record becomes a prompt `Sample`: the record fields, the template, the length filter, the hook.
+
+    ``prompt_fn`` is the ``--custom-prompt-path`` function (``prompt_fn_path`` its dotted path, named when it
+    raises); both loaders, in-memory and streaming, build every sample through `build`.
+    """
+
+    tokenizer: Any
+    input_key: str
+    label_key: str | None
+    metadata_key: str
+    apply_chat_template: bool
+    apply_chat_template_kwargs: dict[str, Any] | None
+    system_prompt: str | None
+    tool_key: str
+    max_prompt_len: int | None
+    prompt_fn: PromptFn | None = None
+    prompt_fn_path: str = "<prompt_fn>"
+
+    def build(self, record: dict[str, Any], group_index: int, where: str) -> Sample | None:
+        """The sample of ``record`` (``where`` is ``file:line`` for errors), or None when it is too long."""
+        for key in (self.input_key, self.label_key):
+            if key is not None and key not in record:
+                raise DataError(f"{where}: {missing_key(key, record)}")
+        raw = record[self.input_key]
+        if self.prompt_fn is not None:
+            try:
+                raw = self.prompt_fn(raw, record)
+            except Exception as exc:  # noqa: BLE001 - a user hook: name it, the record and the error in one line
+                first = (str(exc).splitlines() or [""])[0]
+                raise PluginError(f"{where}: --custom-prompt-path {self.prompt_fn_path} raised "
+                                  f"{type(exc).__name__}: {first}; expected {CUSTOM_PROMPT_SIGNATURE}") from None
+        try:
+            text = prompt_text(raw, self.tokenizer, apply_chat_template=self.apply_chat_template,
+                               system_prompt=self.system_prompt, tools=record.get(self.tool_key),
+                               chat_template_kwargs=self.apply_chat_template_kwargs)
+        except ValueError as exc:
+            raise DataError(f"{where}: {exc}") from None
+        tokens = self.tokenizer.encode(text, add_special_tokens=False)
+        _check_tokens(tokens, self.tokenizer, where)
+        if self.max_prompt_len is not None and len(tokens) > self.max_prompt_len:
+            return None
+        return Sample(
+            group_index=group_index, prompt=text, tokens=list(tokens),
+            label=record[self.label_key] if self.label_key is not None else None,
+            metadata=_metadata(record.get(self.metadata_key)),
+        )
+
+    def build_all(self, records: list[dict[str, Any]], *, path: str,
+                  first_index: int = 0) -> tuple[list[Sample], int]:
+        """The samples of a file's records (``group_index`` = ``first_index`` + record index), and how many were
+        too long (dropped, and logged)."""
+        samples: list[Sample] = []
+        for i, record in enumerate(records):
+            sample = self.build(record, first_index + i, f"{path}:{i + 1}")
+            if sample is not None:
+                samples.append(sample)
+        filtered = len(records) - len(samples)
+        if filtered:
+            logger.info("%s: dropped %d of %d prompts longer than %d tokens (--rollout-max-prompt-len)",
+                        path, filtered, len(records), self.max_prompt_len)
+        return samples, filtered
+
+
 def build_samples(records: list[dict[str, Any]], tokenizer: Any, *, input_key: str, label_key: str | None,
                   metadata_key: str, apply_chat_template: bool,
                   apply_chat_template_kwargs: dict[str, Any] | None, system_prompt: str | None,
                   tool_key: str, max_prompt_len: int | None, path: str = "<records>",
-                  prompt_fn: PromptFn | None = None, first_index: int = 0) -> tuple[list[Sample], int]:
+                  prompt_fn: PromptFn | None = None, first_index: int = 0,
+                  prompt_fn_path: str = "<prompt_fn>") -> tuple[list[Sample], int]:
     """Return the prompt samples (``group_index`` = ``first_index`` + record index) and how many were too long.
 
     Records with more than ``max_prompt_len`` prompt tokens are dropped and counted. Errors
     name ``path`` and the 1-based record number.
     """
-    samples: list[Sample] = []
-    filtered = 0
-    for i, record in enumerate(records):
-        where = f"{path}:{i + 1}"
-        for key in (input_key, label_key):
-            if key is not None and key not in record:
-                raise DataError(f"{where}: {missing_key(key, record)}")
-        raw = record[input_key]
-        if prompt_fn is not None:
-            raw = prompt_fn(raw, record)
-        try:
-            text = prompt_text(raw, tokenizer, apply_chat_template=apply_chat_template,
-                               system_prompt=system_prompt, tools=record.get(tool_key),
-                               chat_template_kwargs=apply_chat_template_kwargs)
-        except ValueError as exc:
-            raise DataError(f"{where}: {exc}") from None
-        tokens = tokenizer.encode(text, add_special_tokens=False)
-        _check_tokens(tokens, tokenizer, where)
-        if max_prompt_len is not None and len(tokens) > max_prompt_len:
-            filtered += 1
-            continue
-        samples.append(Sample(
-            group_index=first_index + i, prompt=text, tokens=list(tokens),
-            label=record[label_key] if label_key is not None else None,
-            metadata=_metadata(record.get(metadata_key)),
-        ))
-    if filtered:
-        logger.info("%s: dropped %d of %d prompts longer than %d tokens (--rollout-max-prompt-len)",
-                    path, filtered, len(records), max_prompt_len)
-    return samples, filtered
+    builder = SampleBuilder(tokenizer, input_key, label_key, metadata_key, apply_chat_template,
+                            apply_chat_template_kwargs, system_prompt, tool_key, max_prompt_len, prompt_fn,
+                            prompt_fn_path)
+    return builder.build_all(records, path=path, first_index=first_index)

@@ -128,12 +128,12 @@ SEED_FLAGS: list[FlagSpec] = [
     F('system-prompt', 'str', None, 'Dataset', 'Optional system prompt added before user input. Final message is <system_prompt> + <dataset_prompt>'),
     F('rollout-shuffle', 'flag', False, 'Dataset', 'Whether to shuffle prompt order during Rollout'),
     F('rollout-seed', 'int', 42, 'Dataset', 'Random seed for Rollout, used for shuffling prompts and random sampling'),
-    F('use-streaming-dataset', 'flag', False, 'Dataset', 'Use streaming dataset to save memory'),
-    F('streaming-buffer-size', 'int', 10000, 'Dataset', 'Buffer size for streaming dataset'),
+    F('use-streaming-dataset', 'flag', False, 'Dataset', 'Use streaming dataset to save memory. Here: the --prompt-data files are read as prompts are drawn (jsonl line by line, parquet by record batches of one row group), never held whole; each record becomes a sample as the in-memory loader makes it (template, --custom-prompt-path, the --rollout-max-prompt-len filter); with --rollout-shuffle, through a shuffle buffer of --streaming-buffer-size records seeded by --rollout-seed + epoch (without it, file order: the in-memory order). A checkpoint holds the file position, the buffered records and the generator state, so --load resumes at the exact next prompt (relax/data/streaming.py). --num-epoch counts records, too-long ones included'),
+    F('streaming-buffer-size', 'int', 10000, 'Dataset', 'Buffer size for streaming dataset. Here: the records the shuffle buffer holds; each draw takes a random one and refills its slot from the files, and the buffer drains at an epoch\'s end, so each epoch serves every record once; must be >= 1'),
     F('prefetch-chunk-size', 'int', 32, 'Dataset', 'Number of samples to dispatch to the thread-pool in each prefetch round. Larger values increase throughput but also memory pressure. Only effective when --use-streaming-dataset is set and the dataset contains multimodal data'),
     F('prefetch-max-cached', 'int', 256, 'Dataset', 'Maximum number of pre-loaded samples kept in the prefetch cache. When the cache is full the background prefetch thread pauses until consumers free space. Set to 0 to disable prefetching. Only effective when --use-streaming-dataset is set and the dataset contains multimodal data'),
     F('prefetch-num-workers', 'int', 1, 'Dataset', 'Number of parallel worker threads inside the prefetch buffer for I/O-bound media decoding (video/image). Set to 1 to serialise all decoding (safest for FFmpeg which is not fully thread-safe). Higher values increase parallelism but may trigger EAGAIN errors on some platforms. Only effective when prefetching is enabled'),
-    F('custom-prompt-path', 'str', None, 'Dataset', 'Dotted import path to a custom function that transforms the prompt before conversation/multimodal processing. Function signature: def custom_fn(prompt, data: dict) -> prompt. Example: my_package.prompt_utils.add_prefix'),
+    F('custom-prompt-path', 'str', None, 'Dataset', 'Dotted import path to a custom function that transforms the prompt before conversation/multimodal processing. Function signature: def custom_fn(prompt, data: dict) -> prompt. Example: my_package.prompt_utils.add_prefix. Here: called per record, before the chat template and the length filter, by both loaders (in-memory: at start; --use-streaming-dataset: as records are drawn); a bad path fails at start, and a hook that raises stops the run in one line naming the hook and the record\'s file:line'),
     F('data-source-path', 'str', 'relax.engine.rollout.data_source.RolloutDataSourceWithBuffer', 'Dataset', 'Rollout data source class path'),
     F('start-rollout-id', 'int', None, 'Dataset', 'Starting Rollout step. If not set, attempts to read from checkpoint specified by --load'),
     # --- Multimodal Data
@@ -552,6 +552,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "prompt-data", "input-key", "label-key", "metadata-key", "tool-key", "apply-chat-template",
     "apply-chat-template-kwargs", "system-prompt", "rollout-shuffle", "rollout-seed", "rollout-max-prompt-len",
     "data-source-path", "rollout-function-path",
+    "use-streaming-dataset", "streaming-buffer-size", "custom-prompt-path",  # relax/data/streaming.py, prompts.py
     # rollout
     "num-rollout", "num-epoch", "rollout-batch-size", "n-samples-per-prompt", "rollout-temperature", "rollout-top-p",
     "rollout-top-k", "rollout-max-response-len", "rollout-max-context-len", "rollout-stop", "rollout-stop-token-ids",
@@ -652,7 +653,7 @@ BOUNDS: dict[str, Bound] = {
     "n-samples-per-eval-prompt": AT_LEAST_1, "eval-interval": AT_LEAST_1,
     "rollout-health-check-interval": POSITIVE, "rollout-health-check-timeout": POSITIVE,
     "max-global-restart": NON_NEGATIVE, "hook-timeout": POSITIVE, "weight-sync-timeout": POSITIVE,
-    "slime-router-timeout": POSITIVE,
+    "slime-router-timeout": POSITIVE, "streaming-buffer-size": AT_LEAST_1,
 }
 
 

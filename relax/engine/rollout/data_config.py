@@ -30,6 +30,9 @@ class PromptDataConfig(FlagSlice):
     system_prompt: str | None
     rollout_max_prompt_len: int | None
     custom_prompt_path: str | None
+    # read lazily through a shuffle buffer (relax/data/streaming.py) rather than all at start
+    use_streaming_dataset: bool
+    streaming_buffer_size: int
     # how prompts are served: group size, seeded per-epoch shuffling, the recycle buffer's filter
     n_samples_per_prompt: int
     rollout_shuffle: bool

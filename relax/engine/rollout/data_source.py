@@ -7,8 +7,13 @@ public). It walks the prompts in order, reshuffling each epoch with a generator 
 `add_samples` (partial rollout, over-sampling leftovers) are served first: oldest first, or the
 ones ``--buffer-filter-path`` selects (Relax's call shape, ``rollout_id`` is None as in Relax).
 
-Its whole position (epoch, offset, counters, buffer) is in `state_dict`, as plain data, so a
-resumed run serves exactly the prompts the straight run would have served.
+With ``--use-streaming-dataset`` the prompts are not held: records are read as they are drawn, through a
+seeded shuffle buffer of ``--streaming-buffer-size`` records (relax/data/streaming.py), and each becomes a sample
+the same way (template, ``--custom-prompt-path``, the ``--rollout-max-prompt-len`` filter) when it is drawn.
+
+Its whole position (epoch, offset, counters, buffer; a streaming source's file cursor, shuffle buffer and
+generator state) is in `state_dict`, as plain data, so a resumed run serves exactly the prompts the straight run
+would have served.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from relax.data.dataset import DataError, prompt_files, read_records
-from relax.data.prompts import CUSTOM_PROMPT_SIGNATURE, build_samples
+from relax.data.prompts import CUSTOM_PROMPT_SIGNATURE, SampleBuilder
+from relax.data.streaming import StreamingRecords
 from relax.engine.rollout.data_config import PromptDataConfig
 from relax.utils.plugins import PluginError, load_function
 from relax.utils.types import Sample
@@ -46,20 +52,27 @@ class RolloutDataSourceWithBuffer:
         if cfg.custom_prompt_path:
             prompt_fn = load_function(cfg.custom_prompt_path, flag="--custom-prompt-path",
                                       signature=CUSTOM_PROMPT_SIGNATURE, min_args=2)
+        self.builder = SampleBuilder(
+            tokenizer, input_key=cfg.input_key, label_key=cfg.label_key, metadata_key=cfg.metadata_key,
+            apply_chat_template=cfg.apply_chat_template, apply_chat_template_kwargs=cfg.apply_chat_template_kwargs,
+            system_prompt=cfg.system_prompt, tool_key=cfg.tool_key, max_prompt_len=cfg.rollout_max_prompt_len,
+            prompt_fn=prompt_fn, prompt_fn_path=cfg.custom_prompt_path or "<prompt_fn>",
+        )
         self.num_records, self.num_filtered, self.prompts = 0, 0, []
-        for path in prompt_files(cfg.prompt_data):  # one file, or several read in order (seed 004)
-            records = read_records(path, required_keys=[cfg.input_key])
-            prompts, filtered = build_samples(
-                records, tokenizer, path=path, input_key=cfg.input_key, label_key=cfg.label_key,
-                metadata_key=cfg.metadata_key, apply_chat_template=cfg.apply_chat_template,
-                apply_chat_template_kwargs=cfg.apply_chat_template_kwargs, system_prompt=cfg.system_prompt,
-                tool_key=cfg.tool_key, max_prompt_len=cfg.rollout_max_prompt_len, prompt_fn=prompt_fn,
-                first_index=self.num_records,
-            )
-            self.prompts += prompts
-            self.num_records += len(records)
-            self.num_filtered += filtered
-        if not self.prompts:
+        self.stream: StreamingRecords | None = None
+        if cfg.use_streaming_dataset:  # records are read as they are drawn (relax/data/streaming.py)
+            self.stream = StreamingRecords(
+                prompt_files(cfg.prompt_data), required_keys=[cfg.input_key], buffer_size=cfg.streaming_buffer_size,
+                shuffle=cfg.rollout_shuffle, seed=cfg.rollout_seed)
+            self.num_records = self.stream.num_records
+        else:
+            for path in prompt_files(cfg.prompt_data):  # one file, or several read in order (seed 004)
+                records = read_records(path, required_keys=[cfg.input_key])
+                prompts, filtered = self.builder.build_all(records, path=path, first_index=self.num_records)
+                self.prompts += prompts
+                self.num_records += len(records)
+                self.num_filtered += filtered
+        if not (self.prompts or self.stream and self.num_records):
             raise DataError(
                 f"{cfg.prompt_data}: no prompts left (empty file, or all longer than --rollout-max-prompt-len)"
             )
@@ -70,7 +83,7 @@ class RolloutDataSourceWithBuffer:
         self.offset = 0  # position in this epoch's order
         self.sample_counter = 0  # next Sample.index
         self.buffer: list[list[Sample]] = []
-        self._order = self._epoch_order(0)
+        self._order = self._epoch_order(0) if self.stream is None else []
         self.args = args  # what the --buffer-filter-path hook gets (Relax's signature)
         self.buffer_filter = None
         if cfg.buffer_filter_path:
@@ -78,7 +91,8 @@ class RolloutDataSourceWithBuffer:
                                                signature=BUFFER_FILTER_SIGNATURE, min_args=4)
 
     def __len__(self) -> int:
-        return len(self.prompts)
+        """Prompts in an epoch; a streaming source counts records (it cannot know the too-long ones in advance)."""
+        return self.num_records if self.stream is not None else len(self.prompts)
 
     def _epoch_order(self, epoch: int) -> list[int]:
         if not self.shuffle:
@@ -86,6 +100,8 @@ class RolloutDataSourceWithBuffer:
         return np.random.default_rng(self.seed + epoch).permutation(len(self.prompts)).tolist()
 
     def _next_prompt(self) -> tuple[int, Sample]:
+        if self.stream is not None:
+            return self._next_streamed()
         if self.offset >= len(self._order):
             self.epoch += 1
             self.offset = 0
@@ -94,6 +110,16 @@ class RolloutDataSourceWithBuffer:
         self.offset += 1
         # unique per (epoch, record); the record index survives --rollout-max-prompt-len filtering
         return self.epoch * self.num_records + prompt.group_index, prompt
+
+    def _next_streamed(self) -> tuple[int, Sample]:
+        for _ in range(self.num_records):  # a whole epoch of too-long records serves nothing
+            drawn = self.stream.next()
+            prompt = self.builder.build(drawn.record, drawn.index, drawn.where)
+            if prompt is not None:
+                self.epoch = drawn.epoch
+                return drawn.epoch * self.num_records + drawn.index, prompt
+            self.num_filtered += 1
+        raise DataError(f"{self.config.prompt_data}: no prompts left (all longer than --rollout-max-prompt-len)")
 
     def _new_group(self) -> list[Sample]:
         group_index, prompt = self._next_prompt()
@@ -143,27 +169,38 @@ class RolloutDataSourceWithBuffer:
 
     def num_rollout_for_epochs(self, num_epoch: int, rollout_batch_size: int) -> int:
         """Rollout steps that cover ``num_epoch`` passes over the prompts (the last step may cross an epoch)."""
-        return max(1, math.ceil(num_epoch * len(self.prompts) / rollout_batch_size))
+        return max(1, math.ceil(num_epoch * len(self) / rollout_batch_size))
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain data (ints, lists, dicts): picklable and JSON-serializable."""
-        return {
+        """Plain data (ints, lists, dicts): picklable and JSON-serializable. A streaming source's position is its
+        stream's: the file cursor, the shuffle buffer's records, the generator state and the epoch."""
+        state = {
             "version": STATE_VERSION,
-            "num_prompts": len(self.prompts),
+            "num_prompts": len(self),
             "epoch": self.epoch,
             "offset": self.offset,
             "sample_counter": self.sample_counter,
             "buffer": [[s.to_dict() for s in group] for group in self.buffer],
         }
+        if self.stream is not None:
+            state["stream"] = self.stream.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("num_prompts", len(self.prompts)) != len(self.prompts):
+        if state.get("num_prompts", len(self)) != len(self):
             raise DataError(
                 f"resume: the data source state was saved for {state['num_prompts']} prompts but "
-                f"--prompt-data now has {len(self.prompts)}"
+                f"--prompt-data now has {len(self)}"
             )
+        if ("stream" in state) != (self.stream is not None):
+            saved = "with" if "stream" in state else "without"
+            raise DataError(f"resume: the data source state was saved {saved} --use-streaming-dataset; "
+                            f"resume with the same setting")
         self.epoch, self.offset = state["epoch"], state["offset"]
         self.sample_counter = state["sample_counter"]
         self.buffer = [[s if isinstance(s, Sample) else Sample.from_dict(s) for s in group]
                        for group in state["buffer"]]
-        self._order = self._epoch_order(self.epoch)
+        if self.stream is not None:
+            self.stream.load_state_dict(state["stream"])
+        else:
+            self._order = self._epoch_order(self.epoch)
