@@ -414,11 +414,14 @@ def _implied(args: Namespace, p: Problems) -> None:
 
 @rule
 def _checkpoints(args: Namespace, p: Problems) -> None:
-    """``--ref-load`` naming the ``--hf-checkpoint`` directory is how seed 004 passes the model (verl's
+    """The checkpoint slice's own checks (`CheckpointConfig.validate`). ``--ref-load`` naming the ``--hf-checkpoint`` directory is how seed 004 passes the model (verl's
     ``model.path`` maps to both): the reference model is then the initial policy, which it is anyway.
     A different reference checkpoint is not built yet."""
     from pathlib import Path
 
+    from relax.checkpoint import CheckpointConfig
+
+    p.run(CheckpointConfig.from_args, args)  # --rotate-ckpt, --async-save, --critic-*, --start-rollout-id
     if args.ref_load is None:
         return
     if args.hf_checkpoint is None or Path(args.ref_load).resolve() != Path(args.hf_checkpoint).resolve():
