@@ -76,7 +76,8 @@ class CheckpointConfig(FlagSlice):
                                       ("--async-save", self.async_save)) if not v]
             if missing:
                 problems.append(f"--rotate-ckpt requires {', '.join(missing)}")
-        for flag, value in (("--critic-save", self.critic_save), ("--critic-load", self.critic_load)):
+        # --critic-load equal to --load is its default (filled in after the rules run: relax/utils/validation.py)
+        for flag, value in (("--critic-save", self.critic_save_dir), ("--critic-load", self.critic_load_dir)):
             if value and self.advantage_estimator != "ppo":
                 problems.append(f"{flag}: only with --advantage-estimator ppo (the critic); got "
                                 f"{self.advantage_estimator}")
