@@ -51,6 +51,10 @@ class CheckpointConfig(FlagSlice):
     advantage_estimator: str
     train_backend: str
     num_rollout: int | None
+    # which saved step of a relax checkpoint directory a frozen model loads
+    opd_teacher_load: str | None
+    opd_teacher_ckpt_step: int | None
+    opd_type: str | None
 
     @property
     def critic_save_dir(self) -> str | None:
@@ -68,6 +72,9 @@ class CheckpointConfig(FlagSlice):
             return False
         return self.rotate_ckpt or step == self.num_rollout - 1 or bool(
             self.save_interval and (step + 1) % self.save_interval == 0)
+
+    def _step_problems(self) -> list[str]:
+        return _teacher_step_problems(self)
 
     def validate(self) -> None:
         problems = []
@@ -91,6 +98,7 @@ class CheckpointConfig(FlagSlice):
                 self.start_rollout_id >= self.num_rollout:
             problems.append(f"--start-rollout-id {self.start_rollout_id} must be below --num-rollout "
                             f"{self.num_rollout} (nothing would train)")
+        problems += self._step_problems()
         if problems:
             raise ConfigErrors(problems) if len(problems) > 1 else ConfigError(problems[0])
 
@@ -100,6 +108,25 @@ class DriverState:
     next_step: int
     weight_version: int
     data_source: dict[str, Any]
+
+
+def _teacher_step_problems(cfg: CheckpointConfig) -> list[str]:
+    step, root = cfg.opd_teacher_ckpt_step, cfg.opd_teacher_load
+    if step is None:
+        return []
+    if cfg.opd_type != "megatron":
+        return [f"not supported yet: --opd-teacher-ckpt-step with --opd-type {cfg.opd_type} (the teacher in the "
+                "trainer, --opd-type megatron, only)"]
+    if cfg.train_backend == "megatron":
+        return ["not supported yet: --opd-teacher-ckpt-step with --train-backend megatron"]
+    if not root or not is_checkpoint_root(root):
+        return [f"--opd-teacher-ckpt-step {step}: --opd-teacher-load {root} is not a relax train --save "
+                f"directory (no {LATEST_FILE})"]
+    try:
+        find_step(root, step, flag="--opd-teacher-ckpt-step")
+    except CheckpointError as exc:
+        return [str(exc)]
+    return []
 
 
 def iteration_dir(root: str | Path, step: int) -> Path:
@@ -170,6 +197,11 @@ def find_latest(root: str | Path, *, flag: str = "--load", files: tuple[str, ...
     if not marker.exists():
         raise CheckpointError(f"{flag}: no {LATEST_FILE} in {root} (no complete checkpoint)")
     return _complete(iteration_dir(root, int(marker.read_text().strip())), flag, files, driver_state)
+
+
+def is_checkpoint_root(path: str | Path) -> bool:
+    """Whether ``path`` is a ``relax train --save`` directory (it holds the latest marker)."""
+    return (Path(path) / LATEST_FILE).is_file()
 
 
 def find_step(root: str | Path, step: int, *, flag: str, files: tuple[str, ...] = TRAINER_FILES) -> Path:

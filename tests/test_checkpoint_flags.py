@@ -222,3 +222,34 @@ def test_critic_save_and_load_use_their_own_directory(tmp_path: Path) -> None:
     resume = next(e for e in read_jsonl(tmp_path / "b" / "events.jsonl") if e["event"] == "resume")
     assert resume["critic"] == str(ckpt.iteration_dir(critic, 1))
     assert json.loads((tmp_path / "b" / "run.json").read_text())["status"] == "completed"
+
+
+# ------------------------------------------------------------------ a frozen model from a saved step
+def test_opd_teacher_ckpt_step_loads_that_steps_weights(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from relax.backends.config import TrainerConfig
+    from relax.backends.torch.backend import TorchTrainBackend
+
+    saver = TorchTrainBackend(TrainerConfig.from_args(parse_args(QUICK)), "cpu")
+    root = tmp_path / "teacher"
+    for step in (0, 1):  # two saved steps with different weights
+        with torch.no_grad():
+            for p in saver.model.parameters():
+                p.add_(0.5)
+        partial = ckpt.begin(root, step)
+        saver.save(str(partial), save_optimizer=False)
+        ckpt.publish(root, step)
+    opd = [*QUICK, "--use-opd", "--opd-type", "megatron", "--opd-teacher-load", str(root)]
+    for step in (0, 1):
+        backend = TorchTrainBackend(TrainerConfig.from_args(parse_args([*opd, "--opd-teacher-ckpt-step", str(step)])),
+                                    "cpu")
+        want = load_file(str(ckpt.iteration_dir(root, step) / "model.safetensors"))
+        got = backend.teacher.state_dict()
+        assert all(torch.equal(got[k], v) for k, v in want.items())
+    with pytest.raises(ConfigError, match=r"--opd-teacher-ckpt-step 5: no checkpoint of step 5 in .* \(saved steps: "
+                                          r"0, 1\)"):
+        parse_args([*opd, "--opd-teacher-ckpt-step", "5"])
+    with pytest.raises(ConfigError, match="is not a relax train --save directory"):
+        parse_args([*QUICK, "--use-opd", "--opd-type", "megatron", "--opd-teacher-load", "tiny-qwen3",
+                    "--opd-teacher-ckpt-step", "0"])

@@ -317,7 +317,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('opd-type', 'str', None, 'On-Policy Distillation (OPD)', 'OPD type. sglang: fetch teacher model logprobs from external SGLang server; megatron: load teacher model via --opd-teacher-load', choices=('sglang', 'megatron',)),
     F('opd-kl-coef', 'float', 1.0, 'On-Policy Distillation (OPD)', 'OPD KL penalty coefficient'),
     F('opd-teacher-load', 'str', None, 'On-Policy Distillation (OPD)', 'OPD teacher model checkpoint path. Required when --opd-type=megatron'),
-    F('opd-teacher-ckpt-step', 'int', None, 'On-Policy Distillation (OPD)', 'OPD teacher model checkpoint step'),
+    F('opd-teacher-ckpt-step', 'int', None, 'On-Policy Distillation (OPD)', 'OPD teacher model checkpoint step. Here: when --opd-teacher-load is a relax train --save directory (it holds latest_checkpointed_iteration.txt), the teacher is an --hf-checkpoint-shaped model with the weights of its iter_<N> checkpoint (its latest when unset); a step not saved there is refused in one line naming the saved steps, as is an --opd-teacher-load that is not such a directory. --opd-type megatron with the torch backend only'),
     # --- Fault Tolerance Configuration
     F('use-fault-tolerance', 'flag', False, 'Fault Tolerance Configuration', 'Whether to enable fault tolerance during Rollout'),
     F('use-health-check', 'flag', False, 'Fault Tolerance Configuration', "Whether to enable global health check system. Controller's HealthManager monitors all services and triggers automatic restart on failure"),
@@ -548,7 +548,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "resource", "num-gpus-per-node", "rollout-num-gpus-per-engine", "ray-address",  # relax/distributed/
     "distributed-timeout-minutes", "colocate", "hf-checkpoint", "load", "save", "save-interval", "save-hf", "no-save-optim",
     "async-save", "rotate-ckpt", "max-actor-ckpt-to-keep", "critic-load", "critic-save",  # relax/core/saver.py
-    "start-rollout-id",
+    "start-rollout-id", "opd-teacher-ckpt-step",
     "offload", "offload-train", "offload-rollout",  # colocate offload: relax/core/offload.py
     # data
     "prompt-data", "input-key", "label-key", "metadata-key", "tool-key", "apply-chat-template",
@@ -647,6 +647,7 @@ BOUNDS: dict[str, Bound] = {
     "max-global-restart": NON_NEGATIVE, "hook-timeout": POSITIVE, "weight-sync-timeout": POSITIVE,
     "slime-router-timeout": POSITIVE,
     "max-actor-ckpt-to-keep": AT_LEAST_1, "start-rollout-id": NON_NEGATIVE,
+    "opd-teacher-ckpt-step": NON_NEGATIVE, "ref-ckpt-step": NON_NEGATIVE,
 }
 
 

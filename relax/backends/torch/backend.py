@@ -107,7 +107,7 @@ class TorchTrainBackend:
         # With --opd-type sglang the teacher's log-probs arrive with the samples (relax.engine.rollout.opd_teacher).
         self.teacher = None
         if cfg.use_opd and cfg.opd_type == "megatron":
-            self.teacher = self._build(cfg.opd_teacher_load)
+            self.teacher = self._build_saved(cfg.opd_teacher_load, cfg.opd_teacher_ckpt_step, "--opd-teacher-ckpt-step")
             self.teacher = self.teacher.to(self.device).eval().requires_grad_(False)
             if self.teacher.config.vocab_size != self.model.config.vocab_size:
                 raise ValueError(f"--opd-teacher-load {cfg.opd_teacher_load}: vocab {self.teacher.config.vocab_size} "
@@ -125,6 +125,24 @@ class TorchTrainBackend:
         """A model in the training dtype; ``--attention-backend flash`` asks torch SDPA for the flash kernel."""
         attn = "sdpa" if self.cfg.attention_backend == "flash" else None
         return build_model(name_or_path, dtype=self.dtype, seed=self.cfg.seed, attn_implementation=attn)
+
+    def _build_saved(self, path: str, step: int | None, flag: str) -> torch.nn.Module:
+        """``path`` as a model: an HF directory or preset, or a ``relax train --save`` directory, whose checkpoint
+        of ``step`` (``flag``; else its latest) holds the weights of an ``--hf-checkpoint``-shaped model."""
+        from safetensors.torch import load_file
+
+        from relax import checkpoint as ckpt
+
+        if not ckpt.is_checkpoint_root(path):
+            return self._build(path)
+        directory = (ckpt.find_step(path, step, flag=flag) if step is not None
+                     else ckpt.find_latest(path, flag=flag, driver_state=False))
+        model = self._build(self.cfg.hf_checkpoint)
+        state = load_file(str(directory / "model.safetensors"))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if unexpected or [m for m in missing if m not in state]:
+            raise ValueError(f"{flag}: checkpoint {directory} does not match --hf-checkpoint {self.cfg.hf_checkpoint}")
+        return model.to(self.dtype)
 
     def _init_inference_only(self) -> None:
         self.model.requires_grad_(False)
