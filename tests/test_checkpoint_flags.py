@@ -253,3 +253,31 @@ def test_opd_teacher_ckpt_step_loads_that_steps_weights(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="is not a relax train --save directory"):
         parse_args([*QUICK, "--use-opd", "--opd-type", "megatron", "--opd-teacher-load", "tiny-qwen3",
                     "--opd-teacher-ckpt-step", "0"])
+
+
+def test_ref_ckpt_step_loads_that_steps_weights_into_the_reference(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from relax.backends.config import TrainerConfig
+    from relax.backends.torch.backend import TorchTrainBackend
+
+    saver = TorchTrainBackend(TrainerConfig.from_args(parse_args(QUICK)), "cpu")
+    root = tmp_path / "ref"
+    for step in (0, 1):
+        with torch.no_grad():
+            for p in saver.model.parameters():
+                p.add_(0.5)
+        partial = ckpt.begin(root, step)
+        saver.save(str(partial), save_optimizer=False)
+        ckpt.publish(root, step)
+    kl = [*QUICK, "--use-kl-loss", "--kl-loss-coef", "0.1", "--ref-load", str(root)]
+    for flags, step in ((["--ref-ckpt-step", "0"], 0), ([], 1)):  # unset: the latest
+        backend = TorchTrainBackend(TrainerConfig.from_args(parse_args([*kl, *flags])), "cpu")
+        want = load_file(str(ckpt.iteration_dir(root, step) / "model.safetensors"))
+        got = backend.ref_model.state_dict()
+        assert all(torch.equal(got[k], v) for k, v in want.items())
+        assert any(not torch.equal(backend.model.state_dict()[k], v) for k, v in want.items())  # not the policy
+    with pytest.raises(ConfigError, match=r"--ref-ckpt-step 3: no checkpoint of step 3 in .* \(saved steps: 0, 1\)"):
+        parse_args([*kl, "--ref-ckpt-step", "3"])
+    with pytest.raises(ConfigError, match="--ref-ckpt-step requires --ref-load"):
+        parse_args([*QUICK, "--ref-ckpt-step", "0"])

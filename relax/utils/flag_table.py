@@ -104,8 +104,8 @@ SEED_FLAGS: list[FlagSpec] = [
     F('fully-async', 'flag', False, 'Training Backend and Mode', 'Whether to use fully asynchronous training pipeline'),
     # --- Checkpoint Configuration
     F('hf-checkpoint', 'str', None, 'Checkpoint Configuration', 'HuggingFace model checkpoint path. Used to initialize SGLang and provide tokenizer. Need not contain latest parameters, only consistent with training model architecture'),
-    F('ref-load', 'str', None, 'Checkpoint Configuration', 'Reference model checkpoint path. Used as initial checkpoint for training when --load is not set. Here: accepted when it names the --hf-checkpoint directory (seed 004 passes the model to both; the reference model is the initial policy); another reference checkpoint is not supported yet'),
-    F('ref-ckpt-step', 'int', None, 'Checkpoint Configuration', 'Reference model checkpoint step'),
+    F('ref-load', 'str', None, 'Checkpoint Configuration', 'Reference model checkpoint path. Used as initial checkpoint for training when --load is not set. Here: accepted when it names the --hf-checkpoint directory (seed 004 passes the model to both; the reference model is the initial policy), or a relax train --save directory: the reference copy in the torch trainer then holds the weights of its --ref-ckpt-step checkpoint (its latest when unset; not with --train-backend megatron or a reference service yet); another reference checkpoint is not supported yet'),
+    F('ref-ckpt-step', 'int', None, 'Checkpoint Configuration', 'Reference model checkpoint step. Here: which iter_<N> checkpoint of a relax train --save --ref-load directory the reference model loads (its latest when unset); a step not saved there is refused in one line naming the saved steps, as is an --ref-load that is not such a directory'),
     F('load', 'str', None, 'Checkpoint Configuration', 'Actor model checkpoint load path. Specify for resuming training'),
     F('save', 'str', None, 'Checkpoint Configuration', 'Path to save model during training'),
     F('save-interval', 'int', None, 'Checkpoint Configuration', 'Model save interval in steps'),
@@ -548,7 +548,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "resource", "num-gpus-per-node", "rollout-num-gpus-per-engine", "ray-address",  # relax/distributed/
     "distributed-timeout-minutes", "colocate", "hf-checkpoint", "load", "save", "save-interval", "save-hf", "no-save-optim",
     "async-save", "rotate-ckpt", "max-actor-ckpt-to-keep", "critic-load", "critic-save",  # relax/core/saver.py
-    "start-rollout-id", "opd-teacher-ckpt-step",
+    "start-rollout-id", "opd-teacher-ckpt-step", "ref-ckpt-step",
     "offload", "offload-train", "offload-rollout",  # colocate offload: relax/core/offload.py
     # data
     "prompt-data", "input-key", "label-key", "metadata-key", "tool-key", "apply-chat-template",

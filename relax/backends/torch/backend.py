@@ -85,7 +85,7 @@ class TorchTrainBackend:
             return
         # with a `reference` service the frozen copy lives there, not here
         if cfg.needs_reference_model and "reference" not in service_roles(cfg.resource):
-            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+            self.ref_model = self._reference_model()
         self.frozen_params = apply_param_freezing(self.model, cfg.only_train_params_name_list,
                                                   cfg.freeze_params_name_list)
         trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
@@ -125,6 +125,18 @@ class TorchTrainBackend:
         """A model in the training dtype; ``--attention-backend flash`` asks torch SDPA for the flash kernel."""
         attn = "sdpa" if self.cfg.attention_backend == "flash" else None
         return build_model(name_or_path, dtype=self.dtype, seed=self.cfg.seed, attn_implementation=attn)
+
+    def _reference_model(self) -> torch.nn.Module:
+        """The frozen reference: a ``relax train --save`` directory's saved step (``--ref-load``,
+        ``--ref-ckpt-step``), else a copy of the initial policy."""
+        from relax.checkpoint import is_checkpoint_root
+
+        ref_load = self.cfg.ref_load
+        if ref_load and is_checkpoint_root(ref_load):
+            ref = self._build_saved(ref_load, self.cfg.ref_ckpt_step, "--ref-ckpt-step").to(self.device)
+        else:
+            ref = copy.deepcopy(self.model)
+        return ref.eval().requires_grad_(False)
 
     def _build_saved(self, path: str, step: int | None, flag: str) -> torch.nn.Module:
         """``path`` as a model: an HF directory or preset, or a ``relax train --save`` directory, whose checkpoint
