@@ -114,8 +114,8 @@ def test_ref_load_naming_the_hf_checkpoint_is_accepted(tmp_path: Path) -> None:
     args = parse_args([*BASE, "--hf-checkpoint", str(tmp_path), "--ref-load", f"{tmp_path}/"])
     assert args.ref_load == f"{tmp_path}/"
     assert _problems([*BASE, "--ref-load", str(tmp_path)]) == [
-        f"not supported yet: --ref-load {tmp_path} other than the --hf-checkpoint directory (tiny-qwen3); the "
-        "reference model is the initial --hf-checkpoint policy"]
+        f"not supported yet: --ref-load {tmp_path} other than the --hf-checkpoint directory (tiny-qwen3) or a relax "
+        "train --save directory; the reference model is the initial --hf-checkpoint policy"]
 
 
 def test_max_tokens_per_gpu_without_dynamic_batching_budgets_the_log_prob_passes() -> None:

@@ -59,6 +59,10 @@ class TrainerConfig(FlagSlice):
     use_opd: bool
     opd_type: str | None
     opd_teacher_load: str | None
+    opd_teacher_ckpt_step: int | None  # which saved step when --opd-teacher-load is a relax checkpoint directory
+    # the reference model from a relax checkpoint directory's saved step (else the initial policy)
+    ref_load: str | None
+    ref_ckpt_step: int | None
     # fully-async services: which roles run beside the trainer, and their token budget
     resource: Any
     ref_actor_config: dict[str, Any]

@@ -24,6 +24,7 @@ from relax.backends.torch.step_report import CONSUMED_KEY
 from relax.core.engines import EngineFleet
 from relax.core.eval_log_hook import apply_hook as apply_eval_hook
 from relax.core.rollout_log_hook import apply_hook
+from relax.core.saver import CheckpointSaver
 from relax.core.services import ServiceGroup
 from relax.core.setup import RunInputs
 from relax.distributed.actors import TrainerActor
@@ -41,7 +42,6 @@ from relax.metrics.sample_records import reward_extras, sample_fields
 from relax.observability.rollout_logs import RolloutLogConfig, rollout_log_metrics
 from relax.observability.sglang_profile import EngineProfiling, SglangProfileConfig
 from relax.observability.spans import RECORDER, SPANS_KEY
-from relax.utils.fault_hooks import fault_at
 from relax.utils.gc_pauses import freeze_startup_objects
 from relax.utils.types import Sample
 from relax.weights.push import PushOptions
@@ -74,6 +74,7 @@ class Runtime:
     generation_lock: threading.RLock = field(default_factory=threading.RLock)
     placement: Placement | None = None  # the GPUs reserved for the run's actors (released at shutdown)
     profiling: EngineProfiling | None = None  # --sglang-profile: the engines' profilers around chosen rollouts
+    saver: CheckpointSaver | None = None  # --save, --async-save, --max-actor-ckpt-to-keep (relax/core/saver.py)
 
     @property
     def trainer(self):
@@ -231,30 +232,17 @@ class Runtime:
                    **rollout_metrics, **extras, **GenerateState(args).pop_metrics(step), **train_metrics, **perf}
         artifacts.metrics.write(metrics)  # before the checkpoint: a step that trained is in metrics.jsonl even if
         artifacts.log_step(metrics)  # its save fails
-        if args.save and _due(args.save_interval, step, self.last_step):
-            try:
-                self._checkpoint(step, data_state)
-            except Exception as exc:  # noqa: BLE001 - any failure of the save: one line naming where and the free space
-                raise ckpt.save_failure(args.save, step, exc) from exc
+        self.saver.check()  # a background save (--async-save) that failed ends the run at the next step
+        if self.saver.due(step):
+            self.saver.save(step, data_state or self.run.data_source.state_dict)
+        if step == self.last_step:
+            self.saver.wait()  # the run ends with its last checkpoint written and published
         if args.save_hf and _due(args.save_interval, step, self.last_step):
             ray.get(self.trainer.save_hf.remote(args.save_hf.format(rollout_id=step)))
         artifacts.event("step_end", step=step)
         console.print_step(metrics, self.run.num_rollout)
         if step < self.start_step + FREEZE_AFTER_STEPS:
             self.freeze_gc()
-
-    def _checkpoint(self, step: int, data_state) -> None:
-        """Step ``step``'s checkpoint under --save, published only once complete (relax/checkpoint.py)."""
-        args = self.args
-        self.artifacts.event("phase", step=step, phase="checkpoint")
-        if fault_at("CKPT_WRITE_FAIL", step):
-            raise OSError(28, "No space left on device (injected fault)", str(ckpt.iteration_dir(args.save, step)))
-        partial = ckpt.begin(args.save, step)
-        ray.get(self.trainer.save.remote(str(partial), not args.no_save_optim))
-        position = data_state() if data_state is not None else self.run.data_source.state_dict()
-        ckpt.write_driver_state(partial, ckpt.DriverState(step + 1, step + 1, position))
-        directory = ckpt.publish(args.save, step)
-        self.artifacts.event("checkpoint_saved", step=step, path=str(directory))
 
     def freeze_gc(self) -> None:
         """After each of the first steps, whose compiles and graph captures leave many long-lived objects behind,
@@ -348,18 +336,35 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
     pool = HttpEnginePool(EngineClient(fleet.router.url, timeout=None), supervisor=rt.supervisor,
                           on_failure=fleet.failure, engines=lambda: len(fleet.live_records())) if len(fleet) else None
     GenerateState.install(run.rollout_config, tokenizer=run.tokenizer, pool=pool)
+    ckpt_cfg = ckpt.CheckpointConfig.from_args(args)
+    rt.saver = CheckpointSaver(ckpt_cfg, trainer, artifacts)
     if args.load:
-        directory = ckpt.find_latest(args.load)
-        state = ckpt.read_driver_state(directory)
-        ray.get(trainer.load.remote(str(directory)))
-        run.data_source.load_state_dict(state.data_source)
-        rt.start_step = state.next_step
-        artifacts.event("resume", step=rt.start_step, path=str(directory))
-        console.info(f"resumed from {directory} at step {rt.start_step}")
+        rt.start_step = _resume(ckpt_cfg, trainer, run, artifacts)
+    if ckpt_cfg.start_rollout_id is not None:  # overrides the step --load's checkpoint names
+        rt.start_step = ckpt_cfg.start_rollout_id
+        artifacts.event("start_rollout_id", step=rt.start_step)
+        console.info(f"starting at rollout step {rt.start_step} (--start-rollout-id)")
     rt.sync(version=rt.start_step, step=rt.start_step)
     if rt.supervisor is not None:
         rt.supervisor.start()
     return rt
+
+
+def _resume(cfg: ckpt.CheckpointConfig, trainer, run: RunInputs, artifacts: RunArtifacts) -> int:
+    """Load --load's latest checkpoint (the critic from --critic-load's checkpoint of the same step, else its
+    latest) into the trainer and the data source; returns the step to start at."""
+    directory = ckpt.find_latest(cfg.load)
+    state = ckpt.read_driver_state(directory)
+    critic = None
+    if cfg.critic_load_dir:
+        same = ckpt.iteration_dir(cfg.critic_load_dir, int(directory.name.removeprefix("iter_")))
+        critic = same if (same / ckpt.CRITIC_FILES[0]).exists() else ckpt.find_latest(
+            cfg.critic_load_dir, flag="--critic-load", files=ckpt.CRITIC_FILES, driver_state=False)
+    ray.get(trainer.load.remote(str(directory), str(critic) if critic else None))
+    run.data_source.load_state_dict(state.data_source)
+    artifacts.event("resume", step=state.next_step, path=str(directory), critic=str(critic) if critic else None)
+    console.info(f"resumed from {directory} at step {state.next_step}" + (f"; critic from {critic}" if critic else ""))
+    return state.next_step
 
 
 def _reset_tensors(targets: list[SyncTarget], timeout_s: float) -> None:

@@ -16,6 +16,7 @@ import ray
 import torch
 
 from relax.backends.config import TrainerConfig
+from relax.checkpoint_io import BackgroundWrite
 from relax.distributed.trainer_group import GroupMember
 from relax.utils.fault_hooks import checkpoint_write_delay
 from relax.utils.gc_pauses import freeze_startup_objects
@@ -46,6 +47,7 @@ class TrainerActor:
         self.backend = build_train_backend(cfg, device)
         checksum.warm_up(self.backend.device)
         self._pusher = WeightPusher()
+        self._background: BackgroundWrite | None = None  # the --async-save write in flight, or the last one
         freeze_startup_objects()  # the model and the imports: full GCs skip them (relax/utils/gc_pauses.py)
 
     def attach_peers(self, peers: list) -> None:
@@ -144,15 +146,34 @@ class TrainerActor:
         """Bring restarted ``targets`` to the last push's version with its kept bytes (fault tolerance)."""
         return self._pusher.resync(targets)
 
-    def save(self, directory: str, save_optimizer: bool) -> None:
+    def save(self, directory: str, save_optimizer: bool, critic_directory: str | None = None,
+             background: bool = False) -> None:
+        """Write a checkpoint to ``directory``. ``background`` (``--async-save``, torch backend): take a host copy
+        of the state now and write it in a thread while training goes on; `save_status` reports on it."""
+        if background:
+            self.wait_save()  # the driver waits too: one write in flight at a time
+            files = self.backend.checkpoint_files(directory, save_optimizer=save_optimizer,
+                                                  critic_directory=critic_directory)
+            self._background = BackgroundWrite(files, after=lambda: time.sleep(checkpoint_write_delay()))
+            return None
+
         def local() -> None:
-            self.backend.save(directory, save_optimizer=save_optimizer)
+            self.backend.save(directory, save_optimizer=save_optimizer, critic_directory=critic_directory)
             time.sleep(checkpoint_write_delay())  # 0 unless the harness plants a slow disk
 
-        return self._with_peers("save", (directory, save_optimizer), local) if self._collective else local()
+        return (self._with_peers("save", (directory, save_optimizer, critic_directory), local) if self._collective
+                else local())
 
-    def load(self, directory: str) -> None:
-        self._with_peers("load", (directory,), lambda: self.backend.load(directory))
+    def save_status(self) -> str:
+        """The background save's state: ``running``, ``done`` (also when none was started) or its failure's line."""
+        return self._background.status() if self._background is not None else "done"
+
+    def wait_save(self) -> str:
+        return self._background.join() if self._background is not None else "done"
+
+    def load(self, directory: str, critic_directory: str | None = None) -> None:
+        self._with_peers("load", (directory, critic_directory),
+                         lambda: self.backend.load(directory, critic_directory=critic_directory))
 
     def save_hf(self, directory: str) -> None:
         def local() -> None:

@@ -104,19 +104,19 @@ SEED_FLAGS: list[FlagSpec] = [
     F('fully-async', 'flag', False, 'Training Backend and Mode', 'Whether to use fully asynchronous training pipeline'),
     # --- Checkpoint Configuration
     F('hf-checkpoint', 'str', None, 'Checkpoint Configuration', 'HuggingFace model checkpoint path. Used to initialize SGLang and provide tokenizer. Need not contain latest parameters, only consistent with training model architecture'),
-    F('ref-load', 'str', None, 'Checkpoint Configuration', 'Reference model checkpoint path. Used as initial checkpoint for training when --load is not set. Here: accepted when it names the --hf-checkpoint directory (seed 004 passes the model to both; the reference model is the initial policy); another reference checkpoint is not supported yet'),
-    F('ref-ckpt-step', 'int', None, 'Checkpoint Configuration', 'Reference model checkpoint step'),
+    F('ref-load', 'str', None, 'Checkpoint Configuration', 'Reference model checkpoint path. Used as initial checkpoint for training when --load is not set. Here: accepted when it names the --hf-checkpoint directory (seed 004 passes the model to both; the reference model is the initial policy), or a relax train --save directory: the reference copy in the torch trainer then holds the weights of its --ref-ckpt-step checkpoint (its latest when unset; not with --train-backend megatron or a reference service yet); another reference checkpoint is not supported yet'),
+    F('ref-ckpt-step', 'int', None, 'Checkpoint Configuration', 'Reference model checkpoint step. Here: which iter_<N> checkpoint of a relax train --save --ref-load directory the reference model loads (its latest when unset); a step not saved there is refused in one line naming the saved steps, as is an --ref-load that is not such a directory'),
     F('load', 'str', None, 'Checkpoint Configuration', 'Actor model checkpoint load path. Specify for resuming training'),
     F('save', 'str', None, 'Checkpoint Configuration', 'Path to save model during training'),
     F('save-interval', 'int', None, 'Checkpoint Configuration', 'Model save interval in steps'),
     F('save-hf', 'str', None, 'Checkpoint Configuration', 'Path to save HuggingFace format model for Megatron backend. Path can include {rollout_id} placeholder'),
-    F('async-save', 'flag', False, 'Checkpoint Configuration', 'Asynchronous checkpoint saving'),
+    F('async-save', 'flag', False, 'Checkpoint Configuration', 'Asynchronous checkpoint saving. Here: the torch trainer copies its state (model, optimizer, critic, RNG) to host memory, then writes it in a background thread while the next steps train; the driver publishes the checkpoint once written, waits for a save in flight before the next save and after the last step, and a failed write ends the run in one line naming the file (relax/checkpoint_io.py, relax/core/saver.py). The files are the same as without it. Not with --train-backend megatron yet'),
     F('no-save-optim', 'flag', False, 'Checkpoint Configuration', 'Do not save optimizer state in checkpoint. Reduces checkpoint size but prevents resuming training from that checkpoint'),
-    F('rotate-ckpt', 'flag', False, 'Checkpoint Configuration', 'Whether to rotate checkpoints. Requires setting --save, --save-interval, and --async-save'),
-    F('max-actor-ckpt-to-keep', 'int', None, 'Checkpoint Configuration', 'Maximum number of Actor checkpoints to keep'),
+    F('rotate-ckpt', 'flag', False, 'Checkpoint Configuration', 'Whether to rotate checkpoints. Requires setting --save, --save-interval, and --async-save. Here: every step is saved (in the background), so a resume loses at most one step; after each save only the newest checkpoint and the --save-interval ones (steps s with (s + 1) % interval == 0) stay, the newest --max-actor-ckpt-to-keep of the latter when set (all when unset). Missing --save, --save-interval or --async-save is refused in one line'),
+    F('max-actor-ckpt-to-keep', 'int', None, 'Checkpoint Configuration', 'Maximum number of Actor checkpoints to keep. Here: after each published save, the iter_* directories under --save beyond the newest N are removed (and under a separate --critic-save the same steps); the newest, which latest_checkpointed_iteration.txt names, always stays. With --rotate-ckpt: how many --save-interval checkpoints stay besides the newest; must be >= 1'),
     F('checkpoint-engine-backend', 'str', 'nccl', 'Checkpoint Configuration', 'Checkpoint engine backend'),
-    F('critic-load', 'str', None, 'Checkpoint Configuration', 'Critic model checkpoint path. When None, equals --load'),
-    F('critic-save', 'str', None, 'Checkpoint Configuration', 'Critic model save path'),
+    F('critic-load', 'str', None, 'Checkpoint Configuration', 'Critic model checkpoint path. When None, equals --load. Here: the PPO critic (--advantage-estimator ppo, torch backend) is loaded from this directory\'s checkpoint of the step --load resumes (else its latest); requires --load'),
+    F('critic-save', 'str', None, 'Checkpoint Configuration', 'Critic model save path. Here: when None, equals --save (critic.safetensors and critic_optimizer.pt beside the actor\'s files); otherwise the critic\'s files go to <critic-save>/iter_<step>/ with its own latest marker, saved and pruned with the actor\'s. --advantage-estimator ppo only; requires --save'),
     # --- Dataset
     F('prompt-data', 'str', None, 'Dataset', 'Training prompt dataset path'),
     F('input-key', 'str', 'input', 'Dataset', 'Key for input field in dataset'),
@@ -135,7 +135,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('prefetch-num-workers', 'int', 1, 'Dataset', 'Number of parallel worker threads inside the prefetch buffer for I/O-bound media decoding (video/image). Set to 1 to serialise all decoding (safest for FFmpeg which is not fully thread-safe). Higher values increase parallelism but may trigger EAGAIN errors on some platforms. Only effective when prefetching is enabled'),
     F('custom-prompt-path', 'str', None, 'Dataset', 'Dotted import path to a custom function that transforms the prompt before conversation/multimodal processing. Function signature: def custom_fn(prompt, data: dict) -> prompt. Example: my_package.prompt_utils.add_prefix. Here: called per record, before the chat template and the length filter, by both loaders (in-memory: at start; --use-streaming-dataset: as records are drawn); a bad path fails at start, and a hook that raises stops the run in one line naming the hook and the record\'s file:line'),
     F('data-source-path', 'str', 'relax.engine.rollout.data_source.RolloutDataSourceWithBuffer', 'Dataset', 'Rollout data source class path'),
-    F('start-rollout-id', 'int', None, 'Dataset', 'Starting Rollout step. If not set, attempts to read from checkpoint specified by --load'),
+    F('start-rollout-id', 'int', None, 'Dataset', 'Starting Rollout step. If not set, attempts to read from checkpoint specified by --load. Here: the run trains steps N .. --num-rollout - 1 (the engines start at weight version N); with --load the weights, optimizer and data position come from its latest checkpoint while the step is N; must be >= 0 and below --num-rollout'),
     # --- Multimodal Data
     F('multimodal-keys', 'json', None, 'Multimodal Data', 'Multimodal data field mapping. Example: \'{"image": "image_key"}\''),
     F('use-audio-in-video', 'flag', False, 'Multimodal Data', 'Whether to process audio in video'),
@@ -317,7 +317,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('opd-type', 'str', None, 'On-Policy Distillation (OPD)', 'OPD type. sglang: fetch teacher model logprobs from external SGLang server; megatron: load teacher model via --opd-teacher-load', choices=('sglang', 'megatron',)),
     F('opd-kl-coef', 'float', 1.0, 'On-Policy Distillation (OPD)', 'OPD KL penalty coefficient'),
     F('opd-teacher-load', 'str', None, 'On-Policy Distillation (OPD)', 'OPD teacher model checkpoint path. Required when --opd-type=megatron'),
-    F('opd-teacher-ckpt-step', 'int', None, 'On-Policy Distillation (OPD)', 'OPD teacher model checkpoint step'),
+    F('opd-teacher-ckpt-step', 'int', None, 'On-Policy Distillation (OPD)', 'OPD teacher model checkpoint step. Here: when --opd-teacher-load is a relax train --save directory (it holds latest_checkpointed_iteration.txt), the teacher is an --hf-checkpoint-shaped model with the weights of its iter_<N> checkpoint (its latest when unset); a step not saved there is refused in one line naming the saved steps, as is an --opd-teacher-load that is not such a directory. --opd-type megatron with the torch backend only'),
     # --- Fault Tolerance Configuration
     F('use-fault-tolerance', 'flag', False, 'Fault Tolerance Configuration', 'Whether to enable fault tolerance during Rollout'),
     F('use-health-check', 'flag', False, 'Fault Tolerance Configuration', "Whether to enable global health check system. Controller's HealthManager monitors all services and triggers automatic restart on failure"),
@@ -547,6 +547,8 @@ SUPPORTED: frozenset[str] = frozenset({
     # cluster and checkpoints
     "resource", "num-gpus-per-node", "rollout-num-gpus-per-engine", "ray-address",  # relax/distributed/
     "distributed-timeout-minutes", "colocate", "hf-checkpoint", "load", "save", "save-interval", "save-hf", "no-save-optim",
+    "async-save", "rotate-ckpt", "max-actor-ckpt-to-keep", "critic-load", "critic-save",  # relax/core/saver.py
+    "start-rollout-id", "opd-teacher-ckpt-step", "ref-ckpt-step",
     "offload", "offload-train", "offload-rollout",  # colocate offload: relax/core/offload.py
     # data
     "prompt-data", "input-key", "label-key", "metadata-key", "tool-key", "apply-chat-template",
@@ -654,6 +656,8 @@ BOUNDS: dict[str, Bound] = {
     "rollout-health-check-interval": POSITIVE, "rollout-health-check-timeout": POSITIVE,
     "max-global-restart": NON_NEGATIVE, "hook-timeout": POSITIVE, "weight-sync-timeout": POSITIVE,
     "slime-router-timeout": POSITIVE, "streaming-buffer-size": AT_LEAST_1,
+    "max-actor-ckpt-to-keep": AT_LEAST_1, "start-rollout-id": NON_NEGATIVE,
+    "opd-teacher-ckpt-step": NON_NEGATIVE, "ref-ckpt-step": NON_NEGATIVE,
 }
 
 

@@ -418,16 +418,36 @@ def _implied(args: Namespace, p: Problems) -> None:
 
 @rule
 def _checkpoints(args: Namespace, p: Problems) -> None:
-    """``--ref-load`` naming the ``--hf-checkpoint`` directory is how seed 004 passes the model (verl's
-    ``model.path`` maps to both): the reference model is then the initial policy, which it is anyway.
-    A different reference checkpoint is not built yet."""
+    """The checkpoint slice's own checks (`CheckpointConfig.validate`), and ``--ref-load``: the ``--hf-checkpoint``
+    directory (how seed 004 passes the model, verl's ``model.path`` mapping to both: the reference model is then
+    the initial policy, which it is anyway), or a ``relax train --save`` directory whose checkpoint of
+    ``--ref-ckpt-step`` (else its latest) the trainer's reference copy loads (torch backend, no reference service)."""
     from pathlib import Path
 
+    from relax import checkpoint as ckpt
+    from relax.distributed.resources import service_roles
+
+    p.run(ckpt.CheckpointConfig.from_args, args)  # --rotate-ckpt, --async-save, --critic-*, --start-rollout-id
     if args.ref_load is None:
+        if args.ref_ckpt_step is not None:
+            p.add("--ref-ckpt-step requires --ref-load (a relax train --save directory)")
         return
+    if ckpt.is_checkpoint_root(args.ref_load):
+        if args.train_backend == "megatron":
+            p.add("not supported yet: --ref-load of a relax checkpoint directory with --train-backend megatron")
+        elif "reference" in (p.run(service_roles, args.resource) or ()):
+            p.add("not supported yet: --ref-load of a relax checkpoint directory with a reference service")
+        step = args.ref_ckpt_step
+        p.run(lambda: ckpt.find_step(args.ref_load, step, flag="--ref-ckpt-step") if step is not None
+              else ckpt.find_latest(args.ref_load, flag="--ref-load", driver_state=False), catch=(ckpt.CheckpointError,))
+        return
+    if args.ref_ckpt_step is not None:
+        p.add(f"--ref-ckpt-step {args.ref_ckpt_step}: --ref-load {args.ref_load} is not a relax train --save "
+              f"directory (no {ckpt.LATEST_FILE})")
     if args.hf_checkpoint is None or Path(args.ref_load).resolve() != Path(args.hf_checkpoint).resolve():
         p.add(f"not supported yet: --ref-load {args.ref_load} other than the --hf-checkpoint directory "
-              f"({args.hf_checkpoint}); the reference model is the initial --hf-checkpoint policy")
+              f"({args.hf_checkpoint}) or a relax train --save directory; the reference model is the initial "
+              "--hf-checkpoint policy")
 
 
 @rule

@@ -273,7 +273,8 @@ class MegatronTrainBackend(TorchTrainBackend):
         return state_checksums(named) if named else {}
 
     # ------------------------------------------------------------------ checkpoints, sharded per rank
-    def save(self, directory: str, *, save_optimizer: bool) -> None:
+    def save(self, directory: str, *, save_optimizer: bool, critic_directory: str | None = None) -> None:
+        """``critic_directory`` is always None here: the critic (ppo) is refused for this backend."""
         from relax.backends.megatron.checkpoint import save_checkpoint
 
         if save_optimizer and self.cfg.megatron.optimizer_cpu_offload:  # refused at parse time too (validation.py)
@@ -281,7 +282,7 @@ class MegatronTrainBackend(TorchTrainBackend):
                                "(save with --no-save-optim)")
         save_checkpoint(directory, self.built.gpt, self.optimizer, save_optimizer=save_optimizer, meta=self._meta())
 
-    def load(self, directory: str) -> None:
+    def load(self, directory: str, critic_directory: str | None = None) -> None:
         from relax.backends.megatron.checkpoint import load_checkpoint
 
         load_checkpoint(directory, self.built.gpt, self.optimizer, meta=self._meta())

@@ -49,6 +49,7 @@ from relax.backends.torch.master_weights import MasterWeights
 from relax.backends.torch.micro_batches import fixed_micro_batches, micro_batches
 from relax.backends.torch.rollout_postprocess import postprocess_rollout_data
 from relax.backends.torch.step_report import CONSUMED_KEY, consumed_samples, logprob_mismatch_metrics
+from relax.checkpoint_io import HostFile, to_host, write_files
 from relax.distributed.resources import service_roles
 from relax.models import build_model
 from relax.models.checkpoint_names import checkpoint_state, moe_style
@@ -86,7 +87,7 @@ class TorchTrainBackend:
             return
         # with a `reference` service the frozen copy lives there, not here
         if cfg.needs_reference_model and "reference" not in service_roles(cfg.resource):
-            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+            self.ref_model = self._reference_model()
         self.frozen_params = apply_param_freezing(self.model, cfg.only_train_params_name_list,
                                                   cfg.freeze_params_name_list)
         trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
@@ -108,7 +109,7 @@ class TorchTrainBackend:
         # With --opd-type sglang the teacher's log-probs arrive with the samples (relax.engine.rollout.opd_teacher).
         self.teacher = None
         if cfg.use_opd and cfg.opd_type == "megatron":
-            self.teacher = self._build(cfg.opd_teacher_load)
+            self.teacher = self._build_saved(cfg.opd_teacher_load, cfg.opd_teacher_ckpt_step, "--opd-teacher-ckpt-step")
             self.teacher = self.teacher.to(self.device).eval().requires_grad_(False)
             if self.teacher.config.vocab_size != self.model.config.vocab_size:
                 raise ValueError(f"--opd-teacher-load {cfg.opd_teacher_load}: vocab {self.teacher.config.vocab_size} "
@@ -127,6 +128,36 @@ class TorchTrainBackend:
         """A model in the training dtype; ``--attention-backend flash`` asks torch SDPA for the flash kernel."""
         attn = "sdpa" if self.cfg.attention_backend == "flash" else None
         return build_model(name_or_path, dtype=self.dtype, seed=self.cfg.seed, attn_implementation=attn)
+
+    def _reference_model(self) -> torch.nn.Module:
+        """The frozen reference: a ``relax train --save`` directory's saved step (``--ref-load``,
+        ``--ref-ckpt-step``), else a copy of the initial policy."""
+        from relax.checkpoint import is_checkpoint_root
+
+        ref_load = self.cfg.ref_load
+        if ref_load and is_checkpoint_root(ref_load):
+            ref = self._build_saved(ref_load, self.cfg.ref_ckpt_step, "--ref-ckpt-step").to(self.device)
+        else:
+            ref = copy.deepcopy(self.model)
+        return ref.eval().requires_grad_(False)
+
+    def _build_saved(self, path: str, step: int | None, flag: str) -> torch.nn.Module:
+        """``path`` as a model: an HF directory or preset, or a ``relax train --save`` directory, whose checkpoint
+        of ``step`` (``flag``; else its latest) holds the weights of an ``--hf-checkpoint``-shaped model."""
+        from safetensors.torch import load_file
+
+        from relax import checkpoint as ckpt
+
+        if not ckpt.is_checkpoint_root(path):
+            return self._build(path)
+        directory = (ckpt.find_step(path, step, flag=flag) if step is not None
+                     else ckpt.find_latest(path, flag=flag, driver_state=False))
+        model = self._build(self.cfg.hf_checkpoint)
+        state = load_file(str(directory / "model.safetensors"))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if unexpected or [m for m in missing if m not in state]:
+            raise ValueError(f"{flag}: checkpoint {directory} does not match --hf-checkpoint {self.cfg.hf_checkpoint}")
+        return model.to(self.dtype)
 
     def _init_inference_only(self) -> None:
         self.model.requires_grad_(False)
@@ -445,27 +476,35 @@ class TorchTrainBackend:
         return state_checksums(self._checkpoint_state().items())
 
     # ------------------------------------------------------------------ checkpoints
-    def save(self, directory: str, *, save_optimizer: bool) -> None:
-        from safetensors.torch import save_file
-
+    def checkpoint_files(self, directory: str, *, save_optimizer: bool,
+                         critic_directory: str | None = None) -> list[HostFile]:
+        """The checkpoint's files as host copies (`relax.checkpoint_io`): what `save` writes, or ``--async-save``
+        writes in the background while training goes on. The critic's go to ``critic_directory`` when given
+        (``--critic-save``), else beside the actor's."""
         path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
-        # safetensors refuses shared storage (tied embeddings): store each name's own copy.
-        save_file({k: v.clone() for k, v in state.items()}, str(path / "model.safetensors"))
+        # safetensors refuses shared storage (tied embeddings): each name gets its own host copy.
+        files = [HostFile(path / "model.safetensors", "safetensors", to_host(self.model.state_dict()))]
         if save_optimizer:
-            torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
+            files.append(HostFile(path / "optimizer.pt", "torch", to_host(self.optimizer.state_dict())))
         if self.master is not None:  # --bf16: the fp32 weights the optimizer steps (the model holds them rounded)
-            save_file(self.master.state(), str(path / "master.safetensors"))
+            files.append(HostFile(path / "master.safetensors", "safetensors", to_host(self.master.state())))
         if self.critic is not None:
-            save_file({k: v.detach().cpu().contiguous().clone() for k, v in self.critic.model.state_dict().items()},
-                      str(path / "critic.safetensors"))
+            critic_path = Path(critic_directory) if critic_directory else path
+            files.append(HostFile(critic_path / "critic.safetensors", "safetensors",
+                                  to_host(self.critic.model.state_dict())))
             if save_optimizer:
-                torch.save(self.critic.optimizer.state_dict(), path / "critic_optimizer.pt")
+                files.append(HostFile(critic_path / "critic_optimizer.pt", "torch",
+                                      to_host(self.critic.optimizer.state_dict())))
         rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-        torch.save(rng, path / "rng.pt")
+        files.append(HostFile(path / "rng.pt", "torch", rng))
+        return files
 
-    def load(self, directory: str) -> None:
+    def save(self, directory: str, *, save_optimizer: bool, critic_directory: str | None = None) -> None:
+        write_files(self.checkpoint_files(directory, save_optimizer=save_optimizer,
+                                          critic_directory=critic_directory))
+
+    def load(self, directory: str, critic_directory: str | None = None) -> None:
+        """Resume from ``directory``; the critic from ``critic_directory`` when given (``--critic-load``)."""
         from safetensors.torch import load_file
 
         path = Path(directory)
@@ -480,9 +519,14 @@ class TorchTrainBackend:
         if (path / "optimizer.pt").exists():
             self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
         if self.critic is not None:
-            self.critic.model.load_state_dict(load_file(str(path / "critic.safetensors")))
-            if (path / "critic_optimizer.pt").exists():
-                self.critic.optimizer.load_state_dict(torch.load(path / "critic_optimizer.pt", weights_only=False))
+            critic_path = Path(critic_directory) if critic_directory else path
+            if not (critic_path / "critic.safetensors").exists():
+                raise ValueError(f"checkpoint {critic_path} has no critic.safetensors: it was not saved with "
+                                 "--advantage-estimator ppo")
+            self.critic.model.load_state_dict(load_file(str(critic_path / "critic.safetensors")))
+            if (critic_path / "critic_optimizer.pt").exists():
+                self.critic.optimizer.load_state_dict(torch.load(critic_path / "critic_optimizer.pt",
+                                                                 weights_only=False))
         rng = torch.load(path / "rng.pt", weights_only=False)
         torch.set_rng_state(rng["torch"])
         np.random.set_state(rng["numpy"])
