@@ -174,7 +174,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('mask-offpolicy-in-partial-rollout', 'flag', False, 'Partial Rollout', 'Whether to mask previous generation in partial Rollout. When set, only on-policy generated tokens participate in training'),
     # --- Weight Update
     F('update-weight-buffer-size', 'size', 512 * MiB, 'Weight Update', 'Buffer size for weight updates in bytes. Updates weights in chunks, useful for MoE models'),
-    F('update-weights-interval', 'int', 1, 'Weight Update', 'Weight update interval'),
+    F('update-weights-interval', 'int', 1, 'Weight Update', 'Weight update interval. Here: the engines get the trainer\'s weights after every N-th rollout step (after steps N-1, 2N-1, ...; the initial push at start always happens), so the steps in between generate with the last synced version: samples.jsonl records each trained sample\'s weight_version and staleness, metrics.jsonl rollout/staleness_max; --check-weight-update-equal checks every sync that happens (weights.jsonl). With --fully-async the rollout waits for the version its schedule gives step - --max-staleness. With --offload-rollout (--colocate) only the steps that end with a sync release the engines\' memory (released weights are lost, only a sync writes them back); must be >= 1'),
     F('keep-old-actor', 'flag', False, 'Weight Update', 'Whether to keep Rollout model during training'),
     # --- External Inference Engine
     F('rollout-external', 'flag', False, 'External Inference Engine', 'Use external SGLang instance instead of framework-launched instance. Here: the run starts no engines and drives the servers at --rollout-external-engine-addrs (SGLang, or relax serve-engine) over SGLang\'s HTTP API: generation through the run\'s router, weights by /init_weights_update_group + /update_weights_from_distributed (the trainer hosts the group: the servers must reach this host); an unreachable address fails the start with one line naming it. With --use-fault-tolerance a server that dies is dropped and the run goes on with the others (they cannot be restarted)'),
@@ -580,6 +580,7 @@ SUPPORTED: frozenset[str] = frozenset({
     # rewards
     "rm-type", "custom-rm-path", "reward-key", "custom-reward-post-process-path",
     # modes
+    "update-weights-interval",  # relax/core/runtime.py (sync_due, held_version)
     "num-iters-per-train-update", "ref-actor-config",  # PPO epochs; fully-async services (relax/core/services.py)
     "fully-async", "max-staleness", "num-data-storage-units", "polling-mode", "use-opd", "opd-type", "opd-kl-coef", "opd-teacher-load",
     "debug-rollout-only", "debug-train-only", "save-debug-rollout-data", "load-debug-rollout-data",
@@ -643,7 +644,7 @@ BOUNDS: dict[str, Bound] = {
     "n-samples-per-eval-prompt": AT_LEAST_1, "eval-interval": AT_LEAST_1,
     "rollout-health-check-interval": POSITIVE, "rollout-health-check-timeout": POSITIVE,
     "max-global-restart": NON_NEGATIVE, "hook-timeout": POSITIVE, "weight-sync-timeout": POSITIVE,
-    "slime-router-timeout": POSITIVE,
+    "slime-router-timeout": POSITIVE, "update-weights-interval": AT_LEAST_1,
 }
 
 
