@@ -21,3 +21,87 @@ def test_update_weights_interval_schedule() -> None:
     resumed = _runtime(2, start=3)  # resumed at step 3: the start push is version 3, the next sync after step 3
     assert [resumed.held_version(s) for s in (3, 4, 5, 6)] == [3, 4, 4, 6]
     assert resumed.held_version(1) == 3  # fully-async asks for step - k, which may be before the start
+
+
+# ---------------------------------------------------------------- --reset-optimizer-states, --use-rollout-entropy
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from relax.backends.config import TrainerConfig  # noqa: E402
+from relax.backends.torch.backend import TorchTrainBackend  # noqa: E402
+from relax.utils.flag_types import ConfigError  # noqa: E402
+from tests.test_train_loop_flags import _args, _samples  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def _backend(*flags: str) -> TorchTrainBackend:
+    return TorchTrainBackend(TrainerConfig.from_args(_args("--lr", "0.02", *flags)), "cpu")
+
+
+def _state_at_step_start(backend: TorchTrainBackend, steps: int) -> list[int]:
+    """How many parameters have Adam state when each rollout's first optimizer step starts."""
+    seen: list[int] = []
+    original = backend._optimizer_step
+
+    def spy(batch, gsl, *rest, **kw):
+        if gsl.start == 0:
+            seen.append(len(backend.optimizer.state))
+        return original(batch, gsl, *rest, **kw)
+
+    backend._optimizer_step = spy
+    for step in range(steps):
+        backend.train_rollout(_samples(seed=10 + step), step)
+    return seen
+
+
+def test_reset_optimizer_states_empties_adam_state_before_each_rollout() -> None:
+    kept = _state_at_step_start(_backend(), 3)
+    assert kept[0] == 0 and kept[1] > 0 and kept[2] > 0  # without the flag the moments carry over
+    reset = _backend("--reset-optimizer-states")
+    assert _state_at_step_start(reset, 3) == [0, 0, 0]
+    steps = {int(s["step"]) for s in reset.optimizer.state.values()}
+    assert steps == {2}  # the last rollout's two optimizer steps only: the step counts restarted
+    moments = [s["exp_avg"] for s in reset.optimizer.state.values()]
+    assert moments and any(m.abs().sum() > 0 for m in moments)  # and it still trains
+
+
+def test_use_rollout_entropy_reaches_the_hook_and_the_metrics(tmp_path, monkeypatch) -> None:
+    (tmp_path / "entropy_hook.py").write_text(
+        "import torch\n"
+        "SEEN = []\n"
+        "def keep_uncertain(args, rollout_id, data):\n"
+        "    SEEN.append(data['entropy'])\n"
+        "    data['loss_masks'].mul_((data['entropy'] > 0.5).to(data['loss_masks'].dtype))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import entropy_hook
+
+    plain = _backend("--rollout-data-postprocess-path", "entropy_hook.keep_uncertain")
+    with pytest.raises(TypeError):  # without the flag the hook gets no entropy (None > 0.5)
+        plain.train_rollout(_samples(seed=10), 0)
+    entropy_hook.SEEN.clear()
+    backend = _backend("--use-rollout-entropy", "--rollout-data-postprocess-path", "entropy_hook.keep_uncertain")
+    samples = _samples(seed=10)
+    metrics = backend.train_rollout(samples, 0)
+    (entropy,) = entropy_hook.SEEN
+    assert entropy.shape == (len(samples), max(s.response_length for s in samples))
+    # the entropy of the policy before the step: the same as the plain pass gives now, on a fresh copy
+    fresh = _backend()
+    from relax.backends.torch.batch import build_rollout_tensors
+
+    batch = build_rollout_tensors(samples)
+    lp, want = fresh._log_probs_and_entropy_no_grad(fresh.model, batch)
+    assert torch.allclose(entropy, want)
+    mask = batch.loss_mask
+    assert metrics["train/rollout_entropy"] == pytest.approx(float((want * mask).sum() / mask.sum()), rel=1e-6)
+    assert "train/rollout_entropy" not in _backend().train_rollout(_samples(seed=10), 0)
+
+
+@pytest.mark.parametrize("flag", ["--reset-optimizer-states", "--use-rollout-entropy"])
+def test_megatron_refuses_in_one_line(flag: str) -> None:
+    from relax.utils.validation import _train_loop
+
+    args = _args(flag)
+    args.train_backend = "megatron"  # this CPU machine refuses megatron itself before the rule runs
+    with pytest.raises(ConfigError, match=f"^not supported yet: {flag} with --train-backend megatron"):
+        _train_loop(args)

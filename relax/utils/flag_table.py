@@ -274,8 +274,8 @@ SEED_FLAGS: list[FlagSpec] = [
     F('use-opsm', 'flag', False, 'Routing Replay and OPSM', 'Enable Off-Policy Sequence Masking (OPSM)'),
     F('opsm-delta', 'float', 0.0001, 'Routing Replay and OPSM', 'OPSM threshold'),
     # --- Other Training Options
-    F('reset-optimizer-states', 'flag', False, 'Other Training Options', 'Whether to reset optimizer state after each Rollout'),
-    F('use-rollout-entropy', 'flag', False, 'Other Training Options', 'Whether to compute entropy when calculating logprobs. Used for special loss mask'),
+    F('reset-optimizer-states', 'flag', False, 'Other Training Options', 'Whether to reset optimizer state after each Rollout. Here: the torch backend clears AdamW\'s moments and step counts (the actor\'s and the critic\'s) before it trains each rollout batch, so every rollout starts Adam afresh (bias correction included); not with --train-backend megatron yet'),
+    F('use-rollout-entropy', 'flag', False, 'Other Training Options', 'Whether to compute entropy when calculating logprobs. Used for special loss mask. Here: the torch backend\'s old-policy log-prob pass also computes each response token\'s entropy; the --rollout-data-postprocess-path hook gets it as rollout_data["entropy"] ([N, T], to build a loss mask from) and metrics.jsonl logs train/rollout_entropy (its mean over the loss mask). The entropy of the training forward (train/entropy, --entropy-coef) is computed either way; not with --train-backend megatron yet'),
     F('get-mismatch-metrics', 'flag', False, 'Other Training Options', 'Whether to compute mismatch metrics. Requires setting --custom-tis-function-path'),
     # --- Parameter Freezing and Selective Training
     F('only-train-params-name-list', 'str_list', None, 'Parameter Freezing and Selective Training', 'List of regex patterns for parameters to train. Other parameters are frozen. Cannot be used simultaneously with --freeze-params-name-list. Example: --only-train-params-name-list experts'),
@@ -581,6 +581,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "rm-type", "custom-rm-path", "reward-key", "custom-reward-post-process-path",
     # modes
     "update-weights-interval",  # relax/core/runtime.py (sync_due, held_version)
+    "reset-optimizer-states", "use-rollout-entropy",  # relax/backends/torch/backend.py
     "num-iters-per-train-update", "ref-actor-config",  # PPO epochs; fully-async services (relax/core/services.py)
     "fully-async", "max-staleness", "num-data-storage-units", "polling-mode", "use-opd", "opd-type", "opd-kl-coef", "opd-teacher-load",
     "debug-rollout-only", "debug-train-only", "save-debug-rollout-data", "load-debug-rollout-data",

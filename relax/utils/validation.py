@@ -98,6 +98,9 @@ def _train_loop(args: Namespace, p: Problems) -> None:
               "distributed_timeout_minutes")
     if args.log_probs_chunk_size != -1 and args.log_probs_chunk_size < 1:
         p.add(f"--log-probs-chunk-size must be -1 (off) or >= 1, got {args.log_probs_chunk_size}")
+    for dest in ("reset_optimizer_states", "use_rollout_entropy"):
+        if getattr(args, dest) and args.train_backend == "megatron":
+            p.add(f"not supported yet: {_flag(dest)} with --train-backend megatron (the torch backend has it)")
     if args.lr_decay_style != "constant":
         if args.train_backend == "megatron":
             p.add(f"not supported yet: --lr-decay-style {args.lr_decay_style} with --train-backend megatron "
