@@ -105,3 +105,39 @@ def test_megatron_refuses_in_one_line(flag: str) -> None:
     args.train_backend = "megatron"  # this CPU machine refuses megatron itself before the rule runs
     with pytest.raises(ConfigError, match=f"^not supported yet: {flag} with --train-backend megatron"):
         _train_loop(args)
+
+
+# ---------------------------------------------------------------- --ref-update-interval
+KL = ("--use-kl-loss", "--kl-loss-coef", "0.05")
+
+
+def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    return all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+
+
+def test_ref_update_interval_copies_the_actor_into_the_reference(tmp_path, monkeypatch) -> None:
+    (tmp_path / "kl_hook.py").write_text(
+        "SEEN = {}\n"
+        "def record(args, rollout_id, data):\n"
+        "    SEEN[rollout_id] = (data['log_probs'].clone(), data['ref_log_probs'].clone(), data['loss_masks'].clone())\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import kl_hook
+
+    backend = _backend(*KL, "--ref-update-interval", "2", "--rollout-data-postprocess-path", "kl_hook.record")
+    updated = []
+    for step in range(4):
+        metrics = backend.train_rollout(_samples(seed=10 + step), step)
+        updated.append(metrics.get("train/ref_updated", 0.0))
+        assert _same_weights(backend.model, backend.ref_model) == (step % 2 == 1), step
+    assert updated == [0.0, 1.0, 0.0, 1.0]
+    # the KL to the reference (old vs reference log-probs, over the loss mask) is 0 right after an update only
+    for step, (lp, ref, mask) in kl_hook.SEEN.items():
+        kl = float(((lp - ref).abs() * mask).sum())
+        assert (kl == 0.0) == (step in (0, 2)), (step, kl)
+
+
+def test_ref_update_interval_needs_a_reference_model() -> None:
+    with pytest.raises(ConfigError, match="--ref-update-interval needs a reference model"):
+        _args("--ref-update-interval", "2")
+    with pytest.raises((ConfigError, SystemExit)):
+        _args(*KL, "--ref-update-interval", "0")

@@ -252,7 +252,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('kl-loss-coef', 'float', 0.0, 'KL Divergence Related', 'KL penalty coefficient added to final PPO loss. Cannot be non-zero simultaneously with --kl-coef'),
     F('kl-loss-type', 'str', 'k1', 'KL Divergence Related', 'KL estimator for the KL loss and KL reward shaping', choices=('k1', 'k2', 'k3', 'low_var_kl')),
     F('use-unbiased-kl', 'flag', False, 'KL Divergence Related', 'Enable unbiased KL estimation'),
-    F('ref-update-interval', 'int', None, 'KL Divergence Related', 'Reference model update interval in Rollout steps. None means no update'),
+    F('ref-update-interval', 'int', None, 'KL Divergence Related', 'Reference model update interval in Rollout steps. None means no update. Here: after every N-th rollout step\'s training the torch backend copies the actor\'s weights into the reference model (train/ref_updated 1 in that step\'s metrics), so the next step\'s KL to the reference starts at 0. Needs a reference model (--use-kl-loss, --kl-loss-coef or --kl-coef); not with a \'reference\' role in --resource or --train-backend megatron yet; must be >= 1'),
     # --- SAPO Parameters
     F('sapo-tau-pos', 'float', 1.0, 'SAPO Parameters', 'SAPO positive advantage temperature'),
     F('sapo-tau-neg', 'float', 1.05, 'SAPO Parameters', 'SAPO negative advantage temperature'),
@@ -581,7 +581,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "rm-type", "custom-rm-path", "reward-key", "custom-reward-post-process-path",
     # modes
     "update-weights-interval",  # relax/core/runtime.py (sync_due, held_version)
-    "reset-optimizer-states", "use-rollout-entropy",  # relax/backends/torch/backend.py
+    "reset-optimizer-states", "use-rollout-entropy", "ref-update-interval",  # relax/backends/torch/backend.py
     "num-iters-per-train-update", "ref-actor-config",  # PPO epochs; fully-async services (relax/core/services.py)
     "fully-async", "max-staleness", "num-data-storage-units", "polling-mode", "use-opd", "opd-type", "opd-kl-coef", "opd-teacher-load",
     "debug-rollout-only", "debug-train-only", "save-debug-rollout-data", "load-debug-rollout-data",
@@ -646,6 +646,7 @@ BOUNDS: dict[str, Bound] = {
     "rollout-health-check-interval": POSITIVE, "rollout-health-check-timeout": POSITIVE,
     "max-global-restart": NON_NEGATIVE, "hook-timeout": POSITIVE, "weight-sync-timeout": POSITIVE,
     "slime-router-timeout": POSITIVE, "update-weights-interval": AT_LEAST_1,
+    "ref-update-interval": AT_LEAST_1,
 }
 
 

@@ -278,6 +278,9 @@ class TorchTrainBackend:
         metrics["perf/train_update_time_s"] = time.perf_counter() - start - columns_s
         metrics["train/lr"] = float(self.optimizer.param_groups[0]["lr"])
         metrics["train/num_optimizer_steps"] = float(num_steps)
+        if self.ref_model is not None and cfg.ref_update_interval and (step + 1) % cfg.ref_update_interval == 0:
+            self._update_reference()  # --ref-update-interval: the next rollouts' KL is to this policy
+            metrics["train/ref_updated"] = 1.0
         if any(s.sample_id is not None for s in samples):
             metrics[CONSUMED_KEY] = consumed_samples([s.sample_id for s in samples], self.dp.sum_rows(passes))
         return metrics
@@ -388,6 +391,14 @@ class TorchTrainBackend:
         if fault_at("NAN_LOSS", self._step):
             loss = loss * float("nan")
         return loss, m
+
+    @torch.no_grad()
+    def _update_reference(self) -> None:
+        """The reference model takes the actor's current weights (its frozen copy, as built at start)."""
+        for ref, actor in zip(self.ref_model.parameters(), self.model.parameters(), strict=True):
+            ref.copy_(actor)
+        for ref, actor in zip(self.ref_model.buffers(), self.model.buffers(), strict=True):
+            ref.copy_(actor)
 
     def _reset_optimizer_states(self) -> None:
         """``--reset-optimizer-states``: drop AdamW's moments and step counts (the actor's and the critic's); the
