@@ -141,3 +141,17 @@ def test_ref_update_interval_needs_a_reference_model() -> None:
         _args("--ref-update-interval", "2")
     with pytest.raises((ConfigError, SystemExit)):
         _args(*KL, "--ref-update-interval", "0")
+
+
+# ---------------------------------------------------------------- --train-env-vars
+def test_train_env_vars_reach_only_the_training_slots() -> None:
+    from relax.distributed.config import PlacementConfig
+
+    cfg = PlacementConfig.from_args(_args("--train-env-vars", '{"K": "V", "N": 3, "B": true}'))
+    assert cfg.train_env() == {"K": "V", "N": "3", "B": "true"}
+
+
+@pytest.mark.parametrize("value", ['["K"]', '{"K": {"nested": 1}}', '{"": "x"}'])
+def test_train_env_vars_must_be_an_object_of_names(value: str) -> None:
+    with pytest.raises(ConfigError, match="^--train-env-vars must be a JSON object of NAME: value"):
+        _args("--train-env-vars", value)

@@ -330,7 +330,8 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
     """Start Ray and the actors, resume from --load, and push the initial weights (version = start step)."""
     start_ray(run.device == "cuda", cluster_address(args.ray_address))
     # one line, in seconds, when GPUs are missing
-    placement = Placement.reserve(plan_resources(PlacementConfig.from_args(args), run.device))
+    placement_cfg = PlacementConfig.from_args(args)
+    placement = Placement.reserve(plan_resources(placement_cfg, run.device), train_env=placement_cfg.train_env())
     artifacts.event("placement", groups=placement.describe())
     launcher, pending = EngineFleet.begin(args, run.device, placement.engines)
     trainer_cfg = TrainerConfig.from_args(args)  # the trainer ranks' and the services' slice of the flags

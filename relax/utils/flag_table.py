@@ -356,7 +356,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('slime-router-max-connections', 'int', None, 'Router Configuration', 'SlimeRouter HTTP client maximum connections. Here: the run\'s router\'s connection pool to the engines (None: 1024)'),
     F('slime-router-health-check-failure-threshold', 'int', 3, 'Router Configuration', 'Mark worker as unhealthy after this many consecutive failures. Here: the run\'s router checks every engine\'s /health each second and, after this many failures in a row, sends it requests only while no healthy engine is left (removing dead engines is --use-fault-tolerance\'s job)'),
     # --- Other Training Parameters
-    F('train-env-vars', 'json', {}, 'Other Training Parameters', 'Additional environment variables for training process'),
+    F('train-env-vars', 'json', {}, 'Other Training Parameters', 'Additional environment variables for training process. Here: a JSON object of NAME: value (strings or numbers), set in the Ray runtime env of the training processes (every trainer rank and the fully-async services, on whatever node they land; the engines and the driver do not get them), over the worker defaults (one thread, offline); anything else is a one-line error'),
     F('train-memory-margin-bytes', 'size', GiB, 'Other Training Parameters', 'Reserved space for training memory allocation'),
     F('disable-weights-backuper', 'flag', False, 'Other Training Parameters', 'Disable weight backup to save host memory', seed_default='-'),
     F('custom-model-provider-path', 'str', None, 'Other Training Parameters', 'Custom model provider function path'),
@@ -582,6 +582,7 @@ SUPPORTED: frozenset[str] = frozenset({
     # modes
     "update-weights-interval",  # relax/core/runtime.py (sync_due, held_version)
     "reset-optimizer-states", "use-rollout-entropy", "ref-update-interval",  # relax/backends/torch/backend.py
+    "train-env-vars",  # relax/distributed/placement.py
     "num-iters-per-train-update", "ref-actor-config",  # PPO epochs; fully-async services (relax/core/services.py)
     "fully-async", "max-staleness", "num-data-storage-units", "polling-mode", "use-opd", "opd-type", "opd-kl-coef", "opd-teacher-load",
     "debug-rollout-only", "debug-train-only", "save-debug-rollout-data", "load-debug-rollout-data",
