@@ -155,3 +155,62 @@ def test_train_env_vars_reach_only_the_training_slots() -> None:
 def test_train_env_vars_must_be_an_object_of_names(value: str) -> None:
     with pytest.raises(ConfigError, match="^--train-env-vars must be a JSON object of NAME: value"):
         _args("--train-env-vars", value)
+
+
+# ---------------------------------------------------------------- --eval-min-new-tokens, --eval-max-context-len
+def _eval_requests(*flags: str, prompt_lens=(3, 10, 40), min_new_tokens: int | None = None) -> list[dict]:
+    """The /generate requests a default eval sends for prompts of ``prompt_lens`` tokens (a recording pool)."""
+    import asyncio
+
+    from relax.engine.rewards import RewardConfig
+    from relax.engine.rollout import evaluation
+    from relax.engine.rollout.config import RolloutConfig
+    from relax.engine.rollout.eval_config import EvalConfig
+    from relax.utils.types import Sample
+
+    args = _args("--eval-interval", "1", *flags)
+    sent: list[dict] = []
+
+    class Pool:
+        async def generate_batch(self, requests, n):
+            sent.extend(requests)
+            return [{"text": "", "output_ids": [], "meta_info": {"finish_reason": {"type": "length"},
+                                                                 "output_token_logprobs": []}} for _ in requests]
+
+    class State:
+        pool = Pool()
+
+    prompts = [Sample(prompt="p", tokens=list(range(n))) for n in prompt_lens]
+    mp = pytest.MonkeyPatch()
+    mp.setattr(evaluation, "GenerateState", lambda *a, **k: State())
+    mp.setattr(evaluation, "apply_response", lambda s, r: None)
+
+    async def no_rewards(cfg, samples):
+        for s in samples:
+            s.reward = 0.0
+
+    mp.setattr(evaluation, "compute_rewards", no_rewards)
+    mp.setattr(evaluation, "extract_reward", lambda r, k: 0.0)
+    try:
+        cfg = EvalConfig.from_args(args).replace(eval_min_new_tokens=min_new_tokens)  # sglang needs a GPU here
+        asyncio.run(evaluation._evaluate_set(cfg, RolloutConfig.from_args(args),
+                                             RewardConfig.from_args(args), 0, 0, evaluation.EvalSet("s", prompts)))
+    finally:
+        mp.undo()
+    return sent
+
+
+def test_eval_sampling_gets_min_new_tokens_and_the_context_cap() -> None:
+    sent = _eval_requests("--eval-max-response-len", "16", "--eval-max-context-len", "20")
+    assert [r["sampling_params"]["max_new_tokens"] for r in sent] == [16, 10, 0]
+    assert all("min_new_tokens" not in r["sampling_params"] for r in sent)
+    # unset: --rollout-max-context-len caps it
+    sent = _eval_requests("--eval-max-response-len", "16", "--rollout-max-context-len", "12")
+    assert [r["sampling_params"]["max_new_tokens"] for r in sent] == [9, 2, 0]
+    sent = _eval_requests(min_new_tokens=4)
+    assert {r["sampling_params"]["min_new_tokens"] for r in sent} == {4}
+
+
+def test_eval_min_new_tokens_is_refused_on_the_embedded_engine() -> None:
+    with pytest.raises(ConfigError, match="^not supported yet: --eval-min-new-tokens with --rollout-backend embedded"):
+        _args("--eval-min-new-tokens", "4")

@@ -295,8 +295,8 @@ SEED_FLAGS: list[FlagSpec] = [
     F('eval-top-k', 'int', None, 'Evaluation Configuration', 'Top-k parameter for evaluation'),
     F('eval-max-response-len', 'int', None, 'Evaluation Configuration', 'Maximum response length for evaluation'),
     F('eval-max-prompt-len', 'int', None, 'Evaluation Configuration', 'Maximum prompt length for evaluation'),
-    F('eval-min-new-tokens', 'int', None, 'Evaluation Configuration', 'Minimum new tokens generated for evaluation'),
-    F('eval-max-context-len', 'int', None, 'Evaluation Configuration', 'Maximum context length for evaluation. When None, equals --rollout-max-context-len'),
+    F('eval-min-new-tokens', 'int', None, 'Evaluation Configuration', 'Minimum new tokens generated for evaluation. Here: sent as SGLang\'s min_new_tokens in every eval request\'s sampling params (--rollout-backend sglang); the embedded engine does not implement it yet, so a non-zero value is refused there'),
+    F('eval-max-context-len', 'int', None, 'Evaluation Configuration', 'Maximum context length for evaluation. When None, equals --rollout-max-context-len. Here: each eval request\'s max_new_tokens is cut to this minus its prompt length (0 when the prompt fills it; --custom-generate-function-path gets the uncut params)'),
     # --- Reward Configuration
     F('rm-type', 'str', None, 'Reward Configuration', 'Built-in reward model type'),
     F('custom-rm-path', 'str', None, 'Reward Configuration', 'Custom reward function path. Function signature: def custom_rm(args, sample) -> float'),
@@ -583,6 +583,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "update-weights-interval",  # relax/core/runtime.py (sync_due, held_version)
     "reset-optimizer-states", "use-rollout-entropy", "ref-update-interval",  # relax/backends/torch/backend.py
     "train-env-vars",  # relax/distributed/placement.py
+    "eval-min-new-tokens", "eval-max-context-len",  # relax/engine/rollout/evaluation.py
     "num-iters-per-train-update", "ref-actor-config",  # PPO epochs; fully-async services (relax/core/services.py)
     "fully-async", "max-staleness", "num-data-storage-units", "polling-mode", "use-opd", "opd-type", "opd-kl-coef", "opd-teacher-load",
     "debug-rollout-only", "debug-train-only", "save-debug-rollout-data", "load-debug-rollout-data",
@@ -647,7 +648,7 @@ BOUNDS: dict[str, Bound] = {
     "rollout-health-check-interval": POSITIVE, "rollout-health-check-timeout": POSITIVE,
     "max-global-restart": NON_NEGATIVE, "hook-timeout": POSITIVE, "weight-sync-timeout": POSITIVE,
     "slime-router-timeout": POSITIVE, "update-weights-interval": AT_LEAST_1,
-    "ref-update-interval": AT_LEAST_1,
+    "ref-update-interval": AT_LEAST_1, "eval-min-new-tokens": NON_NEGATIVE, "eval-max-context-len": AT_LEAST_1,
 }
 
 

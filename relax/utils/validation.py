@@ -102,6 +102,9 @@ def _train_loop(args: Namespace, p: Problems) -> None:
         if not needs_reference_model(args):
             p.add("--ref-update-interval needs a reference model (--use-kl-loss, --kl-loss-coef or --kl-coef); "
                   "without one there is nothing to update")
+    if args.eval_min_new_tokens and args.rollout_backend == "embedded":
+        p.add("not supported yet: --eval-min-new-tokens with --rollout-backend embedded (the embedded engine does "
+              "not implement min_new_tokens; --rollout-backend sglang passes it)")
     for dest in ("reset_optimizer_states", "use_rollout_entropy", "ref_update_interval"):
         if getattr(args, dest) not in (None, False) and args.train_backend == "megatron":
             p.add(f"not supported yet: {_flag(dest)} with --train-backend megatron (the torch backend has it)")
