@@ -25,7 +25,7 @@ def _args(resource: dict | None = None, *, colocate: bool = False, per_engine: i
           train_only: bool = False, rollout_only: bool = False) -> PlacementConfig:
     return PlacementConfig(resource=resource, colocate=colocate, rollout_num_gpus_per_engine=per_engine,
                      num_gpus_per_node=per_node, debug_train_only=train_only, debug_rollout_only=rollout_only,
-                     rollout_external=False)
+                     rollout_external=False, train_env_vars={})
 
 
 def test_seed_colocate_layout_trains_on_every_gpu() -> None:

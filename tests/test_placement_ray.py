@@ -44,7 +44,7 @@ class Probe:
 def _plan(resource: dict, colocate: bool, device: str = "cuda"):
     return plan_resources(PlacementConfig(resource=resource, colocate=colocate, rollout_num_gpus_per_engine=1,
                                     num_gpus_per_node=8, debug_train_only=False, debug_rollout_only=False,
-                                    rollout_external=False), device)
+                                    rollout_external=False, train_env_vars={}), device)
 
 
 def _gpu(slot) -> list[str]:

@@ -52,6 +52,11 @@ class TrainerConfig(FlagSlice):
     # log-probs: the rollout's temperature, computed in vocabulary chunks
     rollout_temperature: float
     log_probs_chunk_size: int | None
+    # --reset-optimizer-states: AdamW state dropped before each rollout's training; --use-rollout-entropy: the
+    # old-log-prob pass also gives each token's entropy (the rollout-data hook's ``entropy``, train/rollout_entropy)
+    reset_optimizer_states: bool
+    ref_update_interval: int | None  # the reference model takes the actor's weights after every this many steps
+    use_rollout_entropy: bool
     # which parameters train (relax/backends/torch/freezing.py)
     only_train_params_name_list: list[str] | None
     freeze_params_name_list: list[str] | None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 from relax.core.offload import ColocateOffload
+from relax.core.fully_async import fill_weight_versions
 from relax.core.runtime import Runtime, rollout_metrics
 from relax.core.train_data import to_train_samples
 
@@ -23,6 +24,7 @@ def train_colocate(rt: Runtime) -> None:
         artifacts.event("phase", step=step, phase="rollout")
         with rt.engine_profile(step):  # --sglang-profile
             groups = run.rollout_fn(args, step, run.data_source)
+        fill_weight_versions(groups, rt.held_version(step))  # a custom generate function may set none
         samples, raw_rewards = to_train_samples(args, groups)
         t1 = time.perf_counter()
         offload.before_train(step)
@@ -31,10 +33,10 @@ def train_colocate(rt: Runtime) -> None:
         t2 = time.perf_counter()
         offload.before_sync(step)
         artifacts.event("phase", step=step, phase="sync")
-        sync_s = rt.sync(version=step + 1, step=step)
+        sync_s = rt.sync(version=step + 1, step=step) if rt.sync_due(step) else 0.0  # --update-weights-interval
         step_s = time.perf_counter() - t0
         perf = {"perf/rollout_time_s": t1 - t0, "perf/train_time_s": t2 - t1, "perf/sync_time_s": sync_s,
                 "perf/step_time_s": step_s, **offload.pop_metrics(),
                 "perf/tokens_per_s": sum(len(s.tokens) for s in samples) / max(step_s, 1e-9)}
         rt.finish_step(step, groups, rollout_metrics(groups, raw_rewards, t1 - t0, step),
-                       {**train_metrics, **eval_metrics}, perf, weight_version=step)
+                       {**train_metrics, **eval_metrics}, perf, weight_version=rt.held_version(step))

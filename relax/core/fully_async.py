@@ -1,7 +1,8 @@
 """The fully-async loop: rollout runs ahead of training by at most ``--max-staleness`` versions.
 
 A producer thread generates the batch for step k as soon as the engines hold weights of
-version >= k - max_staleness, and puts its train samples into the storage units of the data
+version >= k - max_staleness (with ``--update-weights-interval N``: the version the last sync due by
+step k - max_staleness gave, so staleness reaches max_staleness + N - 1), and puts its train samples into the storage units of the data
 queue (transfer_queue.py); the trainer loop waits for the step's metadata, has the trainer
 actor fetch the samples from the units and train, drops the step, pushes version k+1 to the
 engines (between two rollouts, never inside one: see below) and moves on. The driver keeps only
@@ -29,11 +30,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-from relax.core.runtime import Runtime, rollout_metrics
+from relax.core.runtime import Runtime, fill_weight_versions, rollout_metrics
 from relax.core.train_data import to_train_samples
 from relax.core.transfer_queue import DataQueue
 from relax.engine.rollout.sglang_rollout import GenerateState
-from relax.utils.types import Sample
 
 
 @dataclass
@@ -44,15 +44,6 @@ class _Rollout:
     raw_rewards: list
     seconds: float
     num_tokens: int
-
-
-def fill_weight_versions(groups: list[list[Sample]], version: int) -> int:
-    """Give samples without a ``weight_version`` (a custom generate function that sets none) ``version``,
-    the version the engines held when the rollout started; returns how many there were."""
-    missing = [s for g in groups for s in g if s.weight_version is None]
-    for s in missing:
-        s.weight_version = version
-    return len(missing)
 
 
 class _Producer(threading.Thread):
@@ -67,9 +58,10 @@ class _Producer(threading.Thread):
         self.data_states: dict[int, dict] = {}
         self.stopped = False
 
-    def advance(self, version: int) -> None:
-        with self.data_lock:  # positions before `version` can no longer be checkpointed
-            for step in [k for k in self.data_states if k < version]:
+    def advance(self, trained: int, version: int) -> None:
+        """Steps before ``trained`` are trained; the engines hold ``version`` (older with --update-weights-interval)."""
+        with self.data_lock:  # positions before `trained` can no longer be checkpointed
+            for step in [k for k in self.data_states if k < trained]:
                 del self.data_states[step]
         with self.cond:
             self.version = version
@@ -93,7 +85,10 @@ class _Producer(threading.Thread):
         try:
             for step in range(rt.start_step, rt.run.num_rollout):
                 with self.cond:
-                    self.cond.wait_for(lambda s=step: self.stopped or self.version >= s - args.max_staleness)
+                    # the version a sync schedule with no lag would have given step - k (just step - k at
+                    # --update-weights-interval 1)
+                    needed = rt.held_version(step - args.max_staleness)
+                    self.cond.wait_for(lambda n=needed: self.stopped or self.version >= n)
                     if self.stopped:
                         return
                     started = self.version  # what the engines hold as this rollout starts
@@ -134,8 +129,8 @@ def train_fully_async(rt: Runtime) -> None:
             data.drop(step)
             t2 = time.perf_counter()
             artifacts.event("phase", step=step, phase="sync")
-            sync_s = rt.sync(version=step + 1, step=step)
-            producer.advance(step + 1)
+            sync_s = rt.sync(version=step + 1, step=step) if rt.sync_due(step) else 0.0  # --update-weights-interval
+            producer.advance(step + 1, rt.held_version(step + 1))
             step_s = time.perf_counter() - t0
             perf = {"perf/rollout_time_s": rollout.seconds, "perf/rollout_wait_s": wait_s,
                     "perf/train_time_s": t2 - t1, "perf/sync_time_s": sync_s, "perf/step_time_s": step_s,

@@ -11,6 +11,8 @@ the trainer moves parameters, gradients and optimizer state to the CPU during th
 (`relax.backends.torch.offload`). The trainer is parked once before the first rollout. Each move is
 an event in events.jsonl (``engine_release``, ``engine_resume``, ``trainer_offload``, ``trainer_onload``
 with ``seconds`` and ``device_bytes``) and its time a ``perf/`` metric of the step (docs/artifacts.md).
+With ``--update-weights-interval N`` only the steps that end with a sync release and resume the engines
+(the others keep their weights, and their memory, through training).
 On a CPU device the moves are no-ops that still run and are recorded.
 """
 
@@ -46,7 +48,9 @@ class ColocateOffload:
             self._trainer("trainer_offload", step)
 
     def before_train(self, step: int) -> None:
-        if self.rollout:
+        # a step that ends without a sync (--update-weights-interval) keeps the engines' weights: released
+        # they would be lost, and only a sync writes them back
+        if self.rollout and self.rt.sync_due(step):
             self._engines("engine_release", step)
         if self.train:
             self._trainer("trainer_onload", step)
@@ -54,7 +58,7 @@ class ColocateOffload:
     def before_sync(self, step: int) -> None:
         if self.train:
             self._trainer("trainer_offload", step)
-        if self.rollout:
+        if self.rollout and self.rt.sync_due(step):
             self._engines("engine_resume", step)
 
     def pop_metrics(self) -> dict[str, float]:

@@ -95,6 +95,21 @@ class Runtime:
         """Around step ``step``'s rollout: the engines' profilers when --sglang-profile selects the step."""
         return self.profiling.rollout(step) if self.profiling is not None else contextlib.nullcontext()
 
+    @property
+    def sync_interval(self) -> int:
+        """``--update-weights-interval``: the engines get the trainer's weights after every this many steps."""
+        return int(self.args.update_weights_interval)
+
+    def sync_due(self, step: int) -> bool:
+        """Whether step ``step`` ends with a weight sync (version ``step + 1``)."""
+        return (step + 1) % self.sync_interval == 0
+
+    def held_version(self, step: int) -> int:
+        """The weight version the engines hold while step ``step`` rolls out when every due sync has landed:
+        the start version, then ``step + 1`` of the last step that ended with a sync (``step`` itself with
+        ``--update-weights-interval 1``)."""
+        return max(self.start_step, step - step % self.sync_interval)
+
     def sync_targets(self) -> list[SyncTarget]:
         return self.fleet.live_targets() + (self.services.sync_targets() if self.services else [])
 
@@ -219,6 +234,7 @@ class Runtime:
             for s in g:
                 artifacts.samples.write({"step": step, "group_index": s.group_index, "index": s.index,
                                          "attempts": s.abort_count + 1, "fate": "trained", "reason": None,
+                                         "weight_version": s.weight_version, "staleness": _staleness(s, step),
                                          **sample_fields(s, args.reward_key)})
         for group_index, index, passes in train_metrics.pop(CONSUMED_KEY, []):  # the trainer's own report
             artifacts.samples.write({"step": step, "group_index": group_index, "index": index, "fate": "consumed",
@@ -260,11 +276,26 @@ def _due(interval: int | None, step: int, last: int) -> bool:
     return step == last or bool(interval and (step + 1) % interval == 0)
 
 
+def fill_weight_versions(groups: list[list[Sample]], version: int) -> int:
+    """Give samples without a ``weight_version`` (a custom generate function that sets none) ``version``,
+    the version the engines held when the rollout started; returns how many there were."""
+    missing = [s for g in groups for s in g if s.weight_version is None]
+    for s in missing:
+        s.weight_version = version
+    return len(missing)
+
+
+def _staleness(sample: Sample, step: int) -> int:
+    """How many versions the weights that generated ``sample`` lag the step that trains on it (the policy
+    version lag; 0 when the sample carries no version)."""
+    return step - (sample.weight_version if sample.weight_version is not None else step)
+
+
 def rollout_metrics(groups: list[list[Sample]], raw_rewards: list[float], seconds: float, step: int) -> dict[str, float]:
     samples = [s for g in groups for s in g]
     lengths = np.array([s.response_length for s in samples], dtype=np.float64)
     rewards = np.array(raw_rewards, dtype=np.float64)
-    staleness = np.array([step - (s.weight_version if s.weight_version is not None else step) for s in samples])
+    staleness = np.array([_staleness(s, step) for s in samples])
     return {
         "rollout/reward_mean": float(rewards.mean()),
         "rollout/reward_std": float(rewards.std()),
@@ -300,7 +331,8 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
     """Start Ray and the actors, resume from --load, and push the initial weights (version = start step)."""
     start_ray(run.device == "cuda", cluster_address(args.ray_address))
     # one line, in seconds, when GPUs are missing
-    placement = Placement.reserve(plan_resources(PlacementConfig.from_args(args), run.device))
+    placement_cfg = PlacementConfig.from_args(args)
+    placement = Placement.reserve(plan_resources(placement_cfg, run.device), train_env=placement_cfg.train_env())
     artifacts.event("placement", groups=placement.describe())
     launcher, pending = EngineFleet.begin(args, run.device, placement.engines)
     trainer_cfg = TrainerConfig.from_args(args)  # the trainer ranks' and the services' slice of the flags

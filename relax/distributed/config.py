@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relax.utils.flag_slice import FlagSlice
+from relax.utils.flag_types import ConfigError
 
 
 @dataclass(frozen=True)
@@ -25,3 +26,15 @@ class PlacementConfig(FlagSlice):
     # how GPUs group into engines and nodes
     rollout_num_gpus_per_engine: int
     num_gpus_per_node: int
+    # extra environment variables of the training processes (the trainer ranks and the fully-async services)
+    train_env_vars: dict[str, Any]
+
+    def validate(self) -> None:
+        env = self.train_env_vars
+        if not isinstance(env, dict) or not all(isinstance(k, str) and k and "=" not in k for k in env) or not all(
+                isinstance(v, str | int | float | bool) for v in env.values()):
+            raise ConfigError(f"--train-env-vars must be a JSON object of NAME: value (a string or number), got {env!r}")
+
+    def train_env(self) -> dict[str, str]:
+        """``--train-env-vars`` as the string environment a Ray ``runtime_env`` takes."""
+        return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in self.train_env_vars.items()}

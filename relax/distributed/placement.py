@@ -45,8 +45,11 @@ class Placement:
     group_nodes: list[str] = field(default_factory=list)  # the node each group landed on
 
     @classmethod
-    def reserve(cls, plan: ResourcePlan, timeout_s: float = RESERVE_TIMEOUT_S) -> Placement:
-        """Reserve the plan's groups (Ray must be up); ConfigError naming what the cluster lacks."""
+    def reserve(cls, plan: ResourcePlan, timeout_s: float = RESERVE_TIMEOUT_S,
+                train_env: dict[str, str] | None = None) -> Placement:
+        """Reserve the plan's groups (Ray must be up); ConfigError naming what the cluster lacks. ``train_env``
+        (``--train-env-vars``) is added to the worker environment of the training processes: the trainer
+        ranks and the fully-async services."""
         import ray
         from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
@@ -63,9 +66,11 @@ class Placement:
                               f"within {timeout_s:.0f} s: {free:g} of its {sum(nodes.values()):g} GPUs were free when "
                               "it asked (other jobs or placement groups hold the rest)")
         group_nodes = [placement_group_table(g)["bundles_to_node_id"][0] for g in groups]
-        env = {"env_vars": worker_env()}
+        base = worker_env()
+        training = {"env_vars": {**base, **(train_env or {})}}
 
-        def slot(spec: SlotSpec) -> Slot:
+        def slot(spec: SlotSpec, env: dict | None = None) -> Slot:
+            env = env or {"env_vars": base}
             if spec.group is None:
                 return Slot(spec.name, 0, {"num_cpus": 0, "runtime_env": env}, None)
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -74,8 +79,8 @@ class Placement:
             options = {"num_cpus": 0, "num_gpus": spec.share, "scheduling_strategy": strategy, "runtime_env": env}
             return Slot(spec.name, spec.gpus, options, group_nodes[spec.group])
 
-        return cls(plan, [slot(s) for s in plan.trainer_ranks], [slot(s) for s in plan.engines],
-                   {role: slot(s) for role, s in plan.services.items()}, groups, group_nodes)
+        return cls(plan, [slot(s, training) for s in plan.trainer_ranks], [slot(s) for s in plan.engines],
+                   {role: slot(s, training) for role, s in plan.services.items()}, groups, group_nodes)
 
     def describe(self) -> list[dict]:
         """The reserved groups for events.jsonl: role, GPUs per bundle, node."""

@@ -174,7 +174,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('mask-offpolicy-in-partial-rollout', 'flag', False, 'Partial Rollout', 'Whether to mask previous generation in partial Rollout. When set, only on-policy generated tokens participate in training'),
     # --- Weight Update
     F('update-weight-buffer-size', 'size', 512 * MiB, 'Weight Update', 'Buffer size for weight updates in bytes. Updates weights in chunks, useful for MoE models'),
-    F('update-weights-interval', 'int', 1, 'Weight Update', 'Weight update interval'),
+    F('update-weights-interval', 'int', 1, 'Weight Update', 'Weight update interval. Here: the engines get the trainer\'s weights after every N-th rollout step (after steps N-1, 2N-1, ...; the initial push at start always happens), so the steps in between generate with the last synced version: samples.jsonl records each trained sample\'s weight_version and staleness, metrics.jsonl rollout/staleness_max; --check-weight-update-equal checks every sync that happens (weights.jsonl). With --fully-async the rollout waits for the version its schedule gives step - --max-staleness. With --offload-rollout (--colocate) only the steps that end with a sync release the engines\' memory (released weights are lost, only a sync writes them back); must be >= 1'),
     F('keep-old-actor', 'flag', False, 'Weight Update', 'Whether to keep Rollout model during training'),
     # --- External Inference Engine
     F('rollout-external', 'flag', False, 'External Inference Engine', 'Use external SGLang instance instead of framework-launched instance. Here: the run starts no engines and drives the servers at --rollout-external-engine-addrs (SGLang, or relax serve-engine) over SGLang\'s HTTP API: generation through the run\'s router, weights by /init_weights_update_group + /update_weights_from_distributed (the trainer hosts the group: the servers must reach this host); an unreachable address fails the start with one line naming it. With --use-fault-tolerance a server that dies is dropped and the run goes on with the others (they cannot be restarted)'),
@@ -252,7 +252,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('kl-loss-coef', 'float', 0.0, 'KL Divergence Related', 'KL penalty coefficient added to final PPO loss. Cannot be non-zero simultaneously with --kl-coef'),
     F('kl-loss-type', 'str', 'k1', 'KL Divergence Related', 'KL estimator for the KL loss and KL reward shaping', choices=('k1', 'k2', 'k3', 'low_var_kl')),
     F('use-unbiased-kl', 'flag', False, 'KL Divergence Related', 'Enable unbiased KL estimation'),
-    F('ref-update-interval', 'int', None, 'KL Divergence Related', 'Reference model update interval in Rollout steps. None means no update'),
+    F('ref-update-interval', 'int', None, 'KL Divergence Related', 'Reference model update interval in Rollout steps. None means no update. Here: after every N-th rollout step\'s training the torch backend copies the actor\'s weights into the reference model (train/ref_updated 1 in that step\'s metrics), so the next step\'s KL to the reference starts at 0. Needs a reference model (--use-kl-loss, --kl-loss-coef or --kl-coef); not with a \'reference\' role in --resource or --train-backend megatron yet; must be >= 1'),
     # --- SAPO Parameters
     F('sapo-tau-pos', 'float', 1.0, 'SAPO Parameters', 'SAPO positive advantage temperature'),
     F('sapo-tau-neg', 'float', 1.05, 'SAPO Parameters', 'SAPO negative advantage temperature'),
@@ -274,8 +274,8 @@ SEED_FLAGS: list[FlagSpec] = [
     F('use-opsm', 'flag', False, 'Routing Replay and OPSM', 'Enable Off-Policy Sequence Masking (OPSM)'),
     F('opsm-delta', 'float', 0.0001, 'Routing Replay and OPSM', 'OPSM threshold'),
     # --- Other Training Options
-    F('reset-optimizer-states', 'flag', False, 'Other Training Options', 'Whether to reset optimizer state after each Rollout'),
-    F('use-rollout-entropy', 'flag', False, 'Other Training Options', 'Whether to compute entropy when calculating logprobs. Used for special loss mask'),
+    F('reset-optimizer-states', 'flag', False, 'Other Training Options', 'Whether to reset optimizer state after each Rollout. Here: the torch backend clears AdamW\'s moments and step counts (the actor\'s and the critic\'s) before it trains each rollout batch, so every rollout starts Adam afresh (bias correction included); not with --train-backend megatron yet'),
+    F('use-rollout-entropy', 'flag', False, 'Other Training Options', 'Whether to compute entropy when calculating logprobs. Used for special loss mask. Here: the torch backend\'s old-policy log-prob pass also computes each response token\'s entropy; the --rollout-data-postprocess-path hook gets it as rollout_data["entropy"] ([N, T], to build a loss mask from) and metrics.jsonl logs train/rollout_entropy (its mean over the loss mask). The entropy of the training forward (train/entropy, --entropy-coef) is computed either way; not with --train-backend megatron yet'),
     F('get-mismatch-metrics', 'flag', False, 'Other Training Options', 'Whether to compute mismatch metrics. Requires setting --custom-tis-function-path'),
     # --- Parameter Freezing and Selective Training
     F('only-train-params-name-list', 'str_list', None, 'Parameter Freezing and Selective Training', 'List of regex patterns for parameters to train. Other parameters are frozen. Cannot be used simultaneously with --freeze-params-name-list. Example: --only-train-params-name-list experts'),
@@ -295,8 +295,8 @@ SEED_FLAGS: list[FlagSpec] = [
     F('eval-top-k', 'int', None, 'Evaluation Configuration', 'Top-k parameter for evaluation'),
     F('eval-max-response-len', 'int', None, 'Evaluation Configuration', 'Maximum response length for evaluation'),
     F('eval-max-prompt-len', 'int', None, 'Evaluation Configuration', 'Maximum prompt length for evaluation'),
-    F('eval-min-new-tokens', 'int', None, 'Evaluation Configuration', 'Minimum new tokens generated for evaluation'),
-    F('eval-max-context-len', 'int', None, 'Evaluation Configuration', 'Maximum context length for evaluation. When None, equals --rollout-max-context-len'),
+    F('eval-min-new-tokens', 'int', None, 'Evaluation Configuration', 'Minimum new tokens generated for evaluation. Here: sent as SGLang\'s min_new_tokens in every eval request\'s sampling params (--rollout-backend sglang); the embedded engine does not implement it yet, so a non-zero value is refused there'),
+    F('eval-max-context-len', 'int', None, 'Evaluation Configuration', 'Maximum context length for evaluation. When None, equals --rollout-max-context-len. Here: each eval request\'s max_new_tokens is cut to this minus its prompt length (0 when the prompt fills it; --custom-generate-function-path gets the uncut params)'),
     # --- Reward Configuration
     F('rm-type', 'str', None, 'Reward Configuration', 'Built-in reward model type'),
     F('custom-rm-path', 'str', None, 'Reward Configuration', 'Custom reward function path. Function signature: def custom_rm(args, sample) -> float'),
@@ -356,7 +356,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('slime-router-max-connections', 'int', None, 'Router Configuration', 'SlimeRouter HTTP client maximum connections. Here: the run\'s router\'s connection pool to the engines (None: 1024)'),
     F('slime-router-health-check-failure-threshold', 'int', 3, 'Router Configuration', 'Mark worker as unhealthy after this many consecutive failures. Here: the run\'s router checks every engine\'s /health each second and, after this many failures in a row, sends it requests only while no healthy engine is left (removing dead engines is --use-fault-tolerance\'s job)'),
     # --- Other Training Parameters
-    F('train-env-vars', 'json', {}, 'Other Training Parameters', 'Additional environment variables for training process'),
+    F('train-env-vars', 'json', {}, 'Other Training Parameters', 'Additional environment variables for training process. Here: a JSON object of NAME: value (strings or numbers), set in the Ray runtime env of the training processes (every trainer rank and the fully-async services, on whatever node they land; the engines and the driver do not get them), over the worker defaults (one thread, offline); anything else is a one-line error'),
     F('train-memory-margin-bytes', 'size', GiB, 'Other Training Parameters', 'Reserved space for training memory allocation'),
     F('disable-weights-backuper', 'flag', False, 'Other Training Parameters', 'Disable weight backup to save host memory', seed_default='-'),
     F('custom-model-provider-path', 'str', None, 'Other Training Parameters', 'Custom model provider function path'),
@@ -583,6 +583,10 @@ SUPPORTED: frozenset[str] = frozenset({
     # rewards
     "rm-type", "custom-rm-path", "reward-key", "custom-reward-post-process-path",
     # modes
+    "update-weights-interval",  # relax/core/runtime.py (sync_due, held_version)
+    "reset-optimizer-states", "use-rollout-entropy", "ref-update-interval",  # relax/backends/torch/backend.py
+    "train-env-vars",  # relax/distributed/placement.py
+    "eval-min-new-tokens", "eval-max-context-len",  # relax/engine/rollout/evaluation.py
     "num-iters-per-train-update", "ref-actor-config",  # PPO epochs; fully-async services (relax/core/services.py)
     "fully-async", "max-staleness", "num-data-storage-units", "polling-mode", "use-opd", "opd-type", "opd-kl-coef", "opd-teacher-load",
     "debug-rollout-only", "debug-train-only", "save-debug-rollout-data", "load-debug-rollout-data",
@@ -657,7 +661,8 @@ BOUNDS: dict[str, Bound] = {
     "max-global-restart": NON_NEGATIVE, "hook-timeout": POSITIVE, "weight-sync-timeout": POSITIVE,
     "slime-router-timeout": POSITIVE, "streaming-buffer-size": AT_LEAST_1,
     "max-actor-ckpt-to-keep": AT_LEAST_1, "start-rollout-id": NON_NEGATIVE,
-    "opd-teacher-ckpt-step": NON_NEGATIVE, "ref-ckpt-step": NON_NEGATIVE,
+    "opd-teacher-ckpt-step": NON_NEGATIVE, "ref-ckpt-step": NON_NEGATIVE, "update-weights-interval": AT_LEAST_1,
+    "ref-update-interval": AT_LEAST_1, "eval-min-new-tokens": NON_NEGATIVE, "eval-max-context-len": AT_LEAST_1,
 }
 
 

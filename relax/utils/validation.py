@@ -100,6 +100,16 @@ def _train_loop(args: Namespace, p: Problems) -> None:
               "distributed_timeout_minutes")
     if args.log_probs_chunk_size != -1 and args.log_probs_chunk_size < 1:
         p.add(f"--log-probs-chunk-size must be -1 (off) or >= 1, got {args.log_probs_chunk_size}")
+    if args.ref_update_interval is not None:
+        if not needs_reference_model(args):
+            p.add("--ref-update-interval needs a reference model (--use-kl-loss, --kl-loss-coef or --kl-coef); "
+                  "without one there is nothing to update")
+    if args.eval_min_new_tokens and args.rollout_backend == "embedded":
+        p.add("not supported yet: --eval-min-new-tokens with --rollout-backend embedded (the embedded engine does "
+              "not implement min_new_tokens; --rollout-backend sglang passes it)")
+    for dest in ("reset_optimizer_states", "use_rollout_entropy", "ref_update_interval"):
+        if getattr(args, dest) not in (None, False) and args.train_backend == "megatron":
+            p.add(f"not supported yet: {_flag(dest)} with --train-backend megatron (the torch backend has it)")
     if args.lr_decay_style != "constant":
         if args.train_backend == "megatron":
             p.add(f"not supported yet: --lr-decay-style {args.lr_decay_style} with --train-backend megatron "
@@ -326,6 +336,9 @@ def _services(args: Namespace, p: Problems) -> None:
     roles = p.run(service_roles, args.resource)
     if roles is None:
         return
+    if args.ref_update_interval is not None and "reference" in roles:
+        p.add("not supported yet: --ref-update-interval with a 'reference' role in --resource (the service's "
+              "copy is not updated)")
     if args.ref_actor_config is not None and not roles & {"reference", "actor_fwd"}:
         p.add("--ref-actor-config needs a reference or actor_fwd role in --resource")
     if not roles:

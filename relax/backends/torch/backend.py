@@ -103,6 +103,7 @@ class TorchTrainBackend:
         self.schedule = LRSchedule.of(cfg)
         self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
         self._step = 0  # the rollout step being trained (for fault hooks)
+        self._rollout_entropy: torch.Tensor | None = None  # --use-rollout-entropy: this step's old-policy entropy
         self._step_old_lp: torch.Tensor | None = None  # `_old_log_probs_from_step`: filled by the step's forward
         self._step_old_seen: torch.Tensor | None = None  # and the rows it filled
         # OPD with the teacher in the training backend (--opd-type megatron; the torch backend plays that role).
@@ -202,13 +203,22 @@ class TorchTrainBackend:
 
     @torch.no_grad()
     def _log_probs_no_grad(self, model: torch.nn.Module, batch: RolloutTensors) -> torch.Tensor:
+        return self._log_probs_and_entropy_no_grad(model, batch, with_entropy=False)[0]
+
+    @torch.no_grad()
+    def _log_probs_and_entropy_no_grad(self, model: torch.nn.Module, batch: RolloutTensors, *,
+                                       with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``[N, T]`` response log-probs under ``model`` and, ``with_entropy``, each token's entropy in the same pass."""
         width = batch.loss_mask.shape[1]
         out = torch.zeros_like(batch.loss_mask)
+        ent = torch.zeros_like(batch.loss_mask) if with_entropy else None
         for sl in self._all_micro_batches(batch.samples, log_probs=True):
             inputs = build_model_inputs(batch.samples[sl], width, self.pad_id, self.device)
-            lp, _ = self._forward_log_probs(model, inputs, with_entropy=False)
+            lp, entropy = self._forward_log_probs(model, inputs, with_entropy=with_entropy)
             out[sl] = lp.cpu()
-        return self._rows_everywhere(out)
+            if ent is not None:
+                ent[sl] = entropy.to(ent.dtype).cpu()
+        return self._rows_everywhere(out), None if ent is None else self._rows_everywhere(ent)
 
     # ------------------------------------------------------------------ services (fully-async)
     def forward_log_probs(self, samples: list[TrainSample]) -> torch.Tensor:
@@ -253,12 +263,17 @@ class TorchTrainBackend:
         self.profiler.start("train_log_probs", step)
         old_lp, ref_lp, teacher_lp, old_values, adv = self._rollout_columns(batch, precomputed, old=not from_step)
         self.profiler.stop("train_log_probs", step)
-        postprocess_rollout_data(cfg, step, batch, old_lp, ref_lp, adv)
+        if cfg.reset_optimizer_states:  # before this rollout's first step: no moments from earlier rollouts
+            self._reset_optimizer_states()
+        postprocess_rollout_data(cfg, step, batch, old_lp, ref_lp, adv, entropy=self._rollout_entropy)
         if self.dp.rank == 0:  # --save-debug-train-data, --dump-details (relax/observability/train_dumps.py)
             dump_step(cfg.dumps, step, batch, old_lp, ref_lp, adv.advantages)
         columns_s = time.perf_counter() - start  # the columns are on the host: their forwards have finished
         metrics: dict[str, float] = {f"train/{k}": float(v) for k, v in adv.metrics.items()}
         metrics["train/old_log_probs_from_step"] = float(from_step)
+        if self._rollout_entropy is not None:  # --use-rollout-entropy: the old policy's, over the loss mask
+            mask = batch.loss_mask
+            metrics["train/rollout_entropy"] = float((self._rollout_entropy * mask).sum() / mask.sum().clamp(min=1))
         if teacher_lp is not None:  # sampled-token estimate of KL(student || teacher)
             gap = (old_lp - teacher_lp) * batch.loss_mask
             metrics["train/opd_reverse_kl"] = float(gap.sum() / batch.loss_mask.sum().clamp(min=1))
@@ -300,6 +315,9 @@ class TorchTrainBackend:
         metrics["perf/train_update_time_s"] = time.perf_counter() - start - columns_s
         metrics["train/lr"] = float(self.optimizer.param_groups[0]["lr"])
         metrics["train/num_optimizer_steps"] = float(num_steps)
+        if self.ref_model is not None and cfg.ref_update_interval and (step + 1) % cfg.ref_update_interval == 0:
+            self._update_reference()  # --ref-update-interval: the next rollouts' KL is to this policy
+            metrics["train/ref_updated"] = 1.0
         if any(s.sample_id is not None for s in samples):
             metrics[CONSUMED_KEY] = consumed_samples([s.sample_id for s in samples], self.dp.sum_rows(passes))
         return metrics
@@ -317,7 +335,7 @@ class TorchTrainBackend:
                 and len(batch.samples) == cfg.global_batch_size and should_update_actor(self.algo, step)
                 and self.ref_model is None and pre.ref_log_probs is None and not cfg.needs_reference_model
                 and self.teacher is None and batch.teacher_log_probs is None and self.critic is None
-                and not cfg.rollout_data_postprocess_path)
+                and not cfg.rollout_data_postprocess_path and not cfg.use_rollout_entropy)
 
     def _rows_everywhere(self, rows: torch.Tensor) -> torch.Tensor:
         """``[N, T]`` filled by this rank's micro-batches -> the whole matrix on every rank."""
@@ -327,7 +345,10 @@ class TorchTrainBackend:
         """Old, reference and teacher log-probs, critic values and advantages: the precomputed ones, else computed here
         (``old`` False: no old log-probs, `_old_log_probs_from_step`)."""
         pre.check_rows(len(batch.samples), batch.loss_mask.shape[1])
-        old_lp = pre.old_log_probs
+        old_lp, self._rollout_entropy = pre.old_log_probs, None
+        if self.cfg.use_rollout_entropy:  # the old policy's per-token entropy, from the old-log-prob pass
+            lp, self._rollout_entropy = self._log_probs_and_entropy_no_grad(self.model, batch)
+            old_lp = lp if old_lp is None else old_lp
         if old_lp is None and old:
             old_lp = self._log_probs_no_grad(self.model, batch)
         ref_lp = pre.ref_log_probs
@@ -407,6 +428,21 @@ class TorchTrainBackend:
         if fault_at("NAN_LOSS", self._step):
             loss = loss * float("nan")
         return loss, m
+
+    @torch.no_grad()
+    def _update_reference(self) -> None:
+        """The reference model takes the actor's current weights (its frozen copy, as built at start)."""
+        for ref, actor in zip(self.ref_model.parameters(), self.model.parameters(), strict=True):
+            ref.copy_(actor)
+        for ref, actor in zip(self.ref_model.buffers(), self.model.buffers(), strict=True):
+            ref.copy_(actor)
+
+    def _reset_optimizer_states(self) -> None:
+        """``--reset-optimizer-states``: drop AdamW's moments and step counts (the actor's and the critic's); the
+        next step starts them afresh, bias correction included."""
+        for optimizer in (self.optimizer, self.critic.optimizer if self.critic is not None else None):
+            if optimizer is not None:
+                optimizer.state.clear()
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

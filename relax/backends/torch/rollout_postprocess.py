@@ -3,7 +3,8 @@
 Relax calls it once everything is fetched (old/reference log-probs, advantages) and before the
 optimizer steps, typically to edit the loss mask. It gets Relax's ``rollout_data`` dict, whose
 per-token columns are ``[N, T]`` tensors over response tokens (right-padded, as the trainer holds
-them). It may edit ``loss_masks`` / ``advantages`` in place or return a dict with replacements;
+them); ``entropy`` is the old policy's per-token entropy with ``--use-rollout-entropy`` (None without),
+for a loss mask that keeps, say, only high-entropy tokens. It may edit ``loss_masks`` / ``advantages`` in place or return a dict with replacements;
 the trainer trains on what the dict holds afterwards.
 """
 
@@ -25,7 +26,7 @@ EDITABLE = ("loss_masks", "advantages")
 
 
 def postprocess_rollout_data(cfg: TrainerConfig, rollout_id: int, batch: RolloutTensors, log_probs: torch.Tensor,
-                             ref_log_probs: torch.Tensor | None, adv: Any) -> None:
+                             ref_log_probs: torch.Tensor | None, adv: Any, *, entropy: torch.Tensor | None = None) -> None:
     """Run the hook (when set) and write its ``loss_masks`` / ``advantages`` back into the step's tensors.
     The hook gets ``cfg.args``: its seed 000 signature takes the whole namespace."""
     path = cfg.rollout_data_postprocess_path
@@ -42,6 +43,7 @@ def postprocess_rollout_data(cfg: TrainerConfig, rollout_id: int, batch: Rollout
         "rollout_log_probs": batch.rollout_log_probs,
         "advantages": adv.advantages,
         "returns": adv.returns,
+        "entropy": entropy,  # --use-rollout-entropy: the old policy's per-token entropy (else None)
     }
     with culprit(FLAG, path, f"rollout {rollout_id}"):
         out = fn(cfg.args, rollout_id, data)

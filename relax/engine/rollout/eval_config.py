@@ -36,6 +36,8 @@ class EvalConfig(FlagSlice):
     eval_top_p: float | None
     eval_top_k: int | None
     eval_max_response_len: int | None
+    eval_min_new_tokens: int | None  # SGLang's min_new_tokens (the sglang backend; the embedded engine lacks it)
+    eval_max_context_len: int | None  # prompt + response cap per request (resolved from --rollout-max-context-len)
     n_samples_per_eval_prompt: int
     # scoring and logging
     eval_reward_key: str | None

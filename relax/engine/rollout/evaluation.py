@@ -7,6 +7,8 @@ into that step's metrics.jsonl record as ``eval/<name>/reward_mean`` and ``eval/
 (the share of prompts with at least one correct sample among ``--n-samples-per-eval-prompt``;
 labels come from ``--eval-label-key``, else ``--label-key``);
 ``--log-passrate`` adds the unbiased pass@k for every power of two k < n.
+``--eval-min-new-tokens`` goes to the engines as SGLang's ``min_new_tokens``; ``--eval-max-context-len``
+cuts each default eval request's ``max_new_tokens`` so prompt + response fit it.
 Seeds depend on (rollout seed, step, dataset, sample), so an eval is reproducible. With
 ``--custom-generate-function-path`` the recipe's function generates the eval samples too, and a
 function that declares seed 001's optional ``evaluation`` parameter gets ``evaluation=True``.
@@ -61,8 +63,16 @@ def load_eval_sets(cfg: EvalConfig, tokenizer: Any) -> list[EvalSet]:
 def eval_sampling_params(cfg: EvalConfig, rollout: RolloutConfig) -> dict[str, Any]:
     """The rollout's sampling params, each overridden by its eval flag when that is set."""
     overrides = {"temperature": cfg.eval_temperature, "top_p": cfg.eval_top_p, "top_k": cfg.eval_top_k,
-                 "max_new_tokens": cfg.eval_max_response_len}
+                 "max_new_tokens": cfg.eval_max_response_len, "min_new_tokens": cfg.eval_min_new_tokens}
     return {**rollout.sampling_params(), **{k: v for k, v in overrides.items() if v is not None}}
+
+
+def capped_to_context(params: dict[str, Any], prompt_len: int, max_context_len: int | None) -> dict[str, Any]:
+    """``params`` with ``max_new_tokens`` cut so prompt + response fit ``--eval-max-context-len`` (0 new tokens
+    for a prompt that fills it already)."""
+    if max_context_len is None:
+        return params
+    return dict(params, max_new_tokens=max(0, min(params["max_new_tokens"], max_context_len - prompt_len)))
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -82,7 +92,8 @@ async def _evaluate_set(cfg: EvalConfig, rollout: RolloutConfig, rewards: Reward
         await custom_generate(rollout, samples, params, seeds, evaluation=True)
     else:
         requests = [{"input_ids": list(s.tokens), "return_logprob": True,
-                     "sampling_params": dict(params, sampling_seed=seed)} for s, seed in zip(samples, seeds, strict=True)]
+                     "sampling_params": dict(capped_to_context(params, len(s.tokens), cfg.eval_max_context_len),
+                                             sampling_seed=seed)} for s, seed in zip(samples, seeds, strict=True)]
         responses = await GenerateState(rollout.args, config=rollout).pool.generate_batch(requests, n)
         for s, resp in zip(samples, responses, strict=True):
             apply_response(s, resp)
