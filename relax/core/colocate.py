@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import time
 
-from relax.core.offload import ColocateOffload
 from relax.core.fully_async import fill_weight_versions
+from relax.core.offload import ColocateOffload
 from relax.core.runtime import Runtime, rollout_metrics
 from relax.core.train_data import to_train_samples
 
