@@ -273,6 +273,11 @@ class MegatronTrainBackend(TorchTrainBackend):
         return state_checksums(named) if named else {}
 
     # ------------------------------------------------------------------ checkpoints, sharded per rank
+    def checkpoint_files(self, directory: str, *, save_optimizer: bool, critic_directory: str | None = None):
+        """The host copies ``--async-save`` writes: megatron-core's sharded checkpoint writes its own files (its
+        async save is not wired), so the flag is refused at parse time and this is never reached."""
+        raise NotImplementedError("not supported yet: --async-save with --train-backend megatron")
+
     def save(self, directory: str, *, save_optimizer: bool, critic_directory: str | None = None) -> None:
         """``critic_directory`` is always None here: the critic (ppo) is refused for this backend."""
         from relax.backends.megatron.checkpoint import save_checkpoint
