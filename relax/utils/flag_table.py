@@ -284,7 +284,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('eval-interval', 'int', None, 'Evaluation Configuration', 'Evaluation interval in Rollout rounds'),
     F('eval-prompt-data', 'str_list', None, 'Evaluation Configuration', 'Evaluation datasets in format: dataset_name /path/to/data.jsonl. Can specify multiple pairs'),
     F('eval-config', 'str', None, 'Evaluation Configuration', 'OmegaConf YAML/JSON evaluation config file path. When set, overrides --eval-prompt-data'),
-    F('eval-function-path', 'str', None, 'Evaluation Configuration', 'Evaluation generation function path. When None, uses --rollout-function-path'),
+    F('eval-function-path', 'str', None, 'Evaluation Configuration', 'Evaluation generation function path. When None, uses --rollout-function-path. Here: called by the driver at each --eval-interval step as fn(args, rollout_id, data_source, evaluation=True) in place of the built-in evaluation (which runs while the path is the built-in generate_rollout); it returns {set name: {"rewards": [float], "samples": [Sample]}} (logged as eval/<name>/reward_mean, handed to --custom-eval-rollout-log-function-path) and may add {name: number} metrics (logged as eval/<name>); relax/core/eval_function.py'),
     F('skip-eval-before-train', 'flag', False, 'Evaluation Configuration', 'Whether to skip evaluation before training'),
     F('eval-input-key', 'str', None, 'Evaluation Configuration', 'Key for input field in evaluation data. When None, uses --input-key'),
     F('eval-label-key', 'str', None, 'Evaluation Configuration', 'Key for label field in evaluation data'),
@@ -598,7 +598,7 @@ SUPPORTED: frozenset[str] = frozenset({
     # evaluation
     "eval-interval", "eval-prompt-data", "n-samples-per-eval-prompt", "eval-temperature", "eval-top-p", "eval-top-k",
     "eval-max-response-len", "eval-max-prompt-len", "skip-eval-before-train", "eval-input-key", "eval-label-key",
-    "eval-tool-key", "eval-reward-key", "log-passrate",
+    "eval-tool-key", "eval-reward-key", "log-passrate", "eval-function-path",  # relax/core/eval_function.py
     # fault tolerance
     "use-fault-tolerance", "use-health-check", "max-global-restart", "rollout-health-check-interval",
     "rollout-health-check-timeout", "rollout-health-check-first-wait",
