@@ -107,8 +107,8 @@ def prepare_run(args: Namespace) -> RunInputs:
     eval_fn = None
     if args.eval_interval and custom_eval_path(args.eval_function_path):
         eval_fn = p.run(load_eval_function, args.eval_function_path, catch=catch)
-    elif args.eval_interval and not args.eval_prompt_data:
-        p.add("--eval-interval needs --eval-prompt-data NAME PATH")
+    elif args.eval_interval and not (args.eval_prompt_data or args.eval_config):
+        p.add("--eval-interval needs --eval-prompt-data NAME PATH (or --eval-config FILE)")
     elif tokenizer is not None:
         from relax.engine.rollout.evaluation import load_eval_sets
 

@@ -283,7 +283,7 @@ SEED_FLAGS: list[FlagSpec] = [
     # --- Evaluation Configuration
     F('eval-interval', 'int', None, 'Evaluation Configuration', 'Evaluation interval in Rollout rounds'),
     F('eval-prompt-data', 'str_list', None, 'Evaluation Configuration', 'Evaluation datasets in format: dataset_name /path/to/data.jsonl. Can specify multiple pairs'),
-    F('eval-config', 'str', None, 'Evaluation Configuration', 'OmegaConf YAML/JSON evaluation config file path. When set, overrides --eval-prompt-data'),
+    F('eval-config', 'str', None, 'Evaluation Configuration', 'OmegaConf YAML/JSON evaluation config file path. When set, overrides --eval-prompt-data. Here: a typed schema (relax/engine/rollout/eval_file.py), {"eval": {"defaults": {...}, "datasets": [{"name", "path", ...}]}}; a dataset\'s or the defaults\' keys are input_key, label_key, tool_key, max_prompt_len, n_samples_per_eval_prompt, temperature, top_p, top_k, max_response_len and min_new_tokens, each falling back to the defaults, then to its --eval-* flag; each dataset is an eval set (eval/<name>/...). A missing file, a file that is not YAML (.json: JSON), an unknown key or a wrong type fails the launch, one line per problem naming the file and the key'),
     F('eval-function-path', 'str', None, 'Evaluation Configuration', 'Evaluation generation function path. When None, uses --rollout-function-path. Here: called by the driver at each --eval-interval step as fn(args, rollout_id, data_source, evaluation=True) in place of the built-in evaluation (which runs while the path is the built-in generate_rollout); it returns {set name: {"rewards": [float], "samples": [Sample]}} (logged as eval/<name>/reward_mean, handed to --custom-eval-rollout-log-function-path) and may add {name: number} metrics (logged as eval/<name>); relax/core/eval_function.py'),
     F('skip-eval-before-train', 'flag', False, 'Evaluation Configuration', 'Whether to skip evaluation before training'),
     F('eval-input-key', 'str', None, 'Evaluation Configuration', 'Key for input field in evaluation data. When None, uses --input-key'),
@@ -599,6 +599,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "eval-interval", "eval-prompt-data", "n-samples-per-eval-prompt", "eval-temperature", "eval-top-p", "eval-top-k",
     "eval-max-response-len", "eval-max-prompt-len", "skip-eval-before-train", "eval-input-key", "eval-label-key",
     "eval-tool-key", "eval-reward-key", "log-passrate", "eval-function-path",  # relax/core/eval_function.py
+    "eval-config",  # relax/engine/rollout/eval_file.py
     # fault tolerance
     "use-fault-tolerance", "use-health-check", "max-global-restart", "rollout-health-check-interval",
     "rollout-health-check-timeout", "rollout-health-check-first-wait",
