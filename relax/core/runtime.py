@@ -344,7 +344,7 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
     # max_concurrency 2: heartbeats are answered while a training step runs
     ranks = [{"max_concurrency": 2, **slot.options} for slot in placement.trainer_ranks]
     group = (TrainerGroup.start(TrainerActor, trainer_cfg, run.device, ranks,
-                                timeout_minutes=args.distributed_timeout_minutes)
+                                timeout_minutes=args.distributed_timeout_minutes, backend=args.distributed_backend)
              if ranks else None)  # none: --debug-rollout-only
     trainer = group.leader if group else None
     fleet = EngineFleet.finish(args, launcher, pending)

@@ -89,7 +89,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('offload', 'flag', False, 'Ray Launch Parameters', 'Equivalent to setting both --offload-train and --offload-rollout. Refused with --fully-async (rollout and training overlap: nothing is idle to offload)'),
     F('offload-train', 'flag', None, 'Ray Launch Parameters', 'Whether to offload training Actor to CPU during training. Always True when --colocate is enabled; otherwise None resolves to --offload. Moves parameters, gradients and optimizer state to CPU during rollout and back before training. With --fully-async, or --train-backend megatron (not supported yet), --colocate leaves it False and an explicit request is refused'),
     F('offload-rollout', 'flag', None, 'Ray Launch Parameters', 'Whether to offload Rollout generator to CPU during training. Always True when --colocate is enabled; otherwise None resolves to --offload. Engines release KV cache and weights (/release_memory_occupation) after each rollout and resume before the next weight sync. With --fully-async --colocate leaves it False and an explicit request is refused'),
-    F('distributed-backend', 'str', 'nccl', 'Ray Launch Parameters', 'Distributed backend'),
+    F('distributed-backend', 'str', 'nccl', 'Ray Launch Parameters', 'Distributed backend. Here: the trainer ranks\' process group (relax/distributed/trainer_group.py): nccl (the default) is NCCL on CUDA runs and gloo on CPU runs, where NCCL cannot run; gloo is gloo on every run (not with --train-backend megatron on GPUs yet)'),
     F('distributed-timeout-minutes', 'int', 10, 'Ray Launch Parameters', 'Distributed timeout in minutes. Here: how long a trainer rank waits in the trainer group\'s rendezvous or a collective (a dead or stuck peer) before it fails'),
     # --- TransferQueue Data Queue
     F('num-data-storage-units', 'int', 1, 'TransferQueue Data Queue', "Number of TransferQueue SimpleStorageUnit actors. Here: Ray actors (0 CPUs) that hold each step's train samples, whole groups dealt round-robin, from rollout until the step is trained; the trainer actor fetches them directly (relax/core/transfer_queue.py). --fully-async only; must be >= 1"),
@@ -601,6 +601,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "eval-tool-key", "eval-reward-key", "log-passrate", "eval-function-path",  # relax/core/eval_function.py
     "eval-config",  # relax/engine/rollout/eval_file.py
     "http-proxy",  # relax/engine/rewards/remote.py
+    "distributed-backend",  # relax/distributed/trainer_group.py
     # fault tolerance
     "use-fault-tolerance", "use-health-check", "max-global-restart", "rollout-health-check-interval",
     "rollout-health-check-timeout", "rollout-health-check-first-wait",
@@ -638,6 +639,7 @@ SUPPORTED_VALUES: dict[str, frozenset[Any]] = {
                                       "reinforce_plus_plus_baseline", "ppo", "on_policy_distillation"}),
     "train-backend": frozenset({"torch", "megatron"}),  # megatron: TP x PP x EP x DP over the trainer's ranks
     "rollout-backend": frozenset({"embedded", "sglang"}),
+    "distributed-backend": frozenset({"nccl", "gloo"}),
     "attention-backend": frozenset({"auto", "flash"}),
     "attention-dropout": frozenset({0.0}), "hidden-dropout": frozenset({0.0}), "rotary-percent": frozenset({1.0}),
 }
