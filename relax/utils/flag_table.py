@@ -364,7 +364,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('log-probs-chunk-size', 'int', -1, 'Other Training Parameters', 'Chunk size for computing log probs. Used to save VRAM'),
     F('allgather-cp', 'flag', False, 'Other Training Parameters', '-'),
     F('model-name', 'str', None, 'Other Training Parameters', 'Model name for Megatron to HF weight conversion. Inferred from AutoConfig.from_pretrained(hf_checkpoint) if not set'),
-    F('only-load-weight', 'flag', False, 'Other Training Parameters', 'Reference model and actor fwd only load weights'),
+    F('only-load-weight', 'flag', False, 'Other Training Parameters', 'Reference model and actor fwd only load weights. Here: how they are always built (the flag changes nothing): the torch trainer\'s reference copy (the initial policy, or --ref-load\'s saved model weights) and the reference/actor_fwd services\' forward-only copies (relax/backends/services.py) hold model weights only, no optimizer, RNG or gradient state'),
     F('rlsp-server-port', 'int', 8234, 'Other Training Parameters', 'RLSP Server HTTP port'),
     F('custom-config-path', 'str', None, 'Other Training Parameters', 'Custom parameter YAML config file path. Key-value pairs in file override existing parameters'),
     # --- Debug
@@ -602,6 +602,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "eval-config",  # relax/engine/rollout/eval_file.py
     "http-proxy",  # relax/engine/rewards/remote.py
     "distributed-backend",  # relax/distributed/trainer_group.py
+    "only-load-weight",  # always so: relax/backends/torch/backend.py (_reference_model), relax/backends/services.py
     # fault tolerance
     "use-fault-tolerance", "use-health-check", "max-global-restart", "rollout-health-check-interval",
     "rollout-health-check-timeout", "rollout-health-check-first-wait",
