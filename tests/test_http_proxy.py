@@ -49,6 +49,10 @@ def services() -> Iterator[tuple[str, str, list, list]]:
             scored.append(body)
             self._answer(200, json.dumps(0.25 + 0.5 * (body["response"] == body["label"])).encode())
 
+        def do_GET(self) -> None:  # noqa: N802 - /health, as an SGLang server
+            scored.append(self.path)
+            self._answer(200, b"")
+
     class Proxy(_Quiet):
         def do_POST(self) -> None:  # noqa: N802 - a proxy gets the absolute URL as the path
             forwarded.append(self.path)
@@ -56,6 +60,12 @@ def services() -> Iterator[tuple[str, str, list, list]]:
             req = urllib.request.Request(self.path, data=data, headers={"Content-Type": self.headers["Content-Type"]})
             opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
             with opener.open(req, timeout=30) as resp:
+                self._answer(resp.status, resp.read())
+
+        def do_GET(self) -> None:  # noqa: N802
+            forwarded.append(self.path)
+            opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+            with opener.open(self.path, timeout=30) as resp:
                 self._answer(resp.status, resp.read())
 
     reward, proxy = _serve(Reward), _serve(Proxy)
@@ -79,6 +89,21 @@ def test_remote_reward_calls_go_through_the_proxy(services) -> None:
     assert rewards == [0.75, 0.25] and len(scored) == 2 and forwarded == [rm_url, rm_url]
     asyncio.run(compute_rewards(RewardConfig.from_args(_args(rm_url, None)), samples))
     assert len(scored) == 4 and len(forwarded) == 2  # without the flag: direct
+
+
+def test_the_opd_teacher_server_is_reached_through_the_proxy(services) -> None:
+    """--opd-type sglang with --rm-url: the teacher's calls go through the proxy (here its /health check)."""
+    from relax.engine.rollout.opd_teacher import start_teacher, stop_teacher
+    from relax.engine.rollout.teacher_config import TeacherConfig
+
+    rm_url, proxy, scored, forwarded = services
+    base = rm_url.removesuffix("/reward")
+    cfg = TeacherConfig(rm_url=base, http_proxy=proxy, opd_teacher_load=None, seed=0, rollout_temperature=1.0)
+    try:
+        assert start_teacher(cfg, "cpu").proxy == proxy
+    finally:
+        stop_teacher()
+    assert scored == ["/health"] and forwarded == [f"{base}/health"]
 
 
 @pytest.mark.ray

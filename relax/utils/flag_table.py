@@ -392,7 +392,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('memory-snapshot-num-steps', 'int', None, 'GPU Memory Profiling', 'Proactively dump a memory snapshot after the specified number of steps (0-indexed, i.e., setting 3 means dump after step 2). Here: counted in this launch; turns the history on; CUDA only'),
     F('memory-recorder', 'str', 'torch', 'GPU Memory Profiling', 'Memory recorder backend: torch (PyTorch built-in), memray (requires pip install memray). Here: torch only; memray is not supported yet', choices=('torch', 'memray')),
     # --- Network
-    F('http-proxy', 'str', None, 'Network', 'HTTP proxy address. Here: the run\'s calls to outside services go through it (aiohttp proxy=): the --rm-type remote_rm requests to --rm-url (relax/engine/rewards/remote.py); the engines, router and trainer calls on the cluster stay direct'),
+    F('http-proxy', 'str', None, 'Network', 'HTTP proxy address. Here: the run\'s calls to outside services go through it (aiohttp proxy=): the --rm-type remote_rm requests to --rm-url (relax/engine/rewards/remote.py) and the --opd-type sglang teacher server at --rm-url (relax/engine/rollout/opd_teacher.py); the run\'s own engines (external ones too), router and trainer calls stay direct'),
     F('use-distributed-post', 'flag', False, 'Network', 'Use distributed POST requests'),
 ]
 
