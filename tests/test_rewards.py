@@ -199,7 +199,8 @@ def test_remote_rm_against_a_local_http_server(tmp_path: Path) -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         args = Namespace(custom_rm_path=None, rm_type="remote_rm", group_rm=False, reward_key="score",
-                         rm_url=f"http://127.0.0.1:{server.server_port}/reward", hook_timeout=60.0)
+                         rm_url=f"http://127.0.0.1:{server.server_port}/reward", hook_timeout=60.0,
+                         http_proxy=None)
         rewards = asyncio.run(compute_rewards(_cfg(args), [_s("7", "7"), _s("3", "7")]))
     finally:
         server.shutdown()
@@ -211,7 +212,7 @@ def test_remote_rm_down_names_the_url() -> None:
     from relax.engine.rollout.engine_client import EngineError
 
     args = Namespace(custom_rm_path=None, rm_type="remote_rm", group_rm=False, reward_key=None,
-                     rm_url="http://127.0.0.1:9/reward", hook_timeout=60.0)
+                     rm_url="http://127.0.0.1:9/reward", hook_timeout=60.0, http_proxy=None)
     with pytest.raises(EngineError, match="127.0.0.1:9"):
         asyncio.run(compute_rewards(_cfg(args), [_s("7", "7")]))
 
@@ -229,7 +230,7 @@ def test_remote_rm_that_never_answers_is_bounded_by_hook_timeout() -> None:
         silent.listen()  # the kernel accepts; nobody reads or answers
         url = f"http://127.0.0.1:{silent.getsockname()[1]}/reward"
         args = Namespace(custom_rm_path=None, rm_type="remote_rm", group_rm=False, reward_key=None, rm_url=url,
-                         hook_timeout=0.5)
+                         hook_timeout=0.5, http_proxy=None)
         start = time.monotonic()
         with pytest.raises(EngineError) as info:
             asyncio.run(compute_rewards(_cfg(args), [Sample(index=4, prompt="p", response="7", label="7")]))

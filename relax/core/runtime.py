@@ -169,15 +169,19 @@ class Runtime:
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Eval metrics for this step when ``--eval-interval`` says so (the engines hold version ``step``)."""
+        from relax.core.eval_function import run_eval_function
         from relax.engine.rollout.evaluation import run_eval
 
         run = self.run
-        if not run.eval_sets or not run.eval_config.due(step):
+        if not (run.eval_sets or run.eval_fn) or not run.eval_config.due(step):
             return {}
         self.artifacts.event("phase", step=step, phase="eval")
         start = time.perf_counter()
         data: dict[str, dict[str, list]] = {}
-        metrics = run_eval(run.eval_config, run.rollout_config, run.reward_config, step, run.eval_sets, data)
+        if run.eval_fn is not None:  # --eval-function-path (relax/core/eval_function.py)
+            metrics, data = run_eval_function(run.eval_fn, self.args.eval_function_path, self.args, step, run.data_source)
+        else:
+            metrics = run_eval(run.eval_config, run.rollout_config, run.reward_config, step, run.eval_sets, data)
         metrics = apply_eval_hook(self.args, step, data, metrics)  # --custom-eval-rollout-log-function-path
         return {**metrics, "perf/eval_time_s": time.perf_counter() - start}
 
@@ -340,7 +344,7 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
     # max_concurrency 2: heartbeats are answered while a training step runs
     ranks = [{"max_concurrency": 2, **slot.options} for slot in placement.trainer_ranks]
     group = (TrainerGroup.start(TrainerActor, trainer_cfg, run.device, ranks,
-                                timeout_minutes=args.distributed_timeout_minutes)
+                                timeout_minutes=args.distributed_timeout_minutes, backend=args.distributed_backend)
              if ranks else None)  # none: --debug-rollout-only
     trainer = group.leader if group else None
     fleet = EngineFleet.finish(args, launcher, pending)

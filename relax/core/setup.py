@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import relax
 from relax.core.debug_rollouts import RolloutRecorder, SavedRollouts
+from relax.core.eval_function import custom_eval_path, load_eval_function
 from relax.distributed.cluster import cluster_address
 from relax.utils.arguments import ConfigError, args_to_dict
 from relax.utils.flag_types import Problems
@@ -53,6 +54,7 @@ class RunInputs:
     rollout_config: RolloutConfig | None = None
     reward_config: RewardConfig | None = None
     eval_config: EvalConfig | None = None
+    eval_fn: Any = None  # --eval-function-path when it is not the built-in evaluation (relax/core/eval_function.py)
 
 
 def _engine_slices(args: Namespace) -> dict[str, Any]:
@@ -102,8 +104,11 @@ def prepare_run(args: Namespace) -> RunInputs:
         p.run(load_generate_function, args.custom_generate_function_path, catch=catch)
     eval_sets = []
     slices = _engine_slices(args)
-    if args.eval_interval and not args.eval_prompt_data:
-        p.add("--eval-interval needs --eval-prompt-data NAME PATH")
+    eval_fn = None
+    if args.eval_interval and custom_eval_path(args.eval_function_path):
+        eval_fn = p.run(load_eval_function, args.eval_function_path, catch=catch)
+    elif args.eval_interval and not (args.eval_prompt_data or args.eval_config):
+        p.add("--eval-interval needs --eval-prompt-data NAME PATH (or --eval-config FILE)")
     elif tokenizer is not None:
         from relax.engine.rollout.evaluation import load_eval_sets
 
@@ -111,7 +116,7 @@ def prepare_run(args: Namespace) -> RunInputs:
     p.raise_if_any()
     if args.save_debug_rollout_data:
         rollout_fn = RolloutRecorder(rollout_fn, args.save_debug_rollout_data)
-    return RunInputs(device, tokenizer, data_source, rollout_fn, num_rollout, eval_sets, **slices)
+    return RunInputs(device, tokenizer, data_source, rollout_fn, num_rollout, eval_sets, **slices, eval_fn=eval_fn)
 
 
 def _replay_inputs(args: Namespace, device: str, tokenizer: Any) -> RunInputs:

@@ -2,7 +2,8 @@
 
 The driver hosts the group's rendezvous (a TCP store on its node, alive for the whole run), so every
 rank joins in its constructor: no second set-up round and no guess of which node rank 0 lands on.
-Collectives run over NCCL on GPU runs and gloo on CPU runs, and give up after
+Collectives run over NCCL on GPU runs and gloo on CPU runs (``--distributed-backend gloo``: gloo on GPU runs
+too), and give up after
 ``--distributed-timeout-minutes`` instead of hanging on a dead rank.
 
 Rank 0 is the group's face: the driver calls only rank 0, and rank 0 hands what every rank must
@@ -49,6 +50,12 @@ class GroupMember:
                                     world_size=self.world_size, timeout=timeout)
 
 
+def group_backend(requested: str, device: str) -> str:
+    """The group's process-group backend for ``--distributed-backend``: ``gloo`` is gloo everywhere; ``nccl`` (the
+    seed's default) is NCCL on CUDA runs and gloo on CPU runs, where NCCL cannot run."""
+    return "nccl" if requested == "nccl" and device == "cuda" else "gloo"
+
+
 class TrainerGroup:
     """Driver side: the rendezvous store and the rank actors (``leader`` is rank 0)."""
 
@@ -63,12 +70,13 @@ class TrainerGroup:
 
     @classmethod
     def start(cls, actor_cls, config, device: str, rank_options: list[dict], *,
-              timeout_minutes: float) -> TrainerGroup:
+              timeout_minutes: float, backend: str = "nccl") -> TrainerGroup:
         """Start one trainer rank per entry of ``rank_options`` (rank r:
         ``actor_cls.options(**rank_options[r]).remote(config, device, member)``; its placement, relax/distributed/
         placement.py) and wait until all are up; a rank that fails to start fails the start at once, with its own
         error. ``config``: what every rank's constructor gets (the trainer's slice, relax/backends/config.py);
-        ``timeout_minutes``: ``--distributed-timeout-minutes``, for the rendezvous and every collective."""
+        ``timeout_minutes``: ``--distributed-timeout-minutes``, for the rendezvous and every collective;
+        ``backend``: ``--distributed-backend`` (`group_backend`)."""
         import ray
 
         world_size = len(rank_options)
@@ -80,8 +88,7 @@ class TrainerGroup:
         host = ray.util.get_node_ip_address()
         timeout = timedelta(minutes=timeout_minutes)
         store = dist.TCPStore(host, 0, is_master=True, timeout=timeout, wait_for_workers=False)
-        backend = "nccl" if device == "cuda" else "gloo"
-        members = [GroupMember(rank, world_size, host, store.port, backend, timeout_minutes)
+        members = [GroupMember(rank, world_size, host, store.port, group_backend(backend, device), timeout_minutes)
                    for rank in range(world_size)]
         actors = [actor_cls.options(**options).remote(config, device, member)
                   for options, member in zip(rank_options, members, strict=True)]

@@ -89,7 +89,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('offload', 'flag', False, 'Ray Launch Parameters', 'Equivalent to setting both --offload-train and --offload-rollout. Refused with --fully-async (rollout and training overlap: nothing is idle to offload)'),
     F('offload-train', 'flag', None, 'Ray Launch Parameters', 'Whether to offload training Actor to CPU during training. Always True when --colocate is enabled; otherwise None resolves to --offload. Moves parameters, gradients and optimizer state to CPU during rollout and back before training. With --fully-async, or --train-backend megatron (not supported yet), --colocate leaves it False and an explicit request is refused'),
     F('offload-rollout', 'flag', None, 'Ray Launch Parameters', 'Whether to offload Rollout generator to CPU during training. Always True when --colocate is enabled; otherwise None resolves to --offload. Engines release KV cache and weights (/release_memory_occupation) after each rollout and resume before the next weight sync. With --fully-async --colocate leaves it False and an explicit request is refused'),
-    F('distributed-backend', 'str', 'nccl', 'Ray Launch Parameters', 'Distributed backend'),
+    F('distributed-backend', 'str', 'nccl', 'Ray Launch Parameters', 'Distributed backend. Here: the trainer ranks\' process group (relax/distributed/trainer_group.py): nccl (the default) is NCCL on CUDA runs and gloo on CPU runs, where NCCL cannot run; gloo is gloo on every run (not with --train-backend megatron on GPUs yet)'),
     F('distributed-timeout-minutes', 'int', 10, 'Ray Launch Parameters', 'Distributed timeout in minutes. Here: how long a trainer rank waits in the trainer group\'s rendezvous or a collective (a dead or stuck peer) before it fails'),
     # --- TransferQueue Data Queue
     F('num-data-storage-units', 'int', 1, 'TransferQueue Data Queue', "Number of TransferQueue SimpleStorageUnit actors. Here: Ray actors (0 CPUs) that hold each step's train samples, whole groups dealt round-robin, from rollout until the step is trained; the trainer actor fetches them directly (relax/core/transfer_queue.py). --fully-async only; must be >= 1"),
@@ -283,8 +283,8 @@ SEED_FLAGS: list[FlagSpec] = [
     # --- Evaluation Configuration
     F('eval-interval', 'int', None, 'Evaluation Configuration', 'Evaluation interval in Rollout rounds'),
     F('eval-prompt-data', 'str_list', None, 'Evaluation Configuration', 'Evaluation datasets in format: dataset_name /path/to/data.jsonl. Can specify multiple pairs'),
-    F('eval-config', 'str', None, 'Evaluation Configuration', 'OmegaConf YAML/JSON evaluation config file path. When set, overrides --eval-prompt-data'),
-    F('eval-function-path', 'str', None, 'Evaluation Configuration', 'Evaluation generation function path. When None, uses --rollout-function-path'),
+    F('eval-config', 'str', None, 'Evaluation Configuration', 'OmegaConf YAML/JSON evaluation config file path. When set, overrides --eval-prompt-data. Here: a typed schema (relax/engine/rollout/eval_file.py), {"eval": {"defaults": {...}, "datasets": [{"name", "path", ...}]}}; a dataset\'s or the defaults\' keys are input_key, label_key, tool_key, max_prompt_len, n_samples_per_eval_prompt, temperature, top_p, top_k, max_response_len and min_new_tokens, each falling back to the defaults, then to its --eval-* flag; each dataset is an eval set (eval/<name>/...). A missing file, a file that is not YAML (.json: JSON), an unknown key or a wrong type fails the launch, one line per problem naming the file and the key'),
+    F('eval-function-path', 'str', None, 'Evaluation Configuration', 'Evaluation generation function path. When None, uses --rollout-function-path. Here: called by the driver at each --eval-interval step as fn(args, rollout_id, data_source, evaluation=True) in place of the built-in evaluation (which runs while the path is the built-in generate_rollout); it returns {set name: {"rewards": [float], "samples": [Sample]}} (logged as eval/<name>/reward_mean, handed to --custom-eval-rollout-log-function-path) and may add {name: number} metrics (logged as eval/<name>); relax/core/eval_function.py'),
     F('skip-eval-before-train', 'flag', False, 'Evaluation Configuration', 'Whether to skip evaluation before training'),
     F('eval-input-key', 'str', None, 'Evaluation Configuration', 'Key for input field in evaluation data. When None, uses --input-key'),
     F('eval-label-key', 'str', None, 'Evaluation Configuration', 'Key for label field in evaluation data'),
@@ -364,7 +364,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('log-probs-chunk-size', 'int', -1, 'Other Training Parameters', 'Chunk size for computing log probs. Used to save VRAM'),
     F('allgather-cp', 'flag', False, 'Other Training Parameters', '-'),
     F('model-name', 'str', None, 'Other Training Parameters', 'Model name for Megatron to HF weight conversion. Inferred from AutoConfig.from_pretrained(hf_checkpoint) if not set'),
-    F('only-load-weight', 'flag', False, 'Other Training Parameters', 'Reference model and actor fwd only load weights'),
+    F('only-load-weight', 'flag', False, 'Other Training Parameters', 'Reference model and actor fwd only load weights. Here: how they are always built (the flag changes nothing): the torch trainer\'s reference copy (the initial policy, or --ref-load\'s saved model weights) and the reference/actor_fwd services\' forward-only copies (relax/backends/services.py) hold model weights only, no optimizer, RNG or gradient state'),
     F('rlsp-server-port', 'int', 8234, 'Other Training Parameters', 'RLSP Server HTTP port'),
     F('custom-config-path', 'str', None, 'Other Training Parameters', 'Custom parameter YAML config file path. Key-value pairs in file override existing parameters'),
     # --- Debug
@@ -392,7 +392,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('memory-snapshot-num-steps', 'int', None, 'GPU Memory Profiling', 'Proactively dump a memory snapshot after the specified number of steps (0-indexed, i.e., setting 3 means dump after step 2). Here: counted in this launch; turns the history on; CUDA only'),
     F('memory-recorder', 'str', 'torch', 'GPU Memory Profiling', 'Memory recorder backend: torch (PyTorch built-in), memray (requires pip install memray). Here: torch only; memray is not supported yet', choices=('torch', 'memray')),
     # --- Network
-    F('http-proxy', 'str', None, 'Network', 'HTTP proxy address'),
+    F('http-proxy', 'str', None, 'Network', 'HTTP proxy address. Here: the run\'s calls to outside services go through it (aiohttp proxy=): the --rm-type remote_rm requests to --rm-url (relax/engine/rewards/remote.py) and the --opd-type sglang teacher server at --rm-url (relax/engine/rollout/opd_teacher.py); the run\'s own engines (external ones too), router and trainer calls stay direct'),
     F('use-distributed-post', 'flag', False, 'Network', 'Use distributed POST requests'),
 ]
 
@@ -598,7 +598,11 @@ SUPPORTED: frozenset[str] = frozenset({
     # evaluation
     "eval-interval", "eval-prompt-data", "n-samples-per-eval-prompt", "eval-temperature", "eval-top-p", "eval-top-k",
     "eval-max-response-len", "eval-max-prompt-len", "skip-eval-before-train", "eval-input-key", "eval-label-key",
-    "eval-tool-key", "eval-reward-key", "log-passrate",
+    "eval-tool-key", "eval-reward-key", "log-passrate", "eval-function-path",  # relax/core/eval_function.py
+    "eval-config",  # relax/engine/rollout/eval_file.py
+    "http-proxy",  # relax/engine/rewards/remote.py
+    "distributed-backend",  # relax/distributed/trainer_group.py
+    "only-load-weight",  # always so: relax/backends/torch/backend.py (_reference_model), relax/backends/services.py
     # fault tolerance
     "use-fault-tolerance", "use-health-check", "max-global-restart", "rollout-health-check-interval",
     "rollout-health-check-timeout", "rollout-health-check-first-wait",
@@ -636,6 +640,7 @@ SUPPORTED_VALUES: dict[str, frozenset[Any]] = {
                                       "reinforce_plus_plus_baseline", "ppo", "on_policy_distillation"}),
     "train-backend": frozenset({"torch", "megatron"}),  # megatron: TP x PP x EP x DP over the trainer's ranks
     "rollout-backend": frozenset({"embedded", "sglang"}),
+    "distributed-backend": frozenset({"nccl", "gloo"}),
     "attention-backend": frozenset({"auto", "flash"}),
     "attention-dropout": frozenset({0.0}), "hidden-dropout": frozenset({0.0}), "rotary-percent": frozenset({1.0}),
 }

@@ -91,15 +91,17 @@ def _error_message(text: str) -> str:
 
 async def request(method: str, url: str, payload: Any = None, *, timeout: float | None = None,
                   headers: dict[str, str] | None = None, connect_timeout: float = CONNECT_TIMEOUT_S,
-                  text: bool = False) -> Any:
+                  text: bool = False, proxy: str | None = None) -> Any:
     """One HTTP call returning the decoded JSON (or ``None`` for an empty body); ``text``: the body as text
-    (SGLang's plain-text answers, e.g. /start_profile's)."""
+    (SGLang's plain-text answers, e.g. /start_profile's); ``proxy``: an HTTP proxy URL the call goes through
+    (``--http-proxy`` for the run's outbound services)."""
     client_timeout = aiohttp.ClientTimeout(total=timeout, connect=min(connect_timeout, timeout or connect_timeout))
     try:
         body = None if payload is None else dumps(payload)
         if body is not None:
             headers = {"Content-Type": CONTENT_TYPE, **(headers or {})}
-        async with _session().request(method, url, data=body, headers=headers, timeout=client_timeout) as resp:
+        async with _session().request(method, url, data=body, headers=headers, timeout=client_timeout,
+                                      proxy=proxy) as resp:
             raw = await resp.read()
             if resp.status >= 400:
                 raise EngineHTTPError(url, resp.status, _error_message(raw.decode(errors="replace")))
@@ -119,18 +121,19 @@ async def request(method: str, url: str, payload: Any = None, *, timeout: float 
 
 
 async def post(url: str, payload: Any = None, max_retries: int = 0, *, timeout: float | None = None,
-               headers: dict[str, str] | None = None, retry_delay: float = 1.0, total: float | None = None) -> Any:
+               headers: dict[str, str] | None = None, retry_delay: float = 1.0, total: float | None = None,
+               proxy: str | None = None) -> Any:
     """POST ``payload`` as JSON and return the JSON answer (the Relax recipe helper).
 
     Connection failures and 5xx answers are retried ``max_retries`` times, ``retry_delay`` s
     apart; 4xx answers raise at once. ``total``: the seconds all attempts together may take (each attempt's
-    timeout is cut to what is left; no retry starts past it).
+    timeout is cut to what is left; no retry starts past it). ``proxy``: an HTTP proxy URL (``--http-proxy``).
     """
     deadline = None if total is None else time.monotonic() + total
     for attempt in range(max_retries + 1):
         left = None if deadline is None else deadline - time.monotonic()
         try:
-            return await request("POST", url, payload, timeout=_least(timeout, left), headers=headers)
+            return await request("POST", url, payload, timeout=_least(timeout, left), headers=headers, proxy=proxy)
         except EngineHTTPError as exc:
             if exc.status < 500 or attempt == max_retries:
                 raise

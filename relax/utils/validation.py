@@ -142,6 +142,9 @@ def _requirements(args: Namespace, p: Problems) -> None:
         _opd_sglang(args, p)
     if args.rm_type == "remote_rm" and not args.rm_url:
         p.add("--rm-type remote_rm requires --rm-url")
+    if args.distributed_backend == "gloo" and args.train_backend == "megatron" and args.device != "cpu":
+        p.add("--distributed-backend gloo: not supported yet with --train-backend megatron on GPUs "
+              "(megatron-core's groups need NCCL there)")
     if args.use_dynamic_batch_size and not args.max_tokens_per_gpu:
         p.add("--use-dynamic-batch-size requires --max-tokens-per-gpu")
     p.run(lambda: check_train_backend(MegatronConfig.from_args(args), args.resource))

@@ -4,7 +4,8 @@ Payload ``{"prompt", "response", "label", "metadata"}``; the service answers a J
 object (then ``--reward-key`` selects the value). Connection errors and 5xx are retried a few
 times; a service that stays down ends the run with an error naming the URL. One sample's request, retries
 included, takes at most ``--hook-timeout`` seconds: a service that accepts the connection and never answers
-ends the run too, in one line naming the URL and the sample.
+ends the run too, in one line naming the URL and the sample. With ``--http-proxy`` the requests go through
+that HTTP proxy.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ async def remote_rm(args: Namespace, sample: Sample) -> Any:
     payload = {"prompt": sample.prompt, "response": sample.response, "label": sample.label,
                "metadata": sample.metadata}
     try:
-        return await post(args.rm_url, payload, max_retries=RETRIES, timeout=args.hook_timeout, total=args.hook_timeout)
+        return await post(args.rm_url, payload, max_retries=RETRIES, timeout=args.hook_timeout, total=args.hook_timeout,
+                          proxy=args.http_proxy)
     except EngineError as exc:
         raise EngineError(args.rm_url, f"reward of sample index {sample.index} (--hook-timeout "
                                        f"{args.hook_timeout:g} s): {exc.message}") from None

@@ -28,8 +28,9 @@ class EngineClient:
     """
 
     def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float | None = 600.0,
-                 control_timeout: float = 30.0, weights_timeout: float = 600.0):
+                 control_timeout: float = 30.0, weights_timeout: float = 600.0, proxy: str | None = None):
         self.base_url = base_url.rstrip("/")
+        self.proxy = proxy  # an HTTP proxy URL every call goes through (--http-proxy, for a server outside the run)
         if "://" not in self.base_url:
             self.base_url = f"http://{self.base_url}"
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
@@ -41,7 +42,8 @@ class EngineClient:
         return f"EngineClient({self.base_url!r})"
 
     async def _call(self, method: str, path: str, payload: Any = None, timeout: float | None = None) -> Any:
-        return await request(method, f"{self.base_url}{path}", payload, timeout=timeout, headers=self.headers)
+        return await request(method, f"{self.base_url}{path}", payload, timeout=timeout, headers=self.headers,
+                             proxy=self.proxy)
 
     async def _post(self, path: str, payload: dict[str, Any] | None = None, *, timeout: float | None = None) -> Any:
         body = {k: v for k, v in (payload or {}).items() if v is not None}  # None: SGLang's default applies

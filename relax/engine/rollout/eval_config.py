@@ -21,6 +21,7 @@ class EvalConfig(FlagSlice):
     skip_eval_before_train: bool
     # the sets (NAME PATH pairs) and how their prompts are built; an unset eval key falls back to the dataset's
     eval_prompt_data: list[str] | None
+    eval_config: str | None  # a file of sets with their own keys and sampling (eval_file.py); replaces the pairs
     eval_input_key: str | None
     eval_label_key: str | None
     label_key: str | None

@@ -1,4 +1,4 @@
-"""Evaluation rollouts (``--eval-interval``, ``--eval-prompt-data NAME PATH ...``).
+"""Evaluation rollouts (``--eval-interval``, ``--eval-prompt-data NAME PATH ...`` or ``--eval-config FILE``).
 
 Before every rollout step whose id is a multiple of ``--eval-interval`` (step 0 too, unless
 ``--skip-eval-before-train``) each eval dataset is generated with the eval sampling flags
@@ -20,7 +20,7 @@ What it reads of the flags is three slices the driver builds once: `EvalConfig`,
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import comb
 from typing import Any
 
@@ -30,6 +30,7 @@ from relax.data.prompts import build_samples
 from relax.engine.rewards import RewardConfig, compute_rewards
 from relax.engine.rollout.config import RolloutConfig
 from relax.engine.rollout.eval_config import EvalConfig
+from relax.engine.rollout.eval_file import load_eval_file
 from relax.engine.rollout.sglang_rollout import GenerateState, apply_response, custom_generate, sample_seed
 from relax.utils.arguments import ConfigError
 from relax.utils.types import Sample
@@ -41,23 +42,33 @@ EVAL_SEED_OFFSET = 1 << 40  # keeps eval seeds apart from training seeds of the 
 class EvalSet:
     name: str
     prompts: list[Sample]
+    n_samples: int | None = None  # --eval-config's per-set n_samples_per_eval_prompt (None: the flag's)
+    sampling: dict[str, Any] = field(default_factory=dict)  # --eval-config's per-set sampling overrides
 
 
 def load_eval_sets(cfg: EvalConfig, tokenizer: Any) -> list[EvalSet]:
+    """The sets of ``--eval-config`` when given (relax/engine/rollout/eval_file.py), else of ``--eval-prompt-data``."""
+    if cfg.eval_config:
+        return [_load_set(cfg, tokenizer, d.name, d.path, d.input_key, d.label_key, d.tool_key, d.max_prompt_len,
+                          n_samples=d.n_samples_per_eval_prompt, sampling=d.sampling())
+                for d in load_eval_file(cfg.eval_config)]
     items = cfg.eval_prompt_data or []
     if len(items) % 2:
         raise ConfigError("--eval-prompt-data takes pairs: NAME PATH [NAME PATH ...]")
-    sets = []
-    for name, path in zip(items[::2], items[1::2], strict=True):
-        prompts, _ = build_samples(
-            read_records(path), tokenizer, path=path, input_key=cfg.eval_input_key,
-            label_key=cfg.eval_label_key or cfg.label_key,
-            metadata_key=cfg.metadata_key, apply_chat_template=cfg.apply_chat_template,
-            apply_chat_template_kwargs=cfg.apply_chat_template_kwargs, system_prompt=cfg.system_prompt,
-            tool_key=cfg.eval_tool_key or cfg.tool_key, max_prompt_len=cfg.eval_max_prompt_len,
-        )
-        sets.append(EvalSet(name, prompts))
-    return sets
+    return [_load_set(cfg, tokenizer, name, path) for name, path in zip(items[::2], items[1::2], strict=True)]
+
+
+def _load_set(cfg: EvalConfig, tokenizer: Any, name: str, path: str, input_key: str | None = None,
+              label_key: str | None = None, tool_key: str | None = None, max_prompt_len: int | None = None,
+              **extra: Any) -> EvalSet:
+    prompts, _ = build_samples(
+        read_records(path), tokenizer, path=path, input_key=input_key or cfg.eval_input_key,
+        label_key=label_key or cfg.eval_label_key or cfg.label_key,
+        metadata_key=cfg.metadata_key, apply_chat_template=cfg.apply_chat_template,
+        apply_chat_template_kwargs=cfg.apply_chat_template_kwargs, system_prompt=cfg.system_prompt,
+        tool_key=tool_key or cfg.eval_tool_key or cfg.tool_key, max_prompt_len=max_prompt_len or cfg.eval_max_prompt_len,
+    )
+    return EvalSet(name, prompts, **extra)
 
 
 def eval_sampling_params(cfg: EvalConfig, rollout: RolloutConfig) -> dict[str, Any]:
@@ -84,9 +95,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 async def _evaluate_set(cfg: EvalConfig, rollout: RolloutConfig, rewards: RewardConfig, step: int, set_index: int,
                         eval_set: EvalSet, data: dict[str, dict[str, list]] | None = None) -> dict[str, float]:
-    n = cfg.n_samples_per_eval_prompt
+    n = eval_set.n_samples or cfg.n_samples_per_eval_prompt
     samples = [p.copy() for p in eval_set.prompts for _ in range(n)]
-    params = eval_sampling_params(cfg, rollout)
+    params = {**eval_sampling_params(cfg, rollout), **eval_set.sampling}
     seeds = [sample_seed(rollout.rollout_seed + EVAL_SEED_OFFSET + set_index, step, i) for i in range(len(samples))]
     if rollout.custom_generate_function_path:  # the recipe's own rollout, told it is evaluating (seed 001)
         await custom_generate(rollout, samples, params, seeds, evaluation=True)

@@ -48,6 +48,7 @@ class TeacherServer:
     url: str
     temperature: float = 1.0  # --rollout-temperature
     process: Any = None  # relax.backends.embedded.launch.EngineProcess
+    proxy: str | None = None  # --http-proxy, for a --rm-url server
 
     def stop(self) -> None:
         if self.process is not None:
@@ -68,7 +69,7 @@ def start_teacher(cfg: TeacherConfig, device: str, log_dir: str | None = None) -
     """Connect to ``--rm-url`` or launch the embedded teacher; check it answers; make it the active teacher."""
     global _ACTIVE
     if cfg.rm_url:
-        teacher = TeacherServer(base_url(cfg.rm_url), cfg.rollout_temperature)
+        teacher = TeacherServer(base_url(cfg.rm_url), cfg.rollout_temperature, proxy=cfg.http_proxy)
     else:
         from relax.backends.embedded.launch import EngineProcess
 
@@ -80,7 +81,7 @@ def start_teacher(cfg: TeacherConfig, device: str, log_dir: str | None = None) -
             raise TeacherError(f"OPD teacher server over --opd-teacher-load {cfg.opd_teacher_load} did not start: "
                                f"{str(exc).splitlines()[0]}") from None
         teacher = TeacherServer(process.url, cfg.rollout_temperature, process)
-    if not asyncio.run(_healthy(teacher.url)):
+    if not asyncio.run(_healthy(teacher.url, teacher.proxy)):
         teacher.stop()
         raise TeacherError(f"OPD teacher server {teacher.url} is not reachable (no answer to /health within "
                            f"{HEALTH_TIMEOUT_S:.0f} s); start it or fix --rm-url")
@@ -88,9 +89,9 @@ def start_teacher(cfg: TeacherConfig, device: str, log_dir: str | None = None) -
     return teacher
 
 
-async def _healthy(url: str) -> bool:
+async def _healthy(url: str, proxy: str | None = None) -> bool:
     try:
-        return await EngineClient(url).health(timeout=HEALTH_TIMEOUT_S)
+        return await EngineClient(url, proxy=proxy).health(timeout=HEALTH_TIMEOUT_S)
     finally:
         await close_session()  # each asyncio.run is its own loop: close its pooled session
 
@@ -129,8 +130,8 @@ def response_log_probs(response: dict[str, Any], response_length: int, url: str)
     return values
 
 
-async def score(url: str, samples: list[Sample], temperature: float) -> list[list[float]]:
-    client = EngineClient(url, timeout=REQUEST_TIMEOUT_S)
+async def score(url: str, samples: list[Sample], temperature: float, proxy: str | None = None) -> list[list[float]]:
+    client = EngineClient(url, timeout=REQUEST_TIMEOUT_S, proxy=proxy)
     try:
         answers = await client.generate([teacher_request(s, temperature) for s in samples])
     except EngineError as exc:
@@ -144,6 +145,6 @@ def attach_teacher_log_probs(samples: list[Sample]) -> None:
     """Fill ``sample.teacher_log_probs`` for every sample from the active teacher server (at its temperature)."""
     if _ACTIVE is None:
         raise RuntimeError("--opd-type sglang: no teacher server is running (start_teacher was not called)")
-    values = asyncio.run(score(_ACTIVE.url, samples, _ACTIVE.temperature))
+    values = asyncio.run(score(_ACTIVE.url, samples, _ACTIVE.temperature, _ACTIVE.proxy))
     for s, lp in zip(samples, values, strict=True):
         s.teacher_log_probs = lp

@@ -15,6 +15,7 @@ from relax.utils.flag_slice import FlagSlice
 class TeacherConfig(FlagSlice):
     # where: a server the user runs (--rm-url), else an embedded one over --opd-teacher-load seeded by --seed
     rm_url: str | None
+    http_proxy: str | None  # --rm-url's server is reached through it (an embedded teacher is not)
     opd_teacher_load: str | None
     seed: int
     # the student's sampling temperature: the teacher divides its logits by it, as the trainer does
