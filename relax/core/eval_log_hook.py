@@ -14,6 +14,7 @@ from __future__ import annotations
 from argparse import Namespace
 from typing import Any
 
+from relax.core.rollout_log_hook import merged_metrics
 from relax.utils.plugins import culprit, load_function
 
 FLAG = "--custom-eval-rollout-log-function-path"
@@ -32,9 +33,5 @@ def apply_hook(args: Namespace, step: int, data: dict[str, dict[str, list[Any]]]
     if not path:
         return eval_metrics
     fn = load_function(path, flag=FLAG, signature=SIGNATURE, min_args=4)
-    given = dict(eval_metrics)
-    extra = dict(eval_metrics)
     with culprit(FLAG, path, f"eval at rollout {step}"):
-        skip_default = fn(step, args, data, extra)
-    added = {k: v for k, v in extra.items() if k not in given or v != given[k]}
-    return added if skip_default is True else {**given, **added}
+        return merged_metrics(eval_metrics, lambda extra: fn(step, args, data, extra))

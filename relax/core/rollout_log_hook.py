@@ -11,6 +11,7 @@ whole ``args``, as the seed fixes, so it is called from the driver.
 from __future__ import annotations
 
 from argparse import Namespace
+from collections.abc import Callable
 from typing import Any
 
 from relax.utils.plugins import culprit, load_function
@@ -31,9 +32,14 @@ def apply_hook(args: Namespace, step: int, samples: list[Any], rollout_metrics: 
     if not path:
         return rollout_metrics
     fn = load_function(path, flag=FLAG, signature=SIGNATURE, min_args=5)
-    given = dict(rollout_metrics)
-    extra = dict(rollout_metrics)
     with culprit(FLAG, path, f"rollout {step}"):
-        skip_default = fn(step, args, samples, extra, rollout_time)
-    added = {k: v for k, v in extra.items() if k not in given or v != given[k]}
-    return added if skip_default is True else {**given, **added}
+        return merged_metrics(rollout_metrics, lambda extra: fn(step, args, samples, extra, rollout_time))
+
+
+def merged_metrics(defaults: dict[str, float], call: Callable[[dict[str, float]], Any]) -> dict[str, float]:
+    """slime's log-hook contract, shared with the eval hook (eval_log_hook.py): ``call`` gets a copy of the default
+    metrics to add to; what it adds or changes is kept, and the defaults too unless it returns True."""
+    extra = dict(defaults)
+    skip_default = call(extra)
+    added = {k: v for k, v in extra.items() if k not in defaults or v != defaults[k]}
+    return added if skip_default is True else {**defaults, **added}

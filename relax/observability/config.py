@@ -8,6 +8,13 @@ from pathlib import Path
 from relax.utils.flag_slice import FlagSlice
 
 
+def traces_dir(output_dir: str, tb_experiment_name: str | None, kind: str) -> Path:
+    """The seed's ``traces/<tb_experiment_name>/<kind>`` under ``--output-dir``; without an experiment name, the
+    output dir's own name stands for it. Shared by the trainer's profiler, the engines' and the memory snapshots."""
+    experiment = tb_experiment_name or Path(output_dir).resolve().name
+    return Path(output_dir) / "traces" / experiment / kind
+
+
 @dataclass(frozen=True)
 class TimelineConfig(FlagSlice):
     """``--timeline-dump-dir``: where the driver writes the run's Chrome trace (None: no timeline)."""
@@ -38,8 +45,7 @@ class ProfilerConfig(FlagSlice):
     @property
     def trace_dir(self) -> Path:
         """``<output-dir>/traces/<tb-experiment-name, default the output dir's name>/train_trace``."""
-        experiment = self.tb_experiment_name or Path(self.output_dir).resolve().name
-        return Path(self.output_dir) / "traces" / experiment / "train_trace"
+        return traces_dir(self.output_dir, self.tb_experiment_name, "train_trace")
 
     def profiles(self, target: str, offset: int) -> bool:
         return (self.use_pytorch_profiler and target in (self.profile_target or ())

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from relax.observability.config import traces_dir
 from relax.utils.flag_slice import FlagSlice
 
 MAX_ENTRIES = 100_000
@@ -40,8 +41,7 @@ class MemoryConfig(FlagSlice):
     def snapshot_dir(self) -> Path:
         if self.memory_snapshot_dir:
             return Path(self.memory_snapshot_dir)
-        experiment = self.tb_experiment_name or Path(self.output_dir).resolve().name
-        return Path(self.output_dir) / "traces" / experiment / "memory_snapshot"
+        return traces_dir(self.output_dir, self.tb_experiment_name, "memory_snapshot")
 
 
 class MemoryRecorder:

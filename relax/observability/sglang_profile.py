@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from relax.observability.config import traces_dir
 from relax.utils.flag_slice import FlagSlice
 
 
@@ -56,8 +57,7 @@ class SglangProfileConfig(FlagSlice):
     def trace_root(self) -> Path:
         if self.sglang_profile_output_dir:
             return Path(self.sglang_profile_output_dir)
-        experiment = self.tb_experiment_name or Path(self.output_dir).resolve().name
-        return Path(self.output_dir) / "traces" / experiment / "sglang_trace"
+        return traces_dir(self.output_dir, self.tb_experiment_name, "sglang_trace")
 
     def request(self, step: int) -> dict[str, Any]:
         """The ``/start_profile`` body of ``step`` (SGLang's ProfileReqInput names)."""
