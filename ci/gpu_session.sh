@@ -25,6 +25,7 @@
 #   sglang_stage     one load of sglang 0.5.14's wheelhouse (SGLANG_LOAD=i, carry .sgl/load<i>; back-to-back calls)
 #   sglang_smoke     sglang.launch_server from /tmp/sglsite on a tiny Qwen3: /health_generate and one /generate
 #   sglang_colocate  relax train --rollout-backend sglang --colocate, Megatron, one GPU (after sglang_stage)
+#   bench_4b         ci/bench_4b.py: scripts/models/qwen3-4B.sh's model at TP=2 x DP=2 on 4 GPUs, colocate (BENCH_4B_ARGS adds flags)
 #   scaling          ci/bench_scaling.py: the GRPO workload on SCALING_GPUS GPUs (default "1 2"), data parallel colocate
 # grpo: GRPO_TRL_MODES picks TRL's paths (default: all three), GRPO_SYSTEMS the systems (default: trl relax-megatron),
 # GRPO_STEPS the steps per TRL row (default 6), GRPO_RELAX_STEPS per relax row (default 12). It also needs .whl4/ (TRL's wheels, ci/wheelhouse/build.sh); without it the TRL row is skipped.
@@ -93,6 +94,9 @@ for w in $WHAT; do
                PYTHONPATH="/tmp/site_dash:$PYTHONPATH" timeout $(cap 300) python3 -m pytest -q -rs \
                  tests/gpu/test_two_nodes_gpu.py -k ray_job --junitxml "$OUT/two_nodes_job.xml" 2>&1 | tail -60 \
                  | tee "$OUT/two_nodes_job.txt" ;;
+    bench_4b) timeout $(cap 585) python3 ci/bench_4b.py --json "$OUT/bench_4b.json" --workdir /tmp/bench_4b \
+                --timeout $(( $(cap 585) - 30 )) ${BENCH_4B_ARGS:-} 2>&1 | tee "$OUT/bench_4b.txt"
+              cp /tmp/bench_4b/relax_train.log "$OUT/bench_4b_relax_train.log" 2>/dev/null ;;
     scaling) timeout $(cap 585) python3 ci/bench_scaling.py --gpus ${SCALING_GPUS:-1 2} --json "$OUT/bench_scaling.json" \
                --workdir /tmp/scaling_runs 2>&1 | tee "$OUT/bench_scaling.txt" ;;
     sglang_stage) # one load of sglang 0.5.14's wheelhouse per call (ci/wheelhouse/build_sglang.sh; carry .sgl/load$SGLANG_LOAD,
