@@ -49,9 +49,14 @@ _SHARED: list = []  # the test process's LocalCluster, once started
 
 
 def shared_cluster_address() -> str:
-    """The test process's own Ray cluster (2 CPUs, no GPUs, as a private one on the CI machine)."""
+    """The test process's own Ray cluster: 2 CPUs and no GPU on the CI machine, as a private one there; every
+    visible GPU and every core where there are GPUs (a GPU test run needs what ``relax train``'s own cluster
+    would detect)."""
     if not _SHARED:
-        _SHARED.append(LocalCluster(nodes=1, gpus=0, cpus=2).start())
+        import torch
+
+        gpus = torch.cuda.device_count()
+        _SHARED.append(LocalCluster(nodes=1, gpus=gpus, cpus=(os.cpu_count() or 2) if gpus else 2).start())
         atexit.register(_SHARED[0].stop)
     return _SHARED[0].address
 

@@ -201,3 +201,39 @@ def test_external_engine_addresses_parse() -> None:
     args = parse_args([*BASE, "--rollout-external", "--rollout-external-engine-addrs", "10.0.0.1:30000",
                        "http://127.0.0.1:30001"])
     assert args.rollout_external_engine_addrs == ["10.0.0.1:30000", "http://127.0.0.1:30001"]
+
+
+def test_server_env_keeps_health_from_generating_and_nccl_cumem_equal_to_the_trainers(monkeypatch) -> None:
+    """/health must not prefill on a server whose memory is released (it crashed SGLang 0.5.14 on an H200), and the
+    server's NCCL cuMem switch is the Ray workers' (the trainer's) one."""
+    from relax.distributed.cluster import worker_env
+
+    monkeypatch.delenv("NCCL_CUMEM_ENABLE", raising=False)
+    monkeypatch.delenv(launcher.HEALTH_GENERATION_ENV, raising=False)
+    env = launcher.server_env()
+    assert env[launcher.HEALTH_GENERATION_ENV] == "false"
+    assert env["NCCL_CUMEM_ENABLE"] == worker_env()["NCCL_CUMEM_ENABLE"] == "0"
+    monkeypatch.setenv("NCCL_CUMEM_ENABLE", "1")  # the user's choice, on both sides
+    assert launcher.server_env()["NCCL_CUMEM_ENABLE"] == worker_env()["NCCL_CUMEM_ENABLE"] == "1"
+
+
+def test_server_port_leaves_room_for_sglangs_grpc_port(monkeypatch) -> None:
+    """SGLang 0.5.14 refuses --port above 55535 (its gRPC port is --port + 10000): an OS-drawn port above is redrawn."""
+    drawn = iter([61234, 57445, 41000])
+
+    class FakeSocket:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def bind(self, address):
+            self.port = next(drawn)
+
+        def getsockname(self):
+            return ("0.0.0.0", self.port)
+
+    monkeypatch.setattr(launcher.socket, "socket", FakeSocket)
+    assert launcher._free_port() == 41000
+    assert launcher.MAX_SERVER_PORT + 10000 == 65535

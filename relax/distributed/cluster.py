@@ -24,14 +24,28 @@ from relax.utils.flag_types import ConfigError
 ADDRESS_ENV = "RAY_ADDRESS"
 
 
+# NCCL's cuMem allocations (on by default since NCCL 2.19) should be on or off alike in the processes of a communicator
+# that crosses GPUs of one host. SGLang 0.5.14 turns them off in its servers unless the variable is set, and the first
+# weight broadcast from a trainer left at torch's default to such a server (H200 x4, trainer GPU 0, server GPU 1)
+# failed with "unhandled cuda error ... Cuda failure 'invalid argument'", the symptom reported for peers that
+# disagree. So every process relax starts, and the SGLang servers it launches, take SGLang's value; a user's own
+# NCCL_CUMEM_ENABLE wins everywhere.
+NCCL_CUMEM_ENABLE = "NCCL_CUMEM_ENABLE"
+
+
+def nccl_cumem_env() -> dict[str, str]:
+    return {NCCL_CUMEM_ENABLE: os.environ.get(NCCL_CUMEM_ENABLE, "0")}
+
+
 def worker_env() -> dict[str, str]:
-    """Environment for every Ray worker: one thread, offline, fault hooks passed through."""
+    """Environment for every Ray worker: one thread, offline, NCCL's cuMem setting, fault hooks passed through."""
     env = {
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
+        **nccl_cumem_env(),
     }
     env.update({k: v for k, v in os.environ.items() if k.startswith("RELAX_")})
     return env

@@ -28,7 +28,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def _engine(gpu: int) -> EngineProcess:
-    env = {"CUDA_VISIBLE_DEVICES": str(gpu)} if os.environ.get("CUDA_VISIBLE_DEVICES") is None else None
+    """An engine server on this process's ``gpu``-th visible GPU (the physical one, under CUDA_VISIBLE_DEVICES)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    env = {"CUDA_VISIBLE_DEVICES": visible.split(",")[gpu].strip() if visible else str(gpu)}
     return EngineProcess.start(["--hf-checkpoint", "tiny-qwen3", "--device", "cuda", "--dtype", "bfloat16"],
                                env=env)
 

@@ -41,6 +41,7 @@ INSTALL_HINT = ("--rollout-backend sglang needs SGLang: pip install 'sglang==0.5
                 f"{SGLANG_PYTHONPATH} to a directory it is installed in (ci/wheelhouse/install_sglang.sh); or use "
                 "--rollout-backend embedded")
 START_TIMEOUT_S = 900.0
+HEALTH_GENERATION_ENV = "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"
 
 
 def sglang_site() -> str | None:
@@ -56,8 +57,18 @@ def sglang_available() -> bool:
 
 
 def server_env() -> dict[str, str]:
-    """The server process's environment: this one, with ``RELAX_SGLANG_PYTHONPATH`` first on its path."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    """The server process's environment: this one, with ``RELAX_SGLANG_PYTHONPATH`` first on its path.
+
+    Two settings are relax's: NCCL's cuMem switch equal to the trainer's (relax/distributed/cluster.py says why),
+    and ``/health`` answering without generating. SGLang 0.5.14 serves ``/health`` like ``/health_generate`` (a
+    one-token prefill) unless ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION`` is off, and relax's liveness probes hit
+    ``/health`` while a colocated engine's memory is released: that prefill then reads unmapped memory and kills
+    the server (seen on an H200: "Pointer argument (at 0) cannot be accessed from Triton"). The launcher's own
+    readiness wait asks ``/health_generate``, which still generates."""
+    from relax.distributed.cluster import nccl_cumem_env
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **nccl_cumem_env()}
+    env.setdefault(HEALTH_GENERATION_ENV, "false")
     site = sglang_site()
     if site is not None:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH", "")) if p)
@@ -79,10 +90,19 @@ def server_model_path(cfg: SGLangLaunchConfig) -> str:
     return str(out)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+# SGLang 0.5.14 derives more ports from --port (its gRPC port is --port + 10000, refused above 65535)
+MAX_SERVER_PORT = 65535 - 10000
+
+
+def _free_port(below: int = MAX_SERVER_PORT) -> int:
+    """A port the OS calls free, under ``below`` (ephemeral ports reach 60999: redraw those above)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        if port <= below:
+            return port
+    raise RuntimeError(f"no free port at or below {below} in 100 draws")
 
 
 def launch_command(cfg: SGLangLaunchConfig, *, engine_index: int, host: str, port: int, nccl_port: int,
