@@ -15,6 +15,16 @@ def test_colocate_reset_tensors_cpu(scenario):
     scenario("colocate-reset-tensors-cpu").assert_ok()
 
 
+def test_true_on_policy_cpu(scenario):
+    scenario("true-on-policy-cpu").assert_ok()
+
+
+@pytest.mark.gpu
+@pytest.mark.scenario("true-on-policy-gpu")
+def test_true_on_policy_gpu(scenario):
+    scenario("true-on-policy-gpu").assert_ok()
+
+
 @pytest.mark.slow
 def test_colocate_learns_cpu(scenario):
     scenario("colocate-learns-cpu").assert_ok()

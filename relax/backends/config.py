@@ -49,6 +49,9 @@ class TrainerConfig(FlagSlice):
     max_tokens_per_gpu: int | None
     log_probs_max_tokens_per_gpu: int | None
     balance_data: bool
+    # --true-on-policy-mode: every forward takes one unpadded sample, the computation the engine's log-probs repeat
+    # (relax/backends/embedded/train_identical.py)
+    true_on_policy_mode: bool
     # log-probs: the rollout's temperature, computed in vocabulary chunks
     rollout_temperature: float
     log_probs_chunk_size: int | None

@@ -100,7 +100,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('train-backend', 'str', 'megatron', 'Training Backend and Mode', 'Training backend selection (torch: plain PyTorch on CPU or GPU, a Relax harness addition). Here: megatron needs a CUDA GPU and megatron-core; on a machine without a GPU the default (when no flag, preset or config file names a backend) trains with torch and says so in a notice, while an explicit megatron is refused (relax/utils/machine_flags.py)', choices=('megatron', 'torch')),
     F('qkv-format', 'str', 'thd', 'Training Backend and Mode', 'QKV layout for Megatron backend. Dynamic batching not supported in bshd mode; must specify --micro-batch-size. Here: relax builds right-padded bshd micro-batches (dynamic batching included: each micro-batch is padded to its own longest sample); the default resolves to bshd, and an explicit thd (packed sequences) is refused: megatron-core runs packed_seq_params only in Transformer Engine\'s attention', choices=('thd', 'bshd',)),
     F('megatron-to-hf-mode', 'str', 'raw', 'Training Backend and Mode', 'Megatron to HF weight conversion method. bridge uses megatron bridge for automatic conversion', choices=('raw', 'bridge',)),
-    F('true-on-policy-mode', 'flag', False, 'Training Backend and Mode', 'Whether to enable true on-policy mode'),
+    F('true-on-policy-mode', 'flag', False, 'Training Backend and Mode', 'Whether to enable true on-policy mode. Here: the embedded engines report each finished sample\'s log-probs as the torch trainer computes them (one more forward of the sample, unpadded, the trainer\'s own code), and the trainer forwards one sample at a time, so rollout and trainer log-probs are bitwise equal (step-0 ppo_kl and the train/rollout mismatch exactly 0). Needs --train-backend torch, --rollout-backend embedded and --micro-batch-size 1; tokens are still drawn by the engine\'s fast path (relax/backends/embedded/train_identical.py)'),
     F('fully-async', 'flag', False, 'Training Backend and Mode', 'Whether to use fully asynchronous training pipeline'),
     # --- Checkpoint Configuration
     F('hf-checkpoint', 'str', None, 'Checkpoint Configuration', 'HuggingFace model checkpoint path. Used to initialize SGLang and provide tokenizer. Need not contain latest parameters, only consistent with training model architecture'),
@@ -549,6 +549,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "distributed-timeout-minutes", "colocate", "hf-checkpoint", "load", "save", "save-interval", "save-hf", "no-save-optim",
     "async-save", "rotate-ckpt", "max-actor-ckpt-to-keep", "critic-load", "critic-save",  # relax/core/saver.py
     "start-rollout-id", "opd-teacher-ckpt-step", "ref-ckpt-step",
+    "true-on-policy-mode",  # relax/backends/embedded/train_identical.py
     "offload", "offload-train", "offload-rollout",  # colocate offload: relax/core/offload.py
     # data
     "prompt-data", "input-key", "label-key", "metadata-key", "tool-key", "apply-chat-template",

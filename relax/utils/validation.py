@@ -125,6 +125,26 @@ def _train_loop(args: Namespace, p: Problems) -> None:
 
 
 @rule
+def _true_on_policy(args: Namespace, p: Problems) -> None:
+    """``--true-on-policy-mode``: the embedded engines report the torch trainer's own per-sample computation
+    (relax/backends/embedded/train_identical.py), which the trainer repeats one unpadded sample at a time."""
+    if not args.true_on_policy_mode:
+        return
+    if args.train_backend != "torch":
+        p.add(f"not supported yet: --true-on-policy-mode with --train-backend {args.train_backend} (the engine's "
+              "log-probs would have to come from Megatron's own forward; --train-backend torch has it)")
+    if args.rollout_backend != "embedded" or args.rollout_external:
+        p.add("not supported yet: --true-on-policy-mode with "
+              + ("--rollout-external" if args.rollout_external else f"--rollout-backend {args.rollout_backend}")
+              + " (only engines relax starts with --rollout-backend embedded recompute log-probs the trainer's way)")
+    if args.micro_batch_size != 1:
+        p.add(f"--true-on-policy-mode forwards one sample at a time: give --micro-batch-size 1, "
+              f"not {args.micro_batch_size}")
+    if args.use_dynamic_batch_size:
+        p.add("--true-on-policy-mode forwards one sample at a time: drop --use-dynamic-batch-size")
+
+
+@rule
 def _requirements(args: Namespace, p: Problems) -> None:
     """Flags that need, or exclude, other flags."""
     if args.kl_coef and args.kl_loss_coef:
@@ -539,7 +559,7 @@ def _when_none(args: Namespace) -> None:
 
 
 # The rules in the order they run; each reports into the collector and never raises.
-RULES = (_inputs, _prompt_data, _checkpoints, _weight_files, _requirements, _train_loop, _megatron_memory, _partial_rollout,
+RULES = (_inputs, _prompt_data, _checkpoints, _weight_files, _requirements, _train_loop, _true_on_policy, _megatron_memory, _partial_rollout,
          _transfer_queue, _rollout_engines, _weight_sync, _services, _balance_data, _placement)
 
 

@@ -30,3 +30,5 @@ class EmbeddedEngineConfig(FlagSlice):
     rollout_batch_size: int
     over_sampling_batch_size: int | None
     n_samples_per_prompt: int
+    # finished requests' log-probs by the trainer's computation (relax/backends/embedded/train_identical.py)
+    true_on_policy_mode: bool

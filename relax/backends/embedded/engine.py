@@ -60,6 +60,7 @@ class Request:
     input_logprobs: list[float | None] | None = None
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    rescored: bool = False  # logprobs replaced by the train-identical computation (--true-on-policy-mode)
     finish: dict[str, Any] | None = None
     text: str | None = None
     created: float = field(default_factory=time.monotonic)
@@ -75,7 +76,8 @@ class EmbeddedEngine:
     def __init__(self, model: torch.nn.Module, *, eos_token_ids: Iterable[int], device: str = "cpu",
                  max_context_len: int | None = None, tokenizer: Any = None, max_running_requests: int = 256,
                  runner: str = "hf", cuda_graph: bool = False, compile: bool = False,
-                 compile_mode: str | None = None, overlap: bool | None = None, weights_cpu_backup: bool = False):
+                 compile_mode: str | None = None, overlap: bool | None = None, weights_cpu_backup: bool = False,
+                 train_identical_logprobs: bool = False):
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
@@ -116,6 +118,8 @@ class EmbeddedEngine:
         self._unwritten: dict[int, str] = {}  # id(parameter) -> name: re-allocated at resume, not yet written
         self._spans: list[tuple[int, int, int]] = []  # (first, end address, id) of each re-allocated parameter
         self._pieces: dict[int, set[tuple[int, int]]] = {}  # id(parameter) -> (address, numel) of unwritten views
+        # --true-on-policy-mode: a finished request's log-probs come from the trainer's computation (train_identical.py)
+        self.train_identical_logprobs = bool(train_identical_logprobs)
         self.hooks = EngineHooks.from_env()  # the harness's planted defects (relax/utils/fault_hooks.py); off by default
 
     # ------------------------------------------------------------------ properties
@@ -218,6 +222,8 @@ class EmbeddedEngine:
             "e2e_latency": time.monotonic() - r.created,
         }
         if r.return_logprob:
+            if self.train_identical_logprobs and not r.rescored:
+                r.logprobs, r.rescored = self._train_identical(r), True
             meta["output_token_logprobs"] = self._logprob_entries(r.logprobs, r.output_ids, r.logprob_text)
             meta["output_token_logprobs_length"] = len(r.output_ids)
         if r.input_logprobs is not None:
@@ -227,6 +233,12 @@ class EmbeddedEngine:
         if r.prompt_ids_out:
             out["prompt_token_ids"] = list(r.input_ids)
         return out
+
+    def _train_identical(self, r: Request) -> list[float]:
+        from relax.backends.embedded.train_identical import train_identical_logprobs
+
+        return train_identical_logprobs(self.model, [*r.input_ids, *r.output_ids], len(r.output_ids),
+                                        temperature=r.params.temperature, pad_id=self.pad_id, device=self.device)
 
     def _logprob_entries(self, logprobs: list, ids: list[int], with_text: bool) -> list[list]:
         """SGLang's ``[logprob, token_id, text]`` triples; text only with ``return_text_in_logprobs``."""

@@ -183,6 +183,8 @@ class TorchTrainBackend:
         log-prob passes, which keep no activations and so fit more samples per pass.
         """
         cfg = self.cfg
+        if cfg.true_on_policy_mode:  # one sample per forward, unpadded: the engine's log-probs are this computation
+            return self.dp.mine([slice(i, i + 1) for i in range(gsl.start, gsl.stop)], None)
         max_tokens = cfg.log_probs_max_tokens_per_gpu if log_probs else None
         if cfg.use_dynamic_batch_size:
             max_tokens = cfg.log_probs_max_tokens_per_gpu if log_probs else cfg.max_tokens_per_gpu
