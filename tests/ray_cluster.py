@@ -49,14 +49,18 @@ class LocalCluster:
         self.nodes, self.gpus, self.cpus, self.visible = nodes, gpus, cpus, visible
         # token authentication on, with the token in token_home/.ray/auth_token (Ray's default place under HOME)
         self.auth = {"RAY_AUTH_MODE": "token", "HOME": str(token_home)} if token_home is not None else {}
+        self.dashboard = dashboard
+        self._draw_ports()
+        self.procs: list[subprocess.Popen] = []
+        self.node_ids: list[str] = []
+
+    def _draw_ports(self) -> None:
+        """Fresh ports and a fresh root: a port found free can be taken by another process before Ray binds it."""
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
-        self.dashboard = dashboard
         self.dashboard_port = _free_port()
         self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
         self.root = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))  # short: Ray's socket paths are limited
-        self.procs: list[subprocess.Popen] = []
-        self.node_ids: list[str] = []
 
     def _start_node(self, index: int) -> None:
         flags = ["--num-cpus", str(self.cpus), "--num-gpus", str(self.gpus), "--block", "--disable-usage-stats",
@@ -74,7 +78,21 @@ class LocalCluster:
         self.procs.append(subprocess.Popen([*RAY, "start", *flags], stdout=log, stderr=subprocess.STDOUT,
                                            start_new_session=True, env={**os.environ, **ENV, **gpus, **self.auth}))
 
-    def start(self, timeout: float = 90) -> LocalCluster:
+    def start(self, timeout: float = 90, attempts: int = 3) -> LocalCluster:
+        """Start every node; a start that lost one of its drawn ports to another process (Ray's "Failed to start
+        the grpc server" / "address already in use") is retried with new ports, up to ``attempts`` times."""
+        for attempt in range(attempts):
+            try:
+                return self._start_once(timeout)
+            except RuntimeError as exc:
+                lost_port = "Failed to start the grpc server" in str(exc) or "already in use" in str(exc)
+                if not lost_port or attempt == attempts - 1:
+                    raise
+                self.node_ids = []
+                self._draw_ports()
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> LocalCluster:
         self._start_node(0)
         deadline = time.monotonic() + timeout
         while not self._gcs_open():
@@ -112,13 +130,20 @@ class LocalCluster:
             return []
         return out.stdout.split() if out.returncode == 0 else []
 
+    def _gcs_lost_its_port(self) -> bool:
+        """The head's GCS could not bind its port (the `ray start` process itself only exits ~40 s later)."""
+        return any("Failed to start the grpc server" in path.read_text(errors="replace")
+                   for path in self.root.glob("n0/session_latest/logs/gcs_server.*") if path.is_file())
+
     def _check(self, deadline: float) -> None:
         dead = [i for i, p in enumerate(self.procs) if p.poll() is not None]
-        if dead or time.monotonic() > deadline:
+        if dead or time.monotonic() > deadline or self._gcs_lost_its_port():
             logs = "\n".join((self.root / f"n{i}.log").read_text()[-2000:] for i in range(len(self.procs)))
             logs += "\n" + self.diagnostics() + "\n" + self._log_tails("*agent*", "raylet.err", "dashboard.*")
+            lost = self._gcs_lost_its_port()
             self.stop()
-            raise RuntimeError(f"test Ray cluster did not start (nodes {dead} exited)\n{logs}")
+            why = " (the head's GCS: Failed to start the grpc server, its port was taken)" if lost else ""
+            raise RuntimeError(f"test Ray cluster did not start (nodes {dead} exited){why}\n{logs}")
 
     def diagnostics(self, lines: int = 15) -> str:
         """What the nodes' logs say about dead workers (raylet lines naming an exit or kill, the tails of the

@@ -113,3 +113,24 @@ def test_joins_a_token_cluster_with_only_its_address(tmp_path: Path) -> None:
     assert refused.returncode == 2 and elapsed < 25, (refused.returncode, elapsed, refused.stderr[-2000:])
     last = refused.stderr.strip().splitlines()[-1]
     assert last.startswith(f"relax: cannot join the Ray cluster at {cluster.address}") and "no token" in last, last
+
+
+def test_a_head_port_taken_before_ray_binds_it_is_redrawn(monkeypatch) -> None:
+    """The free-port race of tests/ray_cluster.py (seen in CI: GCS "Failed to start the grpc server"): another
+    process holds the drawn head port; the start draws new ports and comes up."""
+    import socket
+
+    from tests import ray_cluster
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))  # bound, not listening: Ray cannot bind it, and nothing answers on it
+    real = ray_cluster._free_port
+    first = iter([taken.getsockname()[1]])
+    monkeypatch.setattr(ray_cluster, "_free_port", lambda: next(first, None) or real())
+    try:
+        cluster = ray_cluster.LocalCluster(nodes=1, gpus=0, cpus=1)
+        assert cluster.port == taken.getsockname()[1]
+        with cluster:
+            assert cluster.port != taken.getsockname()[1] and cluster.node_ids
+    finally:
+        taken.close()
