@@ -78,11 +78,3 @@ def test_what_the_mode_cannot_keep_exact_is_refused_in_one_line(flags: list[str]
         parse_args([*base, *flags])
     assert line in str(err.value)
 
-
-def test_the_cost_bench_compares_the_mode_with_the_default_and_micro_batch_1(capsys) -> None:
-    from ci import bench_true_on_policy as bench
-
-    assert list(bench.ROWS.values())[0] == [] and "--true-on-policy-mode" in list(bench.ROWS.values())[2]
-    with pytest.raises(SystemExit):
-        bench.parse(["--steps", "2", "--warmup", "2"])
-    assert "--warmup" in capsys.readouterr().err
