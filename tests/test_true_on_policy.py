@@ -77,4 +77,3 @@ def test_what_the_mode_cannot_keep_exact_is_refused_in_one_line(flags: list[str]
     with pytest.raises(ConfigError) as err:
         parse_args([*base, *flags])
     assert line in str(err.value)
-
