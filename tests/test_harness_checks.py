@@ -87,6 +87,49 @@ def test_weights_missing_tensor_and_missing_trainer_fail(tmp_path: Path, good: P
     assert any(p.startswith("version 5:") and "no trainer record" in p for p in problems)
 
 
+def _as_sglang(recs, corrupt: bool = False, drop_layout: bool = False):
+    """engine:1 becomes a stock SGLang server: its records hold SGLang-layout hashes, the trainer's ``layouts``."""
+    for r in recs:
+        sglang = {k.replace("q_proj", "qkv_proj"): "%016x" % (hash(v) & (2**64 - 1)) for k, v in r["checksums"].items()
+                  if ".k_proj" not in k and ".v_proj" not in k}
+        if r["side"] == "trainer" and not drop_layout:
+            r["layouts"] = {"sglang": sglang}
+        elif r["side"] == "engine:1":
+            r["checksums"], r["layout"] = dict(sglang), "sglang"
+            if corrupt and r["version"] == 2:
+                r["checksums"]["model.layers.0.self_attn.qkv_proj.weight"] = "0123456789abcdef"
+    return recs
+
+
+def test_weights_in_sglang_layout_are_judged_against_the_trainers_sglang_hashes(tmp_path: Path, good: Path) -> None:
+    edit_jsonl(good / "weights.jsonl", _as_sglang)
+    res = check({"kind": "weight_equality", "engines": 2}, ctx(tmp_path, main=good))
+    assert res.status is Status.PASSED, res.message
+
+
+def test_a_wrong_sglang_hash_or_a_trainer_without_that_layout_fails(tmp_path: Path, good: Path) -> None:
+    edit_jsonl(good / "weights.jsonl", lambda rs: _as_sglang(rs, corrupt=True))
+    res = check({"kind": "weight_equality"}, ctx(tmp_path, main=good))
+    assert res.status is Status.FAILED
+    assert "version 2: engine:1 tensor 'model.layers.0.self_attn.qkv_proj.weight' checksum 0123456789ab" in res.message
+    other = make_run(tmp_path / "other")
+    edit_jsonl(other / "weights.jsonl", lambda rs: _as_sglang(rs, drop_layout=True))
+    res = check({"kind": "weight_equality"}, ctx(tmp_path, main=other))
+    assert res.status is Status.FAILED and "the trainer record has none of that layout" in res.message
+
+
+def test_an_unverified_engine_record_fails_with_its_reason(tmp_path: Path, good: Path) -> None:
+    def unverified(recs):
+        for r in recs:
+            if r["side"] == "engine:0" and r["version"] == 1:
+                r["checksums"], r["unverified"] = None, "a stock SGLang MoE engine: experts fused"
+        return recs
+
+    edit_jsonl(good / "weights.jsonl", unverified)
+    res = check({"kind": "weight_equality"}, ctx(tmp_path, main=good))
+    assert res.status is Status.FAILED and "version 1: engine:0 unverified: a stock SGLang MoE engine" in res.message
+
+
 def test_weights_empty_file_fails(tmp_path: Path, good: Path) -> None:
     (good / "weights.jsonl").write_text("")
     assert check({"kind": "weight_equality"}, ctx(tmp_path, main=good)).status is Status.FAILED

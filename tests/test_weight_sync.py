@@ -96,22 +96,60 @@ def test_a_hung_engine_fails_the_push_within_its_timeout_instead_of_blocking() -
         proc.stop()
 
 
-def test_a_stock_sglang_target_is_recorded_unverified(engines, tmp_path) -> None:
-    """A server that reports no checksums (stock SGLang): the push still lands, and weights.jsonl says why
-    that side has none instead of claiming equality."""
+def test_a_stock_sglang_engine_is_checked_by_its_own_hashes_and_a_wrong_tensor_shows(tmp_path) -> None:
+    """A server that answers /weights_checker as stock SGLang 0.5.14 does (the embedded engine with
+    --weights-checker-layout sglang): the trainer hashes what it sent in SGLang's layout, the records match,
+    and a tensor the engine holds differently no longer does."""
     from dataclasses import replace
+
+    from harness.checks.weights import _judge
+
+    proc = EngineProcess.start(["--hf-checkpoint", "tiny-qwen3", "--weights-checker-layout", "sglang"])
+    artifacts = RunArtifacts(tmp_path)
+    pusher = WeightPusher(timeout_s=60)
+    try:
+        target = replace(_target(proc, "engine:0"), checksums="sglang")
+        report = pusher.push(_buckets(build_model("tiny-qwen3", seed=1).state_dict()), [target], 4,
+                             requested="auto", weights_device=CPU)
+        record_push(artifacts, report, step=0, seconds=0.1)
+        run_closing(EngineClient(proc.url).weights_checker("reset_tensors"))
+        after_reset = run_closing(EngineClient(proc.url).sglang_checksums())
+    finally:
+        pusher.close()
+        proc.stop()
+    trainer, engine = read_jsonl(tmp_path / "weights.jsonl")
+    sglang = trainer["layouts"]["sglang"]
+    assert engine["layout"] == "sglang" and engine["checksums"] == sglang
+    assert "model.layers.0.self_attn.qkv_proj.weight" in sglang and "model.layers.0.mlp.gate_up_proj.weight" in sglang
+    assert not any("q_proj" in n or "up_proj.weight" in n and "gate_up" not in n for n in sglang)
+    assert _judge(4, "engine:0", trainer, engine) == []
+    problems = _judge(4, "engine:0", trainer, {**engine, "checksums": after_reset})
+    assert len(problems) == len(sglang) and "qkv_proj" in " ".join(problems)
+
+
+def test_engines_whose_checksums_cannot_be_matched_are_recorded_unverified_with_why(engines, tmp_path) -> None:
+    """No checksums at all, or a tensor-parallel stock SGLang engine: the push lands, and weights.jsonl says
+    why that side has none instead of claiming equality."""
+    import asyncio
+    from dataclasses import replace
+
+    from relax.weights.push import _target_checksums
 
     artifacts = RunArtifacts(tmp_path)
     pusher = WeightPusher(timeout_s=60)
     try:
-        target = replace(_target(engines[0], "engine:0"), reports_checksums=False)
-        report = pusher.push(_buckets(build_model("tiny-qwen3", seed=1).state_dict()), [target], 4,
-                             requested="auto", weights_device=CPU)
+        targets = [replace(_target(engines[0], "engine:0"), checksums=None)]
+        report = pusher.push(_buckets(build_model("tiny-qwen3", seed=1).state_dict()), targets, 4,
+                             requested="tensor", weights_device=CPU)
+        tp2 = replace(_target(engines[1], "engine:1"), checksums="sglang", tp_size=2)  # read back without a push
+        asyncio.run(_target_checksums([*targets, tp2], 10, report))
         record_push(artifacts, report, step=0, seconds=0.1)
     finally:
         pusher.close()
-    engine = [r for r in read_jsonl(tmp_path / "weights.jsonl") if r["side"] == "engine:0"][0]
-    assert engine["checksums"] is None and "not comparable with the trainer" in engine["unverified"]
+    records = {r["side"]: r for r in read_jsonl(tmp_path / "weights.jsonl")}
+    assert records["engine:0"]["checksums"] is None and "no checksums" in records["engine:0"]["unverified"]
+    assert records["engine:1"]["checksums"] is None and "2 tensor-parallel ranks" in records["engine:1"]["unverified"]
+    assert "layouts" not in records["trainer"]  # no engine to match them against: not computed
 
 
 def test_an_engine_killed_between_syncs_fails_the_next_push_as_an_engine_error_and_the_survivor_syncs() -> None:

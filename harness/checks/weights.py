@@ -34,6 +34,20 @@ def compare_records(version: int, side: str, trainer: dict[str, Any], engine: di
     return problems
 
 
+def _judge(version: int, side: str, trainer: dict[str, Any], engine: dict[str, Any]) -> list[str]:
+    """An engine record against the trainer's: in the engine's own layout when it has one (a stock SGLang
+    server's hashes of its parameters: the trainer record's ``layouts``), else relax's HF-named checksums."""
+    if engine.get("checksums") is None and engine.get("unverified"):
+        return [f"version {version}: {side} unverified: {engine['unverified']}"]
+    layout = engine.get("layout")
+    if layout is None:
+        return compare_records(version, side, trainer.get("checksums") or {}, engine.get("checksums") or {})
+    expected = (trainer.get("layouts") or {}).get(layout)
+    if expected is None:
+        return [f"version {version}: {side} reports {layout} checksums; the trainer record has none of that layout"]
+    return compare_records(version, side, expected, engine.get("checksums") or {})
+
+
 @register("weight_equality")
 class WeightEquality(CheckParams):
     kind: Literal["weight_equality"] = "weight_equality"
@@ -56,7 +70,7 @@ class WeightEquality(CheckParams):
             version, side = int(rec.get("version", -1)), str(rec.get("side", "?"))
             checksums = rec.get("checksums") or {}
             if side == "trainer":
-                last_trainer[version] = checksums
+                last_trainer[version] = rec
                 trainer_versions.add(version)
                 tensors = max(tensors, len(checksums))
                 if not checksums:
@@ -66,14 +80,14 @@ class WeightEquality(CheckParams):
                     all_sides.add(side)
                     engine_sides[version].add(side)
                 if version in last_trainer:
-                    problems += compare_records(version, side, last_trainer[version], checksums)
+                    problems += _judge(version, side, last_trainer[version], rec)
                 else:
-                    pending.append((version, side, checksums))
+                    pending.append((version, side, rec))
             else:
                 problems.append(f"version {version}: unknown side {side!r}")
-        for version, side, checksums in pending:  # engine wrote before the trainer (concurrent writers)
+        for version, side, rec in pending:  # engine wrote before the trainer (concurrent writers)
             if version in last_trainer:
-                problems += compare_records(version, side, last_trainer[version], checksums)
+                problems += _judge(version, side, last_trainer[version], rec)
         expected = self.engines if self.engines is not None else len(all_sides)
         for version in sorted(trainer_versions | set(engine_sides)):
             sides = engine_sides.get(version, set())

@@ -82,7 +82,7 @@ class ExternalEngines(EngineLauncher):
             raise ConfigError(f"--rollout-external-engine-addrs {address}: engine unreachable ({exc})") from None
         ours = info.get("relax_engine") if isinstance(info, dict) else None
         device = ours.get("device", "unknown") if isinstance(ours, dict) else "unknown"
-        return EngineRecord(index, SyncTarget(f"engine:{index}", url, device, reports_checksums=ours is not None,
+        return EngineRecord(index, SyncTarget(f"engine:{index}", url, device, checksums="relax" if ours is not None else "sglang",
                                               tp_size=int(info.get("tp_size", 1) or 1)))
 
 

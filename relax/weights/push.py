@@ -6,7 +6,10 @@ persistent uint8 buffer on the weights' device, and every transport of the plan
 (`relax.weights.transports.choose`) delivers it to its targets; the buffer is refilled only once every
 target has answered. The version flips and caches flush with the last bucket. Then the checksums of
 both sides: the trainer's of exactly the bytes it sent, each target's from ``/weights_checker``
-(``checksum``, the embedded engine's extension; a target that has none is recorded as unverified).
+(``checksum``). The embedded engine answers relax's checksums of HF-named tensors; a stock SGLang server
+its own hashes of its fused parameters, which the trainer then computes too, over the same bytes laid out
+as SGLang holds them (`relax.weights.sglang_checksums`). A target whose answer cannot be matched is
+recorded as unverified, with the reason.
 
 With ``keep_snapshot`` (fault tolerance) a host copy of every packed bucket is kept, so an engine
 restarted later gets exactly this version's bytes (`WeightPusher.resync`), never the trainer's live
@@ -26,6 +29,7 @@ import torch
 from relax.weights.checksum import state_checksums
 from relax.weights.devices import device_identity
 from relax.weights.serialized_tensors import TensorEntry, flatten_into, layout, unflatten
+from relax.weights.sglang_checksums import SGLangLayoutChecksums, unverifiable
 from relax.weights.transports import TRANSPORTS, PackedBucket, SyncTarget, Transport, choose
 
 NamedTensors = list[tuple[str, torch.Tensor]]
@@ -50,7 +54,10 @@ class PushReport:
     bytes: int = 0
     transports: dict[str, list[str]] = field(default_factory=dict)  # transport -> target sides
     trainer_checksums: dict[str, str] = field(default_factory=dict)
+    # the trainer's checksums in a target's own layout ("sglang": SGLang's hashes of its parameters)
+    trainer_layouts: dict[str, dict[str, str]] = field(default_factory=dict)
     target_checksums: dict[str, dict[str, str] | None] = field(default_factory=dict)  # None: not reported
+    target_layouts: dict[str, str] = field(default_factory=dict)  # side -> its checksums' layout, if not relax's
     unverified: dict[str, str] = field(default_factory=dict)  # side -> why it has no checksums
     phases: dict[str, float] = field(default_factory=dict)
 
@@ -62,6 +69,7 @@ class Snapshot:
     version: int
     buckets: tuple[tuple[torch.Tensor, tuple[TensorEntry, ...]], ...]
     trainer_checksums: dict[str, str]
+    trainer_layouts: dict[str, dict[str, str]]
 
 
 class WeightPusher:
@@ -110,7 +118,7 @@ class WeightPusher:
         helper = WeightPusher(self.timeout_s)  # its own host buffer: the live GPU buffer keeps its IPC handle
         report = self._run(helper._push(buckets, targets, snap.version, "distributed", torch.device("cpu"),
                                         keep_snapshot=False, persistent=False))
-        report.trainer_checksums = snap.trainer_checksums
+        report.trainer_checksums, report.trainer_layouts = snap.trainer_checksums, snap.trainer_layouts
         return report
 
     def close(self) -> None:
@@ -145,9 +153,9 @@ class WeightPusher:
             self._open.clear()
             raise
         transferred = time.perf_counter()
-        report.target_checksums, report.unverified = await _target_checksums(targets, self.timeout_s)
+        await _target_checksums(targets, self.timeout_s, report)
         if keep_snapshot:
-            self.snapshot = Snapshot(version, tuple(kept), report.trainer_checksums)
+            self.snapshot = Snapshot(version, tuple(kept), report.trainer_checksums, report.trainer_layouts)
         if not persistent:
             for transport in transports:
                 await transport.close()
@@ -162,6 +170,8 @@ class WeightPusher:
         is copied into the buffer (a gathering backend may reuse its memory), before the current one is sent
         (so the last bucket is known as such)."""
         kept = []
+        sglang = SGLangLayoutChecksums() if any(t.checksums == "sglang" and t.tp_size == 1
+                                                for t in self._targets(transports)) else None
         pending = iter(buckets)
         bucket = next(pending, None)
         while bucket is not None:
@@ -171,14 +181,20 @@ class WeightPusher:
             for t in transports:
                 t.stage(packed)
             # the trainer digests the bytes it sends while the targets copy them (the buffer is read-only here)
-            sums, *_ = await asyncio.gather(asyncio.to_thread(state_checksums, unflatten(packed.flat, packed.entries)),
+            sums, *_ = await asyncio.gather(asyncio.to_thread(_digest_bucket, packed, sglang),
                                             *(t.send(packed, version) for t in transports))
             report.trainer_checksums.update(sums)
             if keep_snapshot:
                 kept.append((packed.flat.to("cpu", copy=True), packed.entries))
             report.buckets += 1
             report.bytes += packed.nbytes
+        if sglang is not None:
+            report.trainer_layouts["sglang"] = sglang.result()
         return kept
+
+    @staticmethod
+    def _targets(transports: list[Transport]) -> list[SyncTarget]:
+        return [t for transport in transports for t in transport.targets]
 
     def _pack(self, bucket: NamedTensors, device: torch.device) -> tuple[torch.Tensor, tuple[TensorEntry, ...]]:
         need = layout(bucket)[-1].end_idx if bucket else 0
@@ -210,16 +226,34 @@ class WeightPusher:
         self._open.clear()
 
 
-async def _target_checksums(targets: list[SyncTarget], timeout_s: float
-                            ) -> tuple[dict[str, dict[str, str] | None], dict[str, str]]:
+def _digest_bucket(packed: PackedBucket, sglang: SGLangLayoutChecksums | None) -> dict[str, str]:
+    """The trainer's checksums of one sent bucket (and, for stock SGLang targets, SGLang's hashes of it)."""
+    named = unflatten(packed.flat, packed.entries)
+    if sglang is not None:
+        sglang.add(named)
+    return state_checksums(named)
+
+
+async def _target_checksums(targets: list[SyncTarget], timeout_s: float, report: PushReport) -> None:
+    """Every target's answer to ``/weights_checker checksum``, in its own layout, into ``report``."""
     from relax.engine.rollout.engine_client import EngineClient
 
-    reporting = [t for t in targets if t.reports_checksums]
-    sums = await asyncio.gather(*(EngineClient(t.url, api_key=t.api_key, weights_timeout=timeout_s).checksums()
-                                  for t in reporting))
-    out: dict[str, dict[str, str] | None] = {t.side: None for t in targets}
-    out.update({t.side: s for t, s in zip(reporting, sums, strict=True)})
-    unverified = {t.side: ("a stock SGLang server: its /weights_checker checksums are hashes of its own fused, "
-                                 "tensor-parallel-sharded parameters (SGLang 0.5.14), not comparable with the trainer's") for t in targets
-                  if not t.reports_checksums}
-    return out, unverified
+    reasons: dict[str, str] = {}
+    for t in targets:
+        if t.checksums is None:
+            reasons[t.side] = "its /weights_checker answer holds no checksums the trainer can compute"
+        elif t.checksums == "sglang":
+            why = unverifiable(list(report.trainer_checksums), t.tp_size)
+            if why:
+                reasons[t.side] = why
+    reading = [t for t in targets if t.side not in reasons]
+
+    async def read(t: SyncTarget) -> dict[str, str]:
+        client = EngineClient(t.url, api_key=t.api_key, weights_timeout=timeout_s)
+        return await (client.sglang_checksums() if t.checksums == "sglang" else client.checksums())
+
+    sums = await asyncio.gather(*(read(t) for t in reading))
+    report.target_checksums = {t.side: None for t in targets}
+    report.target_checksums.update({t.side: s for t, s in zip(reading, sums, strict=True)})
+    report.target_layouts = {t.side: "sglang" for t in reading if t.checksums == "sglang"}
+    report.unverified = reasons

@@ -95,13 +95,15 @@ def _checked(path: str, body: dict[str, Any]) -> dict[str, Any]:
 class EngineServer:
     """SGLang's HTTP API over one `Scheduler` (continuous batching over an `EmbeddedEngine`)."""
 
-    def __init__(self, scheduler: Scheduler, *, api_key: str | None = None, model_path: str = ""):
+    def __init__(self, scheduler: Scheduler, *, api_key: str | None = None, model_path: str = "",
+                 checksum_layout: str = "relax"):
         self.scheduler = scheduler
         self.engine = scheduler.engine
         self.api_key = api_key
         self.model_path = model_path
         self.weights = WeightRoutes(self.engine, body=self.body, run=self.exclusive,
-                                    abort_all=lambda: self.scheduler.abort(abort_all=True))
+                                    abort_all=lambda: self.scheduler.abort(abort_all=True),
+                                    checksum_layout=checksum_layout)
 
     # ------------------------------------------------------------------ plumbing
     def app(self) -> web.Application:
@@ -296,6 +298,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--enable-weights-cpu-backup", action="store_true",
                    help="SGLang's flag: /release_memory_occupation keeps the weights (pinned host copies) instead of "
                         "discarding them; without it a resume must be followed by a sync of every weight")
+    p.add_argument("--weights-checker-layout", choices=("relax", "sglang"), default="relax",
+                   help="what /weights_checker checksum reports per rank: relax's checksums of HF-named tensors, or "
+                        "sglang: a stock SGLang 0.5.14 server's hashes of its fused parameters (to test the "
+                        "trainer's read-back of stock servers without one)")
     p.add_argument("--num-threads", type=int, default=1, help="torch intra-op threads (CPU)")
     p.add_argument("--log-level", default="WARNING")
     args = p.parse_args(argv)
@@ -419,7 +425,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     engine = build_engine(args)
     server = EngineServer(Scheduler(engine), api_key=args.api_key,
-                          model_path=args.hf_checkpoint or args.model_config_json)
+                          model_path=args.hf_checkpoint or args.model_config_json,
+                          checksum_layout=args.weights_checker_layout)
     try:
         asyncio.run(serve(server, args.host, sock))
     except KeyboardInterrupt:

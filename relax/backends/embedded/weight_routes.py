@@ -82,9 +82,10 @@ class WeightRoutes:
     ``abort_all`` aborts every running request (for ``abort_all_requests``)."""
 
     def __init__(self, holder: WeightHolder, *, body: Callable[[web.Request], Awaitable[dict[str, Any]]],
-                 run: Callable[[Callable[[], Any]], Awaitable[Any]], abort_all: Callable[[], Any] = lambda: None):
+                 run: Callable[[Callable[[], Any]], Awaitable[Any]], abort_all: Callable[[], Any] = lambda: None,
+                 checksum_layout: str = "relax"):
         self.holder, self.body, self.run, self.abort_all = holder, body, run, abort_all
-        self.checker = WeightsChecker(holder.model)
+        self.checker = WeightsChecker(holder.model, checksum_layout)
         self.tensors = TensorReceiver()
         self.groups = DistributedReceiver(holder.device)
 

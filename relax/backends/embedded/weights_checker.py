@@ -11,8 +11,10 @@ SGLang's (``sglang/srt/utils/weight_checker.py``); an unknown action answers ``s
 * ``checksum``: per-tensor checksums keyed by HF name (`relax.weights.checksum`), so both sides of every
   sync go to weights.jsonl. The answer has SGLang 0.5.14's shape, ``ranks`` (one rank here: its
   ``checksums``, ``per_gpu_checksum``, ``parallelism_info``) and ``per_engine_checksum``, combined as
-  SGLang combines them, plus ``checksums`` at the top (relax's reader). The values are relax's checksums
-  of HF-named tensors, not SGLang's (``tensor_hash`` of its own fused parameters): the two never compare.
+  SGLang combines them, plus ``checksums`` at the top (relax's reader). The ranks' values are relax's
+  checksums of HF-named tensors; with ``layout="sglang"`` (``serve-engine --weights-checker-layout sglang``)
+  they are what a stock SGLang 0.5.14 server answers for the same model (its ``tensor_hash`` of its fused
+  parameters, `relax.weights.sglang_checksums`), so the trainer's read-back of stock servers runs on a CPU.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 
 from relax.models.checkpoint_names import checkpoint_state, moe_style
 from relax.weights.checksum import state_checksums
+from relax.weights.sglang_checksums import SGLangLayoutChecksums
 
 ACTIONS = ("snapshot", "reset_tensors", "compare", "checksum")
 # SGLang's ParallelismInfo of a one-rank engine
@@ -49,8 +52,9 @@ def engine_checksum(ranks: list[dict[str, Any]]) -> str:
 
 
 class WeightsChecker:
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, layout: str = "relax"):
         self.model = model
+        self.layout = layout  # the ranks' checksums: relax's of HF-named tensors, or "sglang": SGLang's own
         self._snapshot: dict[str, torch.Tensor] | None = None
         self._resets = itertools.count(1)  # each reset draws new noise
 
@@ -82,8 +86,15 @@ class WeightsChecker:
         return {"success": True, "message": f"reset {len(seen)} tensors"}
 
     def checksum(self) -> dict[str, Any]:
-        sums = state_checksums(self._state().items())
-        ranks = [{"checksums": sums, "per_gpu_checksum": combined_checksum(sums), "parallelism_info": dict(ONE_RANK)}]
+        state = self._state()
+        sums = state_checksums(state.items())
+        rank_sums = sums
+        if self.layout == "sglang":
+            stacked = SGLangLayoutChecksums()
+            stacked.add(list(state.items()))
+            rank_sums = stacked.result()
+        ranks = [{"checksums": rank_sums, "per_gpu_checksum": combined_checksum(rank_sums),
+                  "parallelism_info": dict(ONE_RANK)}]
         return {"success": True, "message": f"checksums of {len(sums)} tensors", "ranks": ranks,
                 "per_engine_checksum": engine_checksum(ranks), "checksums": sums}
 

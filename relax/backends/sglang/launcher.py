@@ -8,8 +8,8 @@ rendezvous, the trainer's export dtype (so both sides' weights agree), ``--enabl
 when the engines release memory between rollouts (``--offload-rollout``), the run's API key when it
 serves off loopback, then every ``--sglang-*`` flag spelled SGLang's way (server_args.py). The actor
 waits for ``/health_generate``; a server that exits or does not come up in time fails the start
-with the tail of its log. Weights then arrive over the engine contract like any engine's (a stock
-SGLang server reports no checksums: weights.jsonl says so).
+with the tail of its log. Weights then arrive over the engine contract like any engine's; equality is read
+back through SGLang's own ``/weights_checker`` hashes (`relax.weights.sglang_checksums`).
 
 SGLang 0.5.14 pins its own transformers (5.8.1) and tokenizers, so it may live in an environment of its own:
 ``RELAX_SGLANG_PYTHONPATH`` (a ``pip install --target`` directory, e.g. ci/wheelhouse/install_sglang.sh's
@@ -218,7 +218,7 @@ class SGLangLauncher(EngineLauncher):
         indices, actors = pending
         answers = ray.get([a.endpoint.remote() for a in actors])
         pids = ray.get([a.pid.remote() for a in actors])
-        return [EngineRecord(i, SyncTarget(f"engine:{i}", url, device, reports_checksums=False,
+        return [EngineRecord(i, SyncTarget(f"engine:{i}", url, device, checksums="sglang",
                                            tp_size=self.cfg.rollout_num_gpus_per_engine, api_key=self.api_key),
                              actor, pid)
                 for i, actor, (url, device), pid in zip(indices, actors, answers, pids, strict=True)]

@@ -131,6 +131,16 @@ class EngineClient:
             raise EngineError(self.base_url, "weights_checker checksum returned no checksums")
         return answer["checksums"]
 
+    async def sglang_checksums(self) -> dict[str, str]:
+        """A one-rank stock SGLang server's own hashes of its parameters (``ranks[0].checksums`` of the ``checksum``
+        answer; `relax.weights.sglang_checksums` computes the trainer's side)."""
+        answer = await self.weights_checker("checksum")
+        ranks = answer.get("ranks") if isinstance(answer, dict) else None
+        if not isinstance(ranks, list) or len(ranks) != 1 or not isinstance(ranks[0].get("checksums"), dict):
+            raise EngineError(self.base_url, "weights_checker checksum: expected one rank's checksums, got "
+                              f"{len(ranks) if isinstance(ranks, list) else 'no'} ranks")
+        return ranks[0]["checksums"]
+
     async def weight_version(self) -> int | None:
         """The served weights' version (SGLang reports it in ``/model_info``; None: never versioned)."""
         return parse_weight_version((await self.model_info()).get("weight_version"))

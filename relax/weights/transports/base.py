@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 
@@ -22,15 +22,17 @@ class SyncTarget:
     """One holder of the policy's weights, reached over SGLang's HTTP API (picklable: it travels to the trainer).
 
     ``device``: where its weights live, as `relax.weights.device_identity` names devices (``cuda:<GPU uuid>``,
-    ``cpu:<host>``), or ``unknown`` (an external server that does not say). ``reports_checksums``: it answers
-    ``/weights_checker {"action": "checksum"}`` (the embedded engine's extension; a stock SGLang server
-    does not). ``tp_size``: its tensor-parallel ranks (one ``serialized_named_tensors`` item each).
+    ``cpu:<host>``), or ``unknown`` (an external server that does not say). ``checksums``: what its
+    ``/weights_checker {"action": "checksum"}`` answer holds: ``relax`` (the embedded engine: relax's
+    checksums of HF-named tensors), ``sglang`` (a stock SGLang server: SGLang's hashes of its own parameters,
+    `relax.weights.sglang_checksums`), or None (nothing to compare). ``tp_size``: its tensor-parallel ranks
+    (one ``serialized_named_tensors`` item each).
     """
 
     side: str  # its name in weights.jsonl: engine:<i>, actor_fwd:0
     url: str
     device: str = "unknown"
-    reports_checksums: bool = True
+    checksums: Literal["relax", "sglang"] | None = "relax"
     tp_size: int = 1
     api_key: str | None = None
 

@@ -1,0 +1,106 @@
+"""relax/weights/sglang_checksums.py: SGLang 0.5.14's own tensor hash and parameter layout, on the trainer's side.
+
+The hashes are checked against SGLang's answers for fixed tensors (tests/data/sglang_tensor_hash.json, written
+by SGLang's Triton kernels: ci/wheelhouse/sglang_hash_golden.py); tests/gpu/test_sglang_checksums_gpu.py
+compares with the installed SGLang on a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from relax.weights import sglang_checksums as sc
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = json.loads((ROOT / "tests/data/sglang_tensor_hash.json").read_text())
+
+
+def _golden_module():
+    spec = importlib.util.spec_from_file_location("sglang_hash_golden", ROOT / "ci/wheelhouse/sglang_hash_golden.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("case", GOLDEN["cases"], ids=lambda c: f"{c['dtype']}x{c['numel']}")
+def test_the_hash_is_sglangs_for_fixed_tensors(case, monkeypatch) -> None:
+    t = _golden_module().case_tensor(case["dtype"], case["numel"], case["seed"])
+    assert sc.hex_hash(t) == case["hash"]
+    monkeypatch.setattr(sc, "_CHUNK_TILES", 1)  # every tile in a pass of its own: the same sum
+    assert sc.hex_hash(t) == case["hash"]
+
+
+def test_the_golden_cases_cover_padding_tile_edges_and_several_tiles() -> None:
+    words = [-(-c["numel"] * torch.empty(0, dtype=getattr(torch, c["dtype"])).element_size() // 4)
+             for c in GOLDEN["cases"]]
+    assert min(words) == 1 and sc.TILE_WORDS in words and max(words) > 4 * sc.TILE_WORDS
+    assert any(w % sc.TILE_WORDS == 1 for w in words)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 3 * 8192 + 7), st.integers(0, 10_000), st.data())
+def test_any_single_word_change_changes_the_hash(numel, seed, data) -> None:
+    t = torch.randint(0, 2**31 - 1, (numel,), generator=torch.Generator().manual_seed(seed), dtype=torch.int32)
+    i = data.draw(st.integers(0, numel - 1))
+    changed = t.clone()
+    changed[i] ^= 1 << data.draw(st.integers(0, 30))
+    assert sc.tensor_hash(changed) != sc.tensor_hash(t)
+
+
+def test_an_empty_tensor_hashes_to_zero_as_in_sglang() -> None:
+    assert sc.tensor_hash(torch.empty(0)) == 0
+
+
+def _layer(prefix: str = "model.layers.0.") -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    shapes = {"self_attn.q_proj.weight": (8, 4), "self_attn.k_proj.weight": (4, 4), "self_attn.v_proj.weight": (4, 4),
+              "self_attn.o_proj.weight": (4, 8), "mlp.gate_proj.weight": (6, 4), "mlp.up_proj.weight": (6, 4),
+              "mlp.down_proj.weight": (4, 6), "input_layernorm.weight": (4,)}
+    return {prefix + k: torch.randn(s, generator=g).to(torch.bfloat16) for k, s in shapes.items()}
+
+
+def test_stacked_parameters_are_hashed_as_sglang_holds_them_whatever_the_bucket_order() -> None:
+    layer = _layer()
+    p = "model.layers.0."
+    qkv = torch.cat([layer[p + "self_attn.q_proj.weight"], layer[p + "self_attn.k_proj.weight"],
+                     layer[p + "self_attn.v_proj.weight"]])
+    gate_up = torch.cat([layer[p + "mlp.gate_proj.weight"], layer[p + "mlp.up_proj.weight"]])
+    expected = {p + "self_attn.qkv_proj.weight": sc.hex_hash(qkv), p + "mlp.gate_up_proj.weight": sc.hex_hash(gate_up),
+                **{k: sc.hex_hash(v) for k, v in layer.items()
+                   if not any(part in k for part in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))}}
+    items = list(layer.items())
+    for buckets in ([items], [items[::-1]], [[x] for x in items[3:]] + [items[:3]]):
+        acc = sc.SGLangLayoutChecksums()
+        for bucket in buckets:
+            acc.add(bucket)
+        assert acc.result() == expected
+
+
+def test_a_tied_lm_head_is_the_embedding_and_an_untied_one_is_kept() -> None:
+    emb = torch.randn(10, 4).to(torch.bfloat16)
+    acc = sc.SGLangLayoutChecksums()
+    acc.add([(sc.EMBEDDING, emb), (sc.LM_HEAD, emb.clone())])
+    assert list(acc.result()) == [sc.EMBEDDING]
+    acc = sc.SGLangLayoutChecksums()
+    acc.add([(sc.EMBEDDING, emb), (sc.LM_HEAD, emb + 1)])
+    assert set(acc.result()) == {sc.EMBEDDING, sc.LM_HEAD}
+
+
+def test_a_stacked_parameter_missing_a_part_is_an_error_naming_it() -> None:
+    acc = sc.SGLangLayoutChecksums()
+    acc.add([(k, v) for k, v in _layer().items() if "k_proj" not in k])
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn\.qkv_proj\.weight.: \[1\]"):
+        acc.result()
+
+
+def test_what_cannot_be_matched_says_why() -> None:
+    assert sc.unverifiable(["model.layers.0.mlp.down_proj.weight"], 1) is None
+    assert "2 tensor-parallel ranks" in sc.unverifiable([], 2)
+    assert "MoE" in sc.unverifiable(["model.layers.0.mlp.experts.0.up_proj.weight"], 1)
