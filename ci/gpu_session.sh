@@ -24,6 +24,8 @@
 #   two_nodes        tests/gpu/test_two_nodes_gpu.py: two Ray nodes of one host, relax train and ray job submit
 #   sglang_stage     one load of sglang 0.5.14's wheelhouse (SGLANG_LOAD=i, carry .sgl/load<i>; back-to-back calls)
 #   sglang_smoke     sglang.launch_server from /tmp/sglsite on a tiny Qwen3: /health_generate and one /generate
+#   sglang_conformance  tests/conformance against sglang.launch_server (tiny Qwen3, --enable-memory-saver): JUnit,
+#                    endpoint report ($OUT/sglang_conformance.json) and the server log in $OUT (after sglang_stage)
 #   sglang_colocate  relax train --rollout-backend sglang --colocate, Megatron, one GPU (after sglang_stage)
 #   bench_4b         ci/bench_4b.py: scripts/models/qwen3-4B.sh's model at TP=2 x DP=2 on 4 GPUs, colocate (BENCH_4B_ARGS adds flags)
 #   scaling          ci/bench_scaling.py: the GRPO workload on SCALING_GPUS GPUs (default "1 2"), data parallel colocate
@@ -39,7 +41,7 @@ WHAT="${*:-bench colocate scenarios megatron grpo}"
 SITE=/tmp/site
 TRL_SITE=/tmp/site_trl  # its own dir, last on PYTHONPATH: TRL's wheels shadow nothing the other items use
 # calls that only stage or smoke-test SGLang carry one .sgl/load<i>, not .whl: no ray install or check
-NEEDS_RAY=0; for w in $WHAT; do case $w in sglang_stage|sglang_smoke) ;; *) NEEDS_RAY=1 ;; esac; done
+NEEDS_RAY=0; for w in $WHAT; do case $w in sglang_stage|sglang_smoke|sglang_conformance) ;; *) NEEDS_RAY=1 ;; esac; done
 [ $NEEDS_RAY = 0 ] || [ -d "$SITE/ray" ] || bash ci/wheelhouse/install.sh "$SITE" "$PART1" .whl2 || exit 1
 export PYTHONPATH="$SITE:$PWD:$TRL_SITE" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -110,6 +112,10 @@ for w in $WHAT; do
                     --attention-backend "${SGLANG_ATTENTION:-triton}" --startup-timeout $(( $(cap 540) - 60 )) \
                     --json "$OUT/sglang_smoke.json" 2>&1 | tee "$OUT/sglang_smoke.txt"
                   cp /tmp/sglang_smoke_server.log "$OUT/" 2>/dev/null ;;
+    sglang_conformance) # issue 39 run 6: every endpoint and field relax sends or reads, against real SGLang 0.5.14
+                        timeout $(cap 570) python3 ci/wheelhouse/sglang_conformance.py --port 30000 --out "$OUT" \
+                          --startup-timeout $(( $(cap 570) - 200 )) --pytest-timeout 180 2>&1 \
+                          | tee "$OUT/sglang_conformance.txt" ;;
     sglang_colocate) # issue 39 run 1: relax train with real SGLang 0.5.14 (from /tmp/sglsite: sglang_stage) colocated with the
                      # Megatron trainer on one GPU; SGLANG_MODEL (default small-qwen3), SGLANG_STEPS (default 10)
                      RELAX_SGLANG_PYTHONPATH=/tmp/sglsite timeout $(cap 585) python3 -m relax.cli train --device cuda \

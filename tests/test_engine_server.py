@@ -326,8 +326,7 @@ def test_bad_input_is_4xx_and_server_keeps_serving(engine, client, body, message
 
 
 def test_bad_control_bodies(client) -> None:
-    with pytest.raises(EngineHTTPError, match="rid or abort_all"):
-        run_closing(client._post("/abort_request", {}))
+    assert run_closing(client._post("/abort_request", {})) is None  # SGLang ignores an abort naming nothing
     with pytest.raises(EngineHTTPError, match="unknown field"):
         run_closing(client._post("/pause_generation", {"mood": "x"}))
     with pytest.raises(EngineHTTPError, match="not base64"):

@@ -202,7 +202,9 @@ class EmbeddedEngine:
         """
         hit = [r for r in [*self.waiting, *self.reqs] if abort_all or r.rid == rid]
         for r in hit:
-            r.finish = {"type": "abort", "message": message or "aborted by request"}
+            # SGLang's FINISH_ABORT.to_json: status_code and err_type are None for an abort by request
+            r.finish = {"type": "abort", "message": message or "aborted by request", "status_code": None,
+                        "err_type": None}
         self.waiting = [r for r in self.waiting if not r.done]
         self._drop_finished()
         return hit
@@ -226,6 +228,7 @@ class EmbeddedEngine:
                 r.logprobs, r.rescored = self._train_identical(r), True
             meta["output_token_logprobs"] = self._logprob_entries(r.logprobs, r.output_ids, r.logprob_text)
             meta["output_token_logprobs_length"] = len(r.output_ids)
+            meta["input_token_logprobs"] = []  # SGLang: logprob_start_len -1 starts at the prompt's end
         if r.input_logprobs is not None:
             tail = r.input_ids[r.logprob_start_len:]
             meta["input_token_logprobs"] = self._logprob_entries(r.input_logprobs, tail, r.logprob_text)

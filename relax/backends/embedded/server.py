@@ -37,6 +37,8 @@ log = logging.getLogger("relax.engine.server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _MAX_BODY = 16 << 30  # weight payloads are large
 HEALTH_GENERATE_TIMEOUT_S = 60
+FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, "
+           "the operation will not be performed.)\n")  # SGLang's /flush_cache text
 
 
 class BadRequest(ValueError):
@@ -181,7 +183,7 @@ class EngineServer:
     async def abort_request(self, request: web.Request) -> web.Response:
         body = _checked("/abort_request", await self.body(request))
         if not body.get("abort_all") and not body.get("rid"):
-            raise BadRequest("abort_request needs rid or abort_all=true")
+            return web.Response(status=200)  # SGLang ignores an abort that names nothing (empty 200)
         self.scheduler.abort(body.get("rid"), abort_all=bool(body.get("abort_all")),
                              message=body.get("abort_message"))
         return web.Response(status=200)  # SGLang answers an empty 200
@@ -212,7 +214,7 @@ class EngineServer:
         if request.query.get("timeout") not in (None, "0", "0.0"):
             raise BadRequest("flush_cache ?timeout= is not implemented by this engine (it flushes at once or refuses)")
         ok = await self.exclusive(self.engine.flush_cache)
-        return web.Response(text="Cache flushed.\n" if ok else "Cache not flushed: requests are running.\n",
+        return web.Response(text=FLUSHED if ok else "Cache not flushed: requests are running.\n",
                             status=200 if ok else 400)
 
     # ------------------------------------------------------------------ profiling (profiling.py)

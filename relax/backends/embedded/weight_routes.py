@@ -103,7 +103,7 @@ class WeightRoutes:
         app.router.add_post("/weights_checker", self.weights_checker)
         app.router.add_get("/get_weight_version", self.get_weight_version)
 
-    async def _load(self, body: dict[str, Any], receive: Callable[[], NamedTensors]) -> web.Response:
+    async def _load(self, body: dict[str, Any], receive: Callable[[], NamedTensors], **extra: Any) -> web.Response:
         """Receive and copy into the model with generation held off; the device copies finish before the
         answer, so the sender may reuse the memory it shared as soon as it has it. ``torch_empty_cache``
         empties the CUDA cache with the cache flush, as SGLang does (only when ``flush_cache``)."""
@@ -123,7 +123,7 @@ class WeightRoutes:
 
         count = await self.run(apply)
         return _answer(True, f"Succeeded to update {count} tensors" + (f"; weight version {version}" if version
-                                                                          is not None else ""))
+                                                                          is not None else ""), **extra)
 
     async def update_weights_from_tensor(self, request: web.Request) -> web.Response:
         body = checked("/update_weights_from_tensor", await self.body(request))
@@ -148,7 +148,10 @@ class WeightRoutes:
         from relax.weights.hf_files import read_hf_dir
 
         body = checked("/update_weights_from_disk", await self.body(request))
-        response = await self._load(body, lambda: read_hf_dir(body["model_path"]))
+        try:  # SGLang's answer carries num_paused_requests (0: this engine pauses nothing to load), 400 on failure
+            response = await self._load(body, lambda: read_hf_dir(body["model_path"]), num_paused_requests=0)
+        except (OSError, ValueError) as exc:
+            return _answer(False, f"Failed to load {body['model_path']}: {exc}", num_paused_requests=0)
         if body.get("torch_empty_cache") and self.holder.device.type == "cuda":
             torch.cuda.empty_cache()
         return response

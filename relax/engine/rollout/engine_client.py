@@ -66,8 +66,10 @@ class EngineClient:
     async def continue_generation(self) -> Any:
         return await self._post("/continue_generation")
 
-    async def flush_cache(self) -> Any:
-        return await self._post("/flush_cache")
+    async def flush_cache(self) -> str:
+        """SGLang answers in plain text (``Cache flushed. ...``; 400 with its reason while requests run)."""
+        return await request("POST", f"{self.base_url}/flush_cache", {}, timeout=self.control_timeout,
+                             headers=self.headers, text=True, proxy=self.proxy)
 
     # ------------------------------------------------------------------ profiling
     async def start_profile(self, body: dict[str, Any]) -> str:
