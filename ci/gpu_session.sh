@@ -27,6 +27,7 @@
 #   sglang_conformance  tests/conformance against sglang.launch_server (tiny Qwen3, --enable-memory-saver): JUnit,
 #                    endpoint report ($OUT/sglang_conformance.json) and the server log in $OUT (after sglang_stage)
 #   sglang_colocate  relax train --rollout-backend sglang --colocate, Megatron, one GPU (after sglang_stage)
+#   sglang_runs      ci/sglang_runs.py: SGLANG_RUN colocate | async | external with real SGLang (issue 39 runs 1, 3)
 #   bench_4b         ci/bench_4b.py: scripts/models/qwen3-4B.sh's model at TP=2 x DP=2 on 4 GPUs, colocate (BENCH_4B_ARGS adds flags)
 #   scaling          ci/bench_scaling.py: the GRPO workload on SCALING_GPUS GPUs (default "1 2"), data parallel colocate
 # grpo: GRPO_TRL_MODES picks TRL's paths (default: all three), GRPO_SYSTEMS the systems (default: trl relax-megatron),
@@ -129,6 +130,19 @@ for w in $WHAT; do
                        | tee "$OUT/sglang_colocate.txt"
                      mkdir -p "$OUT/sglang_colocate" && cp /tmp/sglang_colocate/*.json* "$OUT/sglang_colocate/" 2>/dev/null
                      tail -30 /tmp/sglang_colocate/sglang-engine-*.log > "$OUT/sglang_colocate/engine_log_tail.txt" 2>/dev/null ;;
+    sglang_runs) # issue 39 runs 1 and 3 (ci/sglang_runs.py, after sglang_stage): SGLANG_RUN colocate (one GPU: SGLang and
+                 # the embedded engine on one config, SGLANG_MODEL), async or external (two GPUs); SGLANG_STEPS (10)
+                 RELAX_SGLANG_PYTHONPATH=/tmp/sglsite timeout $(cap 590) python3 ci/sglang_runs.py "${SGLANG_RUN:-colocate}" \
+                   --model "${SGLANG_MODEL:-bench-270m}" --steps "${SGLANG_STEPS:-10}" --timeout $(( $(cap 590) / 2 - 10 )) \
+                   --workdir "/tmp/sglang_runs_${SGLANG_RUN:-colocate}_${SGLANG_MODEL:-bench-270m}" \
+                   --json "$OUT/sglang_${SGLANG_RUN:-colocate}_${SGLANG_MODEL:-bench-270m}.json" 2>&1 \
+                   | tee "$OUT/sglang_${SGLANG_RUN:-colocate}_${SGLANG_MODEL:-bench-270m}.txt"
+                 for f in /tmp/sglang_runs_${SGLANG_RUN:-colocate}_${SGLANG_MODEL:-bench-270m}/*.log; do
+                   tail -40 "$f" > "$OUT/$(basename "$f" .log)_tail.txt"; done
+                 for d in /tmp/sglang_runs_${SGLANG_RUN:-colocate}_${SGLANG_MODEL:-bench-270m}/*/; do
+                   [ -f "$d/weights.jsonl" ] || continue; mkdir -p "$OUT/runs/$(basename "$d")"
+                   cp "$d"/*.jsonl "$d"/run.json "$OUT/runs/$(basename "$d")/" 2>/dev/null
+                   tail -30 "$d"/sglang-engine-*.log > "$OUT/runs/$(basename "$d")/engine_log_tail.txt" 2>/dev/null; done ;;
     sync_nccl) timeout $(cap 300) python3 ci/bench_sync_nccl.py --json "$OUT/bench_sync_nccl.json" 2>&1 \
                  | tee "$OUT/bench_sync_nccl.txt" ;;
     baselines) timeout $(cap 585) python3 -m harness baseline record --profile gpu --runs 5 --baselines "$OUT/baselines" \
