@@ -25,9 +25,13 @@
 #   sglang_stage     one load of sglang 0.5.14's wheelhouse (SGLANG_LOAD=i, carry .sgl/load<i>; back-to-back calls)
 #   sglang_smoke     sglang.launch_server from /tmp/sglsite on a tiny Qwen3: /health_generate and one /generate
 #   sglang_colocate  relax train --rollout-backend sglang --colocate, Megatron, one GPU (after sglang_stage)
+#   sglang_decode    issue 39 run 2: ci/bench_engine.py, the embedded engine (SGLANG_DECODE_RUNNERS, default
+#                    lean+graph+compile) vs real SGLang (/tmp/sglsite, after sglang_stage) at batches 64 and 256:
+#                    tok/s, % of roofline, embedded / SGLang; SGLANG_DECODE_ARGS adds flags (HF rows left out: --no-hf)
 #   bench_4b         ci/bench_4b.py: scripts/models/qwen3-4B.sh's model at TP=2 x DP=2 on 4 GPUs, colocate (BENCH_4B_ARGS adds flags)
 #   scaling          ci/bench_scaling.py: the GRPO workload on SCALING_GPUS GPUs (default "1 2"), data parallel colocate
-# grpo: GRPO_TRL_MODES picks TRL's paths (default: all three), GRPO_SYSTEMS the systems (default: trl relax-megatron),
+# grpo: GRPO_TRL_MODES picks TRL's paths (default: all three), GRPO_SYSTEMS the systems (default: trl relax-megatron;
+# relax-megatron-sglang adds relax-megatron with real SGLang from /tmp/sglsite, after sglang_stage),
 # GRPO_STEPS the steps per TRL row (default 6), GRPO_RELAX_STEPS per relax row (default 12). It also needs .whl4/ (TRL's wheels, ci/wheelhouse/build.sh); without it the TRL row is skipped.
 set -uo pipefail
 # One device call may run 600 s in all, install included: every item's own limit is cut to what is left of
@@ -123,6 +127,10 @@ for w in $WHAT; do
                        | tee "$OUT/sglang_colocate.txt"
                      mkdir -p "$OUT/sglang_colocate" && cp /tmp/sglang_colocate/*.json* "$OUT/sglang_colocate/" 2>/dev/null
                      tail -30 /tmp/sglang_colocate/sglang-engine-*.log > "$OUT/sglang_colocate/engine_log_tail.txt" 2>/dev/null ;;
+    sglang_decode) RELAX_SGLANG_PYTHONPATH=/tmp/sglsite timeout $(cap 585) python3 ci/bench_engine.py \
+                     --runners ${SGLANG_DECODE_RUNNERS:-lean+graph+compile} sglang --batches 64 256 --no-hf \
+                     ${SGLANG_DECODE_ARGS:-} --json "$OUT/bench_engine_sglang.json" 2>&1 | tee "$OUT/bench_engine_sglang.txt"
+                   tail -60 /tmp/bench_engine_sglang_server.log > "$OUT/bench_engine_sglang_server_log_tail.txt" 2>/dev/null ;;
     sync_nccl) timeout $(cap 300) python3 ci/bench_sync_nccl.py --json "$OUT/bench_sync_nccl.json" 2>&1 \
                  | tee "$OUT/bench_sync_nccl.txt" ;;
     baselines) timeout $(cap 585) python3 -m harness baseline record --profile gpu --runs 5 --baselines "$OUT/baselines" \
@@ -135,12 +143,17 @@ for w in $WHAT; do
             --target "$TRL_SITE" .whl4/*.whl
           # TRL's three generation paths + relax-megatron in one run; 6 steps keep continuous batching (~27 s a step)
           # inside the call's limit
-          timeout $(cap 580) python3 ci/bench_grpo_e2e.py --systems ${GRPO_SYSTEMS:-trl relax-megatron} --engine-compile \
+          RELAX_SGLANG_PYTHONPATH=/tmp/sglsite timeout $(cap 580) python3 ci/bench_grpo_e2e.py --systems ${GRPO_SYSTEMS:-trl relax-megatron} --engine-compile \
             --steps ${GRPO_STEPS:-6} --relax-steps ${GRPO_RELAX_STEPS:-12} \
             --trl-modes ${GRPO_TRL_MODES:-default static continuous-batching} \
             --json "$OUT/bench_grpo_e2e.json" --workdir /tmp/grpo_runs 2>&1 \
             | tee "$OUT/bench_grpo_e2e.txt"
           python3 ci/run_figures.py /tmp/grpo_runs/relax-megatron --json "$OUT/grpo_relax_megatron_figures.json" \
-            | tee -a "$OUT/bench_grpo_e2e.txt" ;;
+            | tee -a "$OUT/bench_grpo_e2e.txt"
+          if [ -d /tmp/grpo_runs/relax-megatron-sglang ]; then
+            python3 ci/run_figures.py /tmp/grpo_runs/relax-megatron-sglang \
+              --json "$OUT/grpo_relax_megatron_sglang_figures.json" | tee -a "$OUT/bench_grpo_e2e.txt"
+            tail -40 /tmp/grpo_runs/relax-megatron-sglang/sglang-engine-*.log > "$OUT/grpo_sglang_engine_log_tail.txt" 2>/dev/null
+          fi ;;
   esac
 done
