@@ -4,6 +4,7 @@ bf16 train/rollout log-prob mismatch.
     python ci/bench_engine.py [--batches 64 256] [--prompt 128] [--new 256] [--runners hf ... lean+graph+compile]
     python ci/bench_engine.py --json /tmp/out/bench_engine.json          # also the rows + provenance as JSON
     python ci/bench_engine.py --profile ...   # + where each engine row's decode time goes (ci/decode_profile.py)
+    python ci/bench_engine.py --runners lean+graph+compile sglang --no-hf   # + a real SGLang server (ci/bench_sglang.py)
     python ci/bench_engine.py --device cpu --model tiny-qwen3 --batches 4 --prompt 8 --new 8 \\
         --runners hf lean                                                # CPU smoke (numbers mean nothing)
 
@@ -14,7 +15,10 @@ random ``--prompt``-token prompts (seeded, the same in every process), ``--new``
 Every (runner, batch) is measured in a fresh subprocess (``--in-process`` measures them one after the
 other in this process instead): a runner's figure must not depend on what ran before it, and in one
 process it did (MACHINES.md: the compiled lean runner fell from 41.2k to 16.5k tok/s after the other
-runners). ``--order`` runs them in the given, reversed or a seeded shuffled order, to show it.
+runners). ``--order`` runs them in the given, reversed or a seeded shuffled order, to show it. The ``sglang``
+runner (ci/bench_sglang.py: a real SGLang server on the same weights and prompts, driven through ``/generate`` as
+the rollout drives it) is measured after the others, one server for every batch; the run then prints each
+runner's tok/s over SGLang's at the same batch (``embedded_over_sglang`` in the JSON).
 
 Roofline: one decode step reads every weight once and each row's KV cache (its average context,
 ``prompt + new / 2`` tokens, of K and V in every layer), so
@@ -41,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # ci.provenance when run as a script
-from ci import decode_profile, host_stalls  # noqa: E402
+from ci import bench_sglang, decode_profile, host_stalls  # noqa: E402
+from ci.bench_sglang import SGLANG  # noqa: E402
 from ci.provenance import provenance  # noqa: E402
 from relax.utils.gc_pauses import freeze_startup_objects  # noqa: E402
 
@@ -78,6 +83,7 @@ class Row:
     resumed_captures: int | None = None  # CUDA graphs the lean runner captured during it (0: it replayed its own)
     resumed_capture_s: float | None = None  # seconds those captures took (warm-up step included)
     profile: dict | None = None
+    server_s: list[float | None] | None = None  # sglang rows: SGLang's own seconds (meta_info e2e_latency) per timed run
     error: str = ""
 
 
@@ -138,14 +144,16 @@ class FullCollections:
         gc.callbacks.remove(self._callback)
 
 
-def workload(ns: argparse.Namespace, batch: int) -> tuple[Any, Any]:
-    """The model and ``batch`` prompts, identical in every process (seeded on the CPU)."""
+def workload(ns: argparse.Namespace, batch: int, model: Any = None) -> tuple[Any, Any]:
+    """The model (``model`` when given: the one this returned before) and ``batch`` prompts, identical in every
+    process (seeded on the CPU)."""
     import torch
 
     from relax.models import build_model
 
     dtype = torch.bfloat16 if ns.device == "cuda" else torch.float32
-    model = build_model(ns.model, dtype=dtype, seed=0).to(ns.device).eval()
+    if model is None:
+        model = build_model(ns.model, dtype=dtype, seed=0).to(ns.device).eval()
     gen = torch.Generator().manual_seed(1234 + batch)
     prompts = torch.randint(3, model.config.vocab_size, (batch, ns.prompt), generator=gen).to(ns.device)
     return model, prompts
@@ -284,7 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 256], help="decode batch sizes, a row each")
     ap.add_argument("--prompt", type=int, default=128, help="tokens per prompt")
     ap.add_argument("--new", type=int, default=256, help="sampled tokens per row")
-    ap.add_argument("--runners", nargs="+", default=DEFAULT_RUNNERS, choices=list(RUNNERS))
+    ap.add_argument("--runners", nargs="+", default=DEFAULT_RUNNERS, choices=[*RUNNERS, SGLANG],
+                    help=f"engine runners; {SGLANG}: a real SGLang server (ci/bench_sglang.py), not in the default")
     ap.add_argument("--order", default="given", choices=["given", "reversed", "shuffled"],
                     help="the order the runners are measured in (HF generate first either way)")
     ap.add_argument("--seed", type=int, default=0, help="--order shuffled's seed")
@@ -303,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="after each engine row's timed runs, one more run under torch.profiler: GPU-busy share of "
                          "the wall time and the heaviest kernels (ci/decode_profile.py), printed and in the JSON")
     ap.add_argument("--json", default=None, help="also write the rows, the roofline and the provenance here")
+    bench_sglang.add_arguments(ap)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # internal: one measurement
     ap.add_argument("--worker-batch", type=int, default=None, help=argparse.SUPPRESS)
     return ap
@@ -315,9 +325,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--batches, --prompt, --new and --repeats must be >= 1")
     if ns.hbm_tbps is not None and ns.hbm_tbps <= 0:
         ap.error("--hbm-tbps must be > 0")
-    graphs = [r for r in ns.runners if RUNNERS[r].get("cuda_graph")]
+    graphs = [r for r in ns.runners if RUNNERS.get(r, {}).get("cuda_graph")]
     if ns.device == "cpu" and graphs:
         ap.error(f"--device cpu: CUDA graphs need a GPU ({', '.join(graphs)})")
+    problem = bench_sglang.check_arguments(ns)
+    if problem:
+        ap.error(problem)
     ns.runners = list(dict.fromkeys(ns.runners))
     ns.batches = list(dict.fromkeys(ns.batches))
     return ns
@@ -389,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         weight_bytes = sum(p.numel() for p in build_model(ns.model, seed=0).parameters()) * dtype_bytes
     roofline = {b: decode_roofline(cfg, weight_bytes, b, ns.prompt, ns.new, tbps, dtype_bytes) if tbps else None
                 for b in ns.batches}
-    names = [HF_GENERATE] * (not ns.no_hf) + ordered(ns.runners, ns.order, ns.seed)
+    names = [HF_GENERATE] * (not ns.no_hf) + ordered([r for r in ns.runners if r != SGLANG], ns.order, ns.seed)
     run = measure_safely if ns.in_process else measure_in_subprocess
     rows = []
     t0 = time.perf_counter()
@@ -404,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
             "provenance": origin, "setup": setup, "device": device, "hbm_tbps": tbps, "hbm_source": source,
             "weight_bytes": weight_bytes, "roofline_tok_s": {str(b): v for b, v in roofline.items()},
             "roofline_target": ROOFLINE_TARGET, "rows": [asdict(r) for r in rows], "complete": complete,
+            "embedded_over_sglang": {str(b): v for b, v in bench_sglang.ratios(rows, (HF_GENERATE,)).items()},
             "wall_s": time.perf_counter() - t0}, indent=1))
 
     for batch in ns.batches:
@@ -414,6 +428,13 @@ def main(argv: list[str] | None = None) -> int:
             r = rows[-1]  # each row as it lands, and the JSON so far: a run cut short keeps what it measured
             print(f"[bench_engine]   {r.error or f'{r.tokens_per_s:,.0f} tok/s'}", file=sys.stderr, flush=True)
             write_json(complete=False)
+    if SGLANG in ns.runners:  # after the others: one server for every batch, stopped before the table
+        print(f"[bench_engine] {bench_sglang.describe(ns)}", file=sys.stderr, flush=True)
+        rows.extend(bench_sglang.measure_rows(ns, Row, workload, mismatch,
+                                              log=lambda m: print(m, file=sys.stderr, flush=True)))
+        order = [*names, SGLANG]
+        rows.sort(key=lambda r: (ns.batches.index(r.batch), order.index(r.runner)))
+        write_json(complete=False)
     print(f"\n{ns.model}, prompt {ns.prompt}, {ns.new} new tokens, {device}, runners in {ns.order} order, "
           f"{'one process' if ns.in_process else 'a fresh process each'}")
     for b in ns.batches:
@@ -421,6 +442,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"roofline at batch {b}: {roofline[b]:,.0f} tok/s ({tbps} TB/s, {source}; weights + KV cache "
                   f"per decode step); target {ROOFLINE_TARGET:.0%} = {ROOFLINE_TARGET * roofline[b]:,.0f} tok/s")
     print(table(rows, roofline))
+    for line in bench_sglang.ratio_lines(bench_sglang.ratios(rows, (HF_GENERATE,))):
+        print(line)
+    for r in rows:
+        if r.server_s and r.walls_s and None not in r.server_s:
+            print(f"SGLang's own time at batch {r.batch}: {statistics.median(r.server_s):.3f} s of a "
+                  f"{statistics.median(r.walls_s):.3f} s wall (median; the rest: HTTP, tokenizer manager, client)")
     for r in rows:
         if r.resumed_tokens_per_s:
             print(f"after release + resume, {r.runner} at batch {r.batch}: {r.resumed_tokens_per_s:,.0f} tok/s "

@@ -50,6 +50,14 @@ the engines' release/resume and the trainer's offload/onload, part of the step t
 and onload inside ``train s``: the ``offload s`` column) and ``rollout/response_len_mean`` come from the run's metrics.jsonl
 (docs/artifacts.md).
 
+``relax-megatron-sglang`` (named in ``--systems``, not a default): relax-megatron's workload with
+``--rollout-backend sglang``: a real SGLang 0.5.14 server per engine (``RELAX_SGLANG_PYTHONPATH`` names its site
+dir), colocated with the Megatron trainer, with `SGLANG_FLAGS` and decode CUDA graphs up to one step's completions
+(instead of ``--embedded-runner lean``). After the table, one line per relax row says where its step goes
+(``perf/<phase>_time_s``, `PHASES`: generate, SGLang's own time, reward; train columns and update; sync; the
+engines' release/resume and the trainer's offload/onload), and one line gives relax-megatron-sglang's step,
+rollout, train, sync and offload over relax-megatron's (``sglang_over_embedded`` in the JSON).
+
 ``sync s/GB`` is the median sync time over the bytes one sync sends (the ``weights_synced`` events'
 ``bytes``), as ``relax train`` does it: CUDA IPC on one GPU by default (``--weight-sync-transport``),
 checksums of both sides included (target <= 0.05 s/GB).
@@ -86,7 +94,18 @@ REPO = Path(__file__).resolve().parents[1]
 STEP_TARGET_S = 0.5
 SPEEDUP_TARGET = 10.0
 TRL_VERSION = "1.16.0"
-SYSTEMS = ("trl", "relax-torch", "relax-megatron")
+SYSTEMS = ("trl", "relax-torch", "relax-megatron", "relax-megatron-sglang")
+DEFAULT_SYSTEMS = SYSTEMS[:3]
+"""Every system but the SGLang row, which needs sglang 0.5.14 (RELAX_SGLANG_PYTHONPATH): name it to run it."""
+SGLANG_SYSTEM = "relax-megatron-sglang"
+SGLANG_FLAGS = ("--sglang-attention-backend", "triton", "--sglang-grammar-backend", "none", "--sglang-sampling-backend",
+                "pytorch", "--sglang-mem-fraction-static", "0.3", "--sglang-disable-prefill-cuda-graph")
+"""What real SGLang 0.5.14 needs on the air-gapped H200 (gpu_session.sh's sglang_colocate): triton attention (the
+carried sgl_kernel has no FA3), no grammar backend (xgrammar is not carried), torch sampling, 0.3 of the GPU beside
+the colocated trainer, no prefill CUDA graphs; decode CUDA graphs stay on, up to one step's completions."""
+PHASES = ("rollout_generate", "rollout_engine", "rollout_reward", "train_columns", "train_update",
+          "release_rollout", "resume_rollout", "offload_train", "onload_train")
+"""Where a relax step's time goes, ``perf/<phase>_time_s`` of metrics.jsonl (docs/artifacts.md; ci/run_figures.py)."""
 QUICK = dict(steps=5)
 RESULT_PREFIX = "BENCH_GRPO_RESULT "
 
@@ -129,7 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--seed", type=int, default=1234, help="model init seed (both sides) and data seed")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    ap.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS, help="rows to run")
+    ap.add_argument("--systems", nargs="+", default=list(DEFAULT_SYSTEMS), choices=SYSTEMS,
+                    help=f"rows to run ({SGLANG_SYSTEM}: relax-megatron with --rollout-backend sglang, SGLANG_FLAGS; "
+                         "needs sglang, e.g. RELAX_SGLANG_PYTHONPATH=/tmp/sglsite)")
     ap.add_argument("--trl-modes", nargs="+", default=list(TRL_MODES), choices=list(TRL_MODES),
                     help="TRL's generation paths, a row each (the ratio is against the fastest that ran)")
     ap.add_argument("--engine-compile", action="store_true", help="relax: also --embedded-compile")
@@ -221,6 +242,7 @@ class SystemResult:
     sync_s: list[float] = field(default_factory=list)
     offload_s: list[float] = field(default_factory=list)  # relax --colocate: engine release/resume, trainer off/onload
     completion_len: list[float] = field(default_factory=list)
+    phases_s: dict[str, list[float]] = field(default_factory=dict)  # relax rows: PHASES, per step
     sync_gb: float | None = None  # weights sent per sync (events.jsonl ``weights_synced`` bytes / 1e9)
     transports: str = ""  # the weight-sync transports the run used
     wall_s: float = 0.0
@@ -263,6 +285,7 @@ class SystemResult:
             "steps": len(self.step_s), "steps_timed": max(len(self.step_s) - self.warmup, 0), "wall_s": self.wall_s,
             "step_target_met": (step <= STEP_TARGET_S) if relax and step else None,
             "speedup_target_met": (ratio >= SPEEDUP_TARGET) if ratio else None,
+            "phases_s": {k: self._median(v) for k, v in self.phases_s.items() if self._median(v) is not None},
             "note": self.note, "per_step_s": self.step_s,
         }
 
@@ -309,8 +332,9 @@ def log_tail(path: Path, lines: int = 15) -> str:
 
 # ---------------------------------------------------------------------------------------------- relax side
 def relax_argv(ns: argparse.Namespace, backend: str, prompts: Path, out_dir: Path,
-               mode: tuple[str, ...] = ("--colocate",)) -> list[str]:
-    """The ``relax train`` flags of this workload for ``--train-backend backend``; ``mode``: the loop and placement."""
+               mode: tuple[str, ...] = ("--colocate",), rollout: str = "embedded") -> list[str]:
+    """The ``relax train`` flags of this workload for ``--train-backend backend``; ``mode``: the loop and placement;
+    ``rollout``: the ``--rollout-backend`` (embedded: the lean runner; sglang: `SGLANG_FLAGS`)."""
     completions = ns.prompts * ns.generations
     argv = ["--train-backend", backend, *mode, "--device", ns.device, "--hf-checkpoint", ns.model,
             "--prompt-data", str(prompts), "--input-key", "prompt", "--custom-rm-path", "ci.bench_grpo_e2e.relax_reward",
@@ -319,9 +343,12 @@ def relax_argv(ns: argparse.Namespace, backend: str, prompts: Path, out_dir: Pat
             "--rollout-max-response-len", str(ns.max_new), "--rollout-max-context-len", str(ns.prompt_len + ns.max_new),
             "--rollout-temperature", "1.0", "--advantage-estimator", "grpo", "--lr", str(ns.lr), "--weight-decay", "0",
             "--clip-grad", "1.0", "--num-rollout", str(ns.relax_steps), "--seed", str(ns.seed), "--rollout-seed", str(ns.seed),
-            "--embedded-runner", "lean", "--output-dir", str(out_dir)]
+            "--output-dir", str(out_dir)]
     if backend == "megatron":
         argv.append("--use-distributed-optimizer")
+    if rollout == "sglang":
+        return argv + ["--rollout-backend", "sglang", *SGLANG_FLAGS, "--sglang-cuda-graph-max-bs-decode", str(completions)]
+    argv += ["--embedded-runner", "lean"]
     if ns.engine_compile:
         argv.append("--embedded-compile")
     return argv
@@ -350,6 +377,9 @@ def read_relax_metrics(result: SystemResult, metrics_path: Path) -> None:
         m = json.loads(line)
         result.step_s.append(float(m["perf/step_time_s"]))
         result.offload_s.append(sum(float(m.get(f"perf/{what}_time_s", 0.0)) for what in OFFLOAD_MOVES))
+        for phase in PHASES:
+            if f"perf/{phase}_time_s" in m:
+                result.phases_s.setdefault(phase, []).append(float(m[f"perf/{phase}_time_s"]))
         for key, values in (("perf/rollout_time_s", result.rollout_s), ("perf/train_time_s", result.train_s),
                             ("perf/sync_time_s", result.sync_s), ("rollout/response_len_mean", result.completion_len)):
             if key in m:
@@ -357,14 +387,14 @@ def read_relax_metrics(result: SystemResult, metrics_path: Path) -> None:
 
 
 def run_relax(ns: argparse.Namespace, backend: str, prompts: Path, workdir: Path, name: str | None = None,
-              mode: tuple[str, ...] = ("--colocate",), tree: Path = REPO) -> SystemResult:
+              mode: tuple[str, ...] = ("--colocate",), tree: Path = REPO, rollout: str = "embedded") -> SystemResult:
     name = name or f"relax-{backend}"
     result = SystemResult(name, "bf16" if backend == "megatron" else "fp32", ns.prompts * ns.generations, ns.warmup)
     out_dir, log_path = workdir / name, workdir / f"{name}.log"
     if out_dir.exists():  # relax train resumes into an existing run dir: a kept --workdir would mix two runs' steps
         log(f"{name}: removing the previous run's {out_dir}")
         shutil.rmtree(out_dir)
-    cmd = [sys.executable, "-m", "relax.cli", "train", *relax_argv(ns, backend, prompts, out_dir, mode)]
+    cmd = [sys.executable, "-m", "relax.cli", "train", *relax_argv(ns, backend, prompts, out_dir, mode, rollout)]
     log(f"{name}: relax train, {ns.relax_steps} steps (log: {log_path})")
     ray_dir = tempfile.mkdtemp(prefix="rg", dir="/tmp")  # Ray's socket paths must stay short
     try:
@@ -379,7 +409,9 @@ def run_relax(ns: argparse.Namespace, backend: str, prompts: Path, workdir: Path
                        f"see {log_path}")
         log(f"{name} FAILED: {result.note}\n{log_tail(log_path)}")
     else:
-        result.note = (f"embedded-runner lean{' + compile' if ns.engine_compile else ''}; sync {result.transports or '?'}"
+        engine = ("SGLang (triton attention, decode CUDA graphs)" if rollout == "sglang"
+                  else f"embedded-runner lean{' + compile' if ns.engine_compile else ''}")
+        result.note = (f"{engine}; sync {result.transports or '?'}"
                        f"{f' {result.sync_gb:.2f} GB' if result.sync_gb else ''}; wall {result.wall_s:.0f} s")
         log(f"{name}: done in {result.wall_s:.0f} s")
     return result
@@ -573,6 +605,38 @@ def reference_line(results: list[SystemResult], trl: SystemResult | None) -> str
             f"{len(ran)} TRL row(s); a failed TRL row shows its error")
 
 
+def phase_line(row: dict[str, Any]) -> str:
+    """Where one relax row's median step goes (medians over the timed steps, each phase on its own)."""
+    p = row["phases_s"]
+
+    def fmt(keys: tuple[str, ...]) -> str:
+        return ", ".join(f"{k.split('_', 1)[1] if k.startswith(('rollout_', 'train_')) else k} {p[k]:.3f}"
+                         for k in keys if k in p)
+
+    parts = [f"rollout {_num(row['rollout_s'], '.3f')} ({fmt(PHASES[:3])})",
+             f"train {_num(row['train_s'], '.3f')} ({fmt(PHASES[3:5])})", f"sync {_num(row['sync_s'], '.3f')}",
+             f"offload/onload {_num(row['offload_s'], '.3f')} ({fmt(PHASES[5:])})"]
+    return f"{row['system']}: step {_num(row['median_step_s'], '.3f')} s: " + "; ".join(parts)
+
+
+def sglang_vs_embedded(rows: list[dict[str, Any]]) -> dict[str, float] | None:
+    """relax-megatron-sglang's median step (and rollout) over relax-megatron's, both from this run."""
+    by = {r["system"]: r for r in rows if r["status"] == "ok"}
+    emb, sgl = by.get("relax-megatron"), by.get(SGLANG_SYSTEM)
+    if not emb or not sgl:
+        return None
+    out = {"step": sgl["median_step_s"] / emb["median_step_s"]}
+    for key in ("rollout_s", "train_s", "sync_s", "offload_s"):
+        if sgl[key] and emb[key]:
+            out[key.removesuffix("_s")] = sgl[key] / emb[key]
+    return out
+
+
+def sglang_line(ratios: dict[str, float]) -> str:
+    rest = ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items() if k != "step")
+    return f"{SGLANG_SYSTEM} / relax-megatron (embedded): step {ratios['step']:.2f}x ({rest})"
+
+
 # ---------------------------------------------------------------------------------------------- main
 def preflight(ns: argparse.Namespace) -> str | None:
     """Why this machine cannot run the benchmark (None: it can)."""
@@ -587,24 +651,40 @@ def preflight(ns: argparse.Namespace) -> str | None:
     return None
 
 
-def run_systems(ns: argparse.Namespace, workdir: Path) -> list[SystemResult]:
+def cannot_run(ns: argparse.Namespace, backend: str, rollout: str) -> str | None:
+    """Why a relax row cannot run on this machine (None: it can)."""
     from relax.backends.megatron.checks import module_available
 
+    if backend == "megatron" and ns.device != "cuda":
+        return "needs --device cuda"
+    if backend == "megatron" and not module_available("megatron.core"):
+        return "megatron-core not importable"
+    if rollout == "sglang":
+        from relax.backends.sglang.launcher import SGLANG_PYTHONPATH, sglang_available
+
+        if not sglang_available():
+            return f"sglang not importable (install sglang 0.5.14 or set {SGLANG_PYTHONPATH})"
+    return None
+
+
+def run_systems(ns: argparse.Namespace, workdir: Path) -> list[SystemResult]:
     prompts = write_prompts(ns, workdir)
     results = []
     for system in ns.systems:
+        backend, rollout = ("megatron", "sglang") if system == SGLANG_SYSTEM else (system.removeprefix("relax-"),
+                                                                                   "embedded")
+        why = None if system == "trl" else cannot_run(ns, backend, rollout)
         if system == "trl":
             results.extend(run_trl(ns, prompts, workdir, TRL_MODES[name]) for name in ns.trl_modes)
-        elif system == "relax-megatron" and (ns.device != "cuda" or not module_available("megatron.core")):
-            why = "needs --device cuda" if ns.device != "cuda" else "megatron-core not importable"
+        elif why:
             results.append(SystemResult(system, "bf16", ns.prompts * ns.generations, ns.warmup, status="skipped",
                                         note=f"{why}: row skipped"))
             log(f"{system}: {why}: row skipped")
         else:
-            results.append(run_relax(ns, system.removeprefix("relax-"), prompts, workdir))
+            results.append(run_relax(ns, backend, prompts, workdir, name=system, rollout=rollout))
             if ns.baseline_tree:  # the same workload on the earlier commit's code, right after
-                results.append(run_relax(ns, system.removeprefix("relax-"), prompts, workdir,
-                                         name=f"{system}@{ns.baseline_label}", tree=Path(ns.baseline_tree).resolve()))
+                results.append(run_relax(ns, backend, prompts, workdir, name=f"{system}@{ns.baseline_label}",
+                                         tree=Path(ns.baseline_tree).resolve(), rollout=rollout))
     return results
 
 
@@ -626,6 +706,12 @@ def main(argv: list[str] | None = None) -> int:
     trl = fastest_trl(results)
     rows = [r.summary(trl) for r in results]
     print(format_table(header_lines(ns) + [reference_line(results, trl)], rows))
+    for row in rows:
+        if row["status"] == "ok" and row["system"].startswith("relax"):
+            print(phase_line(row))
+    versus = sglang_vs_embedded(rows)
+    if versus:
+        print(sglang_line(versus))
     failures = [f"{r['system']}: {r['note']}" for r in rows if r["status"] == "failed" and r["system"].startswith("relax")]
     trl_rows = [r for r in rows if r["system"].startswith("trl")]
     if trl_rows and trl is None and not all(r["status"] == "skipped" for r in trl_rows):
@@ -634,7 +720,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FAILED: {f}")
     if ns.json:
         write_result(ns.json, setup={k: v for k, v in vars(ns).items() if k != "trl_worker"}, rows=rows,
-                     failures=failures, trl_reference=trl.system if trl else None,
+                     failures=failures, trl_reference=trl.system if trl else None, sglang_over_embedded=versus,
                      targets={"step_s": STEP_TARGET_S, "speedup_vs_trl": SPEEDUP_TARGET},
                      wall_s=time.perf_counter() - t_start)
     return 1 if failures else 0

@@ -28,9 +28,13 @@
 #                    endpoint report ($OUT/sglang_conformance.json) and the server log in $OUT (after sglang_stage)
 #   sglang_colocate  relax train --rollout-backend sglang --colocate, Megatron, one GPU (after sglang_stage)
 #   sglang_runs      ci/sglang_runs.py: SGLANG_RUN colocate | async | external with real SGLang (issue 39 runs 1, 3)
+#   sglang_decode    issue 39 run 2: ci/bench_engine.py, the embedded engine (SGLANG_DECODE_RUNNERS, default
+#                    lean+graph+compile) vs real SGLang (/tmp/sglsite, after sglang_stage) at batches 64 and 256:
+#                    tok/s, % of roofline, embedded / SGLang; SGLANG_DECODE_ARGS adds flags (HF rows left out: --no-hf)
 #   bench_4b         ci/bench_4b.py: scripts/models/qwen3-4B.sh's model at TP=2 x DP=2 on 4 GPUs, colocate (BENCH_4B_ARGS adds flags)
 #   scaling          ci/bench_scaling.py: the GRPO workload on SCALING_GPUS GPUs (default "1 2"), data parallel colocate
-# grpo: GRPO_TRL_MODES picks TRL's paths (default: all three), GRPO_SYSTEMS the systems (default: trl relax-megatron),
+# grpo: GRPO_TRL_MODES picks TRL's paths (default: all three), GRPO_SYSTEMS the systems (default: trl relax-megatron;
+# relax-megatron-sglang adds relax-megatron with real SGLang from /tmp/sglsite, after sglang_stage),
 # GRPO_STEPS the steps per TRL row (default 6), GRPO_RELAX_STEPS per relax row (default 12). It also needs .whl4/ (TRL's wheels, ci/wheelhouse/build.sh); without it the TRL row is skipped.
 set -uo pipefail
 # One device call may run 600 s in all, install included: every item's own limit is cut to what is left of
@@ -115,7 +119,7 @@ for w in $WHAT; do
                   cp /tmp/sglang_smoke_server.log "$OUT/" 2>/dev/null ;;
     sglang_conformance) # issue 39 run 6: every endpoint and field relax sends or reads, against real SGLang 0.5.14
                         timeout $(cap 570) python3 ci/wheelhouse/sglang_conformance.py --port 30000 --out "$OUT" \
-                          --startup-timeout $(( $(cap 570) - 200 )) --pytest-timeout 180 2>&1 \
+                          --startup-timeout $(( $(cap 570) - 200 )) --pytest-timeout 400 2>&1 \
                           | tee "$OUT/sglang_conformance.txt" ;;
     sglang_colocate) # issue 39 run 1: relax train with real SGLang 0.5.14 (from /tmp/sglsite: sglang_stage) colocated with the
                      # Megatron trainer on one GPU; SGLANG_MODEL (default small-qwen3), SGLANG_STEPS (default 10)
@@ -143,6 +147,10 @@ for w in $WHAT; do
                    [ -f "$d/weights.jsonl" ] || continue; mkdir -p "$OUT/runs/$(basename "$d")"
                    cp "$d"/*.jsonl "$d"/run.json "$OUT/runs/$(basename "$d")/" 2>/dev/null
                    tail -30 "$d"/sglang-engine-*.log > "$OUT/runs/$(basename "$d")/engine_log_tail.txt" 2>/dev/null; done ;;
+    sglang_decode) RELAX_SGLANG_PYTHONPATH=/tmp/sglsite timeout $(cap 585) python3 ci/bench_engine.py \
+                     --runners ${SGLANG_DECODE_RUNNERS:-lean+graph+compile} sglang --batches 64 256 --no-hf \
+                     ${SGLANG_DECODE_ARGS:-} --json "$OUT/bench_engine_sglang.json" 2>&1 | tee "$OUT/bench_engine_sglang.txt"
+                   tail -60 /tmp/bench_engine_sglang_server.log > "$OUT/bench_engine_sglang_server_log_tail.txt" 2>/dev/null ;;
     sync_nccl) timeout $(cap 300) python3 ci/bench_sync_nccl.py --json "$OUT/bench_sync_nccl.json" 2>&1 \
                  | tee "$OUT/bench_sync_nccl.txt" ;;
     baselines) timeout $(cap 585) python3 -m harness baseline record --profile gpu --runs 5 --baselines "$OUT/baselines" \
@@ -155,12 +163,17 @@ for w in $WHAT; do
             --target "$TRL_SITE" .whl4/*.whl
           # TRL's three generation paths + relax-megatron in one run; 6 steps keep continuous batching (~27 s a step)
           # inside the call's limit
-          timeout $(cap 580) python3 ci/bench_grpo_e2e.py --systems ${GRPO_SYSTEMS:-trl relax-megatron} --engine-compile \
+          RELAX_SGLANG_PYTHONPATH=/tmp/sglsite timeout $(cap 580) python3 ci/bench_grpo_e2e.py --systems ${GRPO_SYSTEMS:-trl relax-megatron} --engine-compile \
             --steps ${GRPO_STEPS:-6} --relax-steps ${GRPO_RELAX_STEPS:-12} \
             --trl-modes ${GRPO_TRL_MODES:-default static continuous-batching} \
             --json "$OUT/bench_grpo_e2e.json" --workdir /tmp/grpo_runs 2>&1 \
             | tee "$OUT/bench_grpo_e2e.txt"
           python3 ci/run_figures.py /tmp/grpo_runs/relax-megatron --json "$OUT/grpo_relax_megatron_figures.json" \
-            | tee -a "$OUT/bench_grpo_e2e.txt" ;;
+            | tee -a "$OUT/bench_grpo_e2e.txt"
+          if [ -d /tmp/grpo_runs/relax-megatron-sglang ]; then
+            python3 ci/run_figures.py /tmp/grpo_runs/relax-megatron-sglang \
+              --json "$OUT/grpo_relax_megatron_sglang_figures.json" | tee -a "$OUT/bench_grpo_e2e.txt"
+            tail -40 /tmp/grpo_runs/relax-megatron-sglang/sglang-engine-*.log > "$OUT/grpo_sglang_engine_log_tail.txt" 2>/dev/null
+          fi ;;
   esac
 done

@@ -51,12 +51,17 @@ MISMATCH = ("train/train_rollout_logprob_abs_diff", "train/train_rollout_logprob
 
 def train_flags(a: argparse.Namespace, out: Path) -> list[str]:
     """The GRPO workload: the maxdigit task, 8 prompts x 4 samples, Megatron, every sync checked."""
+    from relax.models.registry import PRESETS
+
+    # the word-level GPU presets know only the words w0, w1, ...: maxdigit in their vocabulary
+    task = "maxword" if a.model in PRESETS and PRESETS[a.model].tokenizer.startswith("wordlevel") else "maxdigit"
     return ["--device", a.device, "--train-backend", a.train_backend, "--hf-checkpoint", a.model,
-            "--prompt-data", str(ROOT / "relax/models/tasks/maxdigit.jsonl"), "--input-key", "prompt",
+            "--prompt-data", str(ROOT / f"relax/models/tasks/{task}.jsonl"), "--input-key", "prompt",
             "--label-key", "label", "--custom-rm-path", "harness.rewards.digit_share",
             "--rollout-max-response-len", "24", "--lr", "1e-5", "--rollout-batch-size", "8",
             "--n-samples-per-prompt", "4", "--global-batch-size", "32", "--micro-batch-size", "16",
-            "--num-rollout", str(a.steps), "--check-weight-update-equal", "--output-dir", str(out)]
+            "--num-rollout", str(a.steps), "--check-weight-update-equal", "--output-dir", str(out),
+            "--overwrite-output-dir"]
 
 
 def run_train(flags: list[str], log: Path, timeout_s: float, env: dict[str, str] | None = None) -> dict[str, Any]:

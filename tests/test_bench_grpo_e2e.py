@@ -284,3 +284,96 @@ def test_trl_runs_each_of_its_three_paths_on_cpu(tmp_path, capsys) -> None:
     assert all(r["status"] == "ok" and r["steps"] == 2 and 0 < r["mean_completion_len"] <= 6 for r in data["rows"])
     fastest = min(data["rows"], key=lambda r: r["median_step_s"])["system"]
     assert data["trl_reference"] == fastest and f"against {fastest} (" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ the relax-megatron-sglang row
+def test_the_sglang_row_is_named_not_a_default_and_its_flags_parse(monkeypatch, tmp_path) -> None:
+    from relax.backends.sglang import launcher
+    from relax.utils.arguments import parse_args
+    from tests.e2e_helpers import pretend_gpu_machine
+
+    pretend_gpu_machine(monkeypatch)
+    monkeypatch.setattr(launcher, "sglang_available", lambda: True)
+    monkeypatch.setattr("relax.backends.megatron.checks._cuda_available", lambda: True)
+    monkeypatch.setattr("relax.backends.megatron.checks.module_available", lambda name: True)
+    assert bg.SGLANG_SYSTEM not in bg.parse([]).systems
+    ns = bg.parse(["--systems", "trl", "relax-megatron", "relax-megatron-sglang", "--engine-compile"])
+    assert ns.systems == ["trl", "relax-megatron", "relax-megatron-sglang"]
+    embedded = bg.relax_argv(ns, "megatron", tmp_path / "p.jsonl", tmp_path / "a")
+    sglang = bg.relax_argv(ns, "megatron", tmp_path / "p.jsonl", tmp_path / "a", rollout="sglang")
+    args = parse_args(sglang)
+    assert args.rollout_backend == "sglang" and args.colocate and args.train_backend == "megatron"
+    assert args.sglang_mem_fraction_static == 0.3 and not args.embedded_compile and "--embedded-runner" not in sglang
+    assert args.sglang_passthrough == {"attention_backend": "triton", "grammar_backend": "none",
+                                       "sampling_backend": "pytorch", "disable_prefill_cuda_graph": True,
+                                       "cuda_graph_max_bs_decode": "64"}
+    # the same workload otherwise: every flag of the embedded row but its engine's
+    engine_flags = {"--embedded-runner", "lean", "--embedded-compile"}
+    assert [a for a in embedded if a not in engine_flags] == sglang[:len(embedded) - 3]
+    assert parse_args(embedded).rollout_backend == "embedded"
+
+
+def _fake_relax_run(calls: list):
+    def fake_run(cmd, log_path, env, timeout, cwd):
+        calls.append((cmd, env))
+        out = Path(cmd[cmd.index("--output-dir") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        slow = "sglang" in cmd
+        with (out / "metrics.jsonl").open("w") as f:
+            for step in range(3):
+                f.write(json.dumps({"step": step, "perf/step_time_s": 2.0 if slow else 1.0, "perf/rollout_time_s":
+                                    1.5 if slow else 0.5, "perf/train_time_s": 0.3, "perf/sync_time_s": 0.1,
+                                    "perf/rollout_generate_time_s": 1.4 if slow else 0.4,
+                                    "perf/rollout_engine_time_s": 1.3 if slow else 0.35, "perf/rollout_reward_time_s": 0.01,
+                                    "perf/train_update_time_s": 0.2, "perf/release_rollout_time_s": 0.05,
+                                    "perf/onload_train_time_s": 0.02, "rollout/response_len_mean": 256.0}) + "\n")
+        return 0, 1.0
+
+    return fake_run
+
+
+def test_the_sglang_row_runs_relax_megatron_with_sglang_and_says_where_its_time_goes(monkeypatch, tmp_path,
+                                                                                      capsys) -> None:
+    import torch
+
+    from relax.backends.sglang import launcher
+
+    calls: list = []
+    monkeypatch.setattr(bg, "run_logged", _fake_relax_run(calls))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    monkeypatch.setattr("relax.backends.megatron.checks.module_available", lambda name: True)
+    monkeypatch.setattr(launcher, "sglang_available", lambda: True)
+    monkeypatch.setenv("RELAX_SGLANG_PYTHONPATH", "/tmp/sglsite")
+    out = tmp_path / "bench.json"
+    assert bg.main(["--systems", "relax-megatron", "relax-megatron-sglang", "--steps", "3", "--warmup", "1",
+                    "--workdir", str(tmp_path / "w"), "--json", str(out)]) == 0
+    (embedded, _), (sglang, env) = calls
+    assert "--rollout-backend" not in embedded and sglang[sglang.index("--rollout-backend") + 1] == "sglang"
+    assert env["RELAX_SGLANG_PYTHONPATH"] == "/tmp/sglsite"  # the server's site dir reaches relax train
+    data = json.loads(out.read_text())
+    rows = {r["system"]: r for r in data["rows"]}
+    row = rows["relax-megatron-sglang"]
+    assert row["status"] == "ok" and row["note"].startswith("SGLang") and row["median_step_s"] == 2.0
+    assert row["phases_s"]["rollout_engine"] == 1.3 and row["phases_s"]["release_rollout"] == 0.05
+    assert data["sglang_over_embedded"] == {"step": 2.0, "rollout": 3.0, "train": 1.0, "sync": 1.0,
+                                            "offload": pytest.approx(1.0)}
+    stdout = capsys.readouterr().out
+    assert ("relax-megatron-sglang: step 2.000 s: rollout 1.500 (generate 1.400, engine 1.300, reward 0.010); "
+            "train 0.300 (update 0.200); sync 0.100; offload/onload 0.070 (release_rollout 0.050, onload_train 0.020)"
+            in stdout)
+    assert "relax-megatron-sglang / relax-megatron (embedded): step 2.00x (rollout 3.00x, train 1.00x" in stdout
+
+
+def test_without_sglang_the_sglang_row_is_skipped_with_the_reason(monkeypatch, tmp_path) -> None:
+    from relax.backends.sglang import launcher
+
+    monkeypatch.setattr("relax.backends.megatron.checks.module_available", lambda name: True)
+    monkeypatch.setattr(launcher, "sglang_available", lambda: False)
+    ns = bg.parse(["--systems", "relax-megatron-sglang", "--steps", "3", "--warmup", "1"])
+    assert bg.cannot_run(ns, "megatron", "sglang") == ("sglang not importable (install sglang 0.5.14 or set "
+                                                       "RELAX_SGLANG_PYTHONPATH)")
+    assert bg.cannot_run(bg.parse(["--device", "cpu"]), "megatron", "sglang") == "needs --device cuda"
+    monkeypatch.setattr(bg, "write_prompts", lambda ns, workdir: workdir / "p.jsonl")
+    (row,) = bg.run_systems(ns, tmp_path)
+    assert row.system == "relax-megatron-sglang" and row.status == "skipped" and "RELAX_SGLANG_PYTHONPATH" in row.note

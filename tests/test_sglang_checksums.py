@@ -93,6 +93,14 @@ def test_a_tied_lm_head_is_the_embedding_and_an_untied_one_is_kept() -> None:
     assert set(acc.result()) == {sc.EMBEDDING, sc.LM_HEAD}
 
 
+def test_embedding_and_lm_head_rows_are_zero_padded_to_64_as_sglang_holds_them() -> None:
+    emb, head = torch.randn(70, 4).to(torch.bfloat16), torch.randn(64, 4).to(torch.bfloat16)
+    acc = sc.SGLangLayoutChecksums()
+    acc.add([(sc.EMBEDDING, emb), (sc.LM_HEAD, head)])
+    padded = torch.cat([emb, torch.zeros(58, 4, dtype=torch.bfloat16)])
+    assert acc.result() == {sc.EMBEDDING: sc.hex_hash(padded), sc.LM_HEAD: sc.hex_hash(head)}  # 64 rows: as is
+
+
 def test_a_stacked_parameter_missing_a_part_is_an_error_naming_it() -> None:
     acc = sc.SGLangLayoutChecksums()
     acc.add([(k, v) for k, v in _layer().items() if "k_proj" not in k])

@@ -12,6 +12,7 @@ process group in every path (a failed start, a pytest crash, SIGTERM from ``time
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import signal
 import subprocess
@@ -53,6 +54,7 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--startup-timeout", type=float, default=420.0)
     parser.add_argument("--pytest-timeout", type=float, default=300.0)
+    parser.add_argument("--test-timeout", type=int, default=45, help="seconds per check (pytest-timeout, if installed)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/out"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -72,8 +74,10 @@ def main() -> int:
         test_env = {**os.environ, "PYTHONPATH": f"{REPO}:{args.site}", "RELAX_CONFORMANCE_URL": base,
                     "RELAX_CONFORMANCE_MODEL_DIR": str(args.model_dir),
                     "RELAX_CONFORMANCE_JSON": str(args.out / "sglang_conformance.json")}
-        cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/conformance",
+        cmd = [sys.executable, "-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider", "tests/conformance",
                "--junitxml", str(args.out / "sglang_conformance.xml")]
+        if importlib.util.find_spec("pytest_timeout"):  # one hung check fails alone instead of the whole suite
+            cmd += ["--timeout", str(args.test_timeout)]
         return subprocess.run(cmd, cwd=REPO, env=test_env, timeout=args.pytest_timeout).returncode
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
         print(f"sglang_conformance: {exc}", flush=True)

@@ -5,7 +5,9 @@ is ``/weights_checker {"action": "checksum"}``: per parameter of *its own* model
 (``sglang/srt/utils/weight_checker.py``), where ``tensor_hash`` of a CUDA tensor is
 ``sglang.srt.layers.multimodal.gpu_tensor_hash``, and the parameters are SGLang's fused ones: a Llama/Qwen
 layer holds ``self_attn.qkv_proj`` (q, k and v stacked along dim 0) and ``mlp.gate_up_proj`` (gate, then up),
-and a tied ``lm_head`` is the embedding itself. ``/get_weights_by_name`` cannot serve instead: Qwen3 models
+the embedding and ``lm_head`` have their rows padded with zeros to a multiple of 64
+(``VocabParallelEmbedding``'s ``padding_size``; its weight loader zeroes the padding), and a tied ``lm_head``
+is the embedding itself. ``/get_weights_by_name`` cannot serve instead: Qwen3 models
 do not implement it in 0.5.14, and it returns floats of a truncated slice.
 
 So the trainer computes the same hashes over the bytes it sends, laid out as SGLang holds them, and the
@@ -48,6 +50,7 @@ STACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv
            "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 _STACKED_NAME = re.compile(r"^(.*\.)(q_proj|k_proj|v_proj|gate_proj|up_proj)\.(weight|bias)$")
 EMBEDDING, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
+VOCAB_PADDING = 64  # sglang/srt/layers/vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -115,6 +118,12 @@ def hex_hash(t: torch.Tensor) -> str:
     return f"{tensor_hash(t):016x}"
 
 
+def pad_vocab(t: torch.Tensor) -> torch.Tensor:
+    """An embedding or output matrix as SGLang holds it: rows zero-padded to a multiple of `VOCAB_PADDING`."""
+    pad = (-t.shape[0]) % VOCAB_PADDING
+    return torch.cat([t, t.new_zeros(pad, *t.shape[1:])]) if pad else t
+
+
 def unverifiable(model_names: list[str] | None, tp_size: int) -> str | None:
     """Why a stock SGLang engine's checksums cannot be matched, or None when they can."""
     if tp_size != 1:
@@ -140,6 +149,9 @@ class SGLangLayoutChecksums:
     def add(self, named: list[tuple[str, torch.Tensor]]) -> None:
         for name, t in named:
             m = _STACKED_NAME.match(name)
+            if name in (EMBEDDING, LM_HEAD):
+                self.checksums[name] = hex_hash(pad_vocab(t))
+                continue
             if m is None:
                 self.checksums[name] = hex_hash(t)
                 continue
