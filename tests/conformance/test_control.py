@@ -116,22 +116,29 @@ def test_abort_all_and_no_op_aborts(target: Target) -> None:
 @endpoints("/pause_generation", "/continue_generation", "/generate")
 def test_pause_abort_mode_aborts_and_holds_new_requests(target: Target) -> None:
     running = InFlight(target, "conf-pause-abort")
-    assert run_closing(client(target).pause_generation("abort")) == PAUSED
-    assert running.answer()["meta_info"]["finish_reason"]["type"] == "abort"
-    held = InFlight(target, "conf-held", max_new_tokens=2)
-    assert held.result is None, "a request sent while paused was answered before continue_generation"
-    assert run_closing(client(target).continue_generation()) == CONTINUED
-    assert held.answer()["meta_info"]["finish_reason"] == {"type": "length", "length": 2}
+    try:
+        assert run_closing(client(target).pause_generation("abort")) == PAUSED
+        assert running.answer()["meta_info"]["finish_reason"]["type"] == "abort"
+        held = InFlight(target, "conf-held", max_new_tokens=2)
+        assert held.result is None, "a request sent while paused was answered before continue_generation"
+        assert run_closing(client(target).continue_generation()) == CONTINUED
+        assert held.answer()["meta_info"]["finish_reason"] == {"type": "length", "length": 2}
+    finally:  # a failed check must not leave the server paused for every later one
+        run_closing(client(target).continue_generation())
 
 
 @endpoints("/pause_generation", "/continue_generation")
 def test_pause_in_place_keeps_running_requests(target: Target) -> None:
-    running = InFlight(target, "conf-pause-in-place", max_new_tokens=200)
-    assert run_closing(client(target).pause_generation("in_place")) == PAUSED
-    time.sleep(0.3)
-    assert running.result is None, "a request paused in place finished while paused"
-    assert target.call("POST", "/continue_generation", {"torch_empty_cache": False}) == (200, CONTINUED)
-    assert running.answer()["meta_info"]["finish_reason"] == {"type": "length", "length": 200}
+    running = InFlight(target, "conf-pause-in-place")  # LONG tokens: a GPU decodes 200 within InFlight's 0.3 s
+    try:
+        assert running.result is None, "the request finished before the pause: too short to test pausing"
+        assert run_closing(client(target).pause_generation("in_place")) == PAUSED
+        time.sleep(0.3)
+        assert running.result is None, "a request paused in place finished while paused"
+        assert target.call("POST", "/continue_generation", {"torch_empty_cache": False}) == (200, CONTINUED)
+        assert running.answer()["meta_info"]["finish_reason"] == {"type": "length", "length": LONG}
+    finally:  # a failed check must not leave the server paused for every later one
+        run_closing(client(target).continue_generation())
 
 
 def _memory_saver(target: Target) -> None:
