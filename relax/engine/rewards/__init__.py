@@ -110,7 +110,8 @@ async def compute_rewards(cfg: RewardConfig, samples: list[Sample]) -> list[floa
     the sample for logging (its other numeric keys become ``rollout/reward_extra/<key>`` metrics).
     A key the dict lacks fails here, at the first sample, naming the sample and the reward function.
     """
-    from relax.algorithms import extract_reward  # relax.algorithms imports torch: not at flag parsing (graders)
+    # relax.algorithms imports torch: here, not at flag parsing (which imports .graders, so this package)
+    from relax.algorithms import extract_reward
 
     raw = await _scorer(cfg)(samples)
     if len(raw) != len(samples):
