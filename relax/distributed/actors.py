@@ -19,7 +19,7 @@ from relax.backends.config import TrainerConfig
 from relax.checkpoint_io import BackgroundWrite
 from relax.distributed.trainer_group import GroupMember
 from relax.utils.fault_hooks import checkpoint_write_delay
-from relax.utils.gc_pauses import freeze_startup_objects
+from relax.utils.gc_pauses import collections_paused, freeze_startup_objects
 from relax.weights import checksum
 from relax.weights.push import PushOptions, PushReport, WeightPusher
 
@@ -39,13 +39,14 @@ class TrainerActor:
 
     def __init__(self, cfg: TrainerConfig, device: str, member: GroupMember | None = None):
         _init_process()
-        from relax.backends.train_registry import build_train_backend
+        with collections_paused():  # the model classes' imports and the build (relax/utils/gc_pauses.py)
+            from relax.backends.train_registry import build_train_backend
 
-        if member is not None:
-            member.join()
-        self._peers: list = []  # rank 0: the other ranks' actor handles
-        self.backend = build_train_backend(cfg, device)
-        checksum.warm_up(self.backend.device)
+            if member is not None:
+                member.join()
+            self._peers: list = []  # rank 0: the other ranks' actor handles
+            self.backend = build_train_backend(cfg, device)
+            checksum.warm_up(self.backend.device)
         self._pusher = WeightPusher()
         self._background: BackgroundWrite | None = None  # the --async-save write in flight, or the last one
         freeze_startup_objects()  # the model and the imports: full GCs skip them (relax/utils/gc_pauses.py)

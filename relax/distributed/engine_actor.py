@@ -13,7 +13,7 @@ import ray
 import torch
 
 from relax.backends.embedded.config import EmbeddedEngineConfig
-from relax.utils.gc_pauses import freeze_startup_objects
+from relax.utils.gc_pauses import collections_paused, freeze_startup_objects
 from relax.weights import checksum
 from relax.weights.devices import device_identity
 
@@ -23,16 +23,17 @@ class EngineActor:
     def __init__(self, cfg: EmbeddedEngineConfig, device: str, engine_id: int, host: str = "127.0.0.1",
                  api_key: str | None = None):
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        from relax.backends.embedded.hosting import serve_in_thread
-        from relax.backends.embedded.scheduler import Scheduler
-        from relax.backends.embedded.server import EngineServer
+        with collections_paused():  # the model classes' imports and the build (relax/utils/gc_pauses.py)
+            from relax.backends.embedded.hosting import serve_in_thread
+            from relax.backends.embedded.scheduler import Scheduler
+            from relax.backends.embedded.server import EngineServer
 
-        if host == "node":  # the cluster spans machines: serve on this node's address (with the run's API key)
-            host = ray.util.get_node_ip_address()
-        self.engine_id = engine_id
-        self.engine = build_engine(cfg, device)
-        checksum.warm_up(self.engine.device)
-        self.server = EngineServer(Scheduler(self.engine), api_key=api_key, model_path=str(cfg.hf_checkpoint))
+            if host == "node":  # the cluster spans machines: serve on this node's address (with the run's API key)
+                host = ray.util.get_node_ip_address()
+            self.engine_id = engine_id
+            self.engine = build_engine(cfg, device)
+            checksum.warm_up(self.engine.device)
+            self.server = EngineServer(Scheduler(self.engine), api_key=api_key, model_path=str(cfg.hf_checkpoint))
         self.url = serve_in_thread(self.server.app(), host, name=f"relax-engine-{engine_id}-http").url
         freeze_startup_objects()  # the model and the imports: full GCs skip them (relax/utils/gc_pauses.py)
 

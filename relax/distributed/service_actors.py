@@ -15,6 +15,7 @@ import torch
 
 from relax.backends.config import TrainerConfig
 from relax.backends.services import AdvantageService, ForwardService
+from relax.utils.gc_pauses import collections_paused
 from relax.weights import checksum
 from relax.weights.devices import device_identity
 
@@ -30,8 +31,9 @@ class ForwardServiceActor:
     def __init__(self, cfg: TrainerConfig, device: str, role: str, host: str = "127.0.0.1",
                  api_key: str | None = None):
         _init_process()
-        self.service = ForwardService(cfg, device, role)
-        checksum.warm_up(self.service.device)
+        with collections_paused():  # the model classes' imports and the build (relax/utils/gc_pauses.py)
+            self.service = ForwardService(cfg, device, role)
+            checksum.warm_up(self.service.device)
         self._lock = threading.Lock()  # a weight update never runs inside a forward pass
         self.url = self._serve(host, api_key) if role == "actor_fwd" else None
 

@@ -41,8 +41,11 @@ def _print_problems(exc: ConfigError) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from relax.utils.gc_pauses import collections_paused
+
     try:
-        args = parse_args(sys.argv[1:] if argv is None else argv)
+        with collections_paused():  # set-up's imports (torch, transformers, Ray): relax/utils/gc_pauses.py
+            args = parse_args(sys.argv[1:] if argv is None else argv)
     except ConfigError as exc:
         _print_problems(exc)
         return EXIT_CONFIG
@@ -68,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     timeline = TimelineConfig.from_args(args)
     start_timeline(timeline)  # --timeline-dump-dir
     artifacts.event("run_start", argv=sys.argv[1:] if argv is None else argv)
-    info = run_json(args, args.device, "running")
+    with collections_paused():  # run.json's versions import transformers
+        info = run_json(args, args.device, "running")
     artifacts.write_run_json(info)
     from relax.observability.notify import Notifier, NotifyConfig
 
@@ -77,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     code, failure, status = 0, None, "completed"
     with interruptible():
         try:
-            run = prepare_run(args)
+            with collections_paused():
+                run = prepare_run(args)
             info.update(device=run.device, config=run_json(args, run.device, "running")["config"])  # notices, paths
             artifacts.write_run_json(info)
             if args.use_tensorboard:
@@ -93,9 +98,10 @@ def main(argv: list[str] | None = None) -> int:
             console.info(f"output dir {args.output_dir}; {run.num_rollout} steps on {run.device}")
             # the loops import Ray, torch's distributed stack and the backends (seconds): only once the inputs are
             # known good, so a bad path or file is reported in about a second
-            from relax.core.colocate import train_colocate
-            from relax.core.fully_async import train_fully_async
-            from relax.core.restarts import train_with_restarts
+            with collections_paused():
+                from relax.core.colocate import train_colocate
+                from relax.core.fully_async import train_fully_async
+                from relax.core.restarts import train_with_restarts
 
             train_with_restarts(train_fully_async if args.fully_async else train_colocate, args, run, artifacts)
         except Interrupted as exc:

@@ -16,7 +16,6 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from relax.algorithms.rewards import extract_reward
 from relax.engine.rewards.config import RewardConfig
 from relax.engine.rewards.graders import GRADERS, RewardFn
 from relax.utils.arguments import ConfigError
@@ -111,6 +110,9 @@ async def compute_rewards(cfg: RewardConfig, samples: list[Sample]) -> list[floa
     the sample for logging (its other numeric keys become ``rollout/reward_extra/<key>`` metrics).
     A key the dict lacks fails here, at the first sample, naming the sample and the reward function.
     """
+    # relax.algorithms imports torch: here, not at flag parsing (which imports .graders, so this package)
+    from relax.algorithms import extract_reward
+
     raw = await _scorer(cfg)(samples)
     if len(raw) != len(samples):
         raise RuntimeError(f"reward scorer returned {len(raw)} rewards for {len(samples)} samples")
