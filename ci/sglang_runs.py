@@ -50,7 +50,9 @@ MISMATCH = ("train/train_rollout_logprob_abs_diff", "train/train_rollout_logprob
 
 
 def train_flags(a: argparse.Namespace, out: Path) -> list[str]:
-    """The GRPO workload: the maxdigit task, 8 prompts x 4 samples, Megatron, every sync checked."""
+    """The GRPO workload: the maxdigit task, 8 prompts x 4 samples, Megatron, every sync checked. The context is
+    capped at 128 tokens (the prompts are <= 34 characters): with a 32k-context model (qwen3-0.5b) the embedded
+    engine's ``auto`` runner otherwise falls back to the eager ``hf`` runner, its lean KV cache too big to fit."""
     from relax.models.registry import PRESETS
 
     # the word-level GPU presets know only the words w0, w1, ...: maxdigit in their vocabulary
@@ -58,7 +60,7 @@ def train_flags(a: argparse.Namespace, out: Path) -> list[str]:
     return ["--device", a.device, "--train-backend", a.train_backend, "--hf-checkpoint", a.model,
             "--prompt-data", str(ROOT / f"relax/models/tasks/{task}.jsonl"), "--input-key", "prompt",
             "--label-key", "label", "--custom-rm-path", "harness.rewards.digit_share",
-            "--rollout-max-response-len", "24", "--lr", "1e-5", "--rollout-batch-size", "8",
+            "--rollout-max-response-len", "24", "--rollout-max-context-len", "128", "--lr", "1e-5", "--rollout-batch-size", "8",
             "--n-samples-per-prompt", "4", "--global-batch-size", "32", "--micro-batch-size", "16",
             "--num-rollout", str(a.steps), "--check-weight-update-equal", "--output-dir", str(out),
             "--overwrite-output-dir"]
