@@ -57,7 +57,7 @@ def decode(data: str, layers: int, top_k: int) -> np.ndarray:
     flat = np.frombuffer(base64.b64decode(data), dtype=np.int32)
     if flat.size % (layers * top_k):
         raise ValueError(f"routed_experts holds {flat.size} ids, not a multiple of {layers} layers x top-{top_k}")
-    return flat.reshape(-1, layers, top_k)
+    return flat.reshape(-1, layers, top_k).copy()  # writable (frombuffer's view is not)
 
 
 @dataclass
