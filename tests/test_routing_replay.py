@@ -85,7 +85,7 @@ def test_engine_refuses_routed_experts_for_a_dense_model() -> None:
 def _mismatch(model, engine_outs, reqs, replay: bool) -> float:
     """Mean |trainer - engine| log-prob over the response tokens, the trainer replaying the engine's routing or not."""
     samples = [TrainSample(tokens=r["input_ids"] + o["output_ids"], response_length=len(o["output_ids"]),
-                           loss_mask=[1] * len(o["output_ids"]), reward=0.0) for r, o in zip(reqs, engine_outs)]
+                           loss_mask=[1] * len(o["output_ids"]), reward=0.0) for r, o in zip(reqs, engine_outs, strict=True)]
     width = max(s.response_length for s in samples)
     inputs = build_model_inputs(samples, width, 0, "cpu")
     b, seq = inputs.input_ids.shape
@@ -152,7 +152,7 @@ def test_trainer_replays_the_engines_routing_token_for_token(monkeypatch) -> Non
     samples = [TrainSample(tokens=r["input_ids"] + o["output_ids"], response_length=len(o["output_ids"]),
                            loss_mask=[1] * len(o["output_ids"]), reward=float(i % 2),
                            rollout_log_probs=[e[0] for e in o["meta_info"]["output_token_logprobs"]],
-                           routed_experts=o["meta_info"]["routed_experts"]) for i, (r, o) in enumerate(zip(reqs, outs))]
+                           routed_experts=o["meta_info"]["routed_experts"]) for i, (r, o) in enumerate(zip(reqs, outs, strict=True))]
     seen = _selected(backend, monkeypatch)
     metrics = backend.train_rollout(samples, 0)
     rows_seen = sum(len(f) for f in seen)
