@@ -52,6 +52,10 @@ class TrainerConfig(FlagSlice):
     # --true-on-policy-mode: every forward takes one unpadded sample, the computation the engine's log-probs repeat
     # (relax/backends/embedded/train_identical.py)
     true_on_policy_mode: bool
+    # routing replay (relax/backends/torch/routing_replay.py): the policy's forwards replay the old pass's MoE
+    # routing, or with --use-rollout-routing-replay the engine's
+    use_routing_replay: bool
+    use_rollout_routing_replay: bool
     # log-probs: the rollout's temperature, computed in vocabulary chunks
     rollout_temperature: float
     log_probs_chunk_size: int | None

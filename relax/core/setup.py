@@ -172,6 +172,9 @@ def prepare_model(args: Namespace, p: Problems) -> Any:
     where = f"{directory / 'config.json'}" if checkpoint.kind == "dir" else f"preset {args.hf_checkpoint!r}"
     for line in arch_flags.check_against_config(arch, checkpoint.config, where):
         p.add(line)
+    if args.use_routing_replay and not getattr(checkpoint.config, "num_experts_per_tok", None):
+        p.add(f"--use-routing-replay needs a MoE model; {where} describes a dense one (e.g. --hf-checkpoint "
+              "small-qwen3-moe)")
     return tokenizer
 
 

@@ -48,6 +48,9 @@ class Sample:
     weight_version: int | None = None  # policy version that generated the response (last segment)
     # per response token: the policy version that generated it (a resumed partial rollout mixes versions)
     token_weight_versions: list[int] | None = None
+    # --use-rollout-routing-replay: the engine's MoE expert choices, SGLang's meta_info["routed_experts"] as sent
+    # (base64 int32 [len(tokens) - 1, layers, top_k]; relax/models/moe_routing.py)
+    rollout_routed_experts: str | None = None
     abort_count: int = 0
     # reward
     reward: float | dict[str, Any] | None = None
@@ -94,5 +97,6 @@ class Sample:
 # `Sample.copy`'s split of the fields (tests/test_sample_copy.py checks that it names every field once)
 _NUMBER_LISTS = ("tokens", "loss_mask", "rollout_log_probs", "teacher_log_probs", "token_weight_versions")
 _FREE_FORM = ("prompt", "label", "metadata", "multimodal_inputs", "reward")
-_SCALARS = ("index", "group_index", "response", "response_length", "status", "weight_version", "abort_count")
+_SCALARS = ("index", "group_index", "response", "response_length", "status", "weight_version", "abort_count",
+            "rollout_routed_experts")
 _IMMUTABLE = (str, int, float, bool, type(None), enum.Enum)

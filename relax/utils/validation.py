@@ -125,6 +125,24 @@ def _train_loop(args: Namespace, p: Problems) -> None:
 
 
 @rule
+def _routing_replay(args: Namespace, p: Problems) -> None:
+    """Routing replay (relax/backends/torch/routing_replay.py): the torch trainer's policy forwards."""
+    if not (args.use_routing_replay or args.use_rollout_routing_replay):
+        return
+    flag = "--use-rollout-routing-replay" if args.use_rollout_routing_replay else "--use-routing-replay"
+    if args.train_backend != "torch":
+        p.add(f"not supported yet: {flag} with --train-backend {args.train_backend}")
+    from relax.distributed.resources import service_roles
+
+    if "actor_fwd" in (p.run(service_roles, args.resource) or ()):
+        p.add(f"not supported yet: {flag} with an 'actor_fwd' role in --resource (the old-log-prob forward "
+              "runs outside the trainer)")
+    if args.use_rollout_routing_replay and args.partial_rollout:
+        p.add("not supported yet: --use-rollout-routing-replay with --partial-rollout (a resumed sample's "
+              "routing would span several requests)")
+
+
+@rule
 def _true_on_policy(args: Namespace, p: Problems) -> None:
     """``--true-on-policy-mode``: the embedded engines report the torch trainer's own per-sample computation
     (relax/backends/embedded/train_identical.py), which the trainer repeats one unpadded sample at a time."""
@@ -559,8 +577,9 @@ def _when_none(args: Namespace) -> None:
 
 
 # The rules in the order they run; each reports into the collector and never raises.
-RULES = (_inputs, _prompt_data, _checkpoints, _weight_files, _requirements, _train_loop, _true_on_policy, _megatron_memory, _partial_rollout,
-         _transfer_queue, _rollout_engines, _weight_sync, _services, _balance_data, _placement)
+RULES = (_inputs, _prompt_data, _checkpoints, _weight_files, _requirements, _train_loop, _true_on_policy,
+         _routing_replay, _megatron_memory, _partial_rollout, _transfer_queue, _rollout_engines, _weight_sync,
+         _services, _balance_data, _placement)
 
 
 def resolve_and_validate(args: Namespace, explicit: Set[str] = frozenset(), p: Problems | None = None) -> None:

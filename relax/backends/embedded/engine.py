@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from relax.backends.embedded import routed_experts
 from relax.backends.embedded.detokenize import Detokenizer
 from relax.backends.embedded.lean_runner import LeanRunner
 from relax.backends.embedded.rows import Fetch, RowState
@@ -41,7 +42,8 @@ from relax.weights.checksum import state_checksums
 # the others are accepted only at SGLang's default. log_metrics: no per-request metrics are logged either way.
 IMPLEMENTED_REQUEST_FIELDS = frozenset({"input_ids", "text", "sampling_params", "return_logprob", "logprob_start_len",
                                         "rid", "return_text_in_logprobs", "log_metrics", "top_logprobs_num",
-                                        "return_prompt_token_ids"})
+                                        "return_prompt_token_ids", "return_routed_experts",
+                                        "routed_experts_start_len"})
 
 
 @dataclass
@@ -60,6 +62,8 @@ class Request:
     input_logprobs: list[float | None] | None = None
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    routed: list[torch.Tensor] | None = None  # return_routed_experts: routing rows so far (routed_experts.py)
+    routed_start: int = 0  # routed_experts_start_len
     rescored: bool = False  # logprobs replaced by the train-identical computation (--true-on-policy-mode)
     finish: dict[str, Any] | None = None
     text: str | None = None
@@ -166,9 +170,14 @@ class EmbeddedEngine:
         if params.max_new_tokens == 0 and start < 0:
             raise ValueError("sampling_params.max_new_tokens must be > 0 (0 only scores the prompt: "
                              "return_logprob with logprob_start_len >= 0)")
+        routed = bool(req.get("return_routed_experts", False))
+        if routed:
+            routed_experts.check_model(self.model, bool(getattr(self.runner, "cuda_graph", False)))
         return Request(rid, input_ids, params, int(seed) & ((1 << 63) - 1), max_new, return_logprob, start,
                        logprob_text=bool(req.get("return_text_in_logprobs", False)),
-                       prompt_ids_out=bool(req.get("return_prompt_token_ids", False)))
+                       prompt_ids_out=bool(req.get("return_prompt_token_ids", False)),
+                       routed=[] if routed else None,
+                       routed_start=routed_experts.start_len(req, len(input_ids)) if routed else 0)
 
     def _input_ids(self, req: dict[str, Any]) -> list[int]:
         ids = req.get("input_ids")
@@ -233,6 +242,8 @@ class EmbeddedEngine:
             tail = r.input_ids[r.logprob_start_len:]
             meta["input_token_logprobs"] = self._logprob_entries(r.input_logprobs, tail, r.logprob_text)
         out = {"text": r.text, "output_ids": list(r.output_ids), "meta_info": meta}
+        if r.routed is not None:
+            meta["routed_experts"] = routed_experts.meta_value(r)
         if r.prompt_ids_out:
             out["prompt_token_ids"] = list(r.input_ids)
         return out
@@ -290,7 +301,8 @@ class EmbeddedEngine:
             finished += self._prefill(admit)
         if self.reqs:
             rows = slice(0, self.state.rows)
-            self.runner.decode_sample(self.state)
+            with routed_experts.capture(self.model, self.reqs, routed_experts.decode_split(len(self.reqs))):
+                self.runner.decode_sample(self.state)
             self._inflight.append((list(self.reqs), self.state.fetch(rows)))
             self.state.fed(rows)
         if self._inflight and (not self.overlap or len(self._inflight) > 1 or not self.reqs):
@@ -337,7 +349,9 @@ class EmbeddedEngine:
         return head + lp[0].tolist()
 
     def _prefill(self, reqs: list[Request]) -> list[Request]:
-        logits = self.runner.prefill([r.input_ids for r in reqs])
+        prompts = [r.input_ids for r in reqs]
+        with routed_experts.capture(self.model, reqs, routed_experts.prefill_split(prompts)):
+            logits = self.runner.prefill(prompts)
         rows = self.state.append([r.params for r in reqs], [r.seed for r in reqs],
                                  [len(r.input_ids) + len(r.output_ids) for r in reqs], [len(r.input_ids) for r in reqs])
         self.state.sample(logits, rows)

@@ -71,6 +71,7 @@ class TorchTrainBackend:
     """
 
     master: MasterWeights | None = None  # fp32 master weights with --bf16 (master_weights.py)
+    routing = None  # --use-routing-replay: RoutingReplay (routing_replay.py)
 
     def __init__(self, cfg: TrainerConfig, device: str, *, inference_only: bool = False):
         self.cfg = cfg
@@ -123,6 +124,10 @@ class TorchTrainBackend:
         self._train_offloader = None  # built on the first --offload-train call
         # --use-pytorch-profiler traces and the --timeline-dump-dir trainer spans (relax/observability/profiler.py)
         self.profiler = TrainProfiler(cfg.profiler, rank=self.dp.rank)
+        if cfg.use_routing_replay:  # the routing the policy's forwards replay
+            from relax.backends.torch.routing_replay import RoutingReplay
+
+            self.routing = RoutingReplay(self.model, from_rollout=cfg.use_rollout_routing_replay)
         self.memory = MemoryRecorder(cfg.memory, rank=self.dp.rank)  # CUDA allocator snapshots
 
     def _build(self, name_or_path: str) -> torch.nn.Module:
@@ -198,6 +203,13 @@ class TorchTrainBackend:
         return [sl for gsl in self._global_batches(len(samples))
                 for sl in self._micro_batches(samples, gsl, log_probs=log_probs)]
 
+    def _policy_forward(self, model: torch.nn.Module, sl: slice, inputs, *, with_entropy: bool):
+        """`_forward_log_probs` of rows ``sl``, replaying or recording their MoE routing (--use-routing-replay)."""
+        if self.routing is None:
+            return self._forward_log_probs(model, inputs, with_entropy=with_entropy)
+        with self.routing.forward(model, sl, inputs):
+            return self._forward_log_probs(model, inputs, with_entropy=with_entropy)
+
     def _forward_log_probs(self, model: torch.nn.Module, inputs, *, with_entropy: bool):
         """Response log-probs (and entropy) of one micro-batch; backends override the forward."""
         return response_log_probs(model, inputs, temperature=self.cfg.rollout_temperature, with_entropy=with_entropy,
@@ -216,7 +228,7 @@ class TorchTrainBackend:
         ent = torch.zeros_like(batch.loss_mask) if with_entropy else None
         for sl in self._all_micro_batches(batch.samples, log_probs=True):
             inputs = build_model_inputs(batch.samples[sl], width, self.pad_id, self.device)
-            lp, entropy = self._forward_log_probs(model, inputs, with_entropy=with_entropy)
+            lp, entropy = self._policy_forward(model, sl, inputs, with_entropy=with_entropy)
             out[sl] = lp.cpu()
             if ent is not None:
                 ent[sl] = entropy.to(ent.dtype).cpu()
@@ -263,7 +275,11 @@ class TorchTrainBackend:
         self._step_old_lp = torch.zeros_like(batch.loss_mask) if from_step else None
         self._step_old_seen = torch.zeros(n, dtype=torch.bool) if from_step else None
         self.profiler.start("train_log_probs", step)
+        if self.routing is not None:
+            self.routing.begin(samples)
         old_lp, ref_lp, teacher_lp, old_values, adv = self._rollout_columns(batch, precomputed, old=not from_step)
+        if self.routing is not None:  # the old pass's routing, recorded on each rank, for every rank's update
+            self.routing.share(self.dp.sum_rows)
         self.profiler.stop("train_log_probs", step)
         if cfg.reset_optimizer_states:  # before this rollout's first step: no moments from earlier rollouts
             self._reset_optimizer_states()
@@ -317,6 +333,8 @@ class TorchTrainBackend:
         metrics["perf/train_update_time_s"] = time.perf_counter() - start - columns_s
         metrics["train/lr"] = float(self.optimizer.param_groups[0]["lr"])
         metrics["train/num_optimizer_steps"] = float(num_steps)
+        if self.routing is not None:
+            metrics.update(self.routing.metrics())
         if self.ref_model is not None and cfg.ref_update_interval and (step + 1) % cfg.ref_update_interval == 0:
             self._update_reference()  # --ref-update-interval: the next rollouts' KL is to this policy
             metrics["train/ref_updated"] = 1.0
@@ -388,7 +406,7 @@ class TorchTrainBackend:
         sums: dict[str, torch.Tensor] = {}
         for sl in micro:  # the loss divides by the step's totals, not sl's
             inputs = build_model_inputs(batch.samples[sl], width, self.pad_id, self.device)
-            lp, entropy = self._forward_log_probs(self.model, inputs, with_entropy=True)
+            lp, entropy = self._policy_forward(self.model, sl, inputs, with_entropy=True)
             loss, m = self._micro_batch_loss(batch, sl, lp, entropy, old_lp, ref_lp, advantages, totals)
             loss.backward()
             if self.master is not None:  # --bf16: this micro-batch's gradients into the fp32 masters

@@ -30,6 +30,7 @@ class TrainSample:
     rollout_log_probs: list[float] | None = None
     teacher_log_probs: list[float] | None = None
     sample_id: tuple[int, int] | None = None  # (group_index, index) of the rollout sample, for the consumed report
+    routed_experts: str | None = None  # the engine's MoE routing (Sample.rollout_routed_experts), for routing replay
 
     @property
     def prompt_length(self) -> int:

@@ -39,6 +39,8 @@ class RolloutConfig(FlagSlice):
     partial_rollout: bool
     partial_rollout_max_aborted_count: int | None
     mask_offpolicy_in_partial_rollout: bool
+    # --use-rollout-routing-replay: requests ask for the engines' MoE routing (return_routed_experts)
+    use_rollout_routing_replay: bool
     # the tokenizer's checkpoint, and the reward key samples.jsonl records
     hf_checkpoint: str
     reward_key: str | None

@@ -49,6 +49,7 @@ def apply_response(sample: Sample, response: dict[str, Any]) -> Sample:
     sample.status = FINISH_STATUS[meta["finish_reason"]["type"]]
     sample.weight_version = parse_weight_version(meta.get("weight_version"))
     sample.token_weight_versions = [sample.weight_version] * len(output_ids)
+    sample.rollout_routed_experts = meta.get("routed_experts")  # asked for by --use-rollout-routing-replay
     return sample
 
 
@@ -91,7 +92,7 @@ def _as_prompt(sample: Sample) -> Sample:
     prompt.tokens = prompt.tokens[: prompt.prompt_length]
     prompt.response, prompt.response_length, prompt.reward = "", 0, None
     prompt.loss_mask = prompt.rollout_log_probs = prompt.teacher_log_probs = prompt.token_weight_versions = None
-    prompt.status, prompt.weight_version = Sample.Status.PENDING, None
+    prompt.status, prompt.weight_version, prompt.rollout_routed_experts = Sample.Status.PENDING, None, None
     prompt.abort_count += 1
     return prompt
 
@@ -179,7 +180,10 @@ async def _batch_generate(cfg: RolloutConfig, rollout_id: int, state: GenerateSt
     requests = []
     for s in flat:
         params = dict(state.sampling_params, sampling_seed=sample_seed(cfg.rollout_seed, rollout_id, s.index))
-        requests.append({"input_ids": list(s.tokens), "sampling_params": params, "return_logprob": True})
+        request = {"input_ids": list(s.tokens), "sampling_params": params, "return_logprob": True}
+        if cfg.use_rollout_routing_replay:  # every fed token's experts, the prompt's too (start 0)
+            request["return_routed_experts"] = True
+        requests.append(request)
     responses = await state.pool.generate_batch(requests, cfg.n_samples_per_prompt)
     for s, resp in zip(flat, responses, strict=True):
         apply_response(s, resp)
