@@ -294,3 +294,35 @@ def test_default_rollout_returns_aborted_groups_to_the_buffer(monkeypatch):
     assert records == [("recycled", "engine_aborted")]
     assert len(drawn) == 1 and kept[0][0].index == 0 and kept[0][0].abort_count == 1
     assert kept[0][0].tokens == [1, 2, 7]  # generated again from its prompt
+
+
+# ---------------------------------------------------------------------------------------------- control endpoint
+def test_control_endpoint_requires_its_key_and_answers_in_one_line():
+    import json
+    import urllib.error
+    import urllib.request
+
+    from relax.core.fleet_control import FleetControl
+
+    rt = FakeRuntime(FakeLauncher())
+    control = FleetControl.start(FleetScaler(rt, cfg(fleet_control_addr="127.0.0.1:0", fleet_control_api_key="k")))
+
+    def post(path, body, key=None):
+        headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+        req = urllib.request.Request(control.url + path, data=json.dumps(body).encode(), headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    try:
+        assert post("/scale_out", {"count": 1})[0] == 401
+        assert post("/scale_out", {"count": "two"}, "k") == (400, {"error": {
+            "message": "/scale_out: 'count' must be an int", "code": 400}})
+        status, answer = post("/scale_out", {"count": 1}, "k")
+        assert status == 200 and answer["joined"] == [1]
+        status, answer = post("/scale_in", {"indices": [0, 1]}, "k")
+        assert status == 409 and "would leave none" in answer["error"]["message"]
+    finally:
+        control.stop()
