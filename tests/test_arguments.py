@@ -33,7 +33,8 @@ ADDITIONS = {"preset", "output-dir", "config", "device", "rollout-backend", "gam
              "ray-address",  # the Ray cluster to join (relax/distributed/cluster.py)
              "debug", "bf16",
              "overwrite-output-dir", "hook-timeout",  # one run per output dir; bounded user hooks
-             "weight-sync-timeout"}  # bounded engine calls of a sync (docs/waits.md)
+             "weight-sync-timeout",  # bounded engine calls of a sync (docs/waits.md)
+             "fleet-control-addr", "fleet-control-api-key"}  # the elastic fleet's control endpoint
 # Megatron-LM's architecture flags that seed 001's scripts/models/*.sh pass (their own group)
 MODEL_FLAG_NAMES = {
     "num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "group-query-attention", "num-query-groups",

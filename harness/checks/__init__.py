@@ -4,6 +4,7 @@ whose message names the step, tensor or sample at fault."""
 from harness.checks import (  # noqa: F401
     accounting,
     checkpoints,
+    elastic,
     faults,
     interrupts,
     learning,

@@ -53,6 +53,7 @@ class WeightEquality(CheckParams):
     kind: Literal["weight_equality"] = "weight_equality"
     run: str | None = None
     engines: int | None = None  # expected engine sides per version; None: every side seen anywhere
+    elastic: bool = False  # engines join and leave: who must have a record at each version is elastic_fleet's check
     min_versions: int = 1
 
     def evaluate(self, ctx: CheckContext) -> CheckResult:
@@ -95,7 +96,7 @@ class WeightEquality(CheckParams):
                 problems.append(f"version {version}: {', '.join(sorted(sides))} synced but no trainer record")
             elif not sides:
                 problems.append(f"version {version}: no engine record (trainer synced, no engine reported)")
-            elif len(sides) < expected:
+            elif len(sides) < expected and not self.elastic:
                 want = sorted(all_sides) if self.engines is None else [f"engine:{i}" for i in range(expected)]
                 missing = sorted(set(want) - sides) or [f"{expected - len(sides)} engine(s)"]
                 problems.append(f"version {version}: missing engine record(s) {', '.join(missing)}")

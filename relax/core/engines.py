@@ -91,6 +91,22 @@ class EngineFleet:
         """Put engine ``index`` (back) behind the router."""
         self.router.add_worker(self.records[index].target.url)
 
+    def new_indices(self, count: int) -> list[int]:
+        """Indices for ``count`` joining engines: never one an engine of this run had before."""
+        start = max(len(self.records), len(self.launcher.slots))
+        return list(range(start, start + count))
+
+    def join(self, record: EngineRecord) -> None:
+        """Add a started engine that holds the current weights to the run: its syncs, then the router."""
+        while len(self.records) < record.index:  # an index a failed scale-out used: never in the run
+            gap = len(self.records)
+            self.records.append(EngineRecord(gap, SyncTarget(f"gone:{gap}", "", "none")))
+        if record.index < len(self.records):
+            self.records[record.index] = record
+        else:
+            self.records.append(record)
+        self.admit(record.index)
+
     def drop(self, index: int) -> None:
         """Take an engine that cannot be restarted out of the run (router and weight syncs)."""
         record = self.records[index]
@@ -112,10 +128,11 @@ class EngineFleet:
         culprit = next((r for r in self.records if r.target.url in str(exc)), None)
         if culprit is None:
             async def ask_all() -> list:  # gather inside the loop: no event loop exists in this thread
-                return await asyncio.gather(*(self.client(i).health(timeout=2.0) for i in range(len(self.records))))
+                return await asyncio.gather(*(self.client(r.index).health(timeout=2.0) for r in live))
 
+            live = self.live_records()
             healthy = run_closing(ask_all())
-            culprit = next((r for r, ok in zip(self.records, healthy, strict=True) if not ok), None)
+            culprit = next((r for r, ok in zip(live, healthy, strict=True) if not ok), None)
         who = f"engine:{culprit.index} ({culprit.target.url})" if culprit is not None else "an engine"
         return EngineDiedError(f"{who} failed: {text}; rerun with --use-fault-tolerance to restart engines")
 

@@ -21,6 +21,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from relax import checkpoint as ckpt
 from relax.backends.config import TrainerConfig
 from relax.backends.torch.step_report import CONSUMED_KEY
+from relax.core.elastic import ElasticConfig, FleetScaler
 from relax.core.engines import EngineFleet
 from relax.core.eval_log_hook import apply_hook as apply_eval_hook
 from relax.core.rollout_log_hook import apply_hook
@@ -75,6 +76,8 @@ class Runtime:
     placement: Placement | None = None  # the GPUs reserved for the run's actors (released at shutdown)
     profiling: EngineProfiling | None = None  # --sglang-profile: the engines' profilers around chosen rollouts
     saver: CheckpointSaver | None = None  # --save, --async-save, --max-actor-ckpt-to-keep (relax/core/saver.py)
+    scaler: FleetScaler | None = None  # engines joining and leaving the run (relax/core/elastic.py)
+    control: object = None  # --fleet-control-addr: the fleet's HTTP control endpoint (relax/core/fleet_control.py)
 
     @property
     def trainer(self):
@@ -88,8 +91,9 @@ class Runtime:
     @property
     def push_options(self) -> PushOptions:
         args = self.args
+        keep = bool(args.use_fault_tolerance) or (self.scaler is not None and self.scaler.cfg.keeps_snapshot)
         return PushOptions(transport=args.weight_sync_transport, bucket_bytes=args.update_weight_buffer_size,
-                           keep_snapshot=bool(args.use_fault_tolerance), timeout_s=self._sync_timeout())
+                           keep_snapshot=keep, timeout_s=self._sync_timeout())
 
     def engine_profile(self, step: int) -> contextlib.AbstractContextManager:
         """Around step ``step``'s rollout: the engines' profilers when --sglang-profile selects the step."""
@@ -187,12 +191,27 @@ class Runtime:
 
     def resync(self, index: int) -> float:
         """Bring restarted engine ``index`` (not yet behind the router) to the last synced version."""
+        return self.resync_targets([self.fleet.records[index].target])
+
+    def resync_targets(self, targets: list[SyncTarget], timeout_s: float | None = None) -> float:
+        """Give ``targets`` (engines not behind the router: restarted or joining) the last sync's own bytes, at
+        the last synced version; both sides' checksums go to weights.jsonl. ``timeout_s``: GetTimeoutError past it."""
+        if self.trainer is None:
+            raise RuntimeError("no trainer to take weights from (--debug-rollout-only)")
         with self.weights_lock:
             start = time.perf_counter()
-            report = ray.get(self.trainer.resync.remote([self.fleet.records[index].target]))
+            report = ray.get(self.trainer.resync.remote(targets), timeout=timeout_s)
             elapsed = time.perf_counter() - start
             record_push(self.artifacts, report, step=self.step, seconds=elapsed, resync=True)
             return elapsed
+
+    def scale_out(self, count: int) -> dict:
+        """Start ``count`` more engines; each joins the router holding the current weights (relax/core/elastic.py)."""
+        return self.scaler.scale_out(count)
+
+    def scale_in(self, indices: list[int]) -> dict:
+        """Drain, abort (back to the buffer) and stop engines ``indices`` (relax/core/elastic.py)."""
+        return self.scaler.scale_in(indices)
 
     def trainer_alive(self) -> bool:
         return self._alive(self.trainer)
@@ -208,6 +227,10 @@ class Runtime:
             return False
 
     def shutdown(self) -> None:
+        if self.control is not None:
+            self.scaler.wait_idle()  # a scale operation in progress ends (and is answered) first
+            self.control.stop()
+            self.artifacts.event("fleet_final", workers=self.fleet.router.workers_info())
         if self.supervisor is not None:
             self.supervisor.stop()
         if self.teacher is not None:
@@ -365,6 +388,7 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
     # recipes post to http://{sglang_router_ip}:{sglang_router_port}/generate, whatever engines stand behind it
     args.sglang_router_ip, port = fleet.router.url.removeprefix("http://").rsplit(":", 1)
     args.sglang_router_port = int(port)
+    rt.scaler = FleetScaler(rt, ElasticConfig.from_args(args))
     if args.use_fault_tolerance:
         from relax.core.fault_tolerance import EngineSupervisor
 
@@ -383,6 +407,11 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
     rt.sync(version=rt.start_step, step=rt.start_step)
     if rt.supervisor is not None:
         rt.supervisor.start()
+    if rt.scaler.cfg.fleet_control_addr is not None:  # last: a scale request needs the first sync's bytes
+        from relax.core.fleet_control import FleetControl
+
+        rt.control = FleetControl.start(rt.scaler)
+        artifacts.event("control_endpoint", url=rt.control.url)
     return rt
 
 

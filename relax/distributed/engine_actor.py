@@ -13,6 +13,7 @@ import ray
 import torch
 
 from relax.backends.embedded.config import EmbeddedEngineConfig
+from relax.utils.fault_hooks import engine_unhealthy
 from relax.utils.gc_pauses import collections_paused, freeze_startup_objects
 from relax.weights import checksum
 from relax.weights.devices import device_identity
@@ -34,6 +35,7 @@ class EngineActor:
             self.engine = build_engine(cfg, device)
             checksum.warm_up(self.engine.device)
             self.server = EngineServer(Scheduler(self.engine), api_key=api_key, model_path=str(cfg.hf_checkpoint))
+            self.server.never_generates = engine_unhealthy(engine_id)  # a planted fault; off unless the harness sets it
         self.url = serve_in_thread(self.server.app(), host, name=f"relax-engine-{engine_id}-http").url
         freeze_startup_objects()  # the model and the imports: full GCs skip them (relax/utils/gc_pauses.py)
 

@@ -31,6 +31,7 @@ class EngineLauncher(ABC):
     name: ClassVar[str]
     can_restart: ClassVar[bool] = True
     config_class: ClassVar[type[FlagSlice]]
+    graceful_stop: ClassVar[str | None] = None  # the engine actor's method that shuts its server down, if any
 
     def __init__(self, cfg: FlagSlice, device: str, slots: list, *, host: str, api_key: str | None):
         self.cfg, self.device, self.slots = cfg, device, list(slots)  # one placement Slot per engine
@@ -47,6 +48,17 @@ class EngineLauncher(ABC):
     @abstractmethod
     def finish(self, pending: Any) -> list[EngineRecord]:
         """Wait until every engine `begin` started serves; their records."""
+
+    def abandon(self, pending: Any) -> None:
+        """Kill what `begin` started (an engine that missed its scale-out deadline): a `finish` still waiting on it
+        ends. ``pending`` is ``(indices, actors)`` for every launcher that starts actors."""
+        import ray
+
+        for actor in pending[1] if isinstance(pending, tuple) and len(pending) == 2 else ():
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
 
     def start_all(self, indices: list[int]) -> list[EngineRecord]:
         return self.finish(self.begin(indices))

@@ -23,6 +23,7 @@ ENGINE_SLOWDOWN_ENV = "RELAX_FAULT_ENGINE_SLOWDOWN"  # fraction: 0.3 makes every
 DECODE_SKEW_ENV = "RELAX_FAULT_DECODE_LOGPROB_SKEW_FROM"  # generated position (0-based) the skew starts at
 DECODE_SKEW = 1e-3  # added to the reported log-prob of every skewed position
 CKPT_WRITE_DELAY_ENV = "RELAX_FAULT_CKPT_WRITE_DELAY_S"  # seconds a trainer's checkpoint save takes longer
+ENGINE_UNHEALTHY_ENV = "RELAX_FAULT_ENGINE_UNHEALTHY"  # engine indices (comma-separated) whose /health_generate fails
 
 
 def fault_at(name: str, step: int) -> bool:
@@ -43,6 +44,16 @@ def _env_number(name: str, kind: type, minimum: float) -> float | int | None:
     if value < minimum:
         raise ValueError(f"{name}={raw!r}: expected a {kind.__name__} >= {minimum}")
     return value
+
+
+def engine_unhealthy(index: int) -> bool:
+    """Whether embedded engine ``index`` plays an engine that starts but never generates: its ``/health_generate``
+    answers 503 (a scale-out's joiner that never becomes healthy, for the elastic-fleet scenarios)."""
+    raw = os.environ.get(ENGINE_UNHEALTHY_ENV, "")
+    try:
+        return index in {int(v) for v in raw.split(",") if v.strip()}
+    except ValueError:
+        raise ValueError(f"{ENGINE_UNHEALTHY_ENV}={raw!r}: expected comma-separated engine indices") from None
 
 
 def checkpoint_write_delay() -> float:

@@ -328,11 +328,11 @@ SEED_FLAGS: list[FlagSpec] = [
     # --- Autoscaler
     F('autoscaler-config', 'str', None, 'Autoscaler', 'Path to autoscaler YAML configuration file. Enables autoscaling when set, disabled when not set. Example: --autoscaler-config relax/utils/autoscaler/autoscaler.yaml'),
     # --- Scale-Out Operation Parameters
-    F('scale-out-timeout', 'float', 300.0, 'Scale-Out Operation Parameters', 'Timeout for all scale-out operations (engine startup, connect, health check, weight sync) in seconds'),
-    F('scale-out-partial-success-policy', 'str', 'rollback_all', 'Scale-Out Operation Parameters', 'Policy for partial success during scale-out. rollback_all reverts all engines on any failure; keep_partial keeps successfully scaled engines', choices=('rollback_all', 'keep_partial',)),
+    F('scale-out-timeout', 'float', 300.0, 'Scale-Out Operation Parameters', 'Timeout for all scale-out operations (engine startup, connect, health check, weight sync) in seconds. Here: one deadline for a whole scale-out (relax/core/elastic.py): each new engine must start, answer /health_generate and take the current weights (the last sync\'s own bytes) within it, or it counts as failed and --scale-out-partial-success-policy decides'),
+    F('scale-out-partial-success-policy', 'str', 'rollback_all', 'Scale-Out Operation Parameters', 'Policy for partial success during scale-out. rollback_all reverts all engines on any failure; keep_partial keeps successfully scaled engines. Here: the decision is a scale_out_decision event in events.jsonl; removed engines are killed and never served a request', choices=('rollback_all', 'keep_partial',)),
     # --- Scale-In Operation Parameters
-    F('scale-in-drain-timeout', 'float', 30.0, 'Scale-In Operation Parameters', 'Timeout to wait for in-flight requests to drain before force-aborting (seconds)'),
-    F('scale-in-shutdown-timeout', 'float', 30.0, 'Scale-In Operation Parameters', 'Timeout for graceful SGLang engine shutdown; ray.kill is used if exceeded (seconds)'),
+    F('scale-in-drain-timeout', 'float', 30.0, 'Scale-In Operation Parameters', 'Timeout to wait for in-flight requests to drain before force-aborting (seconds). Here: the leaving engine gets no new request from the router; what it still runs after this long is aborted, and the rollout puts those samples back in the buffer (--partial-rollout keeps their tokens and resumes them; otherwise they are generated again), so none is lost'),
+    F('scale-in-shutdown-timeout', 'float', 30.0, 'Scale-In Operation Parameters', 'Timeout for graceful SGLang engine shutdown; ray.kill is used if exceeded (seconds). Here: the same for the embedded engine\'s actor; an engine_left event says stopped or killed'),
     # --- TensorBoard
     F('use-tensorboard', 'flag', False, 'TensorBoard', 'Enable TensorBoard logging'),
     F('tb-project-name', 'str', None, 'TensorBoard', 'TensorBoard log directory. Defaults to environment variable TENSORBOARD_DIR'),
@@ -457,6 +457,14 @@ ADDED_FLAGS: list[FlagSpec] = [
       "anywhere. auto: tensor for each one-rank target on the GPU that holds the trainer's weights at sync time, "
       "distributed for every other target (every target of a CPU run)",
       choices=("auto", "tensor", "distributed")),
+    F("fleet-control-addr", "str", None, ADDITIONS_GROUP,
+      "HOST:PORT of the run's fleet control endpoint (relax/core/fleet_control.py): POST /scale_out {\"count\": N}, "
+      "POST /scale_in {\"indices\": [...]}, GET /fleet. Port 0 picks a free one; the address is a control_endpoint "
+      "event in events.jsonl. A host off loopback requires --fleet-control-api-key. Setting it also keeps the last "
+      "sync's weights on the host, which a joining engine is given. Unset: no endpoint"),
+    F("fleet-control-api-key", "str", None, ADDITIONS_GROUP,
+      "API key the fleet control endpoint requires (Authorization: Bearer <key>); required when "
+      "--fleet-control-addr is not a loopback address"),
     F("weight-sync-timeout", "float", 60.0, ADDITIONS_GROUP,
       "Seconds one engine call of a weight sync or a memory move may take: /init_weights_update_group, "
       "/update_weights_from_distributed (and the trainer's end of its broadcast), /update_weights_from_tensor, "
@@ -608,6 +616,9 @@ SUPPORTED: frozenset[str] = frozenset({
     # fault tolerance
     "use-fault-tolerance", "use-health-check", "max-global-restart", "rollout-health-check-interval",
     "rollout-health-check-timeout", "rollout-health-check-first-wait",
+    # elastic fleet (relax/core/elastic.py, relax/core/fleet_control.py)
+    "scale-out-timeout", "scale-out-partial-success-policy", "scale-in-drain-timeout", "scale-in-shutdown-timeout",
+    "fleet-control-addr", "fleet-control-api-key",
     # logging and config
     "use-tensorboard", "tb-project-name", "tb-experiment-name", "custom-config-path", "use-metrics-service",
     "timeline-dump-dir", "use-pytorch-profiler", "profile-step-start", "profile-step-end", "profile-target",
@@ -667,6 +678,7 @@ BOUNDS: dict[str, Bound] = {
     "rollout-health-check-interval": POSITIVE, "rollout-health-check-timeout": POSITIVE,
     "max-global-restart": NON_NEGATIVE, "hook-timeout": POSITIVE, "weight-sync-timeout": POSITIVE,
     "slime-router-timeout": POSITIVE, "streaming-buffer-size": AT_LEAST_1,
+    "scale-out-timeout": POSITIVE, "scale-in-drain-timeout": NON_NEGATIVE, "scale-in-shutdown-timeout": POSITIVE,
     "max-actor-ckpt-to-keep": AT_LEAST_1, "start-rollout-id": NON_NEGATIVE,
     "opd-teacher-ckpt-step": NON_NEGATIVE, "ref-ckpt-step": NON_NEGATIVE, "update-weights-interval": AT_LEAST_1,
     "ref-update-interval": AT_LEAST_1, "eval-min-new-tokens": NON_NEGATIVE, "eval-max-context-len": AT_LEAST_1,

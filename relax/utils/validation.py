@@ -576,10 +576,18 @@ def _when_none(args: Namespace) -> None:
         args.rollout_max_response_len = 128  # SGLang's own default for max_new_tokens
 
 
+@rule
+def _elastic_fleet(args: Namespace, p: Problems) -> None:
+    """The elastic fleet's slice (`ElasticConfig.validate`): a control endpoint off loopback needs its API key."""
+    from relax.core.elastic import ElasticConfig
+
+    p.run(ElasticConfig.from_args, args)
+
+
 # The rules in the order they run; each reports into the collector and never raises.
 RULES = (_inputs, _prompt_data, _checkpoints, _weight_files, _requirements, _train_loop, _true_on_policy,
          _routing_replay, _megatron_memory, _partial_rollout, _transfer_queue, _rollout_engines, _weight_sync,
-         _services, _balance_data, _placement)
+         _services, _balance_data, _placement, _elastic_fleet)
 
 
 def resolve_and_validate(args: Namespace, explicit: Set[str] = frozenset(), p: Problems | None = None) -> None:

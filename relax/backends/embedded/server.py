@@ -103,6 +103,7 @@ class EngineServer:
         self.engine = scheduler.engine
         self.api_key = api_key
         self.model_path = model_path
+        self.never_generates = False  # a planted fault (relax/utils/fault_hooks.py engine_unhealthy)
         self.weights = WeightRoutes(self.engine, body=self.body, run=self.exclusive,
                                     abort_all=lambda: self.scheduler.abort(abort_all=True),
                                     checksum_layout=checksum_layout)
@@ -243,6 +244,8 @@ class EngineServer:
 
     async def health_generate(self, request: web.Request) -> web.Response:
         """One token when idle (SGLang's: generating anything counts); paused or released: up, not generating."""
+        if self.never_generates:
+            return error(503, "engine does not generate (injected fault RELAX_FAULT_ENGINE_UNHEALTHY)")
         if self.scheduler.paused or self.engine.released or self.scheduler.num_outstanding():
             return web.Response(status=200)
         fut = self.scheduler.submit({"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}})

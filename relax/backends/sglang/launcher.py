@@ -203,6 +203,7 @@ class SGLangEngineActor:
 class SGLangLauncher(EngineLauncher):
     name = "sglang"
     config_class = SGLangLaunchConfig
+    graceful_stop = "stop"  # SIGTERM to the server's process group, SIGKILL after 30 s
     cfg: SGLangLaunchConfig
 
     def count(self) -> int:

@@ -52,6 +52,8 @@ def apply_response(sample: Sample, response: dict[str, Any]) -> Sample:
     sample.rollout_routed_experts = meta.get("routed_experts")  # asked for by --use-rollout-routing-replay
     return sample
 
+ENGINE_ABORTED = "engine_aborted"
+
 
 async def generate_rollout_async(cfg: RolloutConfig, rewards: RewardConfig, rollout_id: int,
                                  data_source: Any) -> list[list[Sample]]:
@@ -59,7 +61,8 @@ async def generate_rollout_async(cfg: RolloutConfig, rewards: RewardConfig, roll
 
     Groups are drawn ``--over-sampling-batch-size`` at a time. A group the filter rejects gets the
     fate ``filtered`` (with the filter's reason); groups kept beyond the target go back to the data
-    source as prompts (fate ``recycled``) and are generated again later, so nothing is lost.
+    source as prompts (fate ``recycled``) and are generated again later, so nothing is lost. So does a group
+    with a sample an engine aborted (it left the run: relax/core/elastic.py), with the reason ``engine_aborted``.
     """
     state = GenerateState(cfg.args, config=cfg)
     target = cfg.rollout_batch_size
@@ -69,6 +72,10 @@ async def generate_rollout_async(cfg: RolloutConfig, rewards: RewardConfig, roll
         groups = data_source.get_samples(cfg.draw_size)
         await _generate_and_score(cfg, rewards, rollout_id, state, groups)
         for group in groups:
+            if any(s.status is Sample.Status.ABORTED for s in group):  # its engine left the run (scale-in)
+                state.record(rollout_id, group, "recycled", ENGINE_ABORTED)
+                data_source.add_samples([[_as_prompt(s) for s in group]])
+                continue
             keep, reason = keep_fn(group)
             if keep:
                 kept.append(group)

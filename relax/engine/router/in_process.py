@@ -76,5 +76,14 @@ class RouterThread:
     def remove_worker(self, url: str) -> None:
         self.served.call(lambda: self.router.remove_worker(url))
 
+    def drain_worker(self, url: str) -> bool:
+        return self.served.call(lambda: self.router.drain_worker(url))
+
+    def outstanding(self, url: str) -> int:
+        return self.served.call(lambda: self.router.outstanding(url))
+
+    def workers_info(self) -> list[dict]:
+        return self.served.call(lambda: [w.info() for w in self.router.workers.values()])
+
     def worker_urls(self) -> list[str]:
         return self.served.call(lambda: list(self.router.workers))

@@ -14,7 +14,8 @@
   unhealthy (skipped while a healthy worker exists) and, with ``remove_unhealthy`` (the standalone
   router), removed. A training run's router keeps it (a busy engine, e.g. compiling, answers late;
   the run's fault tolerance decides what is dead).
-* ``/add_worker?url=`` and ``/remove_worker?url=`` change the pool at run time; ``/list_workers``
+* ``/add_worker?url=`` and ``/remove_worker?url=`` change the pool at run time (`drain_worker` first stops
+  new requests to a worker that is about to leave, so the ones it has can finish); ``/list_workers``
   shows it. Control endpoints (abort, pause, continue, flush, release/resume memory, disk weight
   updates) are broadcast to every worker.
 """
@@ -47,13 +48,14 @@ class Worker:
     outstanding: int = 0
     failures: int = 0  # consecutive failed health checks
     suspect: bool = False  # a request failed to reach it; skipped until a health check passes
+    draining: bool = False  # leaving the pool (scale-in): gets no new request, finishes the ones it has
     served: int = 0
     added: float = field(default_factory=time.monotonic)
     gone: asyncio.Event = field(default_factory=asyncio.Event)  # set when removed from the pool
 
     def info(self) -> dict[str, Any]:
         return {"url": self.url, "outstanding": self.outstanding, "failures": self.failures,
-                "suspect": self.suspect, "served": self.served}
+                "suspect": self.suspect, "served": self.served, "draining": self.draining}
 
 
 def _norm(url: str) -> str:
@@ -96,8 +98,19 @@ class Router:
             w.gone.set()  # in-flight requests on it move elsewhere
         return w is not None
 
+    def drain_worker(self, url: str) -> bool:
+        """Send ``url`` no new request; the ones it has run on (`outstanding` counts them). False: not in the pool."""
+        w = self.workers.get(_norm(url))
+        if w is not None:
+            w.draining = True
+        return w is not None
+
+    def outstanding(self, url: str) -> int:
+        w = self.workers.get(_norm(url))
+        return w.outstanding if w is not None else 0
+
     def pick(self, key: str | None = None, exclude: frozenset[str] = frozenset()) -> Worker:
-        candidates = [w for w in self.workers.values() if w.url not in exclude]
+        candidates = [w for w in self.workers.values() if w.url not in exclude and not w.draining]
         healthy = [w for w in candidates if not w.suspect]
         pool = healthy or candidates
         if not pool:
@@ -278,7 +291,7 @@ class Router:
         return json_response({"urls": list(self.workers), "workers": [w.info() for w in self.workers.values()]})
 
     async def h_health(self, request: web.Request) -> web.Response:
-        live = [w.url for w in self.workers.values() if not w.suspect]
+        live = [w.url for w in self.workers.values() if not w.suspect and not w.draining]
         return json_response({"status": "ok" if live else "no live worker", "live_workers": live},
                                  status=200 if live else 503)
 
