@@ -16,7 +16,8 @@
 megatron-bridge, transformers 5.12.1 and tokenizers 0.22.2 come from /tmp/bridgesite (ci/wheelhouse/
 install_bridge.sh), which must be first on this process's PYTHONPATH (relax train inherits it); relax's own
 environment keeps the machine's transformers. ``--device cpu`` runs steps 1 and 2 on gloo with the CPU tests' shims
-(tests/megatron_workers.py; the CPU check of this script), and skips relax train.
+(tests/megatron_workers.py; the CPU check of this script) and, instead of relax train, ``backend_step``: relax's
+Megatron backend in bridge mode and in raw mode, one optimizer step each, whose synced weights must be equal.
 """
 
 from __future__ import annotations
@@ -114,6 +115,41 @@ def roundtrip(hf_dir: Path, device: str, seed: int) -> dict[str, Any]:
     }
 
 
+def backend_step(hf_dir: Path) -> dict[str, Any]:
+    """CPU only (the shims): relax's `MegatronTrainBackend` parsed with ``--megatron-to-hf-mode bridge`` and with
+    raw, one optimizer step each on the same samples; the synced weights (``weight_buckets``) must be equal bit for
+    bit and must have moved. What relax train's every sync exports, without the engine."""
+    from relax.backends.config import TrainerConfig
+    from relax.backends.megatron import checks
+    from relax.backends.megatron.backend import MegatronTrainBackend
+    from relax.backends.torch.batch import build_rollout_tensors
+    from relax.utils.arguments import parse_args
+    from tests.gpu.samples import varied_samples
+
+    checks._cuda_available = lambda: True  # parse as on the GPU machine (bridge_problem runs here)
+    states = {}
+    for mode in ("bridge", "raw"):
+        args = parse_args(["--train-backend", "megatron", "--device", "cuda", "--hf-checkpoint", str(hf_dir),
+                           "--megatron-to-hf-mode", mode, "--prompt-data", "x.jsonl", "--rollout-batch-size", "2",
+                           "--n-samples-per-prompt", "4", "--num-rollout", "1", "--micro-batch-size", "2", "--lr",
+                           "3e-3", "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion", "--no-rope-fusion"])
+        backend = MegatronTrainBackend(TrainerConfig.from_args(args), "cpu")
+        before = {k: v.clone() for k, v in backend.hf_state().items()}
+        batch = build_rollout_tensors(varied_samples(0))
+        old = backend._log_probs_no_grad(backend.model, batch)
+        adv = torch.tensor([1.0 if s.reward else -1.0 for s in batch.samples]).unsqueeze(1) * batch.loss_mask
+        backend._optimizer_step(batch, slice(0, 8), old - 0.1, None, adv)
+        after = {k: v.clone() for k, v in backend.hf_state().items()}
+        states[mode] = (before, after)
+        del backend
+    (b0, b1), (r0, r1) = states["bridge"], states["raw"]
+    return {"tensors": len(b1), "same_names": sorted(b1) == sorted(r1), "only_bridge": sorted(set(b1) - set(r1)),
+            "only_raw": sorted(set(r1) - set(b1)),
+            "unequal_before_step": sorted(k for k in b0 if k not in r0 or not torch.equal(b0[k], r0[k])),
+            "unequal_after_step": sorted(k for k in b1 if k not in r1 or not torch.equal(b1[k], r1[k])),
+            "moved": sum(not torch.equal(b0[k], b1[k]) for k in b0)}
+
+
 def train(a: argparse.Namespace, hf_dir: Path) -> dict[str, Any]:
     from ci.sglang_runs import run_train, summarise
 
@@ -154,6 +190,10 @@ def main() -> None:
     except Exception as exc:  # noqa: BLE001 - the JSON says what failed; relax train still runs
         result["roundtrip"] = {"error": f"{type(exc).__name__}: {exc}"[:2000], "bitwise": False}
     print(json.dumps({"roundtrip": result["roundtrip"]}), flush=True)
+    if a.device == "cpu":
+        step = result["backend_step"] = backend_step(hf_dir)
+        print(json.dumps({"backend_step": step}), flush=True)
+        result["roundtrip"]["bitwise"] &= step["same_names"] and not step["unequal_after_step"] and step["moved"] > 0
     if a.device == "cuda":
         result["train"] = train(a, hf_dir)
         print(json.dumps({k: v for k, v in result["train"].items() if k != "phases"}), flush=True)

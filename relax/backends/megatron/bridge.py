@@ -97,16 +97,26 @@ class BridgeWeights:
 
     def buckets(self, built, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Full HF tensors on rank 0 in buckets of at most ``bucket_bytes`` (a bigger tensor: a bucket of its own);
-        the other ranks (which get the same tensors from megatron-bridge) yield as many empty buckets."""
+        the other ranks (which get the same tensors from megatron-bridge) yield as many empty buckets.
+
+        The names are raw mode's: with tied embeddings megatron-bridge exports ``model.embed_tokens.weight`` only,
+        and relax's exporter also sends it as ``lm_head.weight`` (layout.py's tied alias), which an engine that
+        holds the output layer as a tensor of its own needs; so it follows the embedding here too."""
         keep = (dist.get_rank() if dist.is_initialized() else 0) == 0
+        aliases = {"model.embed_tokens.weight": "lm_head.weight"} if built.layout.tie_word_embeddings else {}
+        sent: set[str] = set()
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
         for name, tensor in self.bridge.export_hf_weights([built.gpt], cpu=False, show_progress=False):
-            nbytes = tensor.numel() * tensor.element_size()
-            if bucket and size + nbytes > bucket_bytes:
-                yield bucket if keep else []
-                bucket, size = [], 0
-            bucket.append((name, tensor))
-            size += nbytes
+            for hf_name in (name, aliases.get(name)):
+                if hf_name is None or hf_name in sent:
+                    continue
+                sent.add(hf_name)
+                nbytes = tensor.numel() * tensor.element_size()
+                if bucket and size + nbytes > bucket_bytes:
+                    yield bucket if keep else []
+                    bucket, size = [], 0
+                bucket.append((hf_name, tensor))
+                size += nbytes
         if bucket:
             yield bucket if keep else []
