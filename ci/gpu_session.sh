@@ -23,6 +23,11 @@
 #   sync_nccl        ci/bench_sync_nccl.py: bench-1b pushed by NCCL to an engine on another GPU, s/GB by phase
 #   two_nodes        tests/gpu/test_two_nodes_gpu.py: two Ray nodes of one host, relax train and ray job submit
 #   sglang_stage     one load of sglang 0.5.14's wheelhouse (SGLANG_LOAD=i, carry .sgl/load<i>; back-to-back calls)
+#   bridge_stage     megatron-bridge 0.6.2's wheelhouse (ci/wheelhouse/build_bridge.sh; BRIDGE_LOAD=i, default 1, carry
+#                    .bridge/load<i>) into /tmp/bridgesite (transformers 5.12.1 there; relax's environment keeps 5.17)
+#   bridge_run       issue 39 run 5 (after bridge_stage; carry .whl): ci/bridge_run.py with /tmp/bridgesite first on its
+#                    PYTHONPATH only: BRIDGE_MODEL (qwen3-0.5b) written as an HF dir, AutoBridge load + export bit for
+#                    bit, then relax train --megatron-to-hf-mode bridge for BRIDGE_STEPS (3) with every sync checked
 #   sglang_smoke     sglang.launch_server from /tmp/sglsite on a tiny Qwen3: /health_generate and one /generate
 #   sglang_conformance  tests/conformance against sglang.launch_server (tiny Qwen3, --enable-memory-saver): JUnit,
 #                    endpoint report ($OUT/sglang_conformance.json) and the server log in $OUT (after sglang_stage)
@@ -46,7 +51,7 @@ WHAT="${*:-bench colocate scenarios megatron grpo}"
 SITE=/tmp/site
 TRL_SITE=/tmp/site_trl  # its own dir, last on PYTHONPATH: TRL's wheels shadow nothing the other items use
 # calls that only stage or smoke-test SGLang carry one .sgl/load<i>, not .whl: no ray install or check
-NEEDS_RAY=0; for w in $WHAT; do case $w in sglang_stage|sglang_smoke|sglang_conformance) ;; *) NEEDS_RAY=1 ;; esac; done
+NEEDS_RAY=0; for w in $WHAT; do case $w in sglang_stage|sglang_smoke|sglang_conformance|bridge_stage) ;; *) NEEDS_RAY=1 ;; esac; done
 [ $NEEDS_RAY = 0 ] || [ -d "$SITE/ray" ] || bash ci/wheelhouse/install.sh "$SITE" "$PART1" .whl2 || exit 1
 export PYTHONPATH="$SITE:$PWD:$TRL_SITE" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -110,6 +115,16 @@ for w in $WHAT; do
                   # not .whl); after the last load it checks sha256, joins and installs into /tmp/sglsite (idempotent)
                   bash ci/wheelhouse/install_sglang.sh ".sgl/load${SGLANG_LOAD:?set SGLANG_LOAD=1..N}" 2>&1 \
                     | tee -a "$OUT/sglang_stage.txt" ;;
+    bridge_stage) # one load per call (one today); after the last it checks sha256, joins and installs (idempotent)
+                  bash ci/wheelhouse/install_bridge.sh ".bridge/load${BRIDGE_LOAD:-1}" 2>&1 | tee -a "$OUT/bridge_stage.txt" ;;
+    bridge_run) [ -f /tmp/bridgesite/.megatron-bridge-0.6.2.installed ] || { echo "bridge_run: run bridge_stage first" \
+                  | tee "$OUT/bridge_run.txt"; continue; }
+                PYTHONPATH="/tmp/bridgesite:$PYTHONPATH" timeout $(cap 585) python3 ci/bridge_run.py \
+                  --model "${BRIDGE_MODEL:-qwen3-0.5b}" --steps "${BRIDGE_STEPS:-3}" --timeout $(( $(cap 585) - 150 )) \
+                  --workdir /tmp/bridge_run --json "$OUT/bridge_run.json" 2>&1 | tee "$OUT/bridge_run.txt"
+                tail -60 /tmp/bridge_run/relax_train.log > "$OUT/bridge_relax_train_tail.txt" 2>/dev/null
+                mkdir -p "$OUT/bridge_train" && cp /tmp/bridge_run/train/*.jsonl /tmp/bridge_run/train/run.json \
+                  "$OUT/bridge_train/" 2>/dev/null ;;
     sglang_smoke) # python3 -m sglang.launch_server (PYTHONPATH=/tmp/sglsite) on a tiny random-init Qwen3, port 30000, offline,
                   # --attention-backend triton|flashinfer (never fa3) --sampling-backend pytorch --grammar-backend none;
                   # waits for /health_generate, sends one /generate, stops the server

@@ -56,7 +56,7 @@ def fake_bridge(monkeypatch):
 
 
 def test_bridge_weights_call_autobridge_and_bucket_its_export(fake_bridge) -> None:
-    built = SimpleNamespace(gpt=object())
+    built = SimpleNamespace(gpt=object(), layout=SimpleNamespace(tie_word_embeddings=False))
     weights = BridgeWeights("/models/hf")
     weights.load(built)
     buckets = list(weights.buckets(built, bucket_bytes=100))
@@ -64,3 +64,17 @@ def test_bridge_weights_call_autobridge_and_bucket_its_export(fake_bridge) -> No
     assert fake_bridge.calls[1] == ("load_hf_weights", [built.gpt])
     assert fake_bridge.calls[2] == ("export_hf_weights", [built.gpt], False, False)
     assert [[name for name, _ in b] for b in buckets] == [["t0", "t1"], ["t2"], ["t3", "t4"]]  # 160 B: its own bucket
+
+
+def test_tied_embedding_is_also_sent_as_lm_head_like_raw_mode(fake_bridge, monkeypatch) -> None:
+    names = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+    monkeypatch.setattr(_FakeAutoBridge, "export_hf_weights",
+                        lambda self, models, cpu, show_progress: ((n, torch.ones(4)) for n in names[:2]))
+    built = SimpleNamespace(gpt=object(), layout=SimpleNamespace(tie_word_embeddings=True))
+    sent = [pair for b in BridgeWeights("/models/hf").buckets(built, bucket_bytes=1 << 20) for pair in b]
+    assert [n for n, _ in sent] == ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"]
+    assert sent[1][1] is sent[0][1]
+    monkeypatch.setattr(_FakeAutoBridge, "export_hf_weights",  # a bridge that exports the alias itself: once only
+                        lambda self, models, cpu, show_progress: ((n, torch.ones(4)) for n in names))
+    sent = [n for b in BridgeWeights("/models/hf").buckets(built, bucket_bytes=1 << 20) for n, _ in b]
+    assert sent == ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"]

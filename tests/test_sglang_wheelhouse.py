@@ -28,7 +28,7 @@ def _load(name: str):
     return module
 
 
-loads = _load("sglang_loads")
+loads = _load("wheel_loads")
 repack = _load("repack")
 closure = _load("sglang_closure")
 
@@ -98,7 +98,7 @@ def test_corrupted_chunk_is_named_in_one_line(wheel_dir: Path, tmp_path: Path):
     victim.write_bytes(bytes(data))
     with pytest.raises(loads.ManifestError, match=re.escape(victim.name)):
         loads.assemble(tmp_path / "stage", tmp_path / "joined")
-    run = subprocess.run([sys.executable, str(WHEELHOUSE / "sglang_loads.py"), "assemble", str(tmp_path / "stage"),
+    run = subprocess.run([sys.executable, str(WHEELHOUSE / "wheel_loads.py"), "assemble", str(tmp_path / "stage"),
                           str(tmp_path / "joined2")], capture_output=True, text=True)
     assert run.returncode == 1
     assert run.stderr.strip().count("\n") == 0 and victim.name in run.stderr and "sha256 mismatch" in run.stderr
@@ -111,7 +111,7 @@ def test_missing_load_is_named_and_waits(wheel_dir: Path, tmp_path: Path):
     stage.mkdir()
     for f in (tmp_path / "out" / "load1").iterdir():
         (stage / f.name).write_bytes(f.read_bytes())
-    run = subprocess.run([sys.executable, str(WHEELHOUSE / "sglang_loads.py"), "assemble", str(stage),
+    run = subprocess.run([sys.executable, str(WHEELHOUSE / "wheel_loads.py"), "assemble", str(stage),
                           str(tmp_path / "joined")], capture_output=True, text=True)
     assert run.returncode == loads.MISSING_EXIT
     assert "waiting for load(s) 2" in run.stdout

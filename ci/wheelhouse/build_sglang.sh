@@ -27,7 +27,7 @@
 #    flashinfer_python (14 MB) is carried whole: its data/ holds the sources and headers its JIT compiles.
 # 3. Splits any wheel over 40 MiB into chunks (none today) and packs everything into OUT_ROOT/.sgl/load1..N, each at
 #    most SGL_LOAD_MIB (default 54: a call carries 64 MiB, the working tree ~7 MiB of it), with manifest.json
-#    (ci/wheelhouse/sglang_loads.py). OUT_ROOT/.sgl is git-ignored. Ship load i in call i (carry .sgl/load<i>);
+#    (ci/wheelhouse/wheel_loads.py). OUT_ROOT/.sgl is git-ignored. Ship load i in call i (carry .sgl/load<i>);
 #    ci/wheelhouse/install_sglang.sh stages, checks and installs on the GPU machine.
 set -euo pipefail
 OUT_ROOT="${1:-.}"
@@ -35,14 +35,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 PY="${SGL_PYTHON:-python3}"  # any interpreter with pip: --python-version/--platform pick the GPU machine's wheels
 STAGE="$(mktemp -d)"
 trap 'rm -rf "$STAGE"' EXIT
-PLATFORMS=()
-for n in $(seq 39 -1 17); do PLATFORMS+=(--platform "manylinux_2_${n}_x86_64"); done
-PLATFORMS+=(--platform manylinux2014_x86_64 --platform linux_x86_64)
-"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --abi cp312 --abi abi3 --abi none "${PLATFORMS[@]}" --require-hashes -r "$HERE/sglang.lock" -d "$STAGE/dl"
-want=$(grep -c '^[A-Za-z0-9]' "$HERE/sglang.lock")
-got=$(ls "$STAGE"/dl/*.whl | wc -l)
-[ "$want" = "$got" ] || { echo "build_sglang: lock pins $want wheels, pip saved $got" >&2; exit 1; }
+PY="$PY" bash "$HERE/fetch_lock.sh" "$HERE/sglang.lock" "$STAGE/dl"
 mkdir -p "$STAGE/wheels"
 for w in "$STAGE"/dl/*.whl; do
   case "$(basename "$w")" in
@@ -51,5 +44,5 @@ for w in "$STAGE"/dl/*.whl; do
     *) mv "$w" "$STAGE/wheels/" ;;
   esac
 done
-"$PY" "$HERE/sglang_loads.py" pack "$STAGE/wheels" "$OUT_ROOT/.sgl" --load-mib "${SGL_LOAD_MIB:-54}" --chunk-mib 40
+"$PY" "$HERE/wheel_loads.py" pack "$STAGE/wheels" "$OUT_ROOT/.sgl" --load-mib "${SGL_LOAD_MIB:-54}" --chunk-mib 40
 du -sh "$OUT_ROOT"/.sgl/load*

@@ -1,14 +1,17 @@
 """Split a wheelhouse into device-call loads, and put it back together on the GPU machine.
 
-    python3 ci/wheelhouse/sglang_loads.py pack WHEEL_DIR OUT_DIR [--load-mib 54] [--chunk-mib 40]
-    python3 ci/wheelhouse/sglang_loads.py assemble STAGE_DIR WHEEL_OUT_DIR
+    python3 ci/wheelhouse/wheel_loads.py pack WHEEL_DIR OUT_DIR [--load-mib 54] [--chunk-mib 40]
+    python3 ci/wheelhouse/wheel_loads.py assemble STAGE_DIR WHEEL_OUT_DIR
+
+Used for every wheelhouse that travels in several calls: sglang (build_sglang.sh, .sgl/) and megatron-bridge
+(build_bridge.sh, .bridge/); install_loads.sh stages and installs them.
 
 A device call carries at most 64 MiB: the working tree (~7 MiB today) plus the carried paths. ``pack`` cuts
 every wheel over ``--chunk-mib`` into numbered chunks (as ``split -b`` would: ``NAME.part00``, ``.part01``...),
 then places the files into as few loads as first-fit-decreasing finds, each at most ``--load-mib``
 (OUT_DIR/load1, load2, ...). Every load holds a copy of ``manifest.json``: each wheel's sha256 and size, and each
 chunk's file, sha256, size and load, in joining order. One call ships one load; the GPU machine copies it into
-one stage directory (install_sglang.sh). ``assemble`` then checks that every file of the manifest is there (else
+one stage directory (install_loads.sh). ``assemble`` then checks that every file of the manifest is there (else
 it names the missing loads and exits 3), checks each file's sha256 (a bad one stops it with a one-line error
 naming the file), joins the chunks in order and checks each joined wheel's sha256.
 """
@@ -83,7 +86,7 @@ def _first_fit_decreasing(sizes: dict[str, int], limit: int) -> list[list[str]]:
 def pack(wheel_dir: Path, out_dir: Path, load_bytes: int, chunk_bytes: int) -> dict:
     wheels = sorted(wheel_dir.glob("*.whl"))
     if not wheels:
-        raise SystemExit(f"sglang_loads: no wheels in {wheel_dir}")
+        raise SystemExit(f"wheel_loads: no wheels in {wheel_dir}")
     if out_dir.exists():
         shutil.rmtree(out_dir)
     flat = out_dir / "flat"
@@ -158,13 +161,13 @@ def main() -> None:
     manifest = json.loads((args.stage / MANIFEST).read_text())
     gone = missing_loads(args.stage, manifest)
     if gone:
-        print(f"sglang_loads: waiting for load(s) {', '.join(map(str, gone))} of {manifest['loads']}")
+        print(f"wheel_loads: waiting for load(s) {', '.join(map(str, gone))} of {manifest['loads']}")
         sys.exit(MISSING_EXIT)
     try:
         built = assemble(args.stage, args.out_dir)
     except ManifestError as e:
-        sys.exit(f"sglang_loads: {e}")
-    print(f"sglang_loads: {len(built)} wheels checked and joined into {args.out_dir}")
+        sys.exit(f"wheel_loads: {e}")
+    print(f"wheel_loads: {len(built)} wheels checked and joined into {args.out_dir}")
 
 
 if __name__ == "__main__":
