@@ -17,12 +17,17 @@ from relax.utils.plugins import PluginError
 from relax.utils.types import Sample
 
 
+GENRM_OFF = dict(genrm_model_path=None, genrm_num_gpus=1, genrm_num_gpus_per_engine=1, genrm_engine_config=None,
+                 genrm_sampling_config=None)
+
+
 def _s(response: str, label: object = None, index: int | None = None) -> Sample:
     return Sample(response=response, label=label, index=index)
 
 
 def _args(**kw) -> Namespace:
-    base = dict(custom_rm_path=None, rm_type="exact", reward_key=None, group_rm=False, hook_timeout=300.0, rm_url=None)
+    base = dict(custom_rm_path=None, rm_type="exact", reward_key=None, group_rm=False, hook_timeout=300.0, rm_url=None,
+                **GENRM_OFF)
     base.update(kw)
     return Namespace(**base)
 
@@ -200,7 +205,7 @@ def test_remote_rm_against_a_local_http_server(tmp_path: Path) -> None:
     try:
         args = Namespace(custom_rm_path=None, rm_type="remote_rm", group_rm=False, reward_key="score",
                          rm_url=f"http://127.0.0.1:{server.server_port}/reward", hook_timeout=60.0,
-                         http_proxy=None)
+                         http_proxy=None, **GENRM_OFF)
         rewards = asyncio.run(compute_rewards(_cfg(args), [_s("7", "7"), _s("3", "7")]))
     finally:
         server.shutdown()
@@ -212,7 +217,7 @@ def test_remote_rm_down_names_the_url() -> None:
     from relax.engine.rollout.engine_client import EngineError
 
     args = Namespace(custom_rm_path=None, rm_type="remote_rm", group_rm=False, reward_key=None,
-                     rm_url="http://127.0.0.1:9/reward", hook_timeout=60.0, http_proxy=None)
+                     rm_url="http://127.0.0.1:9/reward", hook_timeout=60.0, http_proxy=None, **GENRM_OFF)
     with pytest.raises(EngineError, match="127.0.0.1:9"):
         asyncio.run(compute_rewards(_cfg(args), [_s("7", "7")]))
 
@@ -229,7 +234,7 @@ def test_remote_rm_that_never_answers_is_bounded_by_hook_timeout() -> None:
         silent.bind(("127.0.0.1", 0))
         silent.listen()  # the kernel accepts; nobody reads or answers
         url = f"http://127.0.0.1:{silent.getsockname()[1]}/reward"
-        args = Namespace(custom_rm_path=None, rm_type="remote_rm", group_rm=False, reward_key=None, rm_url=url,
+        args = Namespace(custom_rm_path=None, rm_type="remote_rm", group_rm=False, reward_key=None, rm_url=url, **GENRM_OFF,
                          hook_timeout=0.5, http_proxy=None)
         start = time.monotonic()
         with pytest.raises(EngineError) as info:
@@ -246,7 +251,7 @@ def test_group_rm_scores_whole_groups(tmp_path: Path, monkeypatch: pytest.Monkey
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     args = Namespace(custom_rm_path="my_group_rm.reward", rm_type=None, group_rm=True, reward_key=None, rm_url=None,
-                     hook_timeout=300.0)
+                     hook_timeout=300.0, **GENRM_OFF)
     samples = [Sample(response=r, group_index=g) for r, g in [("a", 0), ("bb", 0), ("ccc", 1), ("c", 1)]]
     assert asyncio.run(compute_rewards(_cfg(args), samples)) == [0.0, 1.0, 1.0, 0.0]
     sys.modules.pop("my_group_rm", None)
