@@ -19,3 +19,9 @@ def digit_share(args: Any, sample: Any, **kwargs: Any) -> float:
     """Share of the response's characters that are digits (0.0 for an empty response)."""
     text = sample.response or ""
     return sum(ch.isdigit() for ch in text) / len(text) if text else 0.0
+
+
+def judgement_length(judgement: str, sample: Any) -> float:
+    """A GenRM reward_parser (--genrm-engine-config): the judgement's length in characters / 100, so a random-init
+    judge's garbage still gives a defined reward that comes from the judge (scenarios/specs/genrm.yaml)."""
+    return len(judgement) / 100.0

@@ -234,7 +234,7 @@ def test_remote_rm_that_never_answers_is_bounded_by_hook_timeout() -> None:
         silent.bind(("127.0.0.1", 0))
         silent.listen()  # the kernel accepts; nobody reads or answers
         url = f"http://127.0.0.1:{silent.getsockname()[1]}/reward"
-        args = Namespace(custom_rm_path=None, rm_type="remote_rm", group_rm=False, reward_key=None, rm_url=url,
+        args = Namespace(custom_rm_path=None, rm_type="remote_rm", group_rm=False, reward_key=None, rm_url=url, **GENRM_OFF,
                          hook_timeout=0.5, http_proxy=None)
         start = time.monotonic()
         with pytest.raises(EngineError) as info:
@@ -251,7 +251,7 @@ def test_group_rm_scores_whole_groups(tmp_path: Path, monkeypatch: pytest.Monkey
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     args = Namespace(custom_rm_path="my_group_rm.reward", rm_type=None, group_rm=True, reward_key=None, rm_url=None,
-                     hook_timeout=300.0)
+                     hook_timeout=300.0, **GENRM_OFF)
     samples = [Sample(response=r, group_index=g) for r, g in [("a", 0), ("bb", 0), ("ccc", 1), ("c", 1)]]
     assert asyncio.run(compute_rewards(_cfg(args), samples)) == [0.0, 1.0, 1.0, 0.0]
     sys.modules.pop("my_group_rm", None)

@@ -67,6 +67,7 @@ class Runtime:
     step: int = 0  # the step in progress (for sync records)
     supervisor: object = None  # EngineSupervisor with --use-fault-tolerance
     teacher: object = None  # opd_teacher.TeacherServer with --opd-type sglang
+    genrm: object = None  # genrm_engines.GenRMEngines with --genrm-model-path
     services: ServiceGroup | None = None  # fully-async reference / actor_fwd / advantages roles
     # held by every sync and restart: a restart never interleaves with a sync (EngineSupervisor shares it)
     weights_lock: threading.RLock = field(default_factory=threading.RLock)
@@ -237,6 +238,8 @@ class Runtime:
             from relax.engine.rollout.opd_teacher import stop_teacher
 
             stop_teacher()
+        if self.genrm is not None:
+            self.genrm.stop()
         services = list(self.services.actors().values()) if self.services else []
         self.fleet.shutdown()
         for actor in [*(self.trainer_group.actors if self.trainer_group else []), *services]:
@@ -351,6 +354,17 @@ def start_runtime(args: Namespace, run: RunInputs, artifacts: RunArtifacts) -> R
             stop_teacher()
         raise
     rt.teacher = teacher
+    if args.genrm_model_path:  # the judge's engines: Ray is up now
+        from relax.backends.embedded.config import EmbeddedEngineConfig
+        from relax.core.genrm_engines import start_genrm
+        from relax.engine.rewards.genrm_config import GenRMConfig
+
+        try:
+            rt.genrm = start_genrm(GenRMConfig.from_args(args), EmbeddedEngineConfig.from_args(args), run.device,
+                                   artifacts)
+        except BaseException:
+            rt.shutdown()
+            raise
     return rt
 
 

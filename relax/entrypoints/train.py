@@ -29,10 +29,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from relax.checkpoint import CheckpointError
     from relax.core.restarts import GlobalRestartError
     from relax.data.dataset import DataError
+    from relax.engine.rewards.genrm import GenRMError
     from relax.engine.rollout.opd_teacher import TeacherError
     from relax.utils.plugins import PluginError
 
-    return (ConfigError, DataError, PluginError, CheckpointError, GlobalRestartError, TeacherError)
+    return (ConfigError, DataError, PluginError, CheckpointError, GlobalRestartError, TeacherError, GenRMError)
 
 
 def _print_problems(exc: ConfigError) -> None:

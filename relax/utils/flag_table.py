@@ -307,11 +307,11 @@ SEED_FLAGS: list[FlagSpec] = [
     F('custom-reward-post-process-path', 'str', None, 'Reward Configuration', 'Custom reward postprocessing function path. Default is GRPO normalization'),
     F('custom-convert-samples-to-train-data-path', 'str', None, 'Reward Configuration', 'Custom function to convert samples to training data. Signature: def convert_samples_to_train_data(args, samples) -> dict'),
     # --- GenRM (Generative Reward Model)
-    F('genrm-model-path', 'str', None, 'GenRM (Generative Reward Model)', 'GenRM model path. Enables GenRM when set'),
-    F('genrm-num-gpus', 'int', 1, 'GenRM (Generative Reward Model)', 'Total GPUs for GenRM'),
-    F('genrm-num-gpus-per-engine', 'int', 1, 'GenRM (Generative Reward Model)', 'GPUs per GenRM engine instance'),
-    F('genrm-engine-config', 'json', None, 'GenRM (Generative Reward Model)', 'GenRM engine initialization parameters. Example: \'{"dp_size": 1, "pp_size": 1, "max_total_tokens": 8192}\''),
-    F('genrm-sampling-config', 'json', None, 'GenRM (Generative Reward Model)', 'GenRM sampling parameters. Available keys: temperature (default 0.1), top_p (default 1.0), top_k (default -1), max_response_len (default 4096)'),
+    F('genrm-model-path', 'str', None, 'GenRM (Generative Reward Model)', 'GenRM model path. Enables GenRM when set. Here: the run starts the judge\'s own embedded engines over this checkpoint (an HF directory or a preset name; relax/core/genrm_engines.py), never synced with the policy, and every sample\'s reward is parsed from the judgement it writes to --genrm-engine-config\'s prompt_template: by default the last number in the text, or a reward_parser hook; a judgement with no number gets unparsed_reward (0.0) and counts in rollout/genrm_unparsed_frac. Requests follow --rm-type remote_rm\'s rules (all of a step\'s samples at once, retries, --hook-timeout per sample); a judge engine that dies ends the run in one line naming it (genrm:<i>). Replaces --rm-type; refused with --custom-rm-path or --group-rm (relax/engine/rewards/genrm.py)'),
+    F('genrm-num-gpus', 'int', 1, 'GenRM (Generative Reward Model)', 'Total GPUs for GenRM. Here: the number of judge engines (one GPU each), in their own placement group on one node beside --resource\'s GPUs; on CPU the number of CPU judge engines'),
+    F('genrm-num-gpus-per-engine', 'int', 1, 'GenRM (Generative Reward Model)', 'GPUs per GenRM engine instance. Here: 1 only (an embedded judge engine runs on one GPU; larger values are refused in one line)'),
+    F('genrm-engine-config', 'json', None, 'GenRM (Generative Reward Model)', 'GenRM engine initialization parameters. Example: \'{"dp_size": 1, "pp_size": 1, "max_total_tokens": 8192}\'. Here: max_total_tokens is the judge engine\'s context length; dp_size, when given, must equal the number of judge engines (--genrm-num-gpus / --genrm-num-gpus-per-engine); pp_size 1 only. Relax keys: prompt_template (a format string over {prompt}, {response}, {label}), reward_parser (a dotted path parse(judgement: str, sample) -> float | None; None: unparseable), unparsed_reward (0.0). Unknown keys are refused (relax/engine/rewards/genrm_config.py)'),
+    F('genrm-sampling-config', 'json', None, 'GenRM (Generative Reward Model)', 'GenRM sampling parameters. Available keys: temperature (default 0.1), top_p (default 1.0), top_k (default -1), max_response_len (default 4096). Here: the sampling_params of every judge request (max_response_len as max_new_tokens); unknown keys are refused'),
     # --- On-Policy Distillation (OPD)
     F('use-opd', 'flag', False, 'On-Policy Distillation (OPD)', 'Enable On-Policy Distillation. Must also specify --opd-type'),
     F('opd-type', 'str', None, 'On-Policy Distillation (OPD)', 'OPD type. sglang: fetch teacher model logprobs from external SGLang server; megatron: load teacher model via --opd-teacher-load', choices=('sglang', 'megatron',)),
@@ -592,6 +592,8 @@ SUPPORTED: frozenset[str] = frozenset({
     "get-mismatch-metrics", "custom-pg-loss-reducer-function-path",
     # rewards
     "rm-type", "custom-rm-path", "reward-key", "custom-reward-post-process-path",
+    "genrm-model-path", "genrm-num-gpus", "genrm-num-gpus-per-engine", "genrm-engine-config",
+    "genrm-sampling-config",  # relax/engine/rewards/genrm.py, relax/core/genrm_engines.py
     # modes
     "update-weights-interval",  # relax/core/runtime.py (sync_due, held_version)
     "reset-optimizer-states", "use-rollout-entropy", "ref-update-interval",  # relax/backends/torch/backend.py
@@ -677,6 +679,7 @@ BOUNDS: dict[str, Bound] = {
     "n-samples-per-eval-prompt": AT_LEAST_1, "eval-interval": AT_LEAST_1,
     "rollout-health-check-interval": POSITIVE, "rollout-health-check-timeout": POSITIVE,
     "max-global-restart": NON_NEGATIVE, "hook-timeout": POSITIVE, "weight-sync-timeout": POSITIVE,
+    "genrm-num-gpus": AT_LEAST_1, "genrm-num-gpus-per-engine": AT_LEAST_1,
     "slime-router-timeout": POSITIVE, "streaming-buffer-size": AT_LEAST_1,
     "scale-out-timeout": POSITIVE, "scale-in-drain-timeout": NON_NEGATIVE, "scale-in-shutdown-timeout": POSITIVE,
     "max-actor-ckpt-to-keep": AT_LEAST_1, "start-rollout-id": NON_NEGATIVE,

@@ -19,6 +19,7 @@ from relax.backends.embedded.runner_choice import check_runner_flags
 from relax.backends.megatron import memory_flags
 from relax.backends.megatron.checks import check_train_backend
 from relax.backends.megatron.megatron_config import MegatronConfig
+from relax.engine.rewards.genrm_config import GenRMConfig
 from relax.metrics.clearml_logger import ClearMLConfig
 from relax.observability.notify import NotifyConfig
 from relax.utils import debug_modes
@@ -180,6 +181,10 @@ def _requirements(args: Namespace, p: Problems) -> None:
         _opd_sglang(args, p)
     if args.rm_type == "remote_rm" and not args.rm_url:
         p.add("--rm-type remote_rm requires --rm-url")
+    if args.genrm_model_path and (args.custom_rm_path or args.group_rm):
+        p.add("--genrm-model-path scores every sample with the GenRM judge: drop --custom-rm-path/--group-rm "
+              "(a custom parse of the judgement is --genrm-engine-config reward_parser)")
+    p.run(GenRMConfig.from_args, args, catch=(ValueError,))  # --genrm-*: the JSON keys, counts, template
     if args.distributed_backend == "gloo" and args.train_backend == "megatron" and args.device != "cpu":
         p.add("--distributed-backend gloo: not supported yet with --train-backend megatron on GPUs "
               "(megatron-core's groups need NCCL there)")

@@ -89,7 +89,12 @@ def _per_group(fn: Callable[..., Any], name: str, hook_args: Any, timeout_s: flo
 
 
 def _scorer(cfg: RewardConfig) -> Scorer:
-    """Every reward function, built-in or the user's, gets the seeds' ``args`` (``cfg.args``)."""
+    """Every reward function, built-in or the user's, gets the seeds' ``args`` (``cfg.args``). A GenRM judge
+    (``--genrm-model-path``) scores in place of ``--rm-type``."""
+    if cfg.genrm.enabled:
+        from relax.engine.rewards.genrm import genrm_scorer
+
+        return genrm_scorer(cfg.genrm)
     if cfg.group_rm:
         if not cfg.custom_rm_path:
             raise ConfigError("--group-rm needs --custom-rm-path (a function scoring a whole group)")

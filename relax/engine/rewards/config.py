@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from relax.utils.flag_slice import FlagSlice
+from relax.engine.rewards.genrm_config import GenRMConfig
+from relax.utils.flag_slice import FlagSlice, sub_slice
 
 
 @dataclass(frozen=True)
@@ -24,9 +25,13 @@ class RewardConfig(FlagSlice):
     # each user call's bound, and the key trained on when a reward is a dict
     hook_timeout: float
     reward_key: str | None
+    # --genrm-model-path: a judge model's engines score every sample (relax/engine/rewards/genrm.py)
+    genrm: GenRMConfig = sub_slice(GenRMConfig)
     args: Any = field(default=None, compare=False, repr=False)
 
     @property
     def source(self) -> str:
         """The flag and value that name the run's reward function (for messages)."""
+        if self.genrm.enabled:
+            return f"--genrm-model-path {self.genrm.genrm_model_path}"
         return f"--custom-rm-path {self.custom_rm_path}" if self.custom_rm_path else f"--rm-type {self.rm_type}"

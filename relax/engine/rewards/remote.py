@@ -22,13 +22,21 @@ RETRIES = 3
 async def remote_rm(args: Namespace, sample: Sample) -> Any:
     """POST {prompt, response, label, metadata} to ``--rm-url``; its JSON answer (a number, or an object for
     ``--reward-key``) is the reward. Connection errors and 5xx answers are retried."""
-    from relax.utils.http_utils import EngineError, post
-
     payload = {"prompt": sample.prompt, "response": sample.response, "label": sample.label,
                "metadata": sample.metadata}
+    return await post_for_sample(args.rm_url, payload, sample, args.hook_timeout, proxy=args.http_proxy)
+
+
+async def post_for_sample(url: str, payload: Any, sample: Sample, hook_timeout: float, *, proxy: str | None = None,
+                          name: str | None = None, headers: dict[str, str] | None = None) -> Any:
+    """One sample's scoring request, the remote reward rule: up to ``RETRIES`` retries of connection errors and
+    5xx answers, ``hook_timeout`` seconds in all; an `EngineError` naming ``name`` (else ``url``) and the sample
+    when it still fails. The GenRM judge (relax/engine/rewards/genrm.py) posts through it too."""
+    from relax.utils.http_utils import EngineError, post
+
     try:
-        return await post(args.rm_url, payload, max_retries=RETRIES, timeout=args.hook_timeout, total=args.hook_timeout,
-                          proxy=args.http_proxy)
+        return await post(url, payload, max_retries=RETRIES, timeout=hook_timeout, total=hook_timeout, proxy=proxy,
+                          headers=headers)
     except EngineError as exc:
-        raise EngineError(args.rm_url, f"reward of sample index {sample.index} (--hook-timeout "
-                                       f"{args.hook_timeout:g} s): {exc.message}") from None
+        raise EngineError(name or url, f"reward of sample index {sample.index} (--hook-timeout "
+                                       f"{hook_timeout:g} s): {exc.message}") from None

@@ -119,6 +119,10 @@ async def _generate_and_score(cfg: RolloutConfig, rewards: RewardConfig, rollout
     if fault_at("REWARD_RAISE", rollout_id):
         raise RuntimeError(f"reward function raised (injected fault at step {rollout_id})")
     await compute_rewards(rewards, flat)
+    if rewards.genrm.enabled:
+        from relax.engine.rewards.genrm import genrm_metrics
+
+        state.add_metrics(rollout_id, genrm_metrics(flat))
     state.add_seconds(rollout_id, "perf/rollout_reward_time_s", time.perf_counter() - generated)
     RECORDER.record("generate", "engines", wall(start), wall(generated), step=rollout_id, samples=len(flat))
     RECORDER.record("reward", "reward", wall(generated), time.time(), step=rollout_id, samples=len(flat))
