@@ -284,3 +284,59 @@ def test_loop_thread_polls_and_stops():
     scaler.stop()
     assert fleet.calls == [("out", 1)] and events[0]["event"] == "autoscaler_start"
     assert events[0]["config"]["max_engines"] == 3
+
+
+# ---------------------------------------------------------------------------------------------- the harness check
+def _check(events, **kw):
+    from pathlib import Path
+
+    from harness.artifacts import RunArtifacts
+    from harness.checks import CheckContext, parse_check
+
+    check = parse_check({"kind": "autoscale_policy", **kw})
+    return check.evaluate(CheckContext(runs={"main": RunArtifacts(dir=Path("."), events=events)}))
+
+
+def _recorded_run():
+    """The loop over a fake fleet and a load that rises then falls, its events as events.jsonl would hold them."""
+    fleet = FakeFleet(1)
+    scaler, events, clock = loop(fleet)
+    events.append({"event": "autoscaler_start", "config": scaler.cfg.model_dump()})
+    for step, share in enumerate([0.9, 0.9, 0.9, 0.9, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1]):
+        clock.t = step * 6.0
+        colocate_step(scaler, step, share)
+        scaler.poll()
+    return events
+
+
+def test_check_passes_a_run_that_follows_the_policy():
+    events = _recorded_run()
+    result = _check(events, min_out=2, min_in=1)
+    assert result.passed, result.message
+    assert "out" in result.message
+    assert not _check(events, min_in=3).passed
+
+
+@pytest.mark.parametrize("tamper, message", [
+    (lambda d: d.update(count=5), "the policy says"),
+    (lambda d: d.update(t=d["last_scale"]["t"] + 1.0, last_scale=d["last_scale"]), "the policy says"),
+    (lambda d: d.update(last_scale=None), "saw previous scale"),
+])
+def test_check_catches_a_decision_off_policy(tamper, message):
+    events = _recorded_run()
+    scaled = [e for e in events if e.get("event") == "autoscale_decision" and e["action"] != "hold"]
+    tamper(scaled[-1])
+    result = _check(events)
+    assert not result.passed and message in result.message
+
+
+def test_check_catches_bounds_and_repeated_holds():
+    events = _recorded_run()
+    result = next(e for e in events if e.get("event") == "autoscale_result")
+    result["engines"] = 9
+    assert "left 9 engines" in _check(events).message
+    events = _recorded_run()
+    hold = next(e for e in events if e.get("event") == "autoscale_decision" and e["action"] == "hold")
+    events.insert(events.index(hold) + 1, dict(hold))
+    assert "reported twice" in _check(events).message
+    assert "no autoscaler_start" in _check([]).message

@@ -69,7 +69,7 @@ def cooldown_left(cfg: AutoscalerConfig, last: LastScale | None, now: float) -> 
     if last is None:
         return 0.0
     cooldown = cfg.scale_out_cooldown_s if last.action is Action.OUT else cfg.scale_in_cooldown_s
-    return max(0.0, last.at + cooldown - now)
+    return max(0.0, cooldown - (now - last.at))  # as the elapsed time is compared: no rounding between them
 
 
 def decide(cfg: AutoscalerConfig, signals: Signals, engines: int, last: LastScale | None, now: float) -> Decision:
