@@ -340,3 +340,22 @@ def test_check_catches_bounds_and_repeated_holds():
     events.insert(events.index(hold) + 1, dict(hold))
     assert "reported twice" in _check(events).message
     assert "no autoscaler_start" in _check([]).message
+
+
+@pytest.mark.parametrize("path", sorted(config.DEFAULT_PATH.parent.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_parses(path):
+    assert config.load(path).min_engines >= 1
+
+
+def test_autoscale_policy_scenario_names_a_shipped_config():
+    from pathlib import Path
+
+    from harness.placeholders import substitute
+    from harness.runner import RELAX_AUTOSCALER
+    from harness.spec import load_catalog
+
+    catalog = load_catalog(Path(__file__).resolve().parents[1] / "scenarios" / "specs")
+    spec = catalog["autoscale-policy"]
+    flags = substitute(spec.runs[0].flags, {"relax_autoscaler": str(RELAX_AUTOSCALER)})
+    config.load(flags[flags.index("--autoscaler-config") + 1])
+    assert [f.kind for f in spec.faults] == ["autoscale_load"]
