@@ -2,7 +2,8 @@
 
 ``{output_dir}`` (this run's dir), ``{scenario_dir}``, ``{run:NAME}`` (another run's dir), ``{proxy:NAME}`` (a
 fault proxy), ``{server:NAME}`` (an engine server the scenario started, kind ``engine_server``) and
-``{relax_tasks}`` (the bundled task datasets, relax/models/tasks). A leaf module: the spec (harness/spec.py)
+``{relax_tasks}`` (the bundled task datasets, relax/models/tasks), ``{relax_autoscaler}`` (the bundled autoscaler
+configs, relax/utils/autoscaler). A leaf module: the spec (harness/spec.py)
 and the faults that name addresses (harness/faults/proxy.py) both use it.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-PLACEHOLDER = re.compile(r"\{(output_dir|scenario_dir|relax_tasks|run:[\w.-]+|proxy:[\w.-]+|server:[\w.-]+)\}")
+PLACEHOLDER = re.compile(r"\{(output_dir|scenario_dir|relax_tasks|relax_autoscaler|run:[\w.-]+|proxy:[\w.-]+|server:[\w.-]+)\}")
 
 
 def substitute(flags: list[str], values: dict[str, str]) -> list[str]:

@@ -21,6 +21,7 @@ from harness.results import SERIES_KEYS, RunResult, ScenarioResult
 from harness.spec import RunSpec, ScenarioSpec
 
 RELAX_TASKS = Path(relax.__file__).resolve().parent / "models" / "tasks"  # {relax_tasks} in scenario flags
+RELAX_AUTOSCALER = Path(relax.__file__).resolve().parent / "utils" / "autoscaler"  # {relax_autoscaler}
 
 UNSUPPORTED = re.compile(r"relax: (not supported yet: .+)")
 EXIT_CONFIG = 2
@@ -64,7 +65,8 @@ def _run_one(spec: ScenarioSpec, run: RunSpec, cfg: HarnessConfig, scenario_dir:
     out.mkdir(parents=True, exist_ok=True)
     recorder = FaultRecorder(out / "events.jsonl")
     faults = spec.faults_for(run.name)
-    values = {"output_dir": str(out), "scenario_dir": str(scenario_dir), "relax_tasks": str(RELAX_TASKS)}
+    values = {"output_dir": str(out), "scenario_dir": str(scenario_dir), "relax_tasks": str(RELAX_TASKS),
+              "relax_autoscaler": str(RELAX_AUTOSCALER)}
     values |= {f"run:{r.name}": str(scenario_dir / r.name) for r in spec.runs}
     env = {**spec.env, **run.env}
     result = RunResult(name=run.name, expect_exit=run.expect_exit, phase_exits=run.phase_exits,

@@ -16,3 +16,7 @@ def test_scale_out_failure_rollback(scenario):
 
 def test_scale_out_failure_keep_partial(scenario):
     scenario("scale-out-failure-keep-partial").assert_ok()
+
+
+def test_autoscale_policy(scenario):
+    scenario("autoscale-policy").assert_ok()

@@ -3,6 +3,7 @@ whose message names the step, tensor or sample at fault."""
 
 from harness.checks import (  # noqa: F401
     accounting,
+    autoscale,
     checkpoints,
     elastic,
     faults,

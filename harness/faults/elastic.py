@@ -4,7 +4,8 @@
 ``{kind: scale, action: in, indices: [1, 2], at: {step: 4, phase: rollout}}`` posts ``/scale_in``. The
 endpoint's address is the run's ``control_endpoint`` event. The request runs in its own thread (a scale-out
 waits for the engines to start), and its answer is a ``scale_answered`` event. ``engine_unhealthy`` plants an
-engine that starts but never generates (``RELAX_FAULT_ENGINE_UNHEALTHY``, relax/utils/fault_hooks.py).
+engine that starts but never generates (``RELAX_FAULT_ENGINE_UNHEALTHY``, relax/utils/fault_hooks.py);
+``autoscale_load`` imposes the autoscaler's signal values step by step (``RELAX_FAULT_AUTOSCALE_SIGNALS``).
 """
 
 from __future__ import annotations
@@ -82,4 +83,23 @@ class EngineUnhealthyFault(FaultParams):
 
     def start(self, recorder: FaultRecorder) -> dict[str, str]:
         recorder.record(kind=self.kind, engines=self.engines, armed=True, env=self.env())
+        return {}
+
+
+@register("autoscale_load")
+class AutoscaleLoadFault(FaultParams):
+    """A synthetic load for the autoscaler (``--autoscaler-config``): from each named step on, the signals the
+    run's autoscaler reads are these values instead of the measured ones (``RELAX_FAULT_AUTOSCALE_SIGNALS``,
+    relax/utils/fault_hooks.py). ``{kind: autoscale_load, schedule: {0: {rollout_share: 0.95}, 6:
+    {rollout_share: 0.05}}}``: a load that rises, then falls at step 6. Signals not named keep their values."""
+
+    kind: Literal["autoscale_load"] = "autoscale_load"
+    schedule: dict[int, dict[Literal["rollout_share", "queue_depth", "staleness"], float]]
+
+    def env(self) -> dict[str, str]:
+        return {"RELAX_FAULT_AUTOSCALE_SIGNALS": json.dumps({str(k): v for k, v in self.schedule.items()})}
+
+    def start(self, recorder: FaultRecorder) -> dict[str, str]:
+        recorder.record(kind=self.kind, schedule={str(k): v for k, v in self.schedule.items()}, armed=True,
+                        env=self.env())
         return {}

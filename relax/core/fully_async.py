@@ -76,6 +76,10 @@ class _Producer(threading.Thread):
         with self.data_lock:
             return self.data_states.get(step + 1) or self.rt.run.data_source.state_dict()
 
+    def queued(self) -> int:
+        with self.data_lock:
+            return len(self.rollouts)
+
     def take(self, step: int) -> _Rollout:
         with self.data_lock:
             return self.rollouts.pop(step)
@@ -118,6 +122,7 @@ def train_fully_async(rt: Runtime) -> None:
     try:
         for step in range(rt.start_step, run.num_rollout):
             t0 = time.perf_counter()
+            queued = producer.queued()  # batches generated ahead, waiting (0: this step waits for its rollout)
             stored = data.wait_meta(step, alive=producer.is_alive)
             rollout = producer.take(step)
             wait_s = time.perf_counter() - t0
@@ -134,7 +139,7 @@ def train_fully_async(rt: Runtime) -> None:
             step_s = time.perf_counter() - t0
             perf = {"perf/rollout_time_s": rollout.seconds, "perf/rollout_wait_s": wait_s,
                     "perf/train_time_s": t2 - t1, "perf/sync_time_s": sync_s, "perf/step_time_s": step_s,
-                    "perf/tokens_per_s": rollout.num_tokens / max(step_s, 1e-9)}
+                    "perf/tokens_per_s": rollout.num_tokens / max(step_s, 1e-9), "perf/queue_depth": float(queued)}
             versions = [s.weight_version for g in rollout.groups for s in g]
             rt.finish_step(step, rollout.groups, rollout_metrics(rollout.groups, rollout.raw_rewards, rollout.seconds,
                                                                  step),

@@ -21,6 +21,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from relax import checkpoint as ckpt
 from relax.backends.config import TrainerConfig
 from relax.backends.torch.step_report import CONSUMED_KEY
+from relax.core.autoscaler import Autoscaler, AutoscalerFlags, RuntimeFleet
 from relax.core.elastic import ElasticConfig, FleetScaler
 from relax.core.engines import EngineFleet
 from relax.core.eval_log_hook import apply_hook as apply_eval_hook
@@ -79,6 +80,7 @@ class Runtime:
     saver: CheckpointSaver | None = None  # --save, --async-save, --max-actor-ckpt-to-keep (relax/core/saver.py)
     scaler: FleetScaler | None = None  # engines joining and leaving the run (relax/core/elastic.py)
     control: object = None  # --fleet-control-addr: the fleet's HTTP control endpoint (relax/core/fleet_control.py)
+    autoscaler: object = None  # --autoscaler-config: scales the fleet on the run's signals (relax/core/autoscaler.py)
 
     @property
     def trainer(self):
@@ -92,7 +94,8 @@ class Runtime:
     @property
     def push_options(self) -> PushOptions:
         args = self.args
-        keep = bool(args.use_fault_tolerance) or (self.scaler is not None and self.scaler.cfg.keeps_snapshot)
+        keep = (bool(args.use_fault_tolerance) or (self.scaler is not None and self.scaler.cfg.keeps_snapshot)
+                or self.autoscaler is not None)  # a joiner is given the last sync's bytes
         return PushOptions(transport=args.weight_sync_transport, bucket_bytes=args.update_weight_buffer_size,
                            keep_snapshot=keep, timeout_s=self._sync_timeout())
 
@@ -228,9 +231,12 @@ class Runtime:
             return False
 
     def shutdown(self) -> None:
-        if self.control is not None:
+        if self.autoscaler is not None:
+            self.autoscaler.stop()
+        if self.control is not None or self.autoscaler is not None:
             self.scaler.wait_idle()  # a scale operation in progress ends (and is answered) first
-            self.control.stop()
+            if self.control is not None:
+                self.control.stop()
             self.artifacts.event("fleet_final", workers=self.fleet.router.workers_info())
         if self.supervisor is not None:
             self.supervisor.stop()
@@ -276,6 +282,8 @@ class Runtime:
         extras.update(rollout_log_metrics(RolloutLogConfig.from_args(args), [s for g in groups for s in g]))
         metrics = {"step": step, "weight_version": weight_version, "time": time.time(),
                    **rollout_metrics, **extras, **GenerateState(args).pop_metrics(step), **train_metrics, **perf}
+        if self.autoscaler is not None:
+            self.autoscaler.observe_step(step, metrics)
         artifacts.metrics.write(metrics)  # before the checkpoint: a step that trained is in metrics.jsonl even if
         artifacts.log_step(metrics)  # its save fails
         self.saver.check()  # a background save (--async-save) that failed ends the run at the next step
@@ -403,6 +411,9 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
     args.sglang_router_ip, port = fleet.router.url.removeprefix("http://").rsplit(":", 1)
     args.sglang_router_port = int(port)
     rt.scaler = FleetScaler(rt, ElasticConfig.from_args(args))
+    autoscaling = AutoscalerFlags.from_args(args).load()
+    if autoscaling is not None:  # before the first sync: it keeps the bytes a joiner is given
+        rt.autoscaler = Autoscaler(autoscaling, RuntimeFleet(rt), artifacts.event)
     if args.use_fault_tolerance:
         from relax.core.fault_tolerance import EngineSupervisor
 
@@ -426,6 +437,8 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
 
         rt.control = FleetControl.start(rt.scaler)
         artifacts.event("control_endpoint", url=rt.control.url)
+    if rt.autoscaler is not None:
+        rt.autoscaler.start()
     return rt
 
 

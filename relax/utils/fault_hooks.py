@@ -13,6 +13,7 @@ which only a check over every response token catches). The engine reads them onc
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ DECODE_SKEW_ENV = "RELAX_FAULT_DECODE_LOGPROB_SKEW_FROM"  # generated position (
 DECODE_SKEW = 1e-3  # added to the reported log-prob of every skewed position
 CKPT_WRITE_DELAY_ENV = "RELAX_FAULT_CKPT_WRITE_DELAY_S"  # seconds a trainer's checkpoint save takes longer
 ENGINE_UNHEALTHY_ENV = "RELAX_FAULT_ENGINE_UNHEALTHY"  # engine indices (comma-separated) whose /health_generate fails
+AUTOSCALE_SIGNALS_ENV = "RELAX_FAULT_AUTOSCALE_SIGNALS"  # JSON {"<from step>": {"<signal>": value}}: a synthetic load
 
 
 def fault_at(name: str, step: int) -> bool:
@@ -44,6 +46,22 @@ def _env_number(name: str, kind: type, minimum: float) -> float | int | None:
     if value < minimum:
         raise ValueError(f"{name}={raw!r}: expected a {kind.__name__} >= {minimum}")
     return value
+
+
+def autoscale_signals(step: int) -> dict[str, float]:
+    """The autoscaler's signal values the harness imposes from step ``step`` on (a synthetic load that rises and
+    falls, for the autoscale-policy scenario): ``RELAX_FAULT_AUTOSCALE_SIGNALS='{"0": {"rollout_share": 0.95},
+    "6": {"rollout_share": 0.05}}'`` sets the rollout share to 0.95 for steps 0-5 and 0.05 from step 6 on; the
+    signals a schedule does not name keep their measured values. Empty when unset."""
+    raw = os.environ.get(AUTOSCALE_SIGNALS_ENV, "")
+    if not raw.strip():
+        return {}
+    try:
+        schedule = {int(k): {str(n): float(v) for n, v in values.items()} for k, values in json.loads(raw).items()}
+    except (ValueError, AttributeError, TypeError):
+        raise ValueError(f"{AUTOSCALE_SIGNALS_ENV}={raw!r}: expected JSON {{\"<step>\": {{\"<signal>\": number}}}}") from None
+    started = [k for k in schedule if k <= step]
+    return schedule[max(started)] if started else {}
 
 
 def engine_unhealthy(index: int) -> bool:

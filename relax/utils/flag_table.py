@@ -326,7 +326,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('rollout-health-check-timeout', 'float', 30.0, 'Fault Tolerance Configuration', 'Rollout engine health check timeout in seconds'),
     F('rollout-health-check-first-wait', 'float', 0.0, 'Fault Tolerance Configuration', 'Initial wait time before starting health check in seconds. Increase this value when using deepgemm'),
     # --- Autoscaler
-    F('autoscaler-config', 'str', None, 'Autoscaler', 'Path to autoscaler YAML configuration file. Enables autoscaling when set, disabled when not set. Example: --autoscaler-config relax/utils/autoscaler/autoscaler.yaml'),
+    F('autoscaler-config', 'str', None, 'Autoscaler', 'Path to autoscaler YAML configuration file. Enables autoscaling when set, disabled when not set. Example: --autoscaler-config relax/utils/autoscaler/autoscaler.yaml. Here: the file is checked at start (one line per bad field; schema in relax/utils/autoscaler/config.py, documented default in relax/utils/autoscaler/autoscaler.yaml); every poll_interval_s the run reads its signals (colocate: rollout time share; fully-async: queue depth and staleness; any mode: the router\'s requests in flight per engine) and scales its own fleet out or in (relax/core/autoscaler.py, through the elastic fleet) within min_engines/max_engines and the cooldowns; each decision is an autoscale_decision event in events.jsonl with its reason and the signal values. Scale-out of GPU engines is not supported yet (the scale is refused, one autoscale_result error)'),
     # --- Scale-Out Operation Parameters
     F('scale-out-timeout', 'float', 300.0, 'Scale-Out Operation Parameters', 'Timeout for all scale-out operations (engine startup, connect, health check, weight sync) in seconds. Here: one deadline for a whole scale-out (relax/core/elastic.py): each new engine must start, answer /health_generate and take the current weights (the last sync\'s own bytes) within it, or it counts as failed and --scale-out-partial-success-policy decides'),
     F('scale-out-partial-success-policy', 'str', 'rollback_all', 'Scale-Out Operation Parameters', 'Policy for partial success during scale-out. rollback_all reverts all engines on any failure; keep_partial keeps successfully scaled engines. Here: the decision is a scale_out_decision event in events.jsonl; removed engines are killed and never served a request', choices=('rollback_all', 'keep_partial',)),
@@ -621,6 +621,7 @@ SUPPORTED: frozenset[str] = frozenset({
     # elastic fleet (relax/core/elastic.py, relax/core/fleet_control.py)
     "scale-out-timeout", "scale-out-partial-success-policy", "scale-in-drain-timeout", "scale-in-shutdown-timeout",
     "fleet-control-addr", "fleet-control-api-key",
+    "autoscaler-config",  # relax/core/autoscaler.py, relax/utils/autoscaler/
     # logging and config
     "use-tensorboard", "tb-project-name", "tb-experiment-name", "custom-config-path", "use-metrics-service",
     "timeline-dump-dir", "use-pytorch-profiler", "profile-step-start", "profile-step-end", "profile-target",

@@ -583,10 +583,15 @@ def _when_none(args: Namespace) -> None:
 
 @rule
 def _elastic_fleet(args: Namespace, p: Problems) -> None:
-    """The elastic fleet's slice (`ElasticConfig.validate`): a control endpoint off loopback needs its API key."""
+    """The elastic fleet's slices (`ElasticConfig.validate`: a control endpoint off loopback needs its API key;
+    `AutoscalerFlags.validate`: --autoscaler-config's file fits its schema)."""
     from relax.core.elastic import ElasticConfig
 
     p.run(ElasticConfig.from_args, args)
+    if args.autoscaler_config is not None:  # --autoscaler-config: the file parses and fits its schema
+        from relax.core.autoscaler import AutoscalerFlags
+
+        p.run(AutoscalerFlags.from_args, args)
 
 
 # The rules in the order they run; each reports into the collector and never raises.
