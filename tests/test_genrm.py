@@ -15,8 +15,13 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from relax.engine.rewards import RewardConfig, compute_rewards
-from relax.engine.rewards.genrm import (UNPARSED_METRIC, GenRMError, genrm_metrics, parse_last_number,
-                                        set_judges)
+from relax.engine.rewards.genrm import (
+    UNPARSED_METRIC,
+    GenRMError,
+    genrm_metrics,
+    parse_last_number,
+    set_judges,
+)
 from relax.utils.arguments import ConfigError, parse_args
 from relax.utils.types import Sample
 

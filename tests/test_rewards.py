@@ -16,7 +16,6 @@ from relax.utils.arguments import ConfigError
 from relax.utils.plugins import PluginError
 from relax.utils.types import Sample
 
-
 GENRM_OFF = dict(genrm_model_path=None, genrm_num_gpus=1, genrm_num_gpus_per_engine=1, genrm_engine_config=None,
                  genrm_sampling_config=None)
 
