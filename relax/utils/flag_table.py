@@ -175,7 +175,7 @@ SEED_FLAGS: list[FlagSpec] = [
     # --- Weight Update
     F('update-weight-buffer-size', 'size', 512 * MiB, 'Weight Update', 'Buffer size for weight updates in bytes. Updates weights in chunks, useful for MoE models'),
     F('update-weights-interval', 'int', 1, 'Weight Update', 'Weight update interval. Here: the engines get the trainer\'s weights after every N-th rollout step (after steps N-1, 2N-1, ...; the initial push at start always happens), so the steps in between generate with the last synced version: samples.jsonl records each trained sample\'s weight_version and staleness, metrics.jsonl rollout/staleness_max; --check-weight-update-equal checks every sync that happens (weights.jsonl). With --fully-async the rollout waits for the version its schedule gives step - --max-staleness. With --offload-rollout (--colocate) only the steps that end with a sync release the engines\' memory (released weights are lost, only a sync writes them back); must be >= 1'),
-    F('keep-old-actor', 'flag', False, 'Weight Update', 'Whether to keep Rollout model during training'),
+    F('keep-old-actor', 'flag', False, 'Weight Update', 'Whether to keep Rollout model during training. Here: the torch trainer keeps a frozen copy of the weights the engines hold (the initial or resumed weights, then the trainer\'s weights after every step that ends with a sync) and computes the old log-probs (the PPO ratio\'s denominator, and --use-rollout-entropy) with it, so with --update-weights-interval N > 1 the steps between syncs use the policy that generated their data rather than the trainer\'s current weights; one more model copy on the trainer\'s device (moved by --offload-train); train/old_actor_refreshed logs the steps that refresh it. Not with --fully-async or --train-backend megatron yet (relax/backends/torch/old_actor.py)'),
     # --- External Inference Engine
     F('rollout-external', 'flag', False, 'External Inference Engine', 'Use external SGLang instance instead of framework-launched instance. Here: the run starts no engines and drives the servers at --rollout-external-engine-addrs (SGLang, or relax serve-engine) over SGLang\'s HTTP API: generation through the run\'s router, weights by /init_weights_update_group + /update_weights_from_distributed (the trainer hosts the group: the servers must reach this host); an unreachable address fails the start with one line naming it. With --use-fault-tolerance a server that dies is dropped and the run goes on with the others (they cannot be restarted)'),
     F('rollout-external-engine-addrs', 'str_list', None, 'External Inference Engine', 'List of external engine addresses and ports. Here: HOST:PORT or http://HOST:PORT, one per server; needs --rollout-external'),
@@ -594,6 +594,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "rm-type", "custom-rm-path", "reward-key", "custom-reward-post-process-path",
     # modes
     "update-weights-interval",  # relax/core/runtime.py (sync_due, held_version)
+    "keep-old-actor",  # relax/backends/torch/old_actor.py
     "reset-optimizer-states", "use-rollout-entropy", "ref-update-interval",  # relax/backends/torch/backend.py
     "train-env-vars",  # relax/distributed/placement.py
     "eval-min-new-tokens", "eval-max-context-len",  # relax/engine/rollout/evaluation.py

@@ -72,6 +72,7 @@ class TorchTrainBackend:
 
     master: MasterWeights | None = None  # fp32 master weights with --bf16 (master_weights.py)
     routing = None  # --use-routing-replay: RoutingReplay (routing_replay.py)
+    old_actor = None  # --keep-old-actor: OldActor (old_actor.py)
 
     def __init__(self, cfg: TrainerConfig, device: str, *, inference_only: bool = False):
         self.cfg = cfg
@@ -91,6 +92,10 @@ class TorchTrainBackend:
             self.ref_model = self._reference_model()
         self.frozen_params = apply_param_freezing(self.model, cfg.only_train_params_name_list,
                                                   cfg.freeze_params_name_list)
+        if cfg.keep_old_actor:  # the weights the engines generate with
+            from relax.backends.torch.old_actor import OldActor
+
+            self.old_actor = OldActor(self.model, cfg.update_weights_interval)
         trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         if cfg.bf16:
             self.master = MasterWeights(trainable)
@@ -335,6 +340,8 @@ class TorchTrainBackend:
         metrics["train/num_optimizer_steps"] = float(num_steps)
         if self.routing is not None:
             metrics.update(self.routing.metrics())
+        if self.old_actor is not None:  # --keep-old-actor: a step that ends with a sync moves the copy on
+            metrics["train/old_actor_refreshed"] = float(self.old_actor.after_step(step, self.model))
         if self.ref_model is not None and cfg.ref_update_interval and (step + 1) % cfg.ref_update_interval == 0:
             self._update_reference()  # --ref-update-interval: the next rollouts' KL is to this policy
             metrics["train/ref_updated"] = 1.0
@@ -355,7 +362,7 @@ class TorchTrainBackend:
                 and len(batch.samples) == cfg.global_batch_size and should_update_actor(self.algo, step)
                 and self.ref_model is None and pre.ref_log_probs is None and not cfg.needs_reference_model
                 and self.teacher is None and batch.teacher_log_probs is None and self.critic is None
-                and not cfg.rollout_data_postprocess_path and not cfg.use_rollout_entropy)
+                and not cfg.rollout_data_postprocess_path and not cfg.use_rollout_entropy and self.old_actor is None)
 
     def _rows_everywhere(self, rows: torch.Tensor) -> torch.Tensor:
         """``[N, T]`` filled by this rank's micro-batches -> the whole matrix on every rank."""
@@ -363,14 +370,16 @@ class TorchTrainBackend:
 
     def _rollout_columns(self, batch: RolloutTensors, pre: Precomputed, *, old: bool = True):
         """Old, reference and teacher log-probs, critic values and advantages: the precomputed ones, else computed here
-        (``old`` False: no old log-probs, `_old_log_probs_from_step`)."""
+        (``old`` False: no old log-probs, `_old_log_probs_from_step`). The old policy is the trainer's model, or with
+        ``--keep-old-actor`` the copy of the weights the engines generated with."""
         pre.check_rows(len(batch.samples), batch.loss_mask.shape[1])
         old_lp, self._rollout_entropy = pre.old_log_probs, None
+        old_model = self.model if self.old_actor is None else self.old_actor.model
         if self.cfg.use_rollout_entropy:  # the old policy's per-token entropy, from the old-log-prob pass
-            lp, self._rollout_entropy = self._log_probs_and_entropy_no_grad(self.model, batch)
+            lp, self._rollout_entropy = self._log_probs_and_entropy_no_grad(old_model, batch)
             old_lp = lp if old_lp is None else old_lp
         if old_lp is None and old:
-            old_lp = self._log_probs_no_grad(self.model, batch)
+            old_lp = self._log_probs_no_grad(old_model, batch)
         ref_lp = pre.ref_log_probs
         if ref_lp is None and self.ref_model is not None:
             ref_lp = self._log_probs_no_grad(self.ref_model, batch)
@@ -490,7 +499,8 @@ class TorchTrainBackend:
         if self._train_offloader is None:
             critic = self.critic
             self._train_offloader = TrainOffloader(
-                self.device, [self.model, self.master, self.ref_model, self.teacher, critic and critic.model],
+                self.device, [self.model, self.master, self.ref_model, self.teacher, critic and critic.model,
+                              self.old_actor and self.old_actor.model],
                 [self.optimizer, critic and critic.optimizer])
         return self._train_offloader
 
@@ -583,6 +593,8 @@ class TorchTrainBackend:
             if (critic_path / "critic_optimizer.pt").exists():
                 self.critic.optimizer.load_state_dict(torch.load(critic_path / "critic_optimizer.pt",
                                                                  weights_only=False))
+        if self.old_actor is not None:  # a resumed run's engines start from the loaded weights
+            self.old_actor.refresh(self.model)
         rng = torch.load(path / "rng.pt", weights_only=False)
         torch.set_rng_state(rng["torch"])
         np.random.set_state(rng["numpy"])
