@@ -68,6 +68,8 @@ class TrainerConfig(FlagSlice):
     # trainer's weights after every --update-weights-interval-th step (relax/backends/torch/old_actor.py)
     keep_old_actor: bool
     update_weights_interval: int
+    # --recompute-loss-function: the logits -> log-probs -> loss part under activation checkpointing (torch backend)
+    recompute_loss_function: bool
     # which parameters train (relax/backends/torch/freezing.py)
     only_train_params_name_list: list[str] | None
     freeze_params_name_list: list[str] | None

@@ -360,7 +360,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('train-memory-margin-bytes', 'size', GiB, 'Other Training Parameters', 'Reserved space for training memory allocation'),
     F('disable-weights-backuper', 'flag', False, 'Other Training Parameters', 'Disable weight backup to save host memory', seed_default='-'),
     F('custom-model-provider-path', 'str', None, 'Other Training Parameters', 'Custom model provider function path'),
-    F('recompute-loss-function', 'flag', False, 'Other Training Parameters', 'Whether to recompute loss function to save VRAM'),
+    F('recompute-loss-function', 'flag', False, 'Other Training Parameters', 'Whether to recompute loss function to save VRAM. Here: the torch trainer runs the logits -> log-probs / entropy -> policy loss part of each micro-batch under activation checkpointing (torch.utils.checkpoint): only the logits are kept, and that part (its [tokens, vocab] fp32 log-softmax and the loss\'s temporaries) runs again in the backward; the same loss and gradients. Not with --train-backend megatron yet'),
     F('log-probs-chunk-size', 'int', -1, 'Other Training Parameters', 'Chunk size for computing log probs. Used to save VRAM'),
     F('allgather-cp', 'flag', False, 'Other Training Parameters', '-'),
     F('model-name', 'str', None, 'Other Training Parameters', 'Model name for Megatron to HF weight conversion. Inferred from AutoConfig.from_pretrained(hf_checkpoint) if not set'),
@@ -595,6 +595,7 @@ SUPPORTED: frozenset[str] = frozenset({
     # modes
     "update-weights-interval",  # relax/core/runtime.py (sync_due, held_version)
     "keep-old-actor",  # relax/backends/torch/old_actor.py
+    "recompute-loss-function",  # relax/backends/torch/backend.py (_recomputed_loss)
     "reset-optimizer-states", "use-rollout-entropy", "ref-update-interval",  # relax/backends/torch/backend.py
     "train-env-vars",  # relax/distributed/placement.py
     "eval-min-new-tokens", "eval-max-context-len",  # relax/engine/rollout/evaluation.py

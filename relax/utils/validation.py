@@ -110,7 +110,8 @@ def _train_loop(args: Namespace, p: Problems) -> None:
     if args.keep_old_actor and args.fully_async:
         p.add("not supported yet: --keep-old-actor with --fully-async (its rollouts mix weight versions; the copy "
               "holds one)")
-    for dest in ("reset_optimizer_states", "use_rollout_entropy", "ref_update_interval", "keep_old_actor"):
+    for dest in ("reset_optimizer_states", "use_rollout_entropy", "ref_update_interval", "keep_old_actor",
+                 "recompute_loss_function"):
         if getattr(args, dest) not in (None, False) and args.train_backend == "megatron":
             p.add(f"not supported yet: {_flag(dest)} with --train-backend megatron (the torch backend has it)")
     if args.lr_decay_style != "constant":

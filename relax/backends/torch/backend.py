@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from relax.algorithms import AdvantageOutput, policy_loss
 from relax.algorithms.critic import should_update_actor
@@ -44,7 +45,7 @@ from relax.backends.torch.batch import (
 )
 from relax.backends.torch.data_parallel import DataParallel
 from relax.backends.torch.freezing import apply_param_freezing
-from relax.backends.torch.logprobs import response_log_probs
+from relax.backends.torch.logprobs import log_probs_from_logits, response_log_probs
 from relax.backends.torch.master_weights import MasterWeights
 from relax.backends.torch.micro_batches import fixed_micro_batches, micro_batches
 from relax.backends.torch.rollout_postprocess import postprocess_rollout_data
@@ -73,6 +74,7 @@ class TorchTrainBackend:
     master: MasterWeights | None = None  # fp32 master weights with --bf16 (master_weights.py)
     routing = None  # --use-routing-replay: RoutingReplay (routing_replay.py)
     old_actor = None  # --keep-old-actor: OldActor (old_actor.py)
+    loss_function_runs = 0  # --recompute-loss-function: how often the checkpointed loss ran (twice per micro-batch)
 
     def __init__(self, cfg: TrainerConfig, device: str, *, inference_only: bool = False):
         self.cfg = cfg
@@ -415,8 +417,11 @@ class TorchTrainBackend:
         sums: dict[str, torch.Tensor] = {}
         for sl in micro:  # the loss divides by the step's totals, not sl's
             inputs = build_model_inputs(batch.samples[sl], width, self.pad_id, self.device)
-            lp, entropy = self._policy_forward(self.model, sl, inputs, with_entropy=True)
-            loss, m = self._micro_batch_loss(batch, sl, lp, entropy, old_lp, ref_lp, advantages, totals)
+            if self.cfg.recompute_loss_function:
+                loss, m = self._recomputed_loss(batch, sl, inputs, old_lp, ref_lp, advantages, totals)
+            else:
+                lp, entropy = self._policy_forward(self.model, sl, inputs, with_entropy=True)
+                loss, m = self._micro_batch_loss(batch, sl, lp, entropy, old_lp, ref_lp, advantages, totals)
             loss.backward()
             if self.master is not None:  # --bf16: this micro-batch's gradients into the fp32 masters
                 self.master.accumulate()
@@ -424,6 +429,24 @@ class TorchTrainBackend:
         out = {k: float(v) for k, v in self.dp.merge_metrics(sums).items()}
         out["grad_norm"] = self._apply_gradients(out.get("loss"))
         return out
+
+    def _recomputed_loss(self, batch: RolloutTensors, sl: slice, inputs, old_lp, ref_lp, advantages, totals):
+        """``--recompute-loss-function``: `_micro_batch_loss` of the model's logits under activation checkpointing:
+        only the logits are kept, and the logits -> log-probs / entropy -> loss part (its ``[n, V]`` fp32
+        log-softmax and the loss's temporaries) runs again in the backward. Same loss and gradients."""
+        if self.routing is None:
+            logits = self.model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask).logits
+        else:
+            with self.routing.forward(self.model, sl, inputs):
+                logits = self.model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask).logits
+
+        def loss_of(logits: torch.Tensor):
+            self.loss_function_runs += 1
+            lp, entropy = log_probs_from_logits(logits, inputs, temperature=self.cfg.rollout_temperature,
+                                                with_entropy=True, chunk_size=self.cfg.log_probs_chunk_size)
+            return self._micro_batch_loss(batch, sl, lp, entropy, old_lp, ref_lp, advantages, totals)
+
+        return checkpoint(loss_of, logits, use_reentrant=False)
 
     @staticmethod
     def _step_totals(batch: RolloutTensors, gsl: slice) -> tuple[int, int]:
