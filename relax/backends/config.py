@@ -70,6 +70,8 @@ class TrainerConfig(FlagSlice):
     update_weights_interval: int
     # --recompute-loss-function: the logits -> log-probs -> loss part under activation checkpointing (torch backend)
     recompute_loss_function: bool
+    # the device memory a CUDA trainer rank must have available when a step starts (0: no check; memory_margin.py)
+    train_memory_margin_bytes: int
     # which parameters train (relax/backends/torch/freezing.py)
     only_train_params_name_list: list[str] | None
     freeze_params_name_list: list[str] | None

@@ -357,7 +357,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('slime-router-health-check-failure-threshold', 'int', 3, 'Router Configuration', 'Mark worker as unhealthy after this many consecutive failures. Here: the run\'s router checks every engine\'s /health each second and, after this many failures in a row, sends it requests only while no healthy engine is left (removing dead engines is --use-fault-tolerance\'s job)'),
     # --- Other Training Parameters
     F('train-env-vars', 'json', {}, 'Other Training Parameters', 'Additional environment variables for training process. Here: a JSON object of NAME: value (strings or numbers), set in the Ray runtime env of the training processes (every trainer rank and the fully-async services, on whatever node they land; the engines and the driver do not get them), over the worker defaults (one thread, offline); anything else is a one-line error'),
-    F('train-memory-margin-bytes', 'size', GiB, 'Other Training Parameters', 'Reserved space for training memory allocation'),
+    F('train-memory-margin-bytes', 'size', GiB, 'Other Training Parameters', 'Reserved space for training memory allocation. Here: before each step\'s training a CUDA trainer rank (torch or megatron backend) checks that it can still allocate this much (the device\'s free memory plus its own allocator\'s unused cache) and otherwise stops the run in one line naming both sizes, rather than running out of memory inside the step; 0 turns the check off; CPU ranks have nothing to check. Sizes as 1073741824, 512MB, 1GB (relax/backends/torch/memory_margin.py)'),
     F('disable-weights-backuper', 'flag', False, 'Other Training Parameters', 'Disable weight backup to save host memory', seed_default='-'),
     F('custom-model-provider-path', 'str', None, 'Other Training Parameters', 'Custom model provider function path'),
     F('recompute-loss-function', 'flag', False, 'Other Training Parameters', 'Whether to recompute loss function to save VRAM. Here: the torch trainer runs the logits -> log-probs / entropy -> policy loss part of each micro-batch under activation checkpointing (torch.utils.checkpoint): only the logits are kept, and that part (its [tokens, vocab] fp32 log-softmax and the loss\'s temporaries) runs again in the backward; the same loss and gradients. Not with --train-backend megatron yet'),
@@ -596,6 +596,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "update-weights-interval",  # relax/core/runtime.py (sync_due, held_version)
     "keep-old-actor",  # relax/backends/torch/old_actor.py
     "recompute-loss-function",  # relax/backends/torch/backend.py (_recomputed_loss)
+    "train-memory-margin-bytes",  # relax/backends/torch/memory_margin.py
     "reset-optimizer-states", "use-rollout-entropy", "ref-update-interval",  # relax/backends/torch/backend.py
     "train-env-vars",  # relax/distributed/placement.py
     "eval-min-new-tokens", "eval-max-context-len",  # relax/engine/rollout/evaluation.py

@@ -47,6 +47,7 @@ from relax.backends.torch.data_parallel import DataParallel
 from relax.backends.torch.freezing import apply_param_freezing
 from relax.backends.torch.logprobs import log_probs_from_logits, response_log_probs
 from relax.backends.torch.master_weights import MasterWeights
+from relax.backends.torch.memory_margin import check_margin
 from relax.backends.torch.micro_batches import fixed_micro_batches, micro_batches
 from relax.backends.torch.rollout_postprocess import postprocess_rollout_data
 from relax.backends.torch.step_report import CONSUMED_KEY, consumed_samples, logprob_mismatch_metrics
@@ -260,6 +261,7 @@ class TorchTrainBackend:
     def train_rollout(self, samples: list[TrainSample], step: int,
                       precomputed: Precomputed | None = None) -> dict[str, float]:
         """One RL step. ``precomputed``: columns the fully-async services computed (`relax.core.services`)."""
+        check_margin(self.cfg.train_memory_margin_bytes, self.device, step)  # --train-memory-margin-bytes
         self.profiler.start("train_overall", step)
         with self.memory.step(step):
             metrics = self._train_rollout(samples, step, precomputed)
