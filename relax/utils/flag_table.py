@@ -363,7 +363,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('recompute-loss-function', 'flag', False, 'Other Training Parameters', 'Whether to recompute loss function to save VRAM. Here: the torch trainer runs the logits -> log-probs / entropy -> policy loss part of each micro-batch under activation checkpointing (torch.utils.checkpoint): only the logits are kept, and that part (its [tokens, vocab] fp32 log-softmax and the loss\'s temporaries) runs again in the backward; the same loss and gradients. Not with --train-backend megatron yet'),
     F('log-probs-chunk-size', 'int', -1, 'Other Training Parameters', 'Chunk size for computing log probs. Used to save VRAM'),
     F('allgather-cp', 'flag', False, 'Other Training Parameters', '-'),
-    F('model-name', 'str', None, 'Other Training Parameters', 'Model name for Megatron to HF weight conversion. Inferred from AutoConfig.from_pretrained(hf_checkpoint) if not set'),
+    F('model-name', 'str', None, 'Other Training Parameters', 'Model name for Megatron to HF weight conversion. Inferred from AutoConfig.from_pretrained(hf_checkpoint) if not set. Here: a conversion family of the raw converter, qwen2, qwen3, llama, qwen3_moe or mixtral (also spelled as slime does, the config class lower-cased: qwen3moe, Qwen3MoeConfig); the Megatron backend builds and converts the model as that family, so a checkpoint whose config.json has another model_type (a renamed derivative) converts as the named one. A name that is no family, or one contradicting a config whose model_type is itself a family, is refused in one line at start; with --train-backend torch (HF models, no conversion) and --megatron-to-hf-mode bridge (megatron-bridge infers its own) only that check runs'),
     F('only-load-weight', 'flag', False, 'Other Training Parameters', 'Reference model and actor fwd only load weights. Here: how they are always built (the flag changes nothing): the torch trainer\'s reference copy (the initial policy, or --ref-load\'s saved model weights) and the reference/actor_fwd services\' forward-only copies (relax/backends/services.py) hold model weights only, no optimizer, RNG or gradient state'),
     F('rlsp-server-port', 'int', 8234, 'Other Training Parameters', 'RLSP Server HTTP port'),
     F('custom-config-path', 'str', None, 'Other Training Parameters', 'Custom parameter YAML config file path. Key-value pairs in file override existing parameters'),
@@ -597,6 +597,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "keep-old-actor",  # relax/backends/torch/old_actor.py
     "recompute-loss-function",  # relax/backends/torch/backend.py (_recomputed_loss)
     "train-memory-margin-bytes",  # relax/backends/torch/memory_margin.py
+    "model-name",  # relax/backends/megatron/config.py (model_family)
     "reset-optimizer-states", "use-rollout-entropy", "ref-update-interval",  # relax/backends/torch/backend.py
     "train-env-vars",  # relax/distributed/placement.py
     "eval-min-new-tokens", "eval-max-context-len",  # relax/engine/rollout/evaluation.py

@@ -530,6 +530,25 @@ def _weight_files(args: Namespace, p: Problems) -> None:
 
 
 @rule
+def _model_name(args: Namespace, p: Problems) -> None:
+    """``--model-name``: a conversion family (relax/backends/megatron/config.py `model_family`), not contradicting the
+    --hf-checkpoint config's own model_type."""
+    if args.model_name is None:
+        return
+    from relax.backends.megatron.config import UnsupportedModelError, model_family
+    from relax.models import resolve_checkpoint
+
+    try:
+        model_type = getattr(resolve_checkpoint(args.hf_checkpoint).config, "model_type", None)
+    except (ValueError, TypeError):  # an unknown --hf-checkpoint fails with its own message
+        model_type = None
+    try:
+        model_family(model_type, args.model_name)
+    except UnsupportedModelError as exc:
+        p.add(str(exc))
+
+
+@rule
 def _balance_data(args: Namespace, p: Problems) -> None:
     if not args.balance_data:
         return
@@ -591,7 +610,7 @@ def _elastic_fleet(args: Namespace, p: Problems) -> None:
 # The rules in the order they run; each reports into the collector and never raises.
 RULES = (_inputs, _prompt_data, _checkpoints, _weight_files, _requirements, _train_loop, _true_on_policy,
          _routing_replay, _megatron_memory, _partial_rollout, _transfer_queue, _rollout_engines, _weight_sync,
-         _services, _balance_data, _placement, _elastic_fleet)
+         _services, _model_name, _balance_data, _placement, _elastic_fleet)
 
 
 def resolve_and_validate(args: Namespace, explicit: Set[str] = frozenset(), p: Problems | None = None) -> None:
