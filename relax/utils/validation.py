@@ -530,6 +530,18 @@ def _weight_files(args: Namespace, p: Problems) -> None:
 
 
 @rule
+def _weights_backup(args: Namespace, p: Problems) -> None:
+    """``--disable-weights-backuper``: no host copy of the last sync (relax/weights/push.py Snapshot), which
+    restarted engines (--use-fault-tolerance) and engines joining through --fleet-control-addr are given."""
+    if not args.disable_weights_backuper:
+        return
+    for dest, what in (("use_fault_tolerance", "a restarted engine"), ("fleet_control_addr", "a joining engine")):
+        if getattr(args, dest):
+            p.add(f"--disable-weights-backuper with {_flag(dest)}: {what} is given the last sync's weights from "
+                  "the trainer's host copy, which the flag turns off")
+
+
+@rule
 def _model_name(args: Namespace, p: Problems) -> None:
     """``--model-name``: a conversion family (relax/backends/megatron/config.py `model_family`), not contradicting the
     --hf-checkpoint config's own model_type."""
@@ -610,7 +622,7 @@ def _elastic_fleet(args: Namespace, p: Problems) -> None:
 # The rules in the order they run; each reports into the collector and never raises.
 RULES = (_inputs, _prompt_data, _checkpoints, _weight_files, _requirements, _train_loop, _true_on_policy,
          _routing_replay, _megatron_memory, _partial_rollout, _transfer_queue, _rollout_engines, _weight_sync,
-         _services, _model_name, _balance_data, _placement, _elastic_fleet)
+         _services, _weights_backup, _model_name, _balance_data, _placement, _elastic_fleet)
 
 
 def resolve_and_validate(args: Namespace, explicit: Set[str] = frozenset(), p: Problems | None = None) -> None:
