@@ -110,6 +110,9 @@ def _train_loop(args: Namespace, p: Problems) -> None:
     if args.keep_old_actor and args.fully_async:
         p.add("not supported yet: --keep-old-actor with --fully-async (its rollouts mix weight versions; the copy "
               "holds one)")
+    if args.keep_old_actor and (args.use_routing_replay or args.use_rollout_routing_replay):
+        p.add("not supported yet: --keep-old-actor with routing replay (the replayed routing is the trainer "
+              "model's, not the copy's)")
     for dest in ("reset_optimizer_states", "use_rollout_entropy", "ref_update_interval", "keep_old_actor",
                  "recompute_loss_function"):
         if getattr(args, dest) not in (None, False) and args.train_backend == "megatron":
