@@ -114,7 +114,7 @@ def test_support_marks_name_real_flags_and_values() -> None:
         assert spec.choices is None or values <= set(spec.choices), name
     assert FLAGS_BY_NAME["train-backend"].supported_values == {"torch", "megatron"}
     assert FLAGS_BY_NAME["rollout-backend"].supported_values == {"embedded", "sglang"}
-    assert not FLAGS_BY_NAME["keep-old-actor"].supported
+    assert not FLAGS_BY_NAME["allgather-cp"].supported
 
 
 def test_megatron_native_defaults_say_so_in_the_help() -> None:

@@ -109,7 +109,7 @@ def test_documented_default_of_an_unsupported_flag_is_accepted() -> None:
             argv += [f"--{spec.name}", str(spec.default)]
         elif spec.type == "bool":
             argv += [f"--{spec.name}", str(spec.default).lower()]
-    assert len(argv) > len(BASE) + 2 * 5  # several unsupported flags with their documented defaults (fewer as they land)
+    assert len(argv) > len(BASE)  # at least one unsupported flag with its documented default (fewer as they land)
     parse_args(argv)
 
 

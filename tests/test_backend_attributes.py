@@ -62,7 +62,12 @@ def test_inherited_methods_read_only_what_the_megatron_backend_sets() -> None:
     # what either class gives a Megatron backend outside TorchTrainBackend.__init__
     init_only = _self_attrs(torch_methods["__init__"], ast.Store) - {
         a for name, fn in inherited.items() for a in _self_attrs(fn, ast.Store)}
-    available = (_defined(torch_cls) - init_only) | _defined(mcore_cls)
+    # a class-level default (``routing = None``) exists on every instance, whatever __init__ assigns later
+    class_level = {t.id for n in torch_cls.body if isinstance(n, ast.Assign) for t in n.targets
+                   if isinstance(t, ast.Name)}
+    class_level |= {n.target.id for n in torch_cls.body if isinstance(n, ast.AnnAssign) and n.value is not None
+                    and isinstance(n.target, ast.Name)}
+    available = (_defined(torch_cls) - init_only) | class_level | _defined(mcore_cls)
     missing = {f"{name} reads self.{attr}" for name, fn in inherited.items()
                for attr in _self_attrs(fn, ast.Load) - available}
     assert not missing, "set by TorchTrainBackend.__init__ only: " + "; ".join(sorted(missing))

@@ -64,6 +64,14 @@ class TrainerConfig(FlagSlice):
     reset_optimizer_states: bool
     ref_update_interval: int | None  # the reference model takes the actor's weights after every this many steps
     use_rollout_entropy: bool
+    # --keep-old-actor: the old log-probs come from a copy of the weights the engines hold, which takes the
+    # trainer's weights after every --update-weights-interval-th step (relax/backends/torch/old_actor.py)
+    keep_old_actor: bool
+    update_weights_interval: int
+    # --recompute-loss-function: the logits -> log-probs -> loss part under activation checkpointing (torch backend)
+    recompute_loss_function: bool
+    # the device memory a CUDA trainer rank must have available when a step starts (0: no check; memory_margin.py)
+    train_memory_margin_bytes: int
     # which parameters train (relax/backends/torch/freezing.py)
     only_train_params_name_list: list[str] | None
     freeze_params_name_list: list[str] | None

@@ -94,8 +94,11 @@ class Runtime:
     @property
     def push_options(self) -> PushOptions:
         args = self.args
+        # the host copy of the last sync's bytes (relax/weights/push.py Snapshot): restarted or joining engines get it;
+        # --disable-weights-backuper keeps none (validation refuses it with the features that need it)
         keep = (bool(args.use_fault_tolerance) or (self.scaler is not None and self.scaler.cfg.keeps_snapshot)
-                or self.autoscaler is not None)  # a joiner is given the last sync's bytes
+                or self.autoscaler is not None)
+        keep = keep and not args.disable_weights_backuper
         return PushOptions(transport=args.weight_sync_transport, bucket_bytes=args.update_weight_buffer_size,
                            keep_snapshot=keep, timeout_s=self._sync_timeout())
 

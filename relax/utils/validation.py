@@ -108,7 +108,14 @@ def _train_loop(args: Namespace, p: Problems) -> None:
     if args.eval_min_new_tokens and args.rollout_backend == "embedded":
         p.add("not supported yet: --eval-min-new-tokens with --rollout-backend embedded (the embedded engine does "
               "not implement min_new_tokens; --rollout-backend sglang passes it)")
-    for dest in ("reset_optimizer_states", "use_rollout_entropy", "ref_update_interval"):
+    if args.keep_old_actor and args.fully_async:
+        p.add("not supported yet: --keep-old-actor with --fully-async (its rollouts mix weight versions; the copy "
+              "holds one)")
+    if args.keep_old_actor and (args.use_routing_replay or args.use_rollout_routing_replay):
+        p.add("not supported yet: --keep-old-actor with routing replay (the replayed routing is the trainer "
+              "model's, not the copy's)")
+    for dest in ("reset_optimizer_states", "use_rollout_entropy", "ref_update_interval", "keep_old_actor",
+                 "recompute_loss_function"):
         if getattr(args, dest) not in (None, False) and args.train_backend == "megatron":
             p.add(f"not supported yet: {_flag(dest)} with --train-backend megatron (the torch backend has it)")
     if args.lr_decay_style != "constant":
@@ -531,6 +538,39 @@ def _weight_files(args: Namespace, p: Problems) -> None:
 
 
 @rule
+def _weights_backup(args: Namespace, p: Problems) -> None:
+    """``--disable-weights-backuper``: no host copy of the last sync (relax/weights/push.py Snapshot), which
+    restarted engines (--use-fault-tolerance) and engines joining through --fleet-control-addr or the autoscaler
+    (--autoscaler-config) are given."""
+    if not args.disable_weights_backuper:
+        return
+    for dest, what in (("use_fault_tolerance", "a restarted engine"), ("fleet_control_addr", "a joining engine"),
+                       ("autoscaler_config", "an engine the autoscaler adds")):
+        if getattr(args, dest):
+            p.add(f"--disable-weights-backuper with {_flag(dest)}: {what} is given the last sync's weights from "
+                  "the trainer's host copy, which the flag turns off")
+
+
+@rule
+def _model_name(args: Namespace, p: Problems) -> None:
+    """``--model-name``: a conversion family (relax/backends/megatron/config.py `model_family`), not contradicting the
+    --hf-checkpoint config's own model_type."""
+    if args.model_name is None:
+        return
+    from relax.backends.megatron.config import UnsupportedModelError, model_family
+    from relax.models import resolve_checkpoint
+
+    try:
+        model_type = getattr(resolve_checkpoint(args.hf_checkpoint).config, "model_type", None)
+    except (ValueError, TypeError):  # an unknown --hf-checkpoint fails with its own message
+        model_type = None
+    try:
+        model_family(model_type, args.model_name)
+    except UnsupportedModelError as exc:
+        p.add(str(exc))
+
+
+@rule
 def _balance_data(args: Namespace, p: Problems) -> None:
     if not args.balance_data:
         return
@@ -597,7 +637,7 @@ def _elastic_fleet(args: Namespace, p: Problems) -> None:
 # The rules in the order they run; each reports into the collector and never raises.
 RULES = (_inputs, _prompt_data, _checkpoints, _weight_files, _requirements, _train_loop, _true_on_policy,
          _routing_replay, _megatron_memory, _partial_rollout, _transfer_queue, _rollout_engines, _weight_sync,
-         _services, _balance_data, _placement, _elastic_fleet)
+         _services, _weights_backup, _model_name, _balance_data, _placement, _elastic_fleet)
 
 
 def resolve_and_validate(args: Namespace, explicit: Set[str] = frozenset(), p: Problems | None = None) -> None:

@@ -85,7 +85,7 @@ class MegatronTrainBackend(TorchTrainBackend):
         self.dp = _data_parallel()
         torch.manual_seed(cfg.seed)
         self.hf_config, reader = open_hf_weights(cfg.hf_checkpoint, seed=cfg.seed)
-        self.spec = McoreModelSpec.from_hf(self.hf_config)
+        self.spec = McoreModelSpec.from_hf(self.hf_config, mcfg.model_name)
         check_model_fits(self.sizes, self.spec)
         self.fusions = fusion_kwargs(mcfg)
         recompile_headroom()  # before any compiled fusion runs (fusions.py)

@@ -57,7 +57,7 @@ def _check_parallel(cfg: MegatronConfig, resource: Any) -> None:
     except ValueError:  # an unknown --hf-checkpoint fails with its own message when the run loads it
         return
     try:
-        check_model_fits(sizes, McoreModelSpec.from_hf(config))
+        check_model_fits(sizes, McoreModelSpec.from_hf(config, cfg.model_name))
     except UnsupportedModelError as exc:
         raise ConfigError(f"--hf-checkpoint {cfg.hf_checkpoint}: {exc}") from None
 

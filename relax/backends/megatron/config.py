@@ -28,6 +28,30 @@ class UnsupportedModelError(ValueError):
     """The HF config asks for something the Megatron backend does not build."""
 
 
+def _spelling(name: str) -> str:
+    return name.lower().removesuffix("config").replace("_", "").replace("-", "")
+
+
+# --model-name: each family's HF model_type under the spellings a user may give (the model_type itself, or
+# slime's: the config class's name, lower-cased, e.g. Qwen3MoeConfig -> qwen3moe)
+MODEL_NAMES = {_spelling(t): t for t in SUPPORTED_MODEL_TYPES}
+
+
+def model_family(config_model_type: str | None, model_name: str | None) -> str | None:
+    """The conversion family: ``--model-name`` when given, else the HF config's ``model_type``. A name that is
+    no family, or one that contradicts a config whose own model_type is a family, raises `UnsupportedModelError`."""
+    if model_name is None:
+        return config_model_type
+    family = MODEL_NAMES.get(_spelling(model_name))
+    if family is None:
+        raise UnsupportedModelError(f"--model-name {model_name!r} is not a conversion family this harness knows "
+                                    f"({', '.join(SUPPORTED_MODEL_TYPES)})")
+    if config_model_type in SUPPORTED_MODEL_TYPES and config_model_type != family:
+        raise UnsupportedModelError(f"--model-name {model_name} names the {family} family, but the checkpoint's "
+                                    f"config.json says model_type={config_model_type!r}")
+    return family
+
+
 @dataclass(frozen=True)
 class McoreModelSpec:
     model_type: str
@@ -55,8 +79,9 @@ class McoreModelSpec:
         return self.num_experts > 0
 
     @classmethod
-    def from_hf(cls, config: Any) -> McoreModelSpec:
-        model_type = getattr(config, "model_type", None)
+    def from_hf(cls, config: Any, model_name: str | None = None) -> McoreModelSpec:
+        """``model_name``: ``--model-name``, the family to convert as (`model_family`); default the config's."""
+        model_type = model_family(getattr(config, "model_type", None), model_name)
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
                 f"the Megatron backend builds {', '.join(SUPPORTED_MODEL_TYPES)} models, not model_type={model_type!r}")

@@ -49,3 +49,4 @@ class MegatronConfig(FlagSlice):
     no_rope_fusion: bool
     # HF <-> megatron weight conversion: raw (ours) or bridge (megatron-bridge)
     megatron_to_hf_mode: str
+    model_name: str | None  # --model-name: the raw converter's family (config.model_family); default the config's

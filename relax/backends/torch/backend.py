@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from relax.algorithms import AdvantageOutput, policy_loss
 from relax.algorithms.critic import should_update_actor
@@ -44,8 +45,9 @@ from relax.backends.torch.batch import (
 )
 from relax.backends.torch.data_parallel import DataParallel
 from relax.backends.torch.freezing import apply_param_freezing
-from relax.backends.torch.logprobs import response_log_probs
+from relax.backends.torch.logprobs import log_probs_from_logits, response_log_probs
 from relax.backends.torch.master_weights import MasterWeights
+from relax.backends.torch.memory_margin import check_margin
 from relax.backends.torch.micro_batches import fixed_micro_batches, micro_batches
 from relax.backends.torch.rollout_postprocess import postprocess_rollout_data
 from relax.backends.torch.step_report import CONSUMED_KEY, consumed_samples, logprob_mismatch_metrics
@@ -72,6 +74,8 @@ class TorchTrainBackend:
 
     master: MasterWeights | None = None  # fp32 master weights with --bf16 (master_weights.py)
     routing = None  # --use-routing-replay: RoutingReplay (routing_replay.py)
+    old_actor = None  # --keep-old-actor: OldActor (old_actor.py)
+    loss_function_runs = 0  # --recompute-loss-function: how often the checkpointed loss ran (twice per micro-batch)
 
     def __init__(self, cfg: TrainerConfig, device: str, *, inference_only: bool = False):
         self.cfg = cfg
@@ -91,6 +95,10 @@ class TorchTrainBackend:
             self.ref_model = self._reference_model()
         self.frozen_params = apply_param_freezing(self.model, cfg.only_train_params_name_list,
                                                   cfg.freeze_params_name_list)
+        if cfg.keep_old_actor:  # the weights the engines generate with
+            from relax.backends.torch.old_actor import OldActor
+
+            self.old_actor = OldActor(self.model, cfg.update_weights_interval)
         trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         if cfg.bf16:
             self.master = MasterWeights(trainable)
@@ -253,6 +261,7 @@ class TorchTrainBackend:
     def train_rollout(self, samples: list[TrainSample], step: int,
                       precomputed: Precomputed | None = None) -> dict[str, float]:
         """One RL step. ``precomputed``: columns the fully-async services computed (`relax.core.services`)."""
+        check_margin(self.cfg.train_memory_margin_bytes, self.device, step)  # --train-memory-margin-bytes
         self.profiler.start("train_overall", step)
         with self.memory.step(step):
             metrics = self._train_rollout(samples, step, precomputed)
@@ -335,6 +344,8 @@ class TorchTrainBackend:
         metrics["train/num_optimizer_steps"] = float(num_steps)
         if self.routing is not None:
             metrics.update(self.routing.metrics())
+        if self.old_actor is not None:  # --keep-old-actor: a step that ends with a sync moves the copy on
+            metrics["train/old_actor_refreshed"] = float(self.old_actor.after_step(step, self.model))
         if self.ref_model is not None and cfg.ref_update_interval and (step + 1) % cfg.ref_update_interval == 0:
             self._update_reference()  # --ref-update-interval: the next rollouts' KL is to this policy
             metrics["train/ref_updated"] = 1.0
@@ -355,7 +366,7 @@ class TorchTrainBackend:
                 and len(batch.samples) == cfg.global_batch_size and should_update_actor(self.algo, step)
                 and self.ref_model is None and pre.ref_log_probs is None and not cfg.needs_reference_model
                 and self.teacher is None and batch.teacher_log_probs is None and self.critic is None
-                and not cfg.rollout_data_postprocess_path and not cfg.use_rollout_entropy)
+                and not cfg.rollout_data_postprocess_path and not cfg.use_rollout_entropy and self.old_actor is None)
 
     def _rows_everywhere(self, rows: torch.Tensor) -> torch.Tensor:
         """``[N, T]`` filled by this rank's micro-batches -> the whole matrix on every rank."""
@@ -363,14 +374,16 @@ class TorchTrainBackend:
 
     def _rollout_columns(self, batch: RolloutTensors, pre: Precomputed, *, old: bool = True):
         """Old, reference and teacher log-probs, critic values and advantages: the precomputed ones, else computed here
-        (``old`` False: no old log-probs, `_old_log_probs_from_step`)."""
+        (``old`` False: no old log-probs, `_old_log_probs_from_step`). The old policy is the trainer's model, or with
+        ``--keep-old-actor`` the copy of the weights the engines generated with."""
         pre.check_rows(len(batch.samples), batch.loss_mask.shape[1])
         old_lp, self._rollout_entropy = pre.old_log_probs, None
+        old_model = self.model if self.old_actor is None else self.old_actor.model
         if self.cfg.use_rollout_entropy:  # the old policy's per-token entropy, from the old-log-prob pass
-            lp, self._rollout_entropy = self._log_probs_and_entropy_no_grad(self.model, batch)
+            lp, self._rollout_entropy = self._log_probs_and_entropy_no_grad(old_model, batch)
             old_lp = lp if old_lp is None else old_lp
         if old_lp is None and old:
-            old_lp = self._log_probs_no_grad(self.model, batch)
+            old_lp = self._log_probs_no_grad(old_model, batch)
         ref_lp = pre.ref_log_probs
         if ref_lp is None and self.ref_model is not None:
             ref_lp = self._log_probs_no_grad(self.ref_model, batch)
@@ -406,8 +419,11 @@ class TorchTrainBackend:
         sums: dict[str, torch.Tensor] = {}
         for sl in micro:  # the loss divides by the step's totals, not sl's
             inputs = build_model_inputs(batch.samples[sl], width, self.pad_id, self.device)
-            lp, entropy = self._policy_forward(self.model, sl, inputs, with_entropy=True)
-            loss, m = self._micro_batch_loss(batch, sl, lp, entropy, old_lp, ref_lp, advantages, totals)
+            if self.cfg.recompute_loss_function:
+                loss, m = self._recomputed_loss(batch, sl, inputs, old_lp, ref_lp, advantages, totals)
+            else:
+                lp, entropy = self._policy_forward(self.model, sl, inputs, with_entropy=True)
+                loss, m = self._micro_batch_loss(batch, sl, lp, entropy, old_lp, ref_lp, advantages, totals)
             loss.backward()
             if self.master is not None:  # --bf16: this micro-batch's gradients into the fp32 masters
                 self.master.accumulate()
@@ -415,6 +431,24 @@ class TorchTrainBackend:
         out = {k: float(v) for k, v in self.dp.merge_metrics(sums).items()}
         out["grad_norm"] = self._apply_gradients(out.get("loss"))
         return out
+
+    def _recomputed_loss(self, batch: RolloutTensors, sl: slice, inputs, old_lp, ref_lp, advantages, totals):
+        """``--recompute-loss-function``: `_micro_batch_loss` of the model's logits under activation checkpointing:
+        only the logits are kept, and the logits -> log-probs / entropy -> loss part (its ``[n, V]`` fp32
+        log-softmax and the loss's temporaries) runs again in the backward. Same loss and gradients."""
+        if self.routing is None:
+            logits = self.model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask).logits
+        else:
+            with self.routing.forward(self.model, sl, inputs):
+                logits = self.model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask).logits
+
+        def loss_of(logits: torch.Tensor):
+            self.loss_function_runs += 1
+            lp, entropy = log_probs_from_logits(logits, inputs, temperature=self.cfg.rollout_temperature,
+                                                with_entropy=True, chunk_size=self.cfg.log_probs_chunk_size)
+            return self._micro_batch_loss(batch, sl, lp, entropy, old_lp, ref_lp, advantages, totals)
+
+        return checkpoint(loss_of, logits, use_reentrant=False)
 
     @staticmethod
     def _step_totals(batch: RolloutTensors, gsl: slice) -> tuple[int, int]:
@@ -490,7 +524,8 @@ class TorchTrainBackend:
         if self._train_offloader is None:
             critic = self.critic
             self._train_offloader = TrainOffloader(
-                self.device, [self.model, self.master, self.ref_model, self.teacher, critic and critic.model],
+                self.device, [self.model, self.master, self.ref_model, self.teacher, critic and critic.model,
+                              self.old_actor and self.old_actor.model],
                 [self.optimizer, critic and critic.optimizer])
         return self._train_offloader
 
@@ -583,6 +618,8 @@ class TorchTrainBackend:
             if (critic_path / "critic_optimizer.pt").exists():
                 self.critic.optimizer.load_state_dict(torch.load(critic_path / "critic_optimizer.pt",
                                                                  weights_only=False))
+        if self.old_actor is not None:  # a resumed run's engines start from the loaded weights
+            self.old_actor.refresh(self.model)
         rng = torch.load(path / "rng.pt", weights_only=False)
         torch.set_rng_state(rng["torch"])
         np.random.set_state(rng["numpy"])

@@ -74,7 +74,7 @@ class DistributedTransport(Transport):
     async def open(self, weights_at: torch.device) -> None:
         """Host the group (rank 0) and have every target join it; the first join refused fails the open at
         once, with that engine's error, instead of leaving the others waiting for it until the timeout."""
-        backend = "nccl" if weights_at.type == "cuda" else "gloo"
+        backend = "nccl" if weights_at.type == "cuda" else "gloo"  # --checkpoint-engine-backend nccl (its only value)
         address = master_address(self.targets)
         world = 1 + sum(t.tp_size for t in self.targets)
         store = host_store(address, world, self.timeout_s)
