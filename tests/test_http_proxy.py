@@ -82,7 +82,8 @@ def services() -> Iterator[tuple[str, str, list, list]]:
 
 def _args(rm_url: str, http_proxy: str | None) -> Namespace:
     return Namespace(custom_rm_path=None, rm_type="remote_rm", group_rm=False, reward_key=None, rm_url=rm_url,
-                     hook_timeout=60.0, http_proxy=http_proxy)
+                     hook_timeout=60.0, http_proxy=http_proxy, genrm_model_path=None, genrm_num_gpus=1,
+                     genrm_num_gpus_per_engine=1, genrm_engine_config=None, genrm_sampling_config=None)
 
 
 def test_remote_reward_calls_go_through_the_proxy(services) -> None:

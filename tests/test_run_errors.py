@@ -111,9 +111,12 @@ def test_an_actor_whose_init_raises_is_one_line_with_the_cause(local_ray: None) 
 
 def test_a_reward_key_typo_names_the_sample_the_function_and_the_keys() -> None:
     from relax.engine.rewards import RewardConfig, compute_rewards
+    from relax.engine.rewards.genrm_config import GenRMConfig
 
+    no_genrm = GenRMConfig(genrm_model_path=None, genrm_num_gpus=1, genrm_num_gpus_per_engine=1,
+                           genrm_engine_config=None, genrm_sampling_config=None, hook_timeout=300.0)
     cfg = RewardConfig(rm_type="dapo", custom_rm_path=None, group_rm=False, rm_url=None, hook_timeout=300.0,
-                       reward_key="scroe", args=Namespace())
+                       reward_key="scroe", args=Namespace(), genrm=no_genrm)
     with pytest.raises(ValueError) as info:
         asyncio.run(compute_rewards(cfg, [Sample(index=5, group_index=1, response="Answer: 3", label="3")]))
     failure = describe(info.value)
