@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
     notifier = Notifier(NotifyConfig.from_args(args), warn=console.info)  # --notify-urls
     notifier.started(f"output dir {args.output_dir}")
-    code, failure, status = 0, None, "completed"
+    code, failure, status, last_lines = 0, None, "completed", []
     with interruptible():
         try:
             with collections_paused():
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"relax: interrupted by {signalled.name}; recording the run's end and stopping Ray",
                       file=sys.stderr)
             else:
-                code, failure = _report(exc, debug_requested(bool(getattr(args, "debug", False))), describe)
+                code, failure, last_lines = _report(exc, debug_requested(bool(getattr(args, "debug", False))), describe)
                 status = "failed"
         # the run's end is on disk before Ray goes down: a shutdown cut short (a second signal, a cluster already
         # killed with the process group) leaves the artifacts complete
@@ -145,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
             _shutdown_ray()
         except Interrupted:  # the first signal came after the run ended: the shutdown was all that was left
             pass
+        # the failure's lines come last, after Ray is down: a line a Ray process forwards to this driver's stderr
+        # while it shuts down (a raylet's warning) must not follow them
+        for line in last_lines:
+            print(line, file=sys.stderr)
     lock.release()
     if code == 0:
         console.info(f"done. artifacts in {args.output_dir}: metrics.jsonl weights.jsonl events.jsonl samples.jsonl run.json")
@@ -152,21 +156,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report(exc: BaseException, debug: bool, describe):
-    """Print the failure: a user error's own lines, else one line naming the culprit; the traceback when debugging."""
+    """The failure's exit code, record and stderr lines (printed last by `main`): a user error's own lines, else one
+    line naming the culprit; the traceback first when debugging."""
     from relax.utils.errors import unwrap
 
     original, _ = unwrap(exc)  # a user error raised in an actor (a hook in the trainer): Ray wraps it
     failure = describe(exc)
-    if debug:
-        print(failure.traceback, file=sys.stderr, end="" if failure.traceback.endswith("\n") else "\n")
+    out = [failure.traceback.rstrip("\n")] if debug else []
     if isinstance(original, _user_errors()):
         lines = original.problems if isinstance(original, ConfigError) else [str(original)]
-        for line in lines:
-            print(f"relax: {line}", file=sys.stderr)
         failure.message = "; ".join(lines)
-        return (EXIT_CONFIG if isinstance(original, ConfigError) else EXIT_FAILED), failure
-    print(f"relax: run failed: {failure.message}", file=sys.stderr)
-    return EXIT_FAILED, failure
+        return ((EXIT_CONFIG if isinstance(original, ConfigError) else EXIT_FAILED), failure,
+                [*out, *(f"relax: {line}" for line in lines)])
+    return EXIT_FAILED, failure, [*out, f"relax: run failed: {failure.message}"]
 
 
 def _shutdown_ray() -> None:
