@@ -29,6 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from relax.utils.field_paths import field_path
 from relax.utils.flag_types import ConfigError, ConfigErrors
 
 FLAG = "--eval-config"
@@ -88,12 +89,6 @@ class EvalFile(BaseModel):
     eval: EvalSection
 
 
-def _where(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
-
 
 def load_eval_file(path: str) -> list[EvalDataset]:
     """The datasets of ``--eval-config``, each merged over the defaults."""
@@ -115,7 +110,7 @@ def load_eval_file(path: str) -> list[EvalDataset]:
     try:
         parsed = EvalFile.model_validate(raw)
     except ValidationError as exc:
-        lines = [f"{FLAG} {path}: {_where(e['loc'])}: {e['msg']}" for e in exc.errors()]
+        lines = [f"{FLAG} {path}: {field_path(e['loc'])}: {e['msg']}" for e in exc.errors()]
         raise (ConfigError(lines[0]) if len(lines) == 1 else ConfigErrors(lines)) from None
     section = parsed.eval
     return [EvalDataset(name=d.name, path=d.path, **d.merged_over(section.defaults).model_dump(exclude_none=True))

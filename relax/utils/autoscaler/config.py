@@ -18,6 +18,7 @@ from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from relax.utils.field_paths import field_path
 from relax.utils.flag_types import ConfigError, ConfigErrors
 
 FLAG = "--autoscaler-config"
@@ -114,16 +115,10 @@ class AutoscalerConfig(_Strict):
         return self
 
 
-def _where(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
-
 
 def problems(exc: ValidationError) -> list[str]:
     """One line per problem: the field's path in the file, then pydantic's message."""
-    return [f"{_where(e['loc'])}: {e['msg']}" for e in exc.errors()]
+    return [f"{field_path(e['loc'])}: {e['msg']}" for e in exc.errors()]
 
 
 def parse(raw: object, source: str = "") -> AutoscalerConfig:
