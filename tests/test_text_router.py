@@ -1,0 +1,159 @@
+"""The text router (--use-slime-router) and its middlewares (--slime-router-middleware-paths), against an embedded
+engine server and the run's router, both in this process (tests/router_middlewares.py holds the middlewares)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from relax.backends.embedded.hosting import serve_in_thread
+from relax.engine.rollout.config import RolloutConfig
+from relax.engine.router.in_process import RouterConfig, RouterThread
+from relax.utils.arguments import parse_args
+from relax.utils.http_utils import run_closing
+from tests import router_middlewares
+
+REPO = Path(__file__).resolve().parents[1]
+MW = "tests.router_middlewares"
+
+
+@pytest.fixture(scope="module")
+def engine_url() -> str:
+    """An embedded engine server (tiny-qwen3, which tokenizes text) served from a thread of this process."""
+    from relax.backends.embedded import server
+    from relax.backends.embedded.scheduler import Scheduler
+
+    ns = server.parse_args(["--hf-checkpoint", "tiny-qwen3", "--seed", "5", "--num-threads", "1"])
+    scheduler = Scheduler(server.build_engine(ns))
+    served = serve_in_thread(server.EngineServer(scheduler, model_path="tiny-qwen3").app(), name="test-engine")
+    yield served.url
+    scheduler.close()
+
+
+def _args(*flags: str):
+    return parse_args(["--preset", "quickstart", "--use-slime-router", *flags])
+
+
+def _router(urls: list[str], *paths: str) -> RouterThread:
+    flags = ["--slime-router-middleware-paths", *(f"{MW}.{p}" for p in paths)] if paths else []
+    return RouterThread(urls, RouterConfig.from_args(_args(*flags)))
+
+
+async def _post(url: str, body) -> tuple[int, dict, dict]:
+    async with aiohttp.ClientSession() as session, session.post(url, json=body) as resp:
+        return resp.status, await resp.json(content_type=None), dict(resp.headers)
+
+
+def test_middlewares_run_in_the_given_order_around_a_text_request(engine_url: str) -> None:
+    router = _router([engine_url], "Recorder", "ShortAnswers")
+    router_middlewares.SEEN.clear()
+    body = {"text": "3+4=", "return_logprob": True, "sampling_params": {"max_new_tokens": 8, "temperature": 0.0}}
+    status, answer, headers = run_closing(_post(f"{router.url}/generate", body))
+    assert status == 200, answer
+    assert len(answer["output_ids"]) == 2  # ShortAnswers, the inner one, rewrote max_new_tokens
+    assert headers["X-Chain"] == "recorder,short"  # the outer one saw the inner one's answer
+    [seen] = router_middlewares.SEEN
+    assert seen["order"] == ["recorder", "short"] and seen["body"]["text"] == "3+4=" and "input_ids" not in seen["body"]
+    assert seen["worker"] == engine_url and seen["answer"]["output_ids"] == answer["output_ids"]
+
+    batch = {"text": ["3+4=", "1+1="], "sampling_params": [{"max_new_tokens": 5}, {"max_new_tokens": 5}]}
+    status, answers, _ = run_closing(_post(f"{router.url}/generate", batch))  # SGLang's batch of texts
+    assert status == 200 and [len(a["output_ids"]) for a in answers] == [2, 2]
+
+
+def test_bad_requests_and_a_raising_middleware_answer_in_one_line(engine_url: str) -> None:
+    router = _router([engine_url], "RefuseEmpty", "Raises")
+    for body, status, text in ([1, 2], 400, "must be a JSON object"), ({"text": ""}, 400, "empty text"), (
+            {"text": "3+4="}, 500, f"--slime-router-middleware-paths {MW}.Raises raised KeyError: 'no such thing'"):
+        got, answer, _ = run_closing(_post(f"{router.url}/generate", body))
+        assert got == status and text in answer["error"]["message"] and "\n" not in answer["error"]["message"]
+
+
+def test_engine_headers_and_routing_key_reach_the_engine() -> None:
+    seen: list[dict] = []
+
+    async def generate(request: web.Request) -> web.Response:
+        seen.append({"headers": dict(request.headers), "body": await request.json()})
+        return web.json_response({"text": "", "output_ids": [], "meta_info": {}})
+
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+
+    async def health(_request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    app.router.add_get("/health", health)
+    worker = serve_in_thread(app, name="header-worker")
+    router = _router([worker.url], "Recorder")
+    status, _, _ = run_closing(_post(f"{router.url}/generate", {"text": "x", "routing_key": "s1"}))
+    assert status == 200 and seen[0]["headers"]["X-Order"] == "recorder" and seen[0]["body"] == {"text": "x"}
+
+
+def test_the_default_rollout_sends_text_and_trains_on_the_engines_ids(engine_url: str) -> None:
+    from relax.engine.rollout import sglang_rollout
+    from relax.engine.rollout.data_source import RolloutDataSourceWithBuffer
+    from relax.engine.rollout.engine_client import EngineClient
+    from relax.engine.rollout.engine_pool import HttpEnginePool
+    from relax.models import load_tokenizer
+
+    router = _router([engine_url], "Recorder")
+    flags = ["--rollout-max-response-len", "6", "--n-samples-per-prompt", "2", "--rollout-batch-size", "2",
+             "--rollout-temperature", "1.0", "--global-batch-size", "4", "--micro-batch-size", "4"]
+    tokenizer = load_tokenizer("tiny-qwen3")
+
+    def rollout(text: bool):
+        args = parse_args(["--preset", "quickstart", *flags, *(["--use-slime-router"] if text else [])])
+        cfg = RolloutConfig.from_args(args)
+        state = sglang_rollout.GenerateState.install(cfg, tokenizer=tokenizer,
+                                                     pool=HttpEnginePool(EngineClient(router.url)))
+        samples = [s for g in RolloutDataSourceWithBuffer(args, tokenizer=tokenizer).get_samples(2) for s in g]
+        prompts = [list(s.tokens) for s in samples]
+        router_middlewares.SEEN.clear()
+        run_closing(sglang_rollout._batch_generate(cfg, 0, state, samples))
+        return samples, prompts, list(router_middlewares.SEEN)
+
+    samples, prompts, seen = rollout(text=True)
+    assert seen and all("text" in s["body"] and "input_ids" not in s["body"] for s in seen)
+    assert all(s["body"]["return_prompt_token_ids"] for s in seen)
+    answers = [a for s in seen for a in (s["answer"] if isinstance(s["answer"], list) else [s["answer"]])]
+    sent = [t for s in seen for t in (s["body"]["text"] if isinstance(s["body"]["text"], list) else [s["body"]["text"]])]
+    assert sorted(sent) == sorted(s.prompt for s in samples)
+    by_prompt = {}
+    for text, answer in zip(sent, answers, strict=True):
+        by_prompt.setdefault(text, []).append(answer)
+    for s, prompt in zip(samples, prompts, strict=True):
+        answer = next(a for a in by_prompt[s.prompt] if a["output_ids"] == s.response_tokens)
+        assert s.tokens == answer["prompt_token_ids"] + answer["output_ids"]  # what is trained is what ran
+        assert s.tokens[: s.prompt_length] == prompt  # the engine tokenized the text as the data layer did
+        assert s.rollout_log_probs == [e[0] for e in answer["meta_info"]["output_token_logprobs"]]
+        assert s.loss_mask == [1] * s.response_length and 0 < s.response_length == len(answer["output_ids"])
+
+    tokens, _, seen = rollout(text=False)  # the same samples by token ids: the same training data
+    assert all("input_ids" in s["body"] and "text" not in s["body"] for s in seen)
+    assert [(t.tokens, t.rollout_log_probs) for t in tokens] == [(s.tokens, s.rollout_log_probs) for s in samples]
+
+
+def test_launch_refuses_a_bad_middleware_path_naming_it(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "relax.cli", "train", "--preset", "quickstart", "--use-slime-router",
+         "--slime-router-middleware-paths", f"{MW}.Recorder", f"{MW}.NoConfig", f"{MW}.not_a_class",
+         "--output-dir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env={"PYTHONPATH": str(REPO), "PATH": ""})
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("relax:")]
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 2 and f"'{MW}.NoConfig'.__init__ takes 1 argument" in lines[0], lines
+    assert f"'{MW}.not_a_class' is a function, not a class" in lines[1]
+
+
+def test_middlewares_need_the_text_router() -> None:
+    from relax.utils.arguments import ConfigError
+
+    with pytest.raises(ConfigError, match="--slime-router-middleware-paths needs --use-slime-router"):
+        parse_args(["--preset", "quickstart", "--slime-router-middleware-paths", f"{MW}.Recorder"])
+    with pytest.raises(ConfigError, match="not supported yet: --use-slime-router with --partial-rollout"):
+        parse_args(["--preset", "quickstart", "--use-slime-router", "--partial-rollout"])
