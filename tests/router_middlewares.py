@@ -86,3 +86,24 @@ def _param_dicts(body) -> list[dict]:
     if isinstance(params, dict):
         return [params]
     return [p for p in params or [] if isinstance(p, dict)]
+
+
+class FileRecorder:
+    """For a ``relax train`` run (its router lives in the driver process): appends each /generate body and answer
+    to the JSON-lines file ``$RELAX_TEST_ROUTER_LOG``."""
+
+    def __init__(self, router, config) -> None:
+        import os
+
+        self.path = os.environ["RELAX_TEST_ROUTER_LOG"]
+        self.hf_checkpoint = config.args.hf_checkpoint  # the run's namespace reaches the middleware
+
+    async def __call__(self, request: RoutedRequest, call_next) -> RoutedResponse:
+        import json
+
+        sent = dict(request.json or {})
+        response = await call_next(request)
+        if request.path == "/generate":
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"body": sent, "answer": response.json, "model": self.hf_checkpoint}) + "\n")
+        return response

@@ -3,6 +3,7 @@ engine server and the run's router, both in this process (tests/router_middlewar
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -157,3 +158,35 @@ def test_middlewares_need_the_text_router() -> None:
         parse_args(["--preset", "quickstart", "--slime-router-middleware-paths", f"{MW}.Recorder"])
     with pytest.raises(ConfigError, match="not supported yet: --use-slime-router with --partial-rollout"):
         parse_args(["--preset", "quickstart", "--use-slime-router", "--partial-rollout"])
+
+
+def test_a_run_with_the_text_router_trains_on_what_the_engine_generated(tmp_path: Path, monkeypatch) -> None:
+    """``relax train --use-slime-router``: every generation request reaching the router carries text, and every
+    trained sample's tokens are an engine answer's prompt_token_ids + output_ids."""
+    from relax.utils.types import Sample
+    from tests.e2e_helpers import FAST_FLAGS, assert_ok, read_jsonl, run_relax
+
+    log = tmp_path / "router.jsonl"
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    proc = run_relax([*FAST_FLAGS, "--num-rollout", "1", "--use-slime-router", "--slime-router-middleware-paths",
+                      f"{MW}.FileRecorder", "--save-debug-rollout-data", str(tmp_path / "rollout_{rollout_id}.json"),
+                      "--output-dir", str(tmp_path / "run")], tmp_path, env={"RELAX_TEST_ROUTER_LOG": str(log)})
+    assert_ok(proc)
+    records = read_jsonl(log)
+    assert records and all("text" in r["body"] and "input_ids" not in r["body"] for r in records)
+    generated = {tuple(a["prompt_token_ids"] + a["output_ids"]) for r in records
+                 for a in (r["answer"] if isinstance(r["answer"], list) else [r["answer"]])}
+    saved = json.loads((tmp_path / "rollout_0.json").read_text())["groups"]
+    trained = [Sample.from_dict(s) for group in saved for s in group]
+    assert len(trained) == 32 and all(tuple(s.tokens) in generated for s in trained)
+    assert read_jsonl(tmp_path / "run" / "metrics.jsonl")[0]["step"] == 0
+
+
+def test_the_router_flags_configure_the_text_router() -> None:
+    args = _args("--slime-router-timeout", "7", "--slime-router-max-connections", "3",
+                 "--slime-router-health-check-failure-threshold", "2", "--slime-router-middleware-paths",
+                 f"{MW}.Recorder", f"{MW}.ShortAnswers")
+    router = RouterThread([], RouterConfig.from_args(args)).router
+    assert (router.request_timeout, router.max_connections, router.failure_threshold) == (7.0, 3, 2)
+    assert [path for path, _ in router.middlewares] == [f"{MW}.Recorder", f"{MW}.ShortAnswers"]
+    assert router.middlewares[0][1].config.args is args
