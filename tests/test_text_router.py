@@ -190,3 +190,29 @@ def test_the_router_flags_configure_the_text_router() -> None:
     assert (router.request_timeout, router.max_connections, router.failure_threshold) == (7.0, 3, 2)
     assert [path for path, _ in router.middlewares] == [f"{MW}.Recorder", f"{MW}.ShortAnswers"]
     assert router.middlewares[0][1].config.args is args
+
+
+def test_evaluation_sends_text_too(engine_url: str) -> None:
+    from relax.engine.rewards.config import RewardConfig
+    from relax.engine.rollout import sglang_rollout
+    from relax.engine.rollout.data_source import RolloutDataSourceWithBuffer
+    from relax.engine.rollout.engine_client import EngineClient
+    from relax.engine.rollout.engine_pool import HttpEnginePool
+    from relax.engine.rollout.eval_config import EvalConfig
+    from relax.engine.rollout.evaluation import EvalSet, run_eval
+    from relax.models import load_tokenizer
+
+    router = _router([engine_url], "Recorder")
+    args = _args("--eval-max-response-len", "4", "--n-samples-per-eval-prompt", "2")
+    tokenizer = load_tokenizer("tiny-qwen3")
+    cfg = RolloutConfig.from_args(args)
+    sglang_rollout.GenerateState.install(cfg, tokenizer=tokenizer, pool=HttpEnginePool(EngineClient(router.url)))
+    prompts = [g[0] for g in RolloutDataSourceWithBuffer(args, tokenizer=tokenizer).get_samples(2)]
+    router_middlewares.SEEN.clear()
+    data: dict = {}
+    metrics = run_eval(EvalConfig.from_args(args), cfg, RewardConfig.from_args(args), 0, [EvalSet("t", prompts)], data)
+    assert "eval/t/reward_mean" in metrics and router_middlewares.SEEN
+    assert all("text" in s["body"] and "input_ids" not in s["body"] for s in router_middlewares.SEEN)
+    answers = [a for s in router_middlewares.SEEN for a in (s["answer"] if isinstance(s["answer"], list) else [s["answer"]])]
+    assert sorted(tuple(s.tokens) for s in data["t"]["samples"]) == sorted(
+        tuple(a["prompt_token_ids"] + a["output_ids"]) for a in answers)

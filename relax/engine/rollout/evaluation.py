@@ -129,9 +129,11 @@ async def _evaluate_set(cfg: EvalConfig, rollout: RolloutConfig, rewards: Reward
 def run_eval(cfg: EvalConfig, rollout: RolloutConfig, rewards: RewardConfig, step: int,
              eval_sets: list[EvalSet], data: dict[str, dict[str, list]] | None = None) -> dict[str, float]:
     """The eval metrics; ``data``, when given, receives ``{set name: {"samples", "rewards"}}``."""
+    from relax.utils.http_utils import run_closing
+
     async def all_sets() -> dict[str, float]:
         parts = await asyncio.gather(*(_evaluate_set(cfg, rollout, rewards, step, i, s, data)
                                        for i, s in enumerate(eval_sets)))
         return {k: v for part in parts for k, v in part.items()}
 
-    return asyncio.run(all_sets())
+    return run_closing(all_sets())  # this loop's pooled HTTP session closes with it
