@@ -216,3 +216,13 @@ def test_evaluation_sends_text_too(engine_url: str) -> None:
     answers = [a for s in router_middlewares.SEEN for a in (s["answer"] if isinstance(s["answer"], list) else [s["answer"]])]
     assert sorted(tuple(s.tokens) for s in data["t"]["samples"]) == sorted(
         tuple(a["prompt_token_ids"] + a["output_ids"]) for a in answers)
+
+
+def test_the_standalone_router_takes_middlewares_and_refuses_a_bad_one() -> None:
+    from relax.engine.router.__main__ import parse_args as router_args
+
+    assert router_args(["--slime-router-middleware-paths", f"{MW}.Recorder"]).slime_router_middleware_paths == [
+        f"{MW}.Recorder"]
+    proc = subprocess.run([sys.executable, "-m", "relax.engine.router", "--slime-router-middleware-paths",
+                           f"{MW}.SyncCall"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 2 and f"'{MW}.SyncCall' has no async __call__" in proc.stderr.splitlines()[-1]
