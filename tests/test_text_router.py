@@ -75,24 +75,28 @@ def test_bad_requests_and_a_raising_middleware_answer_in_one_line(engine_url: st
         assert got == status and text in answer["error"]["message"] and "\n" not in answer["error"]["message"]
 
 
-def test_engine_headers_and_routing_key_reach_the_engine() -> None:
+def test_engine_headers_reach_the_engine_and_a_routing_key_stays_sticky() -> None:
     seen: list[dict] = []
 
-    async def generate(request: web.Request) -> web.Response:
-        seen.append({"headers": dict(request.headers), "body": await request.json()})
-        return web.json_response({"text": "", "output_ids": [], "meta_info": {}})
+    def worker(name: str):
+        async def generate(request: web.Request) -> web.Response:
+            seen.append({"who": name, "headers": dict(request.headers), "body": await request.json()})
+            return web.json_response({"text": "", "output_ids": [], "meta_info": {}})
 
-    app = web.Application()
-    app.router.add_post("/generate", generate)
+        async def health(_request: web.Request) -> web.Response:
+            return web.json_response({})
 
-    async def health(_request: web.Request) -> web.Response:
-        return web.json_response({})
+        app = web.Application()
+        app.router.add_post("/generate", generate)
+        app.router.add_get("/health", health)
+        return serve_in_thread(app, name=f"worker-{name}")
 
-    app.router.add_get("/health", health)
-    worker = serve_in_thread(app, name="header-worker")
-    router = _router([worker.url], "Recorder")
-    status, _, _ = run_closing(_post(f"{router.url}/generate", {"text": "x", "routing_key": "s1"}))
-    assert status == 200 and seen[0]["headers"]["X-Order"] == "recorder" and seen[0]["body"] == {"text": "x"}
+    router = _router([worker("a").url, worker("b").url], "Recorder")
+    for _ in range(4):
+        status, _, _ = run_closing(_post(f"{router.url}/generate", {"text": "x", "routing_key": "s1"}))
+        assert status == 200
+    assert all(s["headers"]["X-Order"] == "recorder" and s["body"] == {"text": "x"} for s in seen)
+    assert len(seen) == 4 and len({s["who"] for s in seen}) == 1  # the key pinned one worker
 
 
 def test_the_default_rollout_sends_text_and_trains_on_the_engines_ids(engine_url: str) -> None:

@@ -235,9 +235,11 @@ class Router:
             return RoutedResponse.from_bytes(status, data, worker)
 
         answer = await middleware.chain(self.middlewares, route)(request)
-        content_type = "application/json" if answer.json is not None or not answer.data else "text/plain"
-        return web.Response(status=answer.status, body=answer.body(), headers=answer.headers,
-                            content_type=content_type)
+        headers = dict(answer.headers)
+        if not any(k.lower() == "content-type" for k in headers):  # a middleware may set its own
+            headers["Content-Type"] = ("application/json" if answer.json is not None or not answer.data
+                                       else "text/plain; charset=utf-8")
+        return web.Response(status=answer.status, body=answer.body(), headers=headers)
 
     async def broadcast(self, method: str, path: str, body: bytes | None) -> web.Response:
         workers = list(self.workers.values())
@@ -310,7 +312,7 @@ class Router:
             if json_body and not isinstance(routed.json, dict):
                 return _error(400, f"{request.path}: the body must be a JSON object, got "
                                    f"{type(routed.json).__name__}")
-        if isinstance(routed.json, dict) and "routing_key" in routed.json:
+        if json_body and isinstance(routed.json, dict) and "routing_key" in routed.json:  # /generate's own field
             routed.routing_key = str(routed.json.pop("routing_key"))
         return await self.through_middlewares(routed)
 
