@@ -32,7 +32,8 @@ def _worker(name: str, hits: dict[str, int], status: int = 200):
 def _config(failover: bool) -> RouterConfig:
     """The router's flags at their schema defaults, but for --use-fault-tolerance."""
     return RouterConfig(slime_router_health_check_failure_threshold=3, slime_router_timeout=None,
-                        slime_router_max_connections=None, use_fault_tolerance=failover)
+                        slime_router_max_connections=None, use_fault_tolerance=failover, use_slime_router=False,
+                        slime_router_middleware_paths=None)
 
 
 def _post_many(url: str, n: int) -> list:

@@ -98,6 +98,11 @@ def prepare_run(args: Namespace) -> RunInputs:
         signature="generate_rollout(args, rollout_id, data_source, evaluation=False) -> list[list[Sample]]",
         min_args=3, catch=catch)
     p.run(_check_train_data_hooks, args, catch=catch)
+    if args.slime_router_middleware_paths:
+        from relax.engine.router import middleware
+
+        for path in args.slime_router_middleware_paths:
+            p.run(middleware.load_class, path, catch=catch)
     if args.custom_generate_function_path:
         from relax.engine.rollout.sglang_rollout import load_generate_function
 

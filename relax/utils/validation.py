@@ -281,6 +281,17 @@ def _partial_rollout(args: Namespace, p: Problems) -> None:
 
 
 @rule
+def _router(args: Namespace, p: Problems) -> None:
+    """The text router's flags (relax/engine/router/): its middlewares need it, and partial rollout resumes a sample
+    from its token ids, which a text request cannot carry."""
+    if args.slime_router_middleware_paths and not args.use_slime_router:
+        p.add("--slime-router-middleware-paths needs --use-slime-router (the middlewares are the text router's)")
+    if args.use_slime_router and args.partial_rollout:
+        p.add("not supported yet: --use-slime-router with --partial-rollout (a resumed sample is sent as its token "
+              "ids; a text request cannot carry them)")
+
+
+@rule
 def _transfer_queue(args: Namespace, p: Problems) -> None:
     """The TransferQueue knobs configure the fully-async loop's storage units (relax/core/transfer_queue.py); their
     ranges are the flag table's (BOUNDS)."""
@@ -636,7 +647,7 @@ def _elastic_fleet(args: Namespace, p: Problems) -> None:
 
 # The rules in the order they run; each reports into the collector and never raises.
 RULES = (_inputs, _prompt_data, _checkpoints, _weight_files, _requirements, _train_loop, _true_on_policy,
-         _routing_replay, _megatron_memory, _partial_rollout, _transfer_queue, _rollout_engines, _weight_sync,
+         _routing_replay, _megatron_memory, _partial_rollout, _router, _transfer_queue, _rollout_engines, _weight_sync,
          _services, _weights_backup, _model_name, _balance_data, _placement, _elastic_fleet)
 
 

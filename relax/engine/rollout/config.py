@@ -41,6 +41,9 @@ class RolloutConfig(FlagSlice):
     mask_offpolicy_in_partial_rollout: bool
     # --use-rollout-routing-replay: requests ask for the engines' MoE routing (return_routed_experts)
     use_rollout_routing_replay: bool
+    # --use-slime-router: requests carry the prompt text, and the engine's prompt token ids come back
+    # (relax/engine/rollout/prompt_input.py)
+    use_slime_router: bool
     # the tokenizer's checkpoint, and the reward key samples.jsonl records
     hf_checkpoint: str
     reward_key: str | None

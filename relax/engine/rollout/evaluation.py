@@ -31,6 +31,7 @@ from relax.engine.rewards import RewardConfig, compute_rewards
 from relax.engine.rollout.config import RolloutConfig
 from relax.engine.rollout.eval_config import EvalConfig
 from relax.engine.rollout.eval_file import load_eval_file
+from relax.engine.rollout.prompt_input import prompt_fields, take_prompt_ids
 from relax.engine.rollout.sglang_rollout import GenerateState, apply_response, custom_generate, sample_seed
 from relax.utils.arguments import ConfigError
 from relax.utils.types import Sample
@@ -102,11 +103,12 @@ async def _evaluate_set(cfg: EvalConfig, rollout: RolloutConfig, rewards: Reward
     if rollout.custom_generate_function_path:  # the recipe's own rollout, told it is evaluating (seed 001)
         await custom_generate(rollout, samples, params, seeds, evaluation=True)
     else:
-        requests = [{"input_ids": list(s.tokens), "return_logprob": True,
+        requests = [{**prompt_fields(s, rollout.use_slime_router), "return_logprob": True,
                      "sampling_params": dict(capped_to_context(params, len(s.tokens), cfg.eval_max_context_len),
                                              sampling_seed=seed)} for s, seed in zip(samples, seeds, strict=True)]
         responses = await GenerateState(rollout.args, config=rollout).pool.generate_batch(requests, n)
         for s, resp in zip(samples, responses, strict=True):
+            take_prompt_ids(s, resp, rollout.use_slime_router)
             apply_response(s, resp)
     await compute_rewards(rewards, samples)
     values = [extract_reward(s.reward, cfg.eval_reward_key) for s in samples]
@@ -127,9 +129,11 @@ async def _evaluate_set(cfg: EvalConfig, rollout: RolloutConfig, rewards: Reward
 def run_eval(cfg: EvalConfig, rollout: RolloutConfig, rewards: RewardConfig, step: int,
              eval_sets: list[EvalSet], data: dict[str, dict[str, list]] | None = None) -> dict[str, float]:
     """The eval metrics; ``data``, when given, receives ``{set name: {"samples", "rewards"}}``."""
+    from relax.utils.http_utils import run_closing
+
     async def all_sets() -> dict[str, float]:
         parts = await asyncio.gather(*(_evaluate_set(cfg, rollout, rewards, step, i, s, data)
                                        for i, s in enumerate(eval_sets)))
         return {k: v for part in parts for k, v in part.items()}
 
-    return asyncio.run(all_sets())
+    return run_closing(all_sets())  # this loop's pooled HTTP session closes with it

@@ -23,6 +23,7 @@ from relax.engine.protocol import parse_weight_version
 from relax.engine.rewards.config import RewardConfig
 from relax.engine.rollout.config import RolloutConfig
 from relax.engine.rollout.partial_rollout import generate_partial_rollout_async
+from relax.engine.rollout.prompt_input import prompt_fields, take_prompt_ids
 from relax.engine.rollout.state import (  # noqa: F401 - GenerateState, sample_seed: their Relax import paths
     FINISH_STATUS,
     MAX_SAMPLING_ROUNDS,
@@ -191,12 +192,13 @@ async def _batch_generate(cfg: RolloutConfig, rollout_id: int, state: GenerateSt
     requests = []
     for s in flat:
         params = dict(state.sampling_params, sampling_seed=sample_seed(cfg.rollout_seed, rollout_id, s.index))
-        request = {"input_ids": list(s.tokens), "sampling_params": params, "return_logprob": True}
+        request = {**prompt_fields(s, cfg.use_slime_router), "sampling_params": params, "return_logprob": True}
         if cfg.use_rollout_routing_replay:  # every fed token's experts, the prompt's too (start 0)
             request["return_routed_experts"] = True
         requests.append(request)
     responses = await state.pool.generate_batch(requests, cfg.n_samples_per_prompt)
     for s, resp in zip(flat, responses, strict=True):
+        take_prompt_ids(s, resp, cfg.use_slime_router)
         apply_response(s, resp)
     latencies = [r["meta_info"]["e2e_latency"] for r in responses
                  if isinstance(r["meta_info"].get("e2e_latency"), int | float)]

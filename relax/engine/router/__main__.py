@@ -10,6 +10,8 @@ import sys
 
 from aiohttp import web
 
+from relax.engine.router import middleware
+from relax.engine.router.in_process import RouterConfig
 from relax.engine.router.router import Router
 
 
@@ -24,6 +26,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--health-check-timeout", type=float, default=2.0, help="seconds one health check may take")
     p.add_argument("--slime-router-timeout", type=float, default=None, help="per-request timeout to a worker (s)")
     p.add_argument("--slime-router-max-connections", type=int, default=1024)
+    p.add_argument("--slime-router-middleware-paths", nargs="*", default=[],
+                   help="middleware classes M(router, config), run in this order around each routed request "
+                        "(relax/engine/router/middleware.py; config: this router's flags, config.args all of them)")
     p.add_argument("--api-key", default=None, help="required from clients; needed for a non-loopback --host")
     p.add_argument("--worker-api-key", default=None, help="sent to the workers")
     p.add_argument("--log-level", default="WARNING")
@@ -32,6 +37,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     if not is_loopback(args.host) and not args.api_key:
         p.error(f"--host {args.host} is not loopback: --api-key is required")
+    from relax.utils.plugins import PluginError
+
+    for path in args.slime_router_middleware_paths:
+        try:
+            middleware.load_class(path)
+        except PluginError as exc:
+            p.error(str(exc))
     return args
 
 
@@ -58,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
                     health_interval=args.health_check_interval, health_timeout=args.health_check_timeout,
                     request_timeout=args.slime_router_timeout, max_connections=args.slime_router_max_connections,
                     api_key=args.api_key, worker_api_key=args.worker_api_key)
+    config = RouterConfig(  # what a run's middleware gets, from this router's flags (it always fails over)
+        slime_router_health_check_failure_threshold=args.slime_router_health_check_failure_threshold,
+        slime_router_timeout=args.slime_router_timeout, slime_router_max_connections=args.slime_router_max_connections,
+        use_fault_tolerance=True, use_slime_router=True,
+        slime_router_middleware_paths=args.slime_router_middleware_paths, args=args)
+    router.middlewares = middleware.build(args.slime_router_middleware_paths, router, config)
     try:
         asyncio.run(serve(router, args.host, args.port))
     except KeyboardInterrupt:

@@ -7,9 +7,11 @@ listens on loopback: everything that posts to it runs in the driver process.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from relax.backends.embedded.hosting import Served, serve_in_thread
+from relax.engine.router import middleware
 from relax.engine.router.router import Router
 from relax.utils.flag_slice import FlagSlice
 
@@ -36,6 +38,12 @@ class RouterConfig(FlagSlice):
     slime_router_max_connections: int | None
     # --use-fault-tolerance: retry a request on another engine when one fails
     use_fault_tolerance: bool
+    # --use-slime-router: the default rollout sends text (relax/engine/rollout/prompt_input.py); its middlewares
+    # (relax/engine/router/middleware.py) wrap every request the router sends to one engine
+    use_slime_router: bool
+    slime_router_middleware_paths: list[str] | None
+    # the whole namespace, for the middlewares (slime's read router.args, e.g. --hf-checkpoint's tokenizer)
+    args: Any = field(default=None, compare=False, repr=False)
 
     @property
     def failure_threshold(self) -> int:
@@ -57,6 +65,9 @@ class RouterConfig(FlagSlice):
         if self.slime_router_health_check_failure_threshold < 1:
             raise ValueError("--slime-router-health-check-failure-threshold must be >= 1, got "
                              f"{self.slime_router_health_check_failure_threshold}")
+        if self.slime_router_middleware_paths and not self.use_slime_router:
+            raise ValueError("--slime-router-middleware-paths needs --use-slime-router (the middlewares are the text "
+                             "router's)")
 
 
 class RouterThread:
@@ -64,6 +75,7 @@ class RouterThread:
         self.router = Router(worker_urls, failure_threshold=config.failure_threshold, health_timeout=5.0,
                              request_timeout=config.request_timeout, max_connections=config.max_connections,
                              worker_api_key=worker_api_key, failover=config.failover, remove_unhealthy=False)
+        self.router.middlewares = middleware.build(config.slime_router_middleware_paths, self.router, config)
         self.served: Served = serve_in_thread(self.router.app(), "127.0.0.1", name="relax-router")
 
     @property

@@ -18,6 +18,10 @@
   new requests to a worker that is about to leave, so the ones it has can finish); ``/list_workers``
   shows it. Control endpoints (abort, pause, continue, flush, release/resume memory, disk weight
   updates) are broadcast to every worker.
+* Text or token ids: ``/generate`` bodies pass through as SGLang takes them (``input_ids``, or ``text`` / a
+  list of texts that the engine tokenizes); ``--use-slime-router`` makes the run's default rollout send text.
+* Middlewares (``--slime-router-middleware-paths``, relax/engine/router/middleware.py) wrap every request sent to
+  one engine, in the order given; without any, bodies are not parsed (the router reads ``routing_key`` only).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ import aiohttp
 from aiohttp import web
 
 from relax.engine.protocol import parse_weight_version
+from relax.engine.router import middleware
+from relax.engine.router.middleware import RoutedRequest, RoutedResponse
 from relax.utils.json_codec import JSONDecodeError, dumps, json_response, loads
 
 log = logging.getLogger("relax.router")
@@ -85,6 +91,8 @@ class Router:
         self.failover = failover
         self.remove_unhealthy = remove_unhealthy
         self.session: aiohttp.ClientSession | None = None
+        # --slime-router-middleware-paths, built by the caller (relax/engine/router/middleware.py): [(path, hook)]
+        self.middlewares: list[tuple[str, middleware.Middleware]] = []
         self._health_task: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ pool
@@ -158,15 +166,16 @@ class Router:
 
     # ------------------------------------------------------------------ forwarding
     async def _send(self, w: Worker, method: str, path: str, body: bytes | None,
-                    timeout: float | None) -> tuple[int, bytes]:
-        headers = {"Content-Type": "application/json", **self.worker_headers}
+                    timeout: float | None, extra_headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+        headers = {**(extra_headers or {}), "Content-Type": "application/json", **self.worker_headers}
         async with self.session.request(method, f"{w.url}{path}", data=body, headers=headers,
                                         timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             return resp.status, await resp.read()
 
-    async def _send_unless_gone(self, w: Worker, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
+    async def _send_unless_gone(self, w: Worker, method: str, path: str, body: bytes | None,
+                                headers: dict[str, str] | None = None) -> tuple[int, bytes]:
         """`_send`, abandoned (as a connection error) if the worker is removed meanwhile (e.g. hung)."""
-        send = asyncio.ensure_future(self._send(w, method, path, body, self.request_timeout))
+        send = asyncio.ensure_future(self._send(w, method, path, body, self.request_timeout, headers))
         gone = asyncio.ensure_future(w.gone.wait())
         try:
             await asyncio.wait([send, gone], return_when=asyncio.FIRST_COMPLETED)
@@ -178,40 +187,59 @@ class Router:
         return send.result()
 
     async def forward(self, method: str, path: str, body: bytes | None, key: str | None = None) -> web.Response:
+        status, data, _ = await self._route(method, path, body, key)
+        return web.Response(status=status, body=data, content_type="application/json")
+
+    async def _route(self, method: str, path: str, body: bytes | None, key: str | None = None,
+                     headers: dict[str, str] | None = None) -> tuple[int, bytes, str | None]:
         """Send to one worker; on a connection failure or a 5xx answer retry on the others (each at most once).
-        When every worker answered 5xx, the last answer goes back as it came."""
+        When every worker answered 5xx, the last answer goes back as it came. -> (status, body, worker url)."""
         tried: set[str] = set()
         last_error = "no live worker behind the router"
-        last_answer: tuple[int, bytes] | None = None
+        last_answer: tuple[int, bytes, str] | None = None
         while True:
             try:
                 w = self.pick(key, frozenset(tried))
             except NoWorker:
                 if last_answer is not None:
-                    return web.Response(status=last_answer[0], body=last_answer[1], content_type="application/json")
-                return _error(503, f"{last_error} (tried {len(tried)} worker(s))")
+                    return last_answer
+                return _error_answer(503, f"{last_error} (tried {len(tried)} worker(s))")
             tried.add(w.url)
             w.outstanding += 1
             try:
-                status, data = await self._send_unless_gone(w, method, path, body)
+                status, data = await self._send_unless_gone(w, method, path, body, headers)
             except _CONNECTION_ERRORS as exc:
                 w.suspect = True
                 last_error = (f"worker {w.url}: no {path} answer within {self.request_timeout:g} s"
                               if isinstance(exc, asyncio.TimeoutError) else
                               f"worker {w.url} failed: {type(exc).__name__}: {exc}".rstrip(": "))
                 if not self.failover:
-                    return _error(502, last_error)
+                    return _error_answer(502, last_error)
                 log.warning("%s; retrying elsewhere", last_error)
                 continue
             finally:
                 w.outstanding -= 1
             if status >= 500 and self.failover:  # SGLang's router retries 5xx too; 4xx stays the caller's fault
                 w.suspect = True
-                last_answer = (status, data)
+                last_answer = (status, data, w.url)
                 log.warning("worker %s answered %d; retrying elsewhere", w.url, status)
                 continue
             w.served += 1
-            return web.Response(status=status, body=data, content_type="application/json")
+            return status, data, w.url
+
+    async def through_middlewares(self, request: RoutedRequest) -> web.Response:
+        """``request`` through the --slime-router-middleware-paths chain, the innermost call routing it."""
+        async def route(req: RoutedRequest) -> RoutedResponse:
+            status, data, worker = await self._route(req.method, req.path, req.body(), req.routing_key,
+                                                     req.engine_headers)
+            return RoutedResponse.from_bytes(status, data, worker)
+
+        answer = await middleware.chain(self.middlewares, route)(request)
+        headers = dict(answer.headers)
+        if not any(k.lower() == "content-type" for k in headers):  # a middleware may set its own
+            headers["Content-Type"] = ("application/json" if answer.json is not None or not answer.data
+                                       else "text/plain; charset=utf-8")
+        return web.Response(status=answer.status, body=answer.body(), headers=headers)
 
     async def broadcast(self, method: str, path: str, body: bytes | None) -> web.Response:
         workers = list(self.workers.values())
@@ -258,6 +286,8 @@ class Router:
     async def h_generate(self, request: web.Request) -> web.Response:
         raw = await request.read()
         key = request.headers.get("X-Routing-Key")
+        if self.middlewares:
+            return await self._routed(request, raw, key, json_body=True)
         if b'"routing_key"' in raw:  # the only field the router reads; other bodies pass through unparsed
             try:
                 body = loads(raw)
@@ -268,11 +298,32 @@ class Router:
                 raw = dumps(body)
         return await self.forward("POST", "/generate", raw, key)
 
+    async def _routed(self, request: web.Request, raw: bytes, key: str | None, *, json_body: bool) -> web.Response:
+        """A request for one engine, parsed into a `RoutedRequest` for the middleware chain. ``json_body``: the
+        path takes a JSON object (``/generate``): anything else answers 400; other paths may send any body."""
+        routed = RoutedRequest(request.method, request.path_qs, dict(request.headers), routing_key=key)
+        if raw:
+            try:
+                routed.json = loads(raw)
+            except (JSONDecodeError, UnicodeDecodeError) as exc:
+                if json_body:
+                    return _error(400, f"malformed JSON body: {exc}")
+                routed.data = raw
+            if json_body and not isinstance(routed.json, dict):
+                return _error(400, f"{request.path}: the body must be a JSON object, got "
+                                   f"{type(routed.json).__name__}")
+        if json_body and isinstance(routed.json, dict) and "routing_key" in routed.json:  # /generate's own field
+            routed.routing_key = str(routed.json.pop("routing_key"))
+        return await self.through_middlewares(routed)
+
     async def h_broadcast(self, request: web.Request) -> web.Response:
         return await self.broadcast("POST", request.path, await request.read())
 
     async def h_any(self, request: web.Request) -> web.Response:
-        return await self.forward(request.method, request.path_qs, await request.read() or None)
+        raw = await request.read()
+        if self.middlewares:
+            return await self._routed(request, raw, request.headers.get("X-Routing-Key"), json_body=False)
+        return await self.forward(request.method, request.path_qs, raw or None)
 
     async def h_add(self, request: web.Request) -> web.Response:
         url = request.query.get("url")
@@ -317,6 +368,10 @@ class Router:
         if not versions:
             return resp
         return json_response({"weight_version": str(min(versions))})
+
+
+def _error_answer(status: int, message: str) -> tuple[int, bytes, None]:
+    return status, dumps({"error": {"message": message, "code": status}}), None
 
 
 def _error(status: int, message: str) -> web.Response:
