@@ -41,6 +41,7 @@ from relax.engine.rollout.sglang_rollout import GenerateState
 from relax.metrics import console
 from relax.metrics.artifacts import RunArtifacts
 from relax.metrics.sample_records import reward_extras, sample_fields
+from relax.observability.collective_memory import SUMMARY_KEY as COLLECTIVE_MEMORY_KEY
 from relax.observability.rollout_logs import RolloutLogConfig, rollout_log_metrics
 from relax.observability.sglang_profile import EngineProfiling, SglangProfileConfig
 from relax.observability.spans import RECORDER, SPANS_KEY
@@ -279,6 +280,8 @@ class Runtime:
             artifacts.samples.write({"step": step, "group_index": group_index, "index": index, "fate": "consumed",
                                      "passes": passes, "reason": None})
         RECORDER.extend(train_metrics.pop(SPANS_KEY, []))  # the trainer's --timeline-dump-dir spans
+        if collectives := train_metrics.pop(COLLECTIVE_MEMORY_KEY, None):  # --enable-cuda-memory-check
+            artifacts.event("collective_memory", step=step, **collectives)
         rollout_metrics = apply_hook(args, step, [s for g in groups for s in g], rollout_metrics,
                                      float(perf.get("perf/rollout_time_s", 0.0)))
         extras = reward_extras([s for g in groups for s in g], args.reward_key)

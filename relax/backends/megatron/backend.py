@@ -51,6 +51,7 @@ from relax.backends.torch.backend import TorchTrainBackend
 from relax.backends.torch.batch import RolloutTensors, build_model_inputs
 from relax.backends.torch.data_parallel import DataParallel
 from relax.backends.torch.freezing import apply_param_freezing
+from relax.observability.collective_memory import checked
 from relax.observability.memory import MemoryRecorder
 from relax.observability.profiler import TrainProfiler
 from relax.weights.checksum import state_checksums
@@ -320,7 +321,8 @@ def _union_over_ranks(used: set[str], trainable: int) -> tuple[set[str], int]:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return used, trainable
     everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, (sorted(used), trainable))
+    with checked("all_gather_object(frozen parameters)"):
+        dist.all_gather_object(everyone, (sorted(used), trainable))
     return {p for names, _ in everyone for p in names}, sum(count for _, count in everyone)
 
 
@@ -328,5 +330,6 @@ def _finite_everywhere(local_norm: float, device: torch.device) -> bool:
     """Whether every rank's local gradient norm is finite (one all-reduce over the trainer group)."""
     bad = torch.tensor([0.0 if torch.isfinite(torch.tensor(local_norm)) else 1.0], device=device)
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        with checked("all_reduce(gradient norm finite)"):
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
     return not bool(bad.item())

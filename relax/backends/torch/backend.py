@@ -55,6 +55,8 @@ from relax.checkpoint_io import HostFile, to_host, write_files
 from relax.distributed.resources import service_roles
 from relax.models import build_model
 from relax.models.checkpoint_names import checkpoint_state, moe_style
+from relax.observability.collective_memory import CHECK as COLLECTIVE_MEMORY
+from relax.observability.collective_memory import SUMMARY_KEY as COLLECTIVE_MEMORY_KEY
 from relax.observability.memory import MemoryRecorder
 from relax.observability.profiler import TrainProfiler
 from relax.observability.spans import SPANS_KEY
@@ -268,6 +270,8 @@ class TorchTrainBackend:
         self.profiler.stop("train_overall", step)
         if spans := self.profiler.pop_spans():
             metrics[SPANS_KEY] = spans
+        if collectives := COLLECTIVE_MEMORY.pop_summary():  # --enable-cuda-memory-check: since the last step
+            metrics[COLLECTIVE_MEMORY_KEY] = collectives
         return metrics
 
     def _train_rollout(self, samples: list[TrainSample], step: int, precomputed: Precomputed | None) -> dict[str, float]:
