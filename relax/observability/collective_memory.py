@@ -104,6 +104,12 @@ def _failure_note(collective: str, rank: int, free: int, total: int) -> str:
 CHECK = CollectiveMemoryCheck()  # this process's (a trainer rank's); off elsewhere
 
 
+def configure(cfg: CollectiveMemoryConfig, rank: int = 0) -> None:
+    """Turn this process's check on or off (a trainer rank at its start; a function, so an actor class that calls it
+    pickles by reference, not with the check's lock)."""
+    CHECK.configure(cfg, rank)
+
+
 def checked(collective: str, rank: int | None = None) -> contextlib.AbstractContextManager[None]:
     """``with checked("all_reduce(gradients)"): dist.all_reduce(...)``: this process's check around a collective."""
     return CHECK.check(collective, rank)
