@@ -28,6 +28,7 @@ class TrainerConfig(FlagSlice):
     # the model and its numerics
     train_backend: str
     hf_checkpoint: str
+    custom_model_provider_path: str | None  # builds the policy in place of relax (relax/models/provider.py)
     seed: int
     bf16: bool
     attention_backend: str | None

@@ -51,6 +51,7 @@ from relax.backends.torch.backend import TorchTrainBackend
 from relax.backends.torch.batch import RolloutTensors, build_model_inputs
 from relax.backends.torch.data_parallel import DataParallel
 from relax.backends.torch.freezing import apply_param_freezing
+from relax.models.provider import provider_mismatch
 from relax.observability.collective_memory import checked
 from relax.observability.memory import MemoryRecorder
 from relax.observability.profiler import TrainProfiler
@@ -112,17 +113,25 @@ class MegatronTrainBackend(TorchTrainBackend):
         self.profiler = TrainProfiler(cfg.profiler, rank=self.dp.rank)  # the inherited step's
         self.memory = MemoryRecorder(cfg.memory, rank=self.dp.rank)
 
-    def _build(self, spec: McoreModelSpec, extra_config: dict[str, Any] | None = None) -> BuiltModel:
+    def _build(self, spec: McoreModelSpec, extra_config: dict[str, Any] | None = None, *,
+               provided: bool = False) -> BuiltModel:
+        """``provided``: the policy's model (and its reference copy), from --custom-model-provider-path when set."""
         return build_gpt_model(spec, sizes=self.sizes, device=self.device.type,
-                               extra_config={**self.fusions, **(extra_config or {})})
+                               extra_config={**self.fusions, **(extra_config or {})},
+                               provider_path=self.cfg.custom_model_provider_path if provided else None)
 
     def _load(self, reader, extra_config: dict[str, Any] | None = None) -> BuiltModel:
         """The policy (or its frozen reference copy) with ``--hf-checkpoint``'s weights (``--megatron-to-hf-mode``)."""
-        built = self._build(self.spec, extra_config)
+        built = self._build(self.spec, extra_config, provided=True)
         if self._bridge is not None:
             self._bridge.load(built)
         else:
-            load_hf_weights(built, ShardPlan.of(built, self.sizes.layout, rank_pos()), reader)
+            try:
+                load_hf_weights(built, ShardPlan.of(built, self.sizes.layout, rank_pos()), reader)
+            except ValueError as exc:
+                if path := self.cfg.custom_model_provider_path:  # its names are not the checkpoint's layout
+                    raise provider_mismatch(path, self.cfg.hf_checkpoint, exc) from None
+                raise
         return built
 
     def _teacher(self):

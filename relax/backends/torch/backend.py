@@ -86,7 +86,7 @@ class TorchTrainBackend:
         self.dp = DataParallel.current()  # the trainer group's ranks (relax/backends/torch/data_parallel.py)
         torch.manual_seed(cfg.seed)
         self.dtype = torch.bfloat16 if cfg.bf16 else torch.float32
-        self.model = self._build(cfg.hf_checkpoint).to(self.device)
+        self.model = self._build_policy().to(self.device)
         self.model.train()
         self.ref_model = None
         if inference_only:
@@ -140,6 +140,16 @@ class TorchTrainBackend:
             self.routing = RoutingReplay(self.model, from_rollout=cfg.use_rollout_routing_replay)
         self.memory = MemoryRecorder(cfg.memory, rank=self.dp.rank)  # CUDA allocator snapshots
 
+    def _build_policy(self) -> torch.nn.Module:
+        """The policy: ``--hf-checkpoint``'s model, or what ``--custom-model-provider-path`` builds for its config."""
+        if not self.cfg.custom_model_provider_path:
+            return self._build(self.cfg.hf_checkpoint)
+        from relax.models.provider import build_provided_model
+
+        attn = "sdpa" if self.cfg.attention_backend == "flash" else None
+        return build_provided_model(self.cfg.custom_model_provider_path, self.cfg.hf_checkpoint, dtype=self.dtype,
+                                    seed=self.cfg.seed, attn_implementation=attn)
+
     def _build(self, name_or_path: str) -> torch.nn.Module:
         """A model in the training dtype; ``--attention-backend flash`` asks torch SDPA for the flash kernel."""
         attn = "sdpa" if self.cfg.attention_backend == "flash" else None
@@ -168,7 +178,7 @@ class TorchTrainBackend:
             return self._build(path)
         directory = (ckpt.find_step(path, step, flag=flag) if step is not None
                      else ckpt.find_latest(path, flag=flag, driver_state=False))
-        model = self._build(self.cfg.hf_checkpoint)
+        model = self._build_policy()
         state = load_file(str(directory / "model.safetensors"))
         missing, unexpected = model.load_state_dict(state, strict=False)
         if unexpected or [m for m in missing if m not in state]:
