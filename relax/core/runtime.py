@@ -82,6 +82,7 @@ class Runtime:
     scaler: FleetScaler | None = None  # engines joining and leaving the run (relax/core/elastic.py)
     control: object = None  # --fleet-control-addr: the fleet's HTTP control endpoint (relax/core/fleet_control.py)
     autoscaler: object = None  # --autoscaler-config: scales the fleet on the run's signals (relax/core/autoscaler.py)
+    posters: object = None  # --use-distributed-post: the POSTs' actors (relax/engine/rollout/distributed_post.py)
 
     @property
     def trainer(self):
@@ -250,6 +251,11 @@ class Runtime:
             stop_teacher()
         if self.genrm is not None:
             self.genrm.stop()
+        if self.posters is not None:
+            from relax.utils.http_utils import install_poster
+
+            install_poster(None)
+            self.posters.stop()
         services = list(self.services.actors().values()) if self.services else []
         self.fleet.shutdown()
         for actor in [*(self.trainer_group.actors if self.trainer_group else []), *services]:
@@ -427,6 +433,13 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
     pool = HttpEnginePool(EngineClient(fleet.router.url, timeout=None), supervisor=rt.supervisor,
                           on_failure=fleet.failure, engines=lambda: len(fleet.live_records())) if len(fleet) else None
     GenerateState.install(run.rollout_config, tokenizer=run.tokenizer, pool=pool)
+    if args.use_distributed_post:  # the rollout's POSTs from poster actors, one per engine
+        from relax.engine.rollout.distributed_post import DistributedPoster
+        from relax.utils.http_utils import install_poster
+
+        rt.posters = DistributedPoster.start(len(fleet))
+        install_poster(rt.posters)
+        artifacts.event("process_started", role="posters", pids=rt.posters.pids)
     ckpt_cfg = ckpt.CheckpointConfig.from_args(args)
     rt.saver = CheckpointSaver(ckpt_cfg, trainer, artifacts)
     if args.load:

@@ -393,7 +393,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('memory-recorder', 'str', 'torch', 'GPU Memory Profiling', 'Memory recorder backend: torch (PyTorch built-in), memray (requires pip install memray). Here: torch only; memray is not supported yet', choices=('torch', 'memray')),
     # --- Network
     F('http-proxy', 'str', None, 'Network', 'HTTP proxy address. Here: the run\'s calls to outside services go through it (aiohttp proxy=): the --rm-type remote_rm requests to --rm-url (relax/engine/rewards/remote.py) and the --opd-type sglang teacher server at --rm-url (relax/engine/rollout/opd_teacher.py); the run\'s own engines (external ones too), router and trainer calls stay direct'),
-    F('use-distributed-post', 'flag', False, 'Network', 'Use distributed POST requests'),
+    F('use-distributed-post', 'flag', False, 'Network', 'Use distributed POST requests. Here: the run starts one poster Ray actor per rollout engine (spread over the nodes, no CPU reserved) and the rollout\'s POSTs to the engines (the default rollout\'s batched /generate shares, and relax.utils.http_utils.post from a --custom-generate-function-path hook) are made by them in turn, each from its own process and event loop, instead of all from the driver\'s one loop; the requests, answers, retries and errors are those of the default path, so the samples and their order are too. Control calls (abort, pause, weight updates, health) stay on the driver (relax/engine/rollout/distributed_post.py)'),
 ]
 
 ADDITIONS_GROUP = "Relax harness additions"
@@ -637,6 +637,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "memory-recorder",  # relax/observability/memory.py
     "enable-cuda-memory-check",  # relax/observability/collective_memory.py
     "custom-model-provider-path",  # relax/models/provider.py
+    "use-distributed-post",  # relax/engine/rollout/distributed_post.py
     "balance-data",  # relax/backends/torch/data_parallel.py
     # additions
     "preset", "output-dir", "overwrite-output-dir", "hook-timeout", "lr-decay-style", "config", "device", "rollout-backend",
