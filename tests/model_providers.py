@@ -55,3 +55,34 @@ def megatron_provider(pre_process=True, post_process=True, vp_stage=None):
 
 def megatron_without_stages(config):
     raise AssertionError("never called")
+
+
+def megatron_gpt(pre_process=True, post_process=True, vp_stage=None, config=None):
+    """A user's Megatron-LM provider for small-qwen3 (TP 1): the GPTModel relax builds, from relax's layer spec, and
+    a line in the file named by RELAX_TEST_PROVIDER_LOG for each build (what the GPU test reads)."""
+    import os
+    from pathlib import Path
+
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+    from megatron.core.transformer.transformer_block import (
+        TransformerBlockSubmodules,
+        get_num_layers_to_build,
+    )
+
+    from relax.backends.megatron.config import McoreModelSpec
+    from relax.backends.megatron.model import local_layer_spec, transformer_engine_available
+    from relax.backends.megatron.norms import HiddenRMSNorm
+    from relax.models import build_config
+
+    spec = McoreModelSpec.from_hf(build_config("small-qwen3"))
+    if transformer_engine_available():
+        layer_spec = get_gpt_layer_with_transformer_engine_spec(num_experts=None, moe_grouped_gemm=False,
+                                                                qk_layernorm=spec.qk_layernorm)
+    else:
+        layer_spec = TransformerBlockSubmodules(layer_specs=[local_layer_spec(spec.qk_layernorm)]
+                                                * get_num_layers_to_build(config), layer_norm=HiddenRMSNorm)
+    with Path(os.environ["RELAX_TEST_PROVIDER_LOG"]).open("a") as fh:
+        fh.write(f"pre_process={pre_process} post_process={post_process} vp_stage={vp_stage}\n")
+    return GPTModel(config=config, transformer_layer_spec=layer_spec, pre_process=pre_process,
+                    post_process=post_process, parallel_output=False, **spec.gpt_model_kwargs())
