@@ -86,3 +86,16 @@ def megatron_gpt(pre_process=True, post_process=True, vp_stage=None, config=None
         fh.write(f"pre_process={pre_process} post_process={post_process} vp_stage={vp_stage}\n")
     return GPTModel(config=config, transformer_layer_spec=layer_spec, pre_process=pre_process,
                     post_process=post_process, parallel_output=False, **spec.gpt_model_kwargs())
+
+
+class _Bare(torch.nn.Module):
+    """The checkpoint's weights under its names in a plain module (no save_pretrained)."""
+
+    def __init__(self, config):
+        super().__init__()
+        hf = marked(config)
+        self.config, self.model, self.lm_head = config, hf.model, hf.lm_head
+
+
+def bare(config):
+    return _Bare(config)

@@ -5,7 +5,6 @@ path's. Plus one short ``relax train`` run with the flag."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import threading
@@ -91,16 +90,16 @@ def test_the_posters_send_the_rollouts_posts_and_the_answers_are_the_default_pat
 
     engine = _Engine()
     pool = HttpEnginePool(EngineClient(engine.url, timeout=30), engines=lambda: 2)  # two shares per batch
-    default = asyncio.run(pool.generate_batch(_requests(), 2))
+    default = http_utils.run_closing(pool.generate_batch(_requests(), 2))
     driver_peers = set(engine.peers)
     posters = DistributedPoster.start(2)
     http_utils.install_poster(posters)
     try:
         engine.peers.clear()
-        answers = [asyncio.run(pool.generate_batch(_requests(), 2)) for _ in range(2)]
-        recipe = asyncio.run(http_utils.post(f"{engine.url}/generate", _requests()[0]))  # a recipe's own POST
+        answers = [http_utils.run_closing(pool.generate_batch(_requests(), 2)) for _ in range(2)]
+        recipe = http_utils.run_closing(http_utils.post(f"{engine.url}/generate", _requests()[0]))  # a recipe's own POST
         with pytest.raises(EngineHTTPError) as bad:
-            asyncio.run(http_utils.post(f"{engine.url}/generate", {**_requests()[0], "rid": "bad"}))
+            http_utils.run_closing(http_utils.post(f"{engine.url}/generate", {**_requests()[0], "rid": "bad"}))
         senders = {_pid_of_client_port(port) for port in engine.peers}
     finally:
         http_utils.install_poster(None)

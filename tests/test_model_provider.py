@@ -62,6 +62,12 @@ def test_a_bad_torch_provider_is_one_line_at_launch(path: str, expected: str) ->
     assert expected in str(err.value) and "\n" not in str(err.value)
 
 
+def test_save_hf_needs_a_model_transformers_can_save() -> None:
+    provider.check_at_launch(P + "bare", "torch", "tiny-qwen3")  # the names are the checkpoint's
+    with pytest.raises(PluginError, match=f"{P}bare: --save-hf writes the model with transformers' save_pretrained"):
+        provider.check_at_launch(P + "bare", "torch", "tiny-qwen3", save_hf=True)
+
+
 def test_the_megatron_hook_takes_megatron_lms_signature_and_a_gptmodel() -> None:
     fn = provider.load_provider(P + "megatron_provider", "megatron")
     assert provider.megatron_kwargs(fn, pre_process=True, post_process=False, vp_stage=None, config="cfg") == {

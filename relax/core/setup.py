@@ -189,7 +189,7 @@ def _check_model_provider(args: Namespace) -> None:
         from relax.models.provider import check_at_launch
 
         check_at_launch(args.custom_model_provider_path, args.train_backend, args.hf_checkpoint,
-                        "sdpa" if args.attention_backend == "flash" else None)
+                        "sdpa" if args.attention_backend == "flash" else None, save_hf=bool(args.save_hf))
 
 
 def _data_source(args: Namespace, tokenizer: Any) -> Any:

@@ -104,8 +104,10 @@ def reference_model(config: Any) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(copy.deepcopy(config))
 
 
-def check_at_launch(path: str, backend: str, hf_checkpoint: str, attn_implementation: str | None = None) -> None:
-    """Load the provider; with the torch backend, build it once on the meta device and check what it returns."""
+def check_at_launch(path: str, backend: str, hf_checkpoint: str, attn_implementation: str | None = None, *,
+                    save_hf: bool = False) -> None:
+    """Load the provider; with the torch backend, build it once on the meta device and check what it returns
+    (``save_hf``: --save-hf writes the model with transformers' ``save_pretrained``, which it must then have)."""
     fn = load_provider(path, backend)
     if backend != "torch":
         return
@@ -119,6 +121,9 @@ def check_at_launch(path: str, backend: str, hf_checkpoint: str, attn_implementa
             raise PluginError(f"{FLAG} {path}: building the model (on the meta device, the launch check) raised "
                               f"{type(exc).__name__}: {exc}") from None
         check_parameters(_checked_module(model, path), reference_model(config), path, hf_checkpoint)
+        if save_hf and not hasattr(model, "save_pretrained"):
+            raise PluginError(f"{FLAG} {path}: --save-hf writes the model with transformers' save_pretrained, which "
+                              f"its {type(model).__name__} lacks (return a transformers PreTrainedModel)")
 
 
 def provider_config(config: Any, attn_implementation: str | None) -> Any:

@@ -1,7 +1,8 @@
 """``--use-distributed-post``: the rollout's POSTs to the engines go out from Ray poster actors, not the driver.
 
-By default every ``/generate`` of a rollout (the batched shares of `HttpEnginePool`, and a recipe's own
-``relax.utils.http_utils.post`` calls in a ``--custom-generate-function-path`` hook) is encoded, sent, awaited and
+By default every ``/generate`` of a rollout (the batched shares of `HttpEnginePool`, and every
+``relax.utils.http_utils.post`` of the driver: a ``--custom-generate-function-path`` hook's, the multi-turn
+rollout's, the remote reward's at ``--rm-url``) is encoded, sent, awaited and
 decoded on the driver's one event loop. With many engines, or a multi-turn hook that posts once per sample and turn,
 that loop becomes the rollout's bottleneck. With the flag, the run starts one poster actor per rollout engine (spread
 over the cluster's nodes, no CPU reserved: they wait on sockets) and each POST is handed to the next poster in turn;
