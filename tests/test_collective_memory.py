@@ -85,3 +85,18 @@ def test_a_run_without_a_gpu_refuses_the_flag_at_launch_in_one_line() -> None:
         parse_args(["--preset", "quickstart", "--device", "cpu", "--enable-cuda-memory-check"])
     assert err.value.problems == ["--enable-cuda-memory-check needs a CUDA GPU (it reads a CUDA device's free memory "
                                   "around each collective); --device cpu uses none"]
+
+
+def test_the_flag_reaches_the_trainers_slice_and_turns_the_check_on() -> None:
+    """What a trainer rank does at its start (relax/distributed/actors.py) with the parsed flag of a CUDA run."""
+    from relax.backends.config import TrainerConfig
+
+    args = parse_args(["--preset", "quickstart", "--device", "cuda", "--train-backend", "torch",
+                       "--enable-cuda-memory-check"])
+    cfg = TrainerConfig.from_args(args)
+    assert cfg.collectives == CollectiveMemoryConfig(enable_cuda_memory_check=True)
+    collective_memory.configure(cfg.collectives, rank=1)
+    try:
+        assert collective_memory.CHECK.enabled and collective_memory.CHECK.rank == 1
+    finally:
+        collective_memory.configure(CollectiveMemoryConfig(enable_cuda_memory_check=False))
