@@ -15,6 +15,7 @@ from typing import Any
 from relax.algorithms.config import AlgorithmConfig
 from relax.backends.lr_schedule import STYLES
 from relax.backends.megatron.megatron_config import MegatronConfig
+from relax.observability.collective_memory import CollectiveMemoryConfig
 from relax.observability.config import ProfilerConfig
 from relax.observability.memory import MemoryConfig
 from relax.observability.train_dumps import TrainDumpConfig
@@ -27,6 +28,7 @@ class TrainerConfig(FlagSlice):
     # the model and its numerics
     train_backend: str
     hf_checkpoint: str
+    custom_model_provider_path: str | None  # builds the policy in place of relax (relax/models/provider.py)
     seed: int
     bf16: bool
     attention_backend: str | None
@@ -94,6 +96,7 @@ class TrainerConfig(FlagSlice):
     megatron: MegatronConfig = sub_slice(MegatronConfig)
     profiler: ProfilerConfig = sub_slice(ProfilerConfig)  # --use-pytorch-profiler, --timeline-dump-dir's spans
     memory: MemoryConfig = sub_slice(MemoryConfig)  # --record-memory-history, --memory-snapshot-*
+    collectives: CollectiveMemoryConfig = sub_slice(CollectiveMemoryConfig)  # --enable-cuda-memory-check
     dumps: TrainDumpConfig = sub_slice(TrainDumpConfig)  # --save-debug-train-data, --dump-details
     args: Any = field(default=None, compare=False, repr=False)
 

@@ -41,6 +41,7 @@ from relax.engine.rollout.sglang_rollout import GenerateState
 from relax.metrics import console
 from relax.metrics.artifacts import RunArtifacts
 from relax.metrics.sample_records import reward_extras, sample_fields
+from relax.observability.collective_memory import SUMMARY_KEY as COLLECTIVE_MEMORY_KEY
 from relax.observability.rollout_logs import RolloutLogConfig, rollout_log_metrics
 from relax.observability.sglang_profile import EngineProfiling, SglangProfileConfig
 from relax.observability.spans import RECORDER, SPANS_KEY
@@ -81,6 +82,7 @@ class Runtime:
     scaler: FleetScaler | None = None  # engines joining and leaving the run (relax/core/elastic.py)
     control: object = None  # --fleet-control-addr: the fleet's HTTP control endpoint (relax/core/fleet_control.py)
     autoscaler: object = None  # --autoscaler-config: scales the fleet on the run's signals (relax/core/autoscaler.py)
+    posters: object = None  # --use-distributed-post: the POSTs' actors (relax/engine/rollout/distributed_post.py)
 
     @property
     def trainer(self):
@@ -249,6 +251,11 @@ class Runtime:
             stop_teacher()
         if self.genrm is not None:
             self.genrm.stop()
+        if self.posters is not None:
+            from relax.utils.http_utils import install_poster
+
+            install_poster(None)
+            self.posters.stop()
         services = list(self.services.actors().values()) if self.services else []
         self.fleet.shutdown()
         for actor in [*(self.trainer_group.actors if self.trainer_group else []), *services]:
@@ -279,6 +286,8 @@ class Runtime:
             artifacts.samples.write({"step": step, "group_index": group_index, "index": index, "fate": "consumed",
                                      "passes": passes, "reason": None})
         RECORDER.extend(train_metrics.pop(SPANS_KEY, []))  # the trainer's --timeline-dump-dir spans
+        if collectives := train_metrics.pop(COLLECTIVE_MEMORY_KEY, None):  # --enable-cuda-memory-check
+            artifacts.event("collective_memory", step=step, **collectives)
         rollout_metrics = apply_hook(args, step, [s for g in groups for s in g], rollout_metrics,
                                      float(perf.get("perf/rollout_time_s", 0.0)))
         extras = reward_extras([s for g in groups for s in g], args.reward_key)
@@ -424,6 +433,13 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
     pool = HttpEnginePool(EngineClient(fleet.router.url, timeout=None), supervisor=rt.supervisor,
                           on_failure=fleet.failure, engines=lambda: len(fleet.live_records())) if len(fleet) else None
     GenerateState.install(run.rollout_config, tokenizer=run.tokenizer, pool=pool)
+    if args.use_distributed_post:  # the rollout's POSTs from poster actors, one per engine
+        from relax.engine.rollout.distributed_post import DistributedPoster
+        from relax.utils.http_utils import install_poster
+
+        rt.posters = DistributedPoster.start(len(fleet))
+        install_poster(rt.posters)
+        artifacts.event("process_started", role="posters", pids=rt.posters.pids)
     ckpt_cfg = ckpt.CheckpointConfig.from_args(args)
     rt.saver = CheckpointSaver(ckpt_cfg, trainer, artifacts)
     if args.load:

@@ -81,11 +81,15 @@ def prepare_run(args: Namespace) -> RunInputs:
     device = p.run(resolve_device, args.device, joins_cluster=bool(cluster_address(args.ray_address)))
     if args.debug_train_only:  # the rollouts (rewards included) come from disk: no prompts, no reward function
         tokenizer = p.run(prepare_model, args, p, catch=catch)
+        if tokenizer is not None:  # --hf-checkpoint resolved (else its own line says why)
+            p.run(_check_model_provider, args, catch=catch)
         p.run(_check_train_data_hooks, args, catch=catch)
         p.raise_if_any()
         return _replay_inputs(args, device, tokenizer)
     p.run(_check_reward, args, catch=catch)
     tokenizer = p.run(prepare_model, args, p, catch=catch)
+    if tokenizer is not None:  # --hf-checkpoint resolved (else its own line says why)
+        p.run(_check_model_provider, args, catch=catch)
     data_source = num_rollout = None
     if tokenizer is not None:
         data_source = p.run(_data_source, args, tokenizer, catch=catch)
@@ -181,6 +185,16 @@ def prepare_model(args: Namespace, p: Problems) -> Any:
         p.add(f"--use-routing-replay needs a MoE model; {where} describes a dense one (e.g. --hf-checkpoint "
               "small-qwen3-moe)")
     return tokenizer
+
+
+def _check_model_provider(args: Namespace) -> None:
+    """--custom-model-provider-path: loaded, and with the torch backend built on the meta device and checked (type,
+    parameter names and shapes against --hf-checkpoint's), here rather than in the trainer actor, far from the user."""
+    if args.custom_model_provider_path:
+        from relax.models.provider import check_at_launch
+
+        check_at_launch(args.custom_model_provider_path, args.train_backend, args.hf_checkpoint,
+                        "sdpa" if args.attention_backend == "flash" else None, save_hf=bool(args.save_hf))
 
 
 def _data_source(args: Namespace, tokenizer: Any) -> Any:

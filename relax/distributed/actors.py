@@ -18,6 +18,7 @@ import torch
 from relax.backends.config import TrainerConfig
 from relax.checkpoint_io import BackgroundWrite
 from relax.distributed.trainer_group import GroupMember
+from relax.observability import collective_memory
 from relax.utils.fault_hooks import checkpoint_write_delay
 from relax.utils.gc_pauses import collections_paused, freeze_startup_objects
 from relax.weights import checksum
@@ -44,6 +45,8 @@ class TrainerActor:
 
             if member is not None:
                 member.join()
+            # --enable-cuda-memory-check: this rank's collectives (relax/observability/collective_memory.py)
+            collective_memory.configure(cfg.collectives, rank=member.rank if member is not None else 0)
             self._peers: list = []  # rank 0: the other ranks' actor handles
             self.backend = build_train_backend(cfg, device)
             checksum.warm_up(self.backend.device)

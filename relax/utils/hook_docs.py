@@ -23,6 +23,7 @@ def _hooks() -> list[tuple[str, str, str]]:
     from relax.engine.rollout.interaction_env import ENV_FACTORY_SIGNATURE
     from relax.engine.rollout.sglang_rollout import GENERATE_SIGNATURE
     from relax.engine.rollout.state import FILTER_SIGNATURE
+    from relax.models import provider
 
     return [
         ("--custom-rm-path", CUSTOM_RM_SIGNATURE, "per sample after generation (sync or async); a dict needs "
@@ -43,6 +44,10 @@ def _hooks() -> list[tuple[str, str, str]]:
         ("--custom-loss-function-path", CUSTOM_LOSS_SIGNATURE, "per micro-batch with --loss-type custom_loss"),
         ("--custom-tis-function-path", TIS_SIGNATURE, "per micro-batch, the importance weights"),
         ("--custom-pg-loss-reducer-function-path", REDUCER_SIGNATURE, "per micro-batch, reducing pg_loss"),
+        ("--custom-model-provider-path (torch)", provider.TORCH_SIGNATURE, "once per trainer rank, building the "
+         "policy from --hf-checkpoint's config (and once at launch on the meta device); the checkpoint's names"),
+        ("--custom-model-provider-path (megatron)", provider.MEGATRON_SIGNATURE, "once per trainer rank and model "
+         "(policy, reference), this pipeline stage's GPTModel; the checkpoint's weight layout"),
     ]
 
 

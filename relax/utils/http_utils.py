@@ -120,6 +120,20 @@ async def request(method: str, url: str, payload: Any = None, *, timeout: float 
         raise EngineError(url, f"answer is not JSON: {exc}") from None
 
 
+_POSTER: Any = None  # --use-distributed-post: the driver's poster actors (relax/engine/rollout/distributed_post.py)
+
+
+def install_poster(poster: Any) -> None:
+    """Send this process's `post` calls through ``poster`` (``await poster.post(url, payload, **options)``);
+    None: make them here again."""
+    global _POSTER
+    _POSTER = poster
+
+
+def poster_installed() -> bool:
+    return _POSTER is not None
+
+
 async def post(url: str, payload: Any = None, max_retries: int = 0, *, timeout: float | None = None,
                headers: dict[str, str] | None = None, retry_delay: float = 1.0, total: float | None = None,
                proxy: str | None = None) -> Any:
@@ -128,7 +142,19 @@ async def post(url: str, payload: Any = None, max_retries: int = 0, *, timeout: 
     Connection failures and 5xx answers are retried ``max_retries`` times, ``retry_delay`` s
     apart; 4xx answers raise at once. ``total``: the seconds all attempts together may take (each attempt's
     timeout is cut to what is left; no retry starts past it). ``proxy``: an HTTP proxy URL (``--http-proxy``).
+    With ``--use-distributed-post`` the same call is made by one of the run's poster actors (`install_poster`).
     """
+    options = dict(max_retries=max_retries, timeout=timeout, headers=headers, retry_delay=retry_delay, total=total,
+                   proxy=proxy)
+    if _POSTER is not None:
+        return await _POSTER.post(url, payload, **options)
+    return await local_post(url, payload, **options)
+
+
+async def local_post(url: str, payload: Any = None, max_retries: int = 0, *, timeout: float | None = None,
+                     headers: dict[str, str] | None = None, retry_delay: float = 1.0, total: float | None = None,
+                     proxy: str | None = None) -> Any:
+    """`post`, made from this process."""
     deadline = None if total is None else time.monotonic() + total
     for attempt in range(max_retries + 1):
         left = None if deadline is None else deadline - time.monotonic()

@@ -42,6 +42,7 @@ GPU_FLAGS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "weight_sync_transport": (lambda v: v == "cuda-ipc", "CUDA IPC shares GPU memory between processes"),
     "record_memory_history": (bool, "the CUDA allocator's history"),
     "memory_snapshot_num_steps": (lambda v: v is not None, "a snapshot of the CUDA allocator"),
+    "enable_cuda_memory_check": (bool, "it reads a CUDA device's free memory around each collective"),
 }
 _MEGATRON_WHY = "a --train-backend megatron flag, and megatron-core runs on CUDA GPUs only"
 

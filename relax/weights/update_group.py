@@ -22,6 +22,7 @@ from datetime import timedelta
 
 import torch
 
+from relax.observability.collective_memory import checked
 from relax.utils.gloo import gloo_connects
 
 BACKENDS = ("nccl", "gloo")
@@ -89,19 +90,23 @@ class WeightUpdateGroup:
         receive was posted too late for the closing sockets to end it."""
         import torch.distributed as dist
 
-        failure = None
+        failure, notes = None, []
         try:
-            works = [dist.broadcast(t, src=src, group=self.pg, async_op=True) for t in tensors]
-            for work in works:
-                self._wait(work)
+            with checked(f"broadcast({self.group_name})", rank=self.rank):
+                works = [dist.broadcast(t, src=src, group=self.pg, async_op=True) for t in tensors]
+                for work in works:
+                    self._wait(work)
         except RuntimeError as exc:
-            failure = str(exc)
+            failure, notes = str(exc), list(getattr(exc, "__notes__", ()))  # --enable-cuda-memory-check's note
         finally:
             works = work = None  # noqa: F841 - the pending works hold the group too
         if failure is not None:
             self.broken = True
             self._tell_members_it_broke()
-            raise RuntimeError(failure)
+            error = RuntimeError(failure)
+            for note in notes:
+                error.add_note(note)
+            raise error
 
     def _wait(self, work) -> None:
         """Wait for one broadcast. A gloo wait blocks the host, and a member whose receive was posted after

@@ -51,6 +51,8 @@ from relax.backends.torch.backend import TorchTrainBackend
 from relax.backends.torch.batch import RolloutTensors, build_model_inputs
 from relax.backends.torch.data_parallel import DataParallel
 from relax.backends.torch.freezing import apply_param_freezing
+from relax.models.provider import provider_mismatch
+from relax.observability.collective_memory import checked
 from relax.observability.memory import MemoryRecorder
 from relax.observability.profiler import TrainProfiler
 from relax.weights.checksum import state_checksums
@@ -111,17 +113,25 @@ class MegatronTrainBackend(TorchTrainBackend):
         self.profiler = TrainProfiler(cfg.profiler, rank=self.dp.rank)  # the inherited step's
         self.memory = MemoryRecorder(cfg.memory, rank=self.dp.rank)
 
-    def _build(self, spec: McoreModelSpec, extra_config: dict[str, Any] | None = None) -> BuiltModel:
+    def _build(self, spec: McoreModelSpec, extra_config: dict[str, Any] | None = None, *,
+               provided: bool = False) -> BuiltModel:
+        """``provided``: the policy's model (and its reference copy), from --custom-model-provider-path when set."""
         return build_gpt_model(spec, sizes=self.sizes, device=self.device.type,
-                               extra_config={**self.fusions, **(extra_config or {})})
+                               extra_config={**self.fusions, **(extra_config or {})},
+                               provider_path=self.cfg.custom_model_provider_path if provided else None)
 
     def _load(self, reader, extra_config: dict[str, Any] | None = None) -> BuiltModel:
         """The policy (or its frozen reference copy) with ``--hf-checkpoint``'s weights (``--megatron-to-hf-mode``)."""
-        built = self._build(self.spec, extra_config)
+        built = self._build(self.spec, extra_config, provided=True)
         if self._bridge is not None:
             self._bridge.load(built)
         else:
-            load_hf_weights(built, ShardPlan.of(built, self.sizes.layout, rank_pos()), reader)
+            try:
+                load_hf_weights(built, ShardPlan.of(built, self.sizes.layout, rank_pos()), reader)
+            except ValueError as exc:
+                if path := self.cfg.custom_model_provider_path:  # its names are not the checkpoint's layout
+                    raise provider_mismatch(path, self.cfg.hf_checkpoint, exc) from None
+                raise
         return built
 
     def _teacher(self):
@@ -320,7 +330,8 @@ def _union_over_ranks(used: set[str], trainable: int) -> tuple[set[str], int]:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return used, trainable
     everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, (sorted(used), trainable))
+    with checked("all_gather_object(frozen parameters)"):
+        dist.all_gather_object(everyone, (sorted(used), trainable))
     return {p for names, _ in everyone for p in names}, sum(count for _, count in everyone)
 
 
@@ -328,5 +339,6 @@ def _finite_everywhere(local_norm: float, device: torch.device) -> bool:
     """Whether every rank's local gradient norm is finite (one all-reduce over the trainer group)."""
     bad = torch.tensor([0.0 if torch.isfinite(torch.tensor(local_norm)) else 1.0], device=device)
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        with checked("all_reduce(gradient norm finite)"):
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
     return not bool(bad.item())

@@ -30,6 +30,7 @@ from relax.backends.megatron.layout import Param, Split, separate
 from relax.backends.megatron.model import BuiltModel
 from relax.backends.megatron.sharding import RankPos, owner_ep_rank, owner_stage, unshard
 from relax.backends.megatron.weights import ShardPlan
+from relax.observability.collective_memory import checked
 
 Bucket = list[tuple[str, torch.Tensor]]
 
@@ -79,7 +80,8 @@ class HFExporter:
         if self.world == 1:
             return [obj[0]], [obj[1]]
         out: list = [None] * self.world
-        dist.all_gather_object(out, obj)
+        with checked("all_gather_object(export shapes)"):
+            dist.all_gather_object(out, obj)
         return [o[0] for o in out], [o[1] for o in out]
 
     def _exports(self, param: Param, member: _Member) -> bool:
@@ -144,7 +146,8 @@ class HFExporter:
                 tensor = full[param.name] if src == 0 else self._recv(param, src)
                 out += separate(param, tensor, self.plan.wl)
             elif src == self.rank:
-                dist.send(full[param.name].contiguous(), dst=0)
+                with checked("send(export)"):
+                    dist.send(full[param.name].contiguous(), dst=0)
         return out
 
     def _gather(self, param: Param, local: torch.Tensor) -> torch.Tensor | None:
@@ -153,7 +156,8 @@ class HFExporter:
         if param.split is Split.REPLICATED or size == 1:
             return unshard(param, [local], self.plan.vocab_size) if self.me.pos.split_rank(param) == 0 else None
         pieces = [torch.empty_like(local) for _ in range(size)]
-        dist.all_gather(pieces, local.contiguous(), group=self._groups[param.is_expert])
+        with checked("all_gather(export)"):
+            dist.all_gather(pieces, local.contiguous(), group=self._groups[param.is_expert])
         if self.me.pos.split_rank(param) != 0:
             return None
         return unshard(param, pieces, self.plan.vocab_size)
@@ -162,5 +166,6 @@ class HFExporter:
         shape, dtype = self.shapes[param.name]
         device = next(self.built.gpt.parameters()).device
         buffer = torch.empty(shape, dtype=dtype, device=device)
-        dist.recv(buffer, src=src)
+        with checked("recv(export)"):
+            dist.recv(buffer, src=src)
         return buffer

@@ -92,12 +92,14 @@ def parallel_config_kwargs(sizes: ParallelSizes) -> dict[str, Any]:
 
 def build_gpt_model(spec: McoreModelSpec, *, sizes: ParallelSizes | None = None, device: str = "cuda",
                     use_te: bool | None = None, attention: str | None = None,
-                    extra_config: dict[str, Any] | None = None) -> BuiltModel:
+                    extra_config: dict[str, Any] | None = None, provider_path: str | None = None) -> BuiltModel:
     """This rank's bf16 GPTModel, uninitialised (weights come from the HF checkpoint, weights.py).
 
     ``attention`` ("sdpa" / "unfused", default `DEFAULT_ATTENTION`) picks the local spec's core attention;
     the TE spec brings its own fused attention. ``extra_config``: more `TransformerConfig` fields (the
-    trainer's activation recompute, `memory_flags.recompute_kwargs`, and the fusions).
+    trainer's activation recompute, `memory_flags.recompute_kwargs`, and the fusions). ``provider_path``:
+    ``--custom-model-provider-path``, Megatron-LM's ``model_provider`` that builds the GPTModel from this config
+    in place of relax's layer spec (relax/models/provider.py); its names are checked when the weights load.
     """
     import torch.nn.functional as F
     from megatron.core import parallel_state as ps
@@ -137,8 +139,14 @@ def build_gpt_model(spec: McoreModelSpec, *, sizes: ParallelSizes | None = None,
             * get_num_layers_to_build(config), layer_norm=HiddenRMSNorm)
     vocab = sizes.layout.padded_vocab(spec.vocab_size)
     kwargs = {**spec.gpt_model_kwargs(), "vocab_size": vocab}
-    gpt = GPTModel(config=config, transformer_layer_spec=layer_spec, pre_process=ps.is_pipeline_first_stage(),
-                   post_process=ps.is_pipeline_last_stage(), parallel_output=False, **kwargs)
+    if provider_path:
+        from relax.models.provider import call_megatron_provider
+
+        gpt = call_megatron_provider(provider_path, pre_process=ps.is_pipeline_first_stage(),
+                                     post_process=ps.is_pipeline_last_stage(), config=config)
+    else:
+        gpt = GPTModel(config=config, transformer_layer_spec=layer_spec, pre_process=ps.is_pipeline_first_stage(),
+                       post_process=ps.is_pipeline_last_stage(), parallel_output=False, **kwargs)
     _tag_tensor_parallel_params(gpt)
     gpt.to(_device(device))  # the local spec's torch.nn.RMSNorm is created on the default device
     module = Float16Module(config, gpt)

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from relax.backends.megatron.logprobs import gpt_forward
 from relax.backends.torch.batch import ModelInputs
+from relax.observability.collective_memory import checked
 
 LossFn = Callable[[slice, ModelInputs, torch.Tensor], tuple[torch.Tensor, Any]]
 
@@ -75,8 +76,9 @@ class StageRunner:
         if ps.get_pipeline_model_parallel_world_size() == 1:
             return tensor
         on_device = tensor.to(self.device)
-        dist.broadcast(on_device, src=ps.get_pipeline_model_parallel_last_rank(),
-                       group=ps.get_pipeline_model_parallel_group())
+        with checked("broadcast(last pipeline stage)"):
+            dist.broadcast(on_device, src=ps.get_pipeline_model_parallel_last_rank(),
+                           group=ps.get_pipeline_model_parallel_group())
         tensor.copy_(on_device)
         return tensor
 
@@ -87,6 +89,7 @@ class StageRunner:
         if ps.get_pipeline_model_parallel_world_size() == 1:
             return obj
         holder = [obj]
-        dist.broadcast_object_list(holder, src=ps.get_pipeline_model_parallel_last_rank(),
-                                   group=ps.get_pipeline_model_parallel_group())
+        with checked("broadcast_object_list(last pipeline stage)"):
+            dist.broadcast_object_list(holder, src=ps.get_pipeline_model_parallel_last_rank(),
+                                       group=ps.get_pipeline_model_parallel_group())
         return holder[0]

@@ -55,6 +55,8 @@ from relax.checkpoint_io import HostFile, to_host, write_files
 from relax.distributed.resources import service_roles
 from relax.models import build_model
 from relax.models.checkpoint_names import checkpoint_state, moe_style
+from relax.observability.collective_memory import CHECK as COLLECTIVE_MEMORY
+from relax.observability.collective_memory import SUMMARY_KEY as COLLECTIVE_MEMORY_KEY
 from relax.observability.memory import MemoryRecorder
 from relax.observability.profiler import TrainProfiler
 from relax.observability.spans import SPANS_KEY
@@ -84,7 +86,7 @@ class TorchTrainBackend:
         self.dp = DataParallel.current()  # the trainer group's ranks (relax/backends/torch/data_parallel.py)
         torch.manual_seed(cfg.seed)
         self.dtype = torch.bfloat16 if cfg.bf16 else torch.float32
-        self.model = self._build(cfg.hf_checkpoint).to(self.device)
+        self.model = self._build_policy().to(self.device)
         self.model.train()
         self.ref_model = None
         if inference_only:
@@ -138,6 +140,16 @@ class TorchTrainBackend:
             self.routing = RoutingReplay(self.model, from_rollout=cfg.use_rollout_routing_replay)
         self.memory = MemoryRecorder(cfg.memory, rank=self.dp.rank)  # CUDA allocator snapshots
 
+    def _build_policy(self) -> torch.nn.Module:
+        """The policy: ``--hf-checkpoint``'s model, or what ``--custom-model-provider-path`` builds for its config."""
+        if not self.cfg.custom_model_provider_path:
+            return self._build(self.cfg.hf_checkpoint)
+        from relax.models.provider import build_provided_model
+
+        attn = "sdpa" if self.cfg.attention_backend == "flash" else None
+        return build_provided_model(self.cfg.custom_model_provider_path, self.cfg.hf_checkpoint, dtype=self.dtype,
+                                    seed=self.cfg.seed, attn_implementation=attn)
+
     def _build(self, name_or_path: str) -> torch.nn.Module:
         """A model in the training dtype; ``--attention-backend flash`` asks torch SDPA for the flash kernel."""
         attn = "sdpa" if self.cfg.attention_backend == "flash" else None
@@ -166,7 +178,7 @@ class TorchTrainBackend:
             return self._build(path)
         directory = (ckpt.find_step(path, step, flag=flag) if step is not None
                      else ckpt.find_latest(path, flag=flag, driver_state=False))
-        model = self._build(self.cfg.hf_checkpoint)
+        model = self._build_policy()
         state = load_file(str(directory / "model.safetensors"))
         missing, unexpected = model.load_state_dict(state, strict=False)
         if unexpected or [m for m in missing if m not in state]:
@@ -268,6 +280,8 @@ class TorchTrainBackend:
         self.profiler.stop("train_overall", step)
         if spans := self.profiler.pop_spans():
             metrics[SPANS_KEY] = spans
+        if collectives := COLLECTIVE_MEMORY.pop_summary():  # --enable-cuda-memory-check: since the last step
+            metrics[COLLECTIVE_MEMORY_KEY] = collectives
         return metrics
 
     def _train_rollout(self, samples: list[TrainSample], step: int, precomputed: Precomputed | None) -> dict[str, float]:

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from relax.algorithms.reducers import merge_metrics
+from relax.observability.collective_memory import checked
 
 # Gradients are all-reduced in flat buckets of at most this many bytes (one copy each, not the whole model).
 GRAD_BUCKET_BYTES = 64 * 1024 * 1024
@@ -60,10 +61,12 @@ class DataParallel:
             return tensor
         if tensor.device.type == "cpu" and dist.get_backend(self.group) == "nccl":
             on_device = tensor.to(torch.device("cuda", torch.cuda.current_device()))
-            dist.all_reduce(on_device, group=self.group)
+            with checked("all_reduce(rows)"):
+                dist.all_reduce(on_device, group=self.group)
             tensor.copy_(on_device)
         else:
-            dist.all_reduce(tensor, group=self.group)
+            with checked("all_reduce(rows)"):
+                dist.all_reduce(tensor, group=self.group)
         return tensor
 
     def reduce_gradients(self, params: Iterable[torch.nn.Parameter]) -> None:
@@ -90,7 +93,8 @@ class DataParallel:
         if self.size == 1:
             return sums
         gathered: list[dict[str, torch.Tensor] | None] = [None] * self.size
-        dist.all_gather_object(gathered, {k: v.cpu() for k, v in sums.items()}, group=self.group)
+        with checked("all_gather_object(metrics)"):
+            dist.all_gather_object(gathered, {k: v.cpu() for k, v in sums.items()}, group=self.group)
         out: dict[str, torch.Tensor] = {}
         for part in gathered:
             out = merge_metrics(out, part or {})
@@ -99,6 +103,7 @@ class DataParallel:
 
 def _all_reduce_flat(grads: list[torch.Tensor]) -> None:
     flat = torch._utils._flatten_dense_tensors(grads)
-    dist.all_reduce(flat)
+    with checked("all_reduce(gradients)"):
+        dist.all_reduce(flat)
     for grad, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
         grad.copy_(reduced)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from relax.engine.protocol import parse_weight_version, weight_version_str
-from relax.utils.http_utils import EngineError, EngineHTTPError, request
+from relax.utils.http_utils import EngineError, EngineHTTPError, post, poster_installed, request
 
 __all__ = ["EngineClient", "EngineError", "EngineHTTPError"]
 
@@ -54,6 +54,9 @@ class EngineClient:
         """One SGLang-shaped request -> its response; a list -> the list of responses (one call each)."""
         if isinstance(request_or_batch, list):
             return list(await asyncio.gather(*(self.generate(r) for r in request_or_batch)))
+        if poster_installed():  # --use-distributed-post: a poster actor makes it (engine/rollout/distributed_post.py)
+            return await post(f"{self.base_url}/generate", request_or_batch, timeout=self.timeout,
+                              headers=self.headers, proxy=self.proxy)
         return await self._call("POST", "/generate", request_or_batch, self.timeout)
 
     async def abort_request(self, rid: str | None = None, *, abort_all: bool = False) -> Any:

@@ -113,7 +113,10 @@ class DistributedTransport(Transport):
         first = errors[0]
         if isinstance(first, RuntimeError | TimeoutError | OSError):
             text = (str(first).strip().splitlines() or [""])[0][:300]
-            return EngineError(f"weight update group {self.group_name}", f"{type(first).__name__}: {text}")
+            error = EngineError(f"weight update group {self.group_name}", f"{type(first).__name__}: {text}")
+            for note in getattr(first, "__notes__", ()):  # --enable-cuda-memory-check's free memory
+                error.add_note(note)
+            return error
         return first
 
     async def send(self, bucket: PackedBucket, version: str) -> None:
