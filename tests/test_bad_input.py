@@ -44,7 +44,7 @@ def test_inconsistent_global_batch_size(tmp_path: Path) -> None:
     assert proc.returncode == 2
 
 
-@pytest.mark.parametrize("flag", [["--use-slime-router"], ["--allgather-cp"],
+@pytest.mark.parametrize("flag", [["--overlap-grad-reduce"], ["--allgather-cp"],
                                   ["--partial-rollout", "--fully-async"]])
 def test_not_supported_yet(tmp_path: Path, flag: list[str]) -> None:
     proc = run_relax(["--preset", "quickstart", *flag, "--output-dir", str(tmp_path / "o")], tmp_path)

@@ -17,6 +17,7 @@ from tests import model_providers
 from tests.e2e_helpers import FAST_FLAGS, assert_ok, read_jsonl, run_relax
 
 P = "tests.model_providers."
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_torch_trainer_trains_the_providers_model() -> None:
@@ -78,7 +79,8 @@ def test_the_megatron_hook_takes_megatron_lms_signature_and_a_gptmodel() -> None
         provider.call_megatron_provider(P + "megatron_provider", pre_process=True, post_process=True, config=None)
 
 
-def test_relax_train_refuses_a_bad_provider_in_one_line(tmp_path: Path) -> None:
+def test_relax_train_refuses_a_bad_provider_in_one_line(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the providers live in tests/, run from tmp_path
     proc = run_relax([*FAST_FLAGS, "--custom-model-provider-path", P + "not_a_module",
                       "--output-dir", str(tmp_path / "o")], tmp_path)
     assert proc.returncode == 2
@@ -86,7 +88,8 @@ def test_relax_train_refuses_a_bad_provider_in_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1 and f"--custom-model-provider-path {P}not_a_module: returned dict" in lines[0], proc.stderr
 
 
-def test_a_run_trains_the_providers_model_and_syncs_it_to_the_engine(tmp_path: Path) -> None:
+def test_a_run_trains_the_providers_model_and_syncs_it_to_the_engine(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the trainer actor imports the provider from tests/
     run = tmp_path / "run"
     assert_ok(run_relax([*FAST_FLAGS, "--num-rollout", "1", "--custom-model-provider-path", P + "marked",
                          "--output-dir", str(run)], tmp_path))
