@@ -65,7 +65,8 @@ def split_generate(body: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
     for i in range(n):
         single = {}
         for k, v in body.items():
-            if k in (key, "rid") or (k in _PER_ITEM and isinstance(v, list)):
+            # image_data in a batch: one entry per item (an image or a list of them), as SGLang normalizes it
+            if k in (key, "rid") or (k in _PER_ITEM and isinstance(v, list)) or (k == "image_data" and v is not None):
                 if not isinstance(v, list) or len(v) != n:
                     raise BadRequest(f"batch field {k!r} must be a list of {n}")
                 single[k] = v[i]

@@ -45,6 +45,7 @@ from relax.backends.torch.batch import (
 )
 from relax.backends.torch.data_parallel import DataParallel
 from relax.backends.torch.freezing import apply_param_freezing
+from relax.backends.torch.vision_inputs import model_forward
 from relax.backends.torch.logprobs import log_probs_from_logits, response_log_probs
 from relax.backends.torch.master_weights import MasterWeights
 from relax.backends.torch.memory_margin import check_margin
@@ -437,10 +438,10 @@ class TorchTrainBackend:
         only the logits are kept, and the logits -> log-probs / entropy -> loss part (its ``[n, V]`` fp32
         log-softmax and the loss's temporaries) runs again in the backward. Same loss and gradients."""
         if self.routing is None:
-            logits = self.model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask).logits
+            logits = model_forward(self.model, inputs.input_ids, inputs.attention_mask, inputs.vision)
         else:
             with self.routing.forward(self.model, sl, inputs):
-                logits = self.model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask).logits
+                logits = model_forward(self.model, inputs.input_ids, inputs.attention_mask, inputs.vision)
 
         def loss_of(logits: torch.Tensor):
             self.loss_function_runs += 1

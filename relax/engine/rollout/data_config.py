@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from relax.utils.flag_slice import FlagSlice
+from relax.data.mm_config import MultimodalConfig
+from relax.utils.flag_slice import FlagSlice, sub_slice
 
 
 @dataclass(frozen=True)
@@ -38,4 +39,6 @@ class PromptDataConfig(FlagSlice):
     rollout_shuffle: bool
     rollout_seed: int
     buffer_filter_path: str | None
+    # --multimodal-keys and the image flags (relax/data/mm_config.py)
+    multimodal: MultimodalConfig = sub_slice(MultimodalConfig)
     args: Any = field(default=None, compare=False, repr=False)

@@ -57,6 +57,7 @@ class RolloutDataSourceWithBuffer:
             apply_chat_template=cfg.apply_chat_template, apply_chat_template_kwargs=cfg.apply_chat_template_kwargs,
             system_prompt=cfg.system_prompt, tool_key=cfg.tool_key, max_prompt_len=cfg.rollout_max_prompt_len,
             prompt_fn=prompt_fn, prompt_fn_path=cfg.custom_prompt_path or "<prompt_fn>",
+            media=_media_rows(cfg),
         )
         self.num_records, self.num_filtered, self.prompts = 0, 0, []
         self.stream: StreamingRecords | None = None
@@ -204,3 +205,18 @@ class RolloutDataSourceWithBuffer:
             self.stream.load_state_dict(state["stream"])
         else:
             self._order = self._epoch_order(self.epoch)
+
+
+def _media_rows(cfg: PromptDataConfig) -> Any:
+    """The image preparer of ``--multimodal-keys`` (relax/data/multimodal.py), None without the flag."""
+    if not cfg.multimodal.enabled:
+        return None
+    from relax.data.multimodal import MultimodalRows
+    from relax.models import resolve_checkpoint
+    from relax.models.vision import is_vision_config
+
+    model_config = resolve_checkpoint(cfg.hf_checkpoint).config
+    if not is_vision_config(model_config):
+        raise DataError(f"--multimodal-keys needs a vision-language --hf-checkpoint; {cfg.hf_checkpoint} has no "
+                        "vision tower (e.g. --hf-checkpoint tiny-qwen2.5-vl)")
+    return MultimodalRows(cfg.multimodal, model_config)
