@@ -29,12 +29,12 @@ import torch
 
 from relax.backends.embedded import routed_experts
 from relax.backends.embedded.detokenize import Detokenizer
+from relax.backends.embedded.image_data import parse_image_data
 from relax.backends.embedded.lean_runner import LeanRunner
 from relax.backends.embedded.rows import Fetch, RowState
-from relax.backends.embedded.image_data import parse_image_data
 from relax.backends.embedded.runners import HFRunner, StaticRunner
-from relax.backends.embedded.vision_runner import VisionRunner
 from relax.backends.embedded.sampling import SamplingParams
+from relax.backends.embedded.vision_runner import VisionRunner
 from relax.engine.protocol import GENERATE_REQ, MEMORY_TAGS, check_fields, weight_version_str
 from relax.models.checkpoint_names import checkpoint_state, moe_style
 from relax.models.vision import is_vision_config

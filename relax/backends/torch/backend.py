@@ -45,13 +45,13 @@ from relax.backends.torch.batch import (
 )
 from relax.backends.torch.data_parallel import DataParallel
 from relax.backends.torch.freezing import apply_param_freezing
-from relax.backends.torch.vision_inputs import model_forward
 from relax.backends.torch.logprobs import log_probs_from_logits, response_log_probs
 from relax.backends.torch.master_weights import MasterWeights
 from relax.backends.torch.memory_margin import check_margin
 from relax.backends.torch.micro_batches import fixed_micro_batches, micro_batches
 from relax.backends.torch.rollout_postprocess import postprocess_rollout_data
 from relax.backends.torch.step_report import CONSUMED_KEY, consumed_samples, logprob_mismatch_metrics
+from relax.backends.torch.vision_inputs import model_forward
 from relax.checkpoint_io import HostFile, to_host, write_files
 from relax.distributed.resources import service_roles
 from relax.models import build_model
