@@ -10,7 +10,7 @@ field), ``pixel_values`` and ``image_grid_thw`` (what the trainer feeds the mode
 
 from __future__ import annotations
 
-from concurrent.futures import Future
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,15 @@ class MultimodalRows:
         """Start preparing ``record``'s images in the pool (None: it has none)."""
         images = self.images_of(record, where)
         return self.pool.submit(prepare_images, images, where, self.spec(where)) if images else None
+
+    def prepare(self, record: dict[str, Any], where: str) -> PreparedImages | None:
+        """``record``'s images prepared now: in this thread, or by the process pool when there is one."""
+        images = self.images_of(record, where)
+        if not images:
+            return None
+        if isinstance(self.pool, ProcessPoolExecutor):
+            return self.pool.submit(prepare_images, images, where, self.spec(where)).result()
+        return prepare_images(images, where, self.spec(where))
 
     def expand(self, raw: Any, prepared: PreparedImages | None, where: str) -> Any:
         """``raw`` (a string or messages) with each ``<image>`` replaced by that image's vision tokens."""

@@ -574,10 +574,11 @@ def _model_name(args: Namespace, p: Problems) -> None:
 def _multimodal(args: Namespace, p: Problems) -> None:
     """The multimodal flags' values (relax/data/mm_config.py), and what a vision-language model runs on."""
     from relax.data.mm_config import multimodal_problems
+    from relax.data.prefetch import prefetch_problems
     from relax.models import resolve_checkpoint
     from relax.models.vision import is_vision_config
 
-    for problem in multimodal_problems(args):
+    for problem in [*multimodal_problems(args), *prefetch_problems(args)]:
         p.add(problem)
     try:
         vision = is_vision_config(resolve_checkpoint(args.hf_checkpoint).config) if args.hf_checkpoint else False

@@ -34,6 +34,10 @@ class PromptDataConfig(FlagSlice):
     # read lazily through a shuffle buffer (relax/data/streaming.py) rather than all at start
     use_streaming_dataset: bool
     streaming_buffer_size: int
+    # with --multimodal-keys: the streaming prefetch cache (relax/data/prefetch.py)
+    prefetch_chunk_size: int
+    prefetch_max_cached: int
+    prefetch_num_workers: int
     # how prompts are served: group size, seeded per-epoch shuffling, the recycle buffer's filter
     n_samples_per_prompt: int
     rollout_shuffle: bool
