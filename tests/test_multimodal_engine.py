@@ -75,12 +75,12 @@ def test_engine_and_trainer_agree_on_the_tokens_and_log_probs_of_image_prompts(m
 
 
 @pytest.mark.parametrize(("change", "expected"), [
-    ({"image_data": None}, "generate: input_ids hold image tokens but the request has no image_data"),
+    ({"image_data": None}, "generate: input_ids hold image or video tokens but the request has no image_data or video_data"),
     ({"image_data": ["https://host/a.png"]}, "image URL https://host/a.png cannot be fetched: runs are offline"),
     ({"image_data": [encode_png(Image.new("RGB", (64, 32)))]},
-     "generate: image_data has 1 image(s) of 8 image tokens in all, but input_ids hold 4 <|image_pad|> tokens"),
+     "generate: image_data has 1 item(s) of 8 tokens in all, but input_ids hold 4 <|image_pad|> tokens"),
     ({"logprob_start_len": 0}, "prompt log-probs (logprob_start_len >= 0) and --true-on-policy-mode are not"),
-    ({"video_data": ["clip.mp4"]}, "video_data"),
+    ({"video_data": ["clip.mp4"]}, "generate: video_data[0]: video clip.mp4 is a video file; decoding one needs av"),
     ({"audio_data": ["a.wav"]}, "audio_data"),
 ])
 def test_a_bad_multimodal_request_is_refused_in_one_line(model, change, expected):
@@ -92,7 +92,7 @@ def test_a_bad_multimodal_request_is_refused_in_one_line(model, change, expected
 
 def test_image_data_to_a_text_model_is_refused():
     engine = EmbeddedEngine(build_model("tiny-qwen3", seed=1), eos_token_ids=[2])
-    with pytest.raises(ValueError, match="image_data needs a vision-language model; this engine serves a text model"):
+    with pytest.raises(ValueError, match="image_data and video_data need a vision-language model; this engine serves a text model"):
         engine.make_request({"input_ids": [5, 6], "image_data": ["x.png"]})
 
 

@@ -91,7 +91,8 @@ def _vision(sample: Sample) -> dict[str, Any] | None:
     mm = sample.multimodal_inputs
     if not isinstance(mm, dict) or mm.get("pixel_values") is None:
         return None
-    return {"pixel_values": mm["pixel_values"], "image_grid_thw": mm["image_grid_thw"]}
+    keys = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+    return {k: mm[k] for k in keys if mm.get(k) is not None}
 
 
 def _sample_id(sample: Sample) -> tuple[int, int] | None:

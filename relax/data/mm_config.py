@@ -15,8 +15,11 @@ from relax.utils.flag_slice import FlagSlice
 from relax.utils.flag_types import ConfigError
 
 MODALITIES = ("image", "video", "audio")
-IMPLEMENTED_MODALITIES = ("image",)
+IMPLEMENTED_MODALITIES = ("image", "video")
 DEFAULT_IMAGE_MIN_TOKENS, DEFAULT_IMAGE_MAX_TOKENS = 4, 16384  # seed 000's "default if not set"
+# seed 000's video defaults: tokens per frame, fps, frames, frame factor
+VIDEO_DEFAULTS = {"video_min_token_num": 128, "video_max_token_num": 768, "video_fps": 2.0,
+                  "video_fps_min_frames": 4, "video_fps_max_frames": 768, "frame_factor": 2}
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,17 @@ class MultimodalConfig(FlagSlice):
     image_max_token_num: int | None
     image_resize_scale_factor: int | None
     mm_processor_pool_size: int
+    video_min_token_num: int | None = None
+    video_max_token_num: int | None = None
+    video_fps: float | None = None
+    video_fps_min_frames: int | None = None
+    video_fps_max_frames: int | None = None
+    frame_factor: int | None = None
+
+    def video(self, name: str) -> Any:
+        """A video flag's value, the seed's default when not set."""
+        value = getattr(self, name)
+        return VIDEO_DEFAULTS[name] if value is None else value
 
     @property
     def enabled(self) -> bool:
@@ -59,8 +73,8 @@ def multimodal_problems(cfg: Any) -> list[str]:
                     problems.append(f"--multimodal-keys: unknown modality {modality!r} (known: "
                                     f"{', '.join(MODALITIES)})")
                 elif modality not in IMPLEMENTED_MODALITIES:
-                    problems.append(f"not supported yet: --multimodal-keys {modality!r} (this engine and trainer "
-                                    "take images only)")
+                    problems.append(f"not supported yet: --multimodal-keys {modality!r} (the vision-language "
+                                    "models here have no audio tower: images and videos only)")
     for flag, value in (("image-min-token-num", cfg.image_min_token_num),
                         ("image-max-token-num", cfg.image_max_token_num)):
         if value is not None and value < 1:
@@ -71,6 +85,19 @@ def multimodal_problems(cfg: Any) -> list[str]:
         problems.append(f"--image-min-token-num {lo} exceeds --image-max-token-num {hi}")
     if cfg.image_resize_scale_factor is not None and cfg.image_resize_scale_factor < 0:
         problems.append(f"--image-resize-scale-factor {cfg.image_resize_scale_factor} must be >= 0 (0: no alignment)")
+    video = {k: VIDEO_DEFAULTS[k] if getattr(cfg, k, None) is None else getattr(cfg, k) for k in VIDEO_DEFAULTS}
+    for k in ("video_min_token_num", "video_max_token_num", "video_fps_min_frames", "video_fps_max_frames",
+              "frame_factor"):
+        if video[k] < 1:
+            problems.append(f"--{k.replace('_', '-')} {video[k]} must be >= 1")
+    if video["video_fps"] <= 0:
+        problems.append(f"--video-fps {video['video_fps']} must be > 0")
+    if video["video_min_token_num"] > video["video_max_token_num"]:
+        problems.append(f"--video-min-token-num {video['video_min_token_num']} exceeds --video-max-token-num "
+                        f"{video['video_max_token_num']}")
+    if video["video_fps_min_frames"] > video["video_fps_max_frames"]:
+        problems.append(f"--video-fps-min-frames {video['video_fps_min_frames']} exceeds --video-fps-max-frames "
+                        f"{video['video_fps_max_frames']}")
     if cfg.mm_processor_pool_size < 0:
         problems.append(f"--mm-processor-pool-size {cfg.mm_processor_pool_size} must be >= 0 (0: a thread pool)")
     return problems

@@ -137,18 +137,18 @@ SEED_FLAGS: list[FlagSpec] = [
     F('data-source-path', 'str', 'relax.engine.rollout.data_source.RolloutDataSourceWithBuffer', 'Dataset', 'Rollout data source class path'),
     F('start-rollout-id', 'int', None, 'Dataset', 'Starting Rollout step. If not set, attempts to read from checkpoint specified by --load. Here: the run trains steps N .. --num-rollout - 1 (the engines start at weight version N); with --load the weights, optimizer and data position come from its latest checkpoint while the step is N; must be >= 0 and below --num-rollout'),
     # --- Multimodal Data
-    F('multimodal-keys', 'json', None, 'Multimodal Data', 'Multimodal data field mapping. Example: \'{"image": "image_key"}\'. Here: images only (a video or audio key fails at launch with not supported yet); the column holds one image or a list (local path, relative to the prompt file or absolute; data: URI or base64; bytes; a parquet {bytes, path} struct; a URL is refused, runs are offline), each <image> in the prompt becomes that image\'s vision tokens, the engine gets them as SGLang\'s image_data; needs a vision-language --hf-checkpoint (e.g. tiny-qwen2.5-vl)'),
-    F('use-audio-in-video', 'flag', False, 'Multimodal Data', 'Whether to process audio in video'),
+    F('multimodal-keys', 'json', None, 'Multimodal Data', 'Multimodal data field mapping. Example: \'{"image": "image_key"}\'. Here: image and video keys (an audio key fails at launch with not supported yet: the vision-language models here have no audio tower); an image column holds one image or a list (local path, relative to the prompt file or absolute; data: URI or base64; bytes; a parquet {bytes, path} struct; a URL is refused, runs are offline), a video column a list of videos, each a list of frame images or {"frames": [...], "fps": F} (a video file is refused in one line: no av/decord here); each <image> / <video> in the prompt becomes its vision tokens, the engine gets them as SGLang\'s image_data / video_data (a video as its sampled frames); needs a vision-language --hf-checkpoint (e.g. tiny-qwen2.5-vl)'),
+    F('use-audio-in-video', 'flag', False, 'Multimodal Data', 'Whether to process audio in video. Here: not yet: the vision-language models here (tiny-qwen2.5-vl, Qwen2.5-VL / Qwen3-VL checkpoints) have no audio tower, and videos come as frame lists without sound'),
     F('image-max-token-num', 'int', None, 'Multimodal Data', 'Maximum token count for image processing. Default is 16384 if not set. Here: a larger image is scaled down (aspect kept) to at most this many image tokens of --image-resize-scale-factor pixels square (relax/data/image_budget.py)'),
     F('image-min-token-num', 'int', None, 'Multimodal Data', 'Minimum token count for image processing. Default is 4 if not set. Here: a smaller image is scaled up to at least this many image tokens'),
-    F('video-min-token-num', 'int', None, 'Multimodal Data', 'Minimum token count for video frame processing. Default is 128 if not set'),
-    F('video-max-token-num', 'int', None, 'Multimodal Data', 'Maximum token count for video frame processing. Default is 768 if not set'),
-    F('video-fps', 'float', None, 'Multimodal Data', 'Target FPS for video processing. Default is 2.0 if not set'),
-    F('video-fps-min-frames', 'int', None, 'Multimodal Data', 'Minimum frames for video processing. Default is 4 if not set'),
-    F('video-fps-max-frames', 'int', None, 'Multimodal Data', 'Maximum frames for video processing. Default is 768 if not set'),
+    F('video-min-token-num', 'int', None, 'Multimodal Data', 'Minimum token count for video frame processing. Default is 128 if not set. Here: per frame: a smaller frame is scaled up to at least this many tokens (--image-resize-scale-factor pixels square)'),
+    F('video-max-token-num', 'int', None, 'Multimodal Data', 'Maximum token count for video frame processing. Default is 768 if not set. Here: per frame: a larger frame is scaled down to at most this many tokens'),
+    F('video-fps', 'float', None, 'Multimodal Data', 'Target FPS for video processing. Default is 2.0 if not set. Here: a clip keeps duration x this many frames, spread evenly (relax/data/video_frames.py); a bare frame list is taken to be at this rate'),
+    F('video-fps-min-frames', 'int', None, 'Multimodal Data', 'Minimum frames for video processing. Default is 4 if not set. Here: the fewest frames kept (rounded up to --frame-factor); a shorter clip repeats its last frame'),
+    F('video-fps-max-frames', 'int', None, 'Multimodal Data', 'Maximum frames for video processing. Default is 768 if not set. Here: the most frames kept (and never more than the clip has)'),
     F('image-resize-scale-factor', 'int', None, 'Multimodal Data', 'Scale factor for image resize dimension alignment. Default uses patch_size * spatial_merge_size (typically 28). Set to 0 to disable alignment. Here: the pixels per image-token side for the budget and the multiple each side is rounded to (tiny-qwen2.5-vl: 8 * 2 = 16); with 0 the scaled size is kept and the image processor aligns it to its patches'),
-    F('audio-sample-rate', 'int', None, 'Multimodal Data', 'Sample rate for audio processing. Default is 16000 if not set'),
-    F('frame-factor', 'int', None, 'Multimodal Data', 'Frame alignment factor. Default is 2 if not set'),
+    F('audio-sample-rate', 'int', None, 'Multimodal Data', 'Sample rate for audio processing. Default is 16000 if not set. Here: not yet: no audio tower to feed (--multimodal-keys audio is refused at launch)'),
+    F('frame-factor', 'int', None, 'Multimodal Data', 'Frame alignment factor. Default is 2 if not set. Here: the kept frame count is a multiple of it (a multiple of the model\'s temporal patch size, 2, or the run fails at start)'),
     F('mm-processor-pool-size', 'int', 0, 'Multimodal Data', 'Size of the multimodal processor pool. 0 (default) disables the pool and uses ThreadPoolExecutor. When set to a positive integer, creates a ProcessPoolExecutor with the specified number of workers for true parallelism without GIL contention. Here: the pool loads, resizes and patches each record\'s images (all records at start, or each as a streaming dataset draws it)'),
     # --- Sampling Parameters
     F('num-rollout', 'int', None, 'Sampling Parameters', 'Total number of Rollout rounds. Choose either this or --num-epoch'),
@@ -555,6 +555,8 @@ SUPPORTED: frozenset[str] = frozenset({
     # images (relax/data/multimodal.py, relax/data/mm_pool.py, relax/backends/embedded/vision_runner.py)
     "multimodal-keys", "image-max-token-num", "image-min-token-num", "image-resize-scale-factor",
     "mm-processor-pool-size", "prefetch-chunk-size", "prefetch-max-cached", "prefetch-num-workers",
+    "video-min-token-num", "video-max-token-num", "video-fps", "video-fps-min-frames", "video-fps-max-frames",
+    "frame-factor",  # videos as frame lists (relax/data/video_frames.py)
     # cluster and checkpoints
     "resource", "num-gpus-per-node", "rollout-num-gpus-per-engine", "ray-address",  # relax/distributed/
     "distributed-timeout-minutes", "colocate", "hf-checkpoint", "load", "save", "save-interval", "save-hf", "no-save-optim",

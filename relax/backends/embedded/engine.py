@@ -29,7 +29,7 @@ import torch
 
 from relax.backends.embedded import routed_experts
 from relax.backends.embedded.detokenize import Detokenizer
-from relax.backends.embedded.image_data import parse_image_data
+from relax.backends.embedded.image_data import parse_media
 from relax.backends.embedded.lean_runner import LeanRunner
 from relax.backends.embedded.rows import Fetch, RowState
 from relax.backends.embedded.runners import HFRunner, StaticRunner
@@ -46,7 +46,7 @@ from relax.weights.checksum import state_checksums
 IMPLEMENTED_REQUEST_FIELDS = frozenset({"input_ids", "text", "sampling_params", "return_logprob", "logprob_start_len",
                                         "rid", "return_text_in_logprobs", "log_metrics", "top_logprobs_num",
                                         "return_prompt_token_ids", "return_routed_experts",
-                                        "routed_experts_start_len", "image_data"})
+                                        "routed_experts_start_len", "image_data", "video_data"})
 
 
 @dataclass
@@ -67,7 +67,7 @@ class Request:
     logprobs: list[float] = field(default_factory=list)
     routed: list[torch.Tensor] | None = None  # return_routed_experts: routing rows so far (routed_experts.py)
     routed_start: int = 0  # routed_experts_start_len
-    media: dict[str, torch.Tensor] | None = None  # image_data as pixel_values / image_grid_thw (image_data.py)
+    media: dict[str, torch.Tensor] | None = None  # image_data / video_data as model inputs (image_data.py)
     rescored: bool = False  # logprobs replaced by the train-identical computation (--true-on-policy-mode)
     finish: dict[str, Any] | None = None
     text: str | None = None
@@ -178,10 +178,10 @@ class EmbeddedEngine:
         if params.max_new_tokens == 0 and start < 0:
             raise ValueError("sampling_params.max_new_tokens must be > 0 (0 only scores the prompt: "
                              "return_logprob with logprob_start_len >= 0)")
-        media = parse_image_data(req.get("image_data"), input_ids, self.vision_config)
+        media = parse_media(req, input_ids, self.vision_config)
         if media is not None and (start >= 0 or self.train_identical_logprobs):
             raise ValueError("generate: prompt log-probs (logprob_start_len >= 0) and --true-on-policy-mode are not "
-                             "implemented for requests with image_data")
+                             "implemented for requests with image_data or video_data")
         routed = bool(req.get("return_routed_experts", False))
         if routed:
             routed_experts.check_model(self.model, bool(getattr(self.runner, "cuda_graph", False)))

@@ -15,7 +15,12 @@ from typing import Any
 import torch
 
 from relax.backends.embedded.runners import HFRunner, _left_padded
-from relax.backends.torch.vision_inputs import embed_with_images, mrope_positions
+from relax.backends.torch.vision_inputs import VisionBatch, embed_with_media, media_masks, mrope_positions
+
+
+def _cat(rows: list[dict[str, Any]], key: str) -> torch.Tensor | None:
+    parts = [m[key] for m in rows if m.get(key) is not None]
+    return torch.cat(parts) if parts else None
 
 
 class VisionRunner(HFRunner):
@@ -24,7 +29,7 @@ class VisionRunner(HFRunner):
         self.deltas: torch.Tensor | None = None  # [B] rope offset per row
 
     def prefill(self, prompts: list[list[int]], media: list[dict[str, Any] | None] | None = None) -> torch.Tensor:
-        """``media[i]``: row ``i``'s ``pixel_values`` / ``image_grid_thw`` tensors, or None for text only."""
+        """``media[i]``: row ``i``'s media tensors (relax/backends/embedded/image_data.py), or None for text only."""
         ids, mask = _left_padded(prompts, self.pad_id, self.device)
         rows = [m for m in (media or []) if m]
         if not rows:
@@ -32,11 +37,12 @@ class VisionRunner(HFRunner):
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
             deltas = torch.zeros(len(prompts), dtype=torch.long, device=self.device)
         else:
-            pixels = torch.cat([m["pixel_values"] for m in rows]).to(self.device)
-            grids = torch.cat([m["image_grid_thw"] for m in rows]).to(self.device)
-            image_mask = ids == self.model.config.image_token_id  # a prompt's image tokens (image_data.py checks them)
-            positions, deltas = mrope_positions(self.model, ids, mask, grids, image_mask)
-            embeds = embed_with_images(self.model, ids, pixels, grids, image_mask)
+            vision = VisionBatch(*(_cat(rows, k) for k in ("pixel_values", "image_grid_thw")), mask.bool(),
+                                 *(_cat(rows, k) for k in ("pixel_values_videos", "video_grid_thw",
+                                                           "second_per_grid_ts")))
+            image_mask, video_mask = media_masks(self.model, ids, None)  # a prompt's pads (image_data.py counts them)
+            positions, deltas = mrope_positions(self.model, ids, mask, vision, image_mask, video_mask)
+            embeds = embed_with_media(self.model, ids, vision, image_mask, video_mask)
             out = self.model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=True)
         self._merge(out.past_key_values, mask)
         self.deltas = deltas if self.deltas is None else torch.cat([self.deltas, deltas])

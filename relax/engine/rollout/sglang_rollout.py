@@ -192,8 +192,10 @@ async def _batch_generate(cfg: RolloutConfig, rollout_id: int, state: GenerateSt
     for s in flat:
         params = dict(state.sampling_params, sampling_seed=sample_seed(cfg.rollout_seed, rollout_id, s.index))
         request = {"input_ids": list(s.tokens), "sampling_params": params, "return_logprob": True}
-        if isinstance(s.multimodal_inputs, dict) and s.multimodal_inputs.get("image_data"):
-            request["image_data"] = list(s.multimodal_inputs["image_data"])  # SGLang's field: data URIs
+        media = s.multimodal_inputs if isinstance(s.multimodal_inputs, dict) else {}
+        for field in ("image_data", "video_data"):  # SGLang's fields: images as data URIs, videos as their frames
+            if media.get(field):
+                request[field] = list(media[field])
         if cfg.use_rollout_routing_replay:  # every fed token's experts, the prompt's too (start 0)
             request["return_routed_experts"] = True
         requests.append(request)
