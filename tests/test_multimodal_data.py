@@ -205,3 +205,13 @@ def test_the_config_slice_resolves_the_seed_defaults():
     assert build_config(VLM).vision_config.patch_size * build_config(VLM).vision_config.spatial_merge_size == 16
 
 
+
+
+def test_a_multimodal_sample_round_trips_through_plain_data(tmp_path):
+    from relax.utils.types import Sample
+
+    s = _mm(tmp_path, _rows(tmp_path)).get_samples(2)[1][0]
+    back = Sample.from_dict(json.loads(json.dumps(s.to_dict())))
+    assert (back.multimodal_inputs["pixel_values"] == s.multimodal_inputs["pixel_values"]).all()
+    assert back.multimodal_inputs["pixel_values"].dtype == s.multimodal_inputs["pixel_values"].dtype
+    assert back.multimodal_inputs["image_data"] == s.multimodal_inputs["image_data"] and back.tokens == s.tokens
