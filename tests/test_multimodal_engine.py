@@ -150,3 +150,14 @@ def test_a_vlm_is_refused_by_megatron_and_by_the_slot_runners():
 def test_the_image_tokens_of_a_sample_are_counted_once(model):
     s = _samples(model, 1)[0]
     assert s.tokens.count(IMAGE_PAD_ID) == sum(t * h * w // 4 for t, h, w in s.multimodal_inputs["image_grid_thw"])
+
+
+def test_a_saved_vlm_directory_loads_back_offline(model, tmp_path):
+    from relax.models import save_hf
+
+    out = save_hf(model, TOK, tmp_path / "hf")
+    again = build_model(str(out))
+    assert type(again).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values(),
+                                                 strict=True))
+    assert load_tokenizer(str(out)).convert_tokens_to_ids("<|image_pad|>") == IMAGE_PAD_ID

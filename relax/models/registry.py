@@ -169,9 +169,12 @@ def build_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, seed: 
     """
     ckpt = resolve_checkpoint(name_or_path)
     if ckpt.kind == "dir":
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-        return AutoModelForCausalLM.from_pretrained(
+        from relax.models.vision import is_vision_config
+
+        auto = AutoModelForImageTextToText if is_vision_config(ckpt.config) else AutoModelForCausalLM
+        return auto.from_pretrained(
             name_or_path, local_files_only=True, dtype=dtype, attn_implementation=attn_implementation or "sdpa"
         )
     cfg = ckpt.config
@@ -208,30 +211,6 @@ def load_tokenizer(name_or_path: str):
                               "copy the tokenizer files of the model there")
         return AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
     raise _unknown(name_or_path)
-
-
-def load_image_processor(name_or_path: str, *, min_pixels: int, max_pixels: int):
-    """A VLM checkpoint's image processor with these pixel budgets; None for a text-only model.
-
-    A preset gets Qwen2-VL's PIL processor shaped like its vision tower; a directory's comes from its
-    ``preprocessor_config.json`` (``AutoImageProcessor``, offline), its pixel budgets replaced by ours.
-    """
-    from relax.models.vision import build_image_processor, is_vision_config
-
-    ckpt = resolve_checkpoint(name_or_path)
-    if not is_vision_config(ckpt.config):
-        return None
-    if ckpt.kind == "preset":
-        return build_image_processor(ckpt.config, min_pixels=min_pixels, max_pixels=max_pixels)
-    if not (Path(name_or_path) / "preprocessor_config.json").is_file():
-        raise ConfigError(f"--hf-checkpoint {name_or_path}: a vision-language model without "
-                          "preprocessor_config.json (copy the model's image processor config there)")
-    from transformers import AutoImageProcessor
-
-    proc = AutoImageProcessor.from_pretrained(name_or_path, local_files_only=True)
-    proc.min_pixels, proc.max_pixels = min_pixels, max_pixels
-    proc.size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
-    return proc
 
 
 def save_hf(model, tokenizer, out_dir: str | Path) -> Path:

@@ -5,9 +5,10 @@ Qwen2.5-VL marks an image in the text as ``<|vision_start|><|image_pad|>...<|vis
 ``<|image_pad|>`` per merged patch, ``grid_t * grid_h * grid_w / spatial_merge_size**2`` of them. The
 tokenizer here is the char tokenizer (relax/models/tokenizer.py) plus those four tokens, so the tiny
 VLM shares the char tasks' vocabulary. The image processor is the one transformers ships for
-Qwen2-VL in its PIL form (it needs no torchvision); Qwen2_5_VLProcessor itself is not used because it
-insists on a video processor, which needs torchvision: `relax.data.multimodal` expands the pads
-the way it would.
+Qwen2-VL in its PIL form (it needs no torchvision), shaped from the vision tower's config
+(relax/data/mm_pool.py: the same for a preset and a checkpoint directory); Qwen2_5_VLProcessor itself is
+not used because it insists on a video processor, which needs torchvision: `relax.data.multimodal` expands
+the pads the way it would.
 """
 
 from __future__ import annotations
@@ -52,24 +53,3 @@ def vision_geometry(config: Any) -> tuple[int, int, int]:
     """(patch_size, spatial_merge_size, temporal_patch_size) of a VLM config's vision tower."""
     v = config.vision_config
     return int(v.patch_size), int(v.spatial_merge_size), int(getattr(v, "temporal_patch_size", 2))
-
-
-def build_image_processor(config: Any, *, min_pixels: int, max_pixels: int):
-    """Qwen2-VL's PIL image processor for a VLM config (patching must match the vision tower's)."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    patch, merge, temporal = vision_geometry(config)
-    return Qwen2VLImageProcessorPil(patch_size=patch, merge_size=merge, temporal_patch_size=temporal,
-                                    min_pixels=min_pixels, max_pixels=max_pixels)
-
-
-def processor_pixel_bounds(config: Any) -> tuple[int, int]:
-    """(min_pixels, max_pixels) every relax image processor uses: one token up to 64k tokens.
-
-    The token budget flags are applied before the processor (relax/data/image_budget.py), so the
-    processor only aligns an image to its patches; the engine, handed the same resized image, then
-    produces the same patches and the same number of ``<|image_pad|>`` tokens as the data loader did.
-    """
-    patch, merge, _ = vision_geometry(config)
-    unit = (patch * merge) ** 2
-    return unit, unit * 65536
