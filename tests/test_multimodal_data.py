@@ -215,3 +215,28 @@ def test_a_multimodal_sample_round_trips_through_plain_data(tmp_path):
     assert (back.multimodal_inputs["pixel_values"] == s.multimodal_inputs["pixel_values"]).all()
     assert back.multimodal_inputs["pixel_values"].dtype == s.multimodal_inputs["pixel_values"].dtype
     assert back.multimodal_inputs["image_data"] == s.multimodal_inputs["image_data"] and back.tokens == s.tokens
+
+
+def test_process_pool_workers_leave_when_their_parent_dies(tmp_path):
+    """A parent killed without shutting its pool down (as Ray kills an actor) leaves no worker behind."""
+    import subprocess
+    import sys
+    import time
+
+    script = ("import os, sys\n"
+              "from relax.data.mm_pool import make_pool\n"
+              "pool = make_pool(1)\n"
+              "pool.submit(os.getpid).result()\n"
+              "print(*pool._processes, flush=True)\n"
+              "os._exit(0)\n")
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=repo)
+    workers = [int(p) for p in out.stdout.split()]
+    assert workers, out.stderr
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{p}").exists() for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [p for p in workers if Path(f"/proc/{p}").exists()]
+    for pid in left:  # leave no orphan behind when the check fails
+        os.kill(pid, 9)
+    assert not left

@@ -133,10 +133,34 @@ def prepare_images(values: list[Any], where: str, spec: ImageSpec, videos: list[
     return out
 
 
-def make_pool(size: int) -> Executor:
-    """``size`` 0: a thread pool (the default); > 0: a process pool of ``size`` workers."""
-    if size > 0:
-        import multiprocessing
+def _exit_with_parent(parent: int) -> None:
+    """A pool worker's initializer: leave when the process that made the pool is gone.
 
-        return ProcessPoolExecutor(max_workers=size, mp_context=multiprocessing.get_context("spawn"))
+    Each worker holds both ends of the pool's call queue, so it never sees end-of-file when its parent dies
+    (killed by Ray, or ending without shutting the pool down): it would block forever, an orphan keeping its
+    inherited stdout open. A daemon thread polls the parent id instead."""
+    import os
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="relax-mm-parent-watch", daemon=True).start()
+
+
+def make_pool(size: int) -> Executor:
+    """``size`` 0: a thread pool (the default); > 0: a process pool of ``size`` workers (spawned, so no lock or
+    thread state of the parent is copied), shut down at exit and gone with their parent."""
+    if size > 0:
+        import atexit
+        import multiprocessing
+        import os
+
+        pool = ProcessPoolExecutor(max_workers=size, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_exit_with_parent, initargs=(os.getpid(),))
+        atexit.register(pool.shutdown, wait=False, cancel_futures=True)
+        return pool
     return ThreadPoolExecutor(max_workers=2, thread_name_prefix="relax-mm")
