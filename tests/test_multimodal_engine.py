@@ -161,3 +161,16 @@ def test_a_saved_vlm_directory_loads_back_offline(model, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values(),
                                                  strict=True))
     assert load_tokenizer(str(out)).convert_tokens_to_ids("<|image_pad|>") == IMAGE_PAD_ID
+
+
+def test_eval_sets_carry_their_images_to_the_engine():
+    from relax.data.multimodal import media_request_fields
+    from relax.engine.rollout.eval_config import EvalConfig
+    from relax.engine.rollout.evaluation import load_eval_sets
+
+    args = parse_args(["--preset", "vlm-quickstart", "--eval-prompt-data", "shapes", str(dataset_path("colorshape"))])
+    (shapes,) = load_eval_sets(EvalConfig.from_args(args), TOK)
+    first = shapes.prompts[0]
+    assert first.tokens.count(IMAGE_PAD_ID) == 4
+    assert media_request_fields(first.multimodal_inputs) == {"image_data": first.multimodal_inputs["image_data"]}
+    assert media_request_fields(None) == {}

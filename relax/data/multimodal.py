@@ -128,3 +128,10 @@ def multimodal_inputs(prepared: PreparedImages) -> dict[str, Any]:
                    video_grid_thw=[list(g) for g in prepared.video_grid_thw],
                    second_per_grid_ts=list(prepared.second_per_grid_ts))
     return out
+
+
+def media_request_fields(multimodal_inputs: Any) -> dict[str, Any]:
+    """The ``/generate`` fields of a sample's media: SGLang's ``image_data`` (data URIs) and ``video_data`` (each
+    video as its sampled frames), only those it has."""
+    media = multimodal_inputs if isinstance(multimodal_inputs, dict) else {}
+    return {k: list(media[k]) for k in ("image_data", "video_data") if media.get(k)}

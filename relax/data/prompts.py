@@ -168,7 +168,7 @@ def build_samples(records: list[dict[str, Any]], tokenizer: Any, *, input_key: s
                   apply_chat_template_kwargs: dict[str, Any] | None, system_prompt: str | None,
                   tool_key: str, max_prompt_len: int | None, path: str = "<records>",
                   prompt_fn: PromptFn | None = None, first_index: int = 0,
-                  prompt_fn_path: str = "<prompt_fn>") -> tuple[list[Sample], int]:
+                  prompt_fn_path: str = "<prompt_fn>", media: Any = None) -> tuple[list[Sample], int]:
     """Return the prompt samples (``group_index`` = ``first_index`` + record index) and how many were too long.
 
     Records with more than ``max_prompt_len`` prompt tokens are dropped and counted. Errors
@@ -176,5 +176,5 @@ def build_samples(records: list[dict[str, Any]], tokenizer: Any, *, input_key: s
     """
     builder = SampleBuilder(tokenizer, input_key, label_key, metadata_key, apply_chat_template,
                             apply_chat_template_kwargs, system_prompt, tool_key, max_prompt_len, prompt_fn,
-                            prompt_fn_path)
+                            prompt_fn_path, media)
     return builder.build_all(records, path=path, first_index=first_index)
