@@ -18,7 +18,7 @@ from relax.data.media import encode_png, load_image
 
 @dataclass(frozen=True)
 class ImageSpec:
-    """What a worker needs to turn image values into model inputs (picklable)."""
+    """What a worker needs to turn a row's image and video values into model inputs (picklable)."""
 
     patch_size: int
     merge_size: int
@@ -39,7 +39,8 @@ class ImageSpec:
 
 @dataclass
 class PreparedImages:
-    """A row's images as the engine receives them (``image_data``) and as the model consumes them."""
+    """A row's images and videos as the engine receives them (``image_data`` / ``video_data``) and as the model
+    consumes them (patches, grids, and for videos the seconds per temporal patch)."""
 
     image_data: list[str]  # PNG data URIs of the resized images (SGLang's image_data)
     pixel_values: np.ndarray  # [patches, C * temporal * patch * patch] float32

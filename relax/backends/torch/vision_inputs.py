@@ -43,9 +43,13 @@ def vision_batch(visions: list[dict[str, Any] | None], prompt_mask: torch.Tensor
     pixels, grids = _cat(rows, "pixel_values", "image_grid_thw")
     videos, video_grids = _cat(rows, "pixel_values_videos", "video_grid_thw")
     seconds = [t for v in rows for t in v.get("second_per_grid_ts") or []]
-    to = (lambda t: None if t is None else t.to(device))  # noqa: E731
-    return VisionBatch(to(pixels), to(grids), prompt_mask.to(device), to(videos), to(video_grids),
+    return VisionBatch(_to(pixels, device), _to(grids, device), prompt_mask.to(device), _to(videos, device),
+                       _to(video_grids, device),
                        torch.tensor(seconds, dtype=torch.float32, device=device) if seconds else None)
+
+
+def _to(t: torch.Tensor | None, device: Any) -> torch.Tensor | None:
+    return None if t is None else t.to(device)
 
 
 def media_masks(model: torch.nn.Module, input_ids: torch.Tensor,
