@@ -131,3 +131,20 @@ def test_engine_and_trainer_agree_on_a_video_and_an_image_prompt(tmp_path):
     again = engine.generate([dict(requests[0], video_data=[dark])])[0]
     assert again["meta_info"]["output_token_logprobs"][0][0] != pytest.approx(
         answers[0]["meta_info"]["output_token_logprobs"][0][0], abs=1e-6)
+
+
+def test_a_seed_001_row_with_image_video_and_audio_columns(tmp_path):
+    """Seed 001's VLM example: the image and video columns load; the audio, which no model here can hear, is
+    refused in one line rather than left in the prompt as text."""
+    Image.new("RGB", (32, 32), (0, 0, 200)).save(tmp_path / "img.png")
+    row = {"q": [{"role": "user", "content": "<image><video>Which colour? <answer>A</answer> or B"}],
+           "images": ["img.png"], "videos": [_clip(tmp_path, 4)], "audios": ["a.wav"], "a": "<answer>B</answer>"}
+    s = _source(tmp_path, [row], video_min_token_num=1).get_samples(1)[0][0]
+    assert s.tokens.count(IMAGE_PAD_ID) == 4 and s.tokens.count(VIDEO_PAD_ID) == 2 * 4
+    assert "<image>" not in s.prompt and "<video>" not in s.prompt
+    row["q"][0]["content"] += " <audio>"
+    with pytest.raises(DataError, match=r"v.jsonl:1: not supported yet: <audio> in the prompt"):
+        _source(tmp_path, [row], video_min_token_num=1)
+    with pytest.raises(DataError, match=r"v.jsonl:1: the prompt has 1 <video> placeholder\(s\) but --multimodal-keys "
+                                        r"names no video column"):
+        _source(tmp_path, [row], multimodal_keys={"image": "images"})

@@ -20,7 +20,7 @@ from relax.data.mm_config import MultimodalConfig
 from relax.data.mm_pool import ImageSpec, PreparedImages, make_pool, prepare_images
 from relax.models.vision import IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START, vision_geometry
 
-IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER = "<image>", "<video>"
+IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, AUDIO_PLACEHOLDER = "<image>", "<video>", "<audio>"
 
 
 def _where_dir(where: str) -> str | None:
@@ -91,11 +91,17 @@ class MultimodalRows:
                 (IMAGE_PLACEHOLDER, IMAGE_PAD, self.image_key, prepared.pad_counts if prepared else []),
                 (VIDEO_PLACEHOLDER, VIDEO_PAD, self.video_key, prepared.video_pad_counts if prepared else [])):
             found = _count(raw, tag)
+            if found and key is None:
+                raise DataError(f"{where}: the prompt has {found} {tag} placeholder(s) but --multimodal-keys names no "
+                                f"{tag.strip('<>')} column")
             if found != len(counts):
                 kind = tag.strip("<>")
                 raise DataError(f"{where}: {len(counts)} {kind}(s) in column {key!r} but {found} {tag} "
                                 "placeholder(s) in the prompt")
             raw = _replace(raw, tag, iter(VISION_START + pad * n + VISION_END for n in counts))
+        if _count(raw, AUDIO_PLACEHOLDER):
+            raise DataError(f"{where}: not supported yet: {AUDIO_PLACEHOLDER} in the prompt (the vision-language "
+                            "models here have no audio tower)")
         return raw
 
     def close(self) -> None:
