@@ -43,7 +43,11 @@ def _args(path: Path, **kw) -> Namespace:
                 apply_chat_template=False, apply_chat_template_kwargs={}, system_prompt=None,
                 rollout_max_prompt_len=None, n_samples_per_prompt=2, rollout_shuffle=True, rollout_seed=5,
                 hf_checkpoint="tiny-qwen3", custom_prompt_path=None, buffer_filter_path=None,
-                use_streaming_dataset=False, streaming_buffer_size=4)
+                use_streaming_dataset=False, streaming_buffer_size=4, multimodal_keys=None, image_min_token_num=None,
+                image_max_token_num=None, image_resize_scale_factor=None, mm_processor_pool_size=0,
+                prefetch_chunk_size=32, prefetch_max_cached=256, prefetch_num_workers=1, video_min_token_num=None,
+                video_max_token_num=None, video_fps=None, video_fps_min_frames=None, video_fps_max_frames=None,
+                frame_factor=None)
     base.update(kw)
     return Namespace(**base)
 

@@ -31,7 +31,7 @@ TINY = ["tiny-qwen3", "tiny-qwen2", "tiny-llama"]
 CPU_PRESETS = [*TINY, "small-qwen3", "small-qwen3-moe"]
 PARAM_RANGE = {"tiny-qwen3": (60e3, 500e3), "tiny-qwen2": (60e3, 500e3), "tiny-llama": (60e3, 500e3),
                "small-qwen3": (1.5e6, 3e6), "small-qwen3-moe": (2e6, 2.5e6), "bench-270m": (266e6, 268e6), "qwen3-0.5b": (0.4e9, 0.5e9),
-                "bench-1b": (1.0e9, 1.1e9)}
+                "bench-1b": (1.0e9, 1.1e9), "tiny-qwen2.5-vl": (100e3, 200e3)}
 PRINTABLE = "".join(CHARACTERS)
 
 
@@ -53,7 +53,7 @@ def test_preset_param_counts(name: str) -> None:
 def test_preset_config_is_consistent_with_its_tokenizer(name: str) -> None:
     cfg = build_config(name)
     tok = load_tokenizer(name)
-    assert len(tok) == cfg.vocab_size
+    assert len(tok) == cfg.get_text_config().vocab_size  # a VLM's vocabulary is its language model's
     assert (cfg.pad_token_id, cfg.eos_token_id) == (tok.pad_token_id, tok.eos_token_id) == (PAD_ID, EOS_ID)
     assert cfg.bos_token_id is None and tok.bos_token is None
 

@@ -51,7 +51,7 @@ def to_train_samples(args: Namespace, groups: list[list[Sample]]) -> tuple[list[
     train = [
         TrainSample(tokens=list(s.tokens), response_length=s.response_length, loss_mask=list(s.effective_loss_mask()),
                     reward=float(r), rollout_log_probs=s.rollout_log_probs, teacher_log_probs=s.teacher_log_probs,
-                    sample_id=_sample_id(s), routed_experts=s.rollout_routed_experts)
+                    sample_id=_sample_id(s), routed_experts=s.rollout_routed_experts, vision=_vision(s))
         for s, r in zip(samples, rewards, strict=True)
     ]
     return train, [float(r) for r in raw]
@@ -78,11 +78,21 @@ def _custom_convert(args: Namespace, samples: list[Sample]) -> tuple[list[TrainS
                     rollout_log_probs=columns["rollout_log_probs"][i] if "rollout_log_probs" in columns else None,
                     teacher_log_probs=(columns["teacher_log_probs"][i] if "teacher_log_probs" in columns
                                        else samples[i].teacher_log_probs),
-                    sample_id=_sample_id(samples[i]), routed_experts=samples[i].rollout_routed_experts)
+                    sample_id=_sample_id(samples[i]), routed_experts=samples[i].rollout_routed_experts,
+                    vision=_vision(samples[i]))
         for i in range(len(samples))
     ]
     raw = columns.get("raw_reward", columns["rewards"])
     return train, [float(extract_reward(r, args.reward_key)) for r in raw]
+
+
+def _vision(sample: Sample) -> dict[str, Any] | None:
+    """What the trainer feeds a vision-language model of a sample's images (relax/data/multimodal.py), or None."""
+    mm = sample.multimodal_inputs
+    if not isinstance(mm, dict) or mm.get("pixel_values") is None:
+        return None
+    keys = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+    return {k: mm[k] for k in keys if mm.get(k) is not None}
 
 
 def _sample_id(sample: Sample) -> tuple[int, int] | None:

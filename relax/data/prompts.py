@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relax.data.dataset import DataError, missing_key
+from relax.data.multimodal import multimodal_inputs
 from relax.utils.plugins import PluginError
 from relax.utils.types import Sample
 
@@ -103,13 +104,20 @@ class SampleBuilder:
     max_prompt_len: int | None
     prompt_fn: PromptFn | None = None
     prompt_fn_path: str = "<prompt_fn>"
+    media: Any = None  # relax.data.multimodal.MultimodalRows with --multimodal-keys, else None
 
-    def build(self, record: dict[str, Any], group_index: int, where: str) -> Sample | None:
-        """The sample of ``record`` (``where`` is ``file:line`` for errors), or None when it is too long."""
+    def build(self, record: dict[str, Any], group_index: int, where: str, prepared: Any = None) -> Sample | None:
+        """The sample of ``record`` (``where`` is ``file:line`` for errors), or None when it is too long.
+
+        With ``media``, ``prepared`` is the record's `PreparedImages` when the caller started them already (the
+        pool's future's result); otherwise they are prepared here."""
         for key in (self.input_key, self.label_key):
             if key is not None and key not in record:
                 raise DataError(f"{where}: {missing_key(key, record)}")
         raw = record[self.input_key]
+        if self.media is not None and prepared is None:
+            future = self.media.submit(record, where)
+            prepared = future.result() if future is not None else None
         if self.prompt_fn is not None:
             try:
                 raw = self.prompt_fn(raw, record)
@@ -117,6 +125,8 @@ class SampleBuilder:
                 first = (str(exc).splitlines() or [""])[0]
                 raise PluginError(f"{where}: --custom-prompt-path {self.prompt_fn_path} raised "
                                   f"{type(exc).__name__}: {first}; expected {CUSTOM_PROMPT_SIGNATURE}") from None
+        if self.media is not None:
+            raw = self.media.expand(raw, prepared, where)
         try:
             text = prompt_text(raw, self.tokenizer, apply_chat_template=self.apply_chat_template,
                                system_prompt=self.system_prompt, tools=record.get(self.tool_key),
@@ -131,6 +141,7 @@ class SampleBuilder:
             group_index=group_index, prompt=text, tokens=list(tokens),
             label=record[self.label_key] if self.label_key is not None else None,
             metadata=_metadata(record.get(self.metadata_key)),
+            multimodal_inputs=multimodal_inputs(prepared) if prepared is not None else None,
         )
 
     def build_all(self, records: list[dict[str, Any]], *, path: str,
@@ -138,8 +149,11 @@ class SampleBuilder:
         """The samples of a file's records (``group_index`` = ``first_index`` + record index), and how many were
         too long (dropped, and logged)."""
         samples: list[Sample] = []
+        # with media: every record's images start in the pool at once, and are taken in order
+        futures = [self.media.submit(r, f"{path}:{i + 1}") for i, r in enumerate(records)] if self.media else []
         for i, record in enumerate(records):
-            sample = self.build(record, first_index + i, f"{path}:{i + 1}")
+            prepared = futures[i].result() if futures and futures[i] is not None else None
+            sample = self.build(record, first_index + i, f"{path}:{i + 1}", prepared)
             if sample is not None:
                 samples.append(sample)
         filtered = len(records) - len(samples)
@@ -154,7 +168,7 @@ def build_samples(records: list[dict[str, Any]], tokenizer: Any, *, input_key: s
                   apply_chat_template_kwargs: dict[str, Any] | None, system_prompt: str | None,
                   tool_key: str, max_prompt_len: int | None, path: str = "<records>",
                   prompt_fn: PromptFn | None = None, first_index: int = 0,
-                  prompt_fn_path: str = "<prompt_fn>") -> tuple[list[Sample], int]:
+                  prompt_fn_path: str = "<prompt_fn>", media: Any = None) -> tuple[list[Sample], int]:
     """Return the prompt samples (``group_index`` = ``first_index`` + record index) and how many were too long.
 
     Records with more than ``max_prompt_len`` prompt tokens are dropped and counted. Errors
@@ -162,5 +176,5 @@ def build_samples(records: list[dict[str, Any]], tokenizer: Any, *, input_key: s
     """
     builder = SampleBuilder(tokenizer, input_key, label_key, metadata_key, apply_chat_template,
                             apply_chat_template_kwargs, system_prompt, tool_key, max_prompt_len, prompt_fn,
-                            prompt_fn_path)
+                            prompt_fn_path, media)
     return builder.build_all(records, path=path, first_index=first_index)

@@ -23,6 +23,7 @@ from typing import Any, Literal
 import torch
 
 from relax.models.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE
+from relax.models.vision import TINY_VL
 from relax.utils.flag_types import ConfigError
 
 # What `AutoTokenizer` can load a tokenizer from (fast, sentencepiece, BPE vocab + merges, WordPiece).
@@ -66,6 +67,8 @@ PRESETS: dict[str, ModelPreset] = {
              norm_topk_prob=True, max_position_embeddings=1024, tie_word_embeddings=True),
         "char", "eager", "2.2M-param Qwen3-MoE (4 experts, top-2) for expert-parallel runs",
     ),
+    "tiny-qwen2.5-vl": ModelPreset("qwen2_5_vl", TINY_VL, "char-vl", "eager",
+                                   "130k-param Qwen2.5-VL (1-block vision tower) for CPU multimodal runs"),
     "bench-270m": ModelPreset("qwen3", _BENCH_270M, "wordlevel-32k", "sdpa",
                               "267M-param Qwen3 (MACHINES.md benchmark config, GPU)"),
     "qwen3-0.5b": ModelPreset(
@@ -91,7 +94,8 @@ _TOKEN_IDS = dict(pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=None)
 # each family's transformers class names: the config's alone imports in a fraction of the model's time (launch checks
 # need only the config)
 _FAMILY_CLASSES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
-                   "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM")}
+                   "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
+                   "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration")}
 
 
 def _family_class(family: str, which: int) -> type:
@@ -123,7 +127,10 @@ def build_config(name: str):
     except KeyError:
         raise _unknown(name) from None
     config_cls = _family_class(preset.family, 0)
-    cfg = config_cls(**preset.config, **_TOKEN_IDS)
+    values = dict(preset.config)
+    if "text_config" in values:  # a VLM: the language model carries the tokenizer's ids too
+        values["text_config"] = dict(values["text_config"], **_TOKEN_IDS)
+    cfg = config_cls(**values, **_TOKEN_IDS)
     cfg._attn_implementation = preset.attn_implementation
     return cfg
 
@@ -162,9 +169,12 @@ def build_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, seed: 
     """
     ckpt = resolve_checkpoint(name_or_path)
     if ckpt.kind == "dir":
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-        return AutoModelForCausalLM.from_pretrained(
+        from relax.models.vision import is_vision_config
+
+        auto = AutoModelForImageTextToText if is_vision_config(ckpt.config) else AutoModelForCausalLM
+        return auto.from_pretrained(
             name_or_path, local_files_only=True, dtype=dtype, attn_implementation=attn_implementation or "sdpa"
         )
     cfg = ckpt.config
@@ -191,7 +201,8 @@ def load_tokenizer(name_or_path: str):
         from relax.models.tokenizer import build_tokenizer
 
         preset = PRESETS[name_or_path]
-        return build_tokenizer(preset.tokenizer, vocab_size=preset.config["vocab_size"])
+        vocab = preset.config.get("vocab_size") or preset.config["text_config"]["vocab_size"]
+        return build_tokenizer(preset.tokenizer, vocab_size=vocab)
     if ckpt_kind == "dir":
         from transformers import AutoTokenizer
 

@@ -80,8 +80,15 @@ def build_wordlevel_tokenizer(vocab_size: int):
     return _wrap(core, model_max_length=32768)
 
 
+def _char_vl(vocab_size: int):
+    from relax.models.vision import build_char_vl_tokenizer
+
+    return build_char_vl_tokenizer(vocab_size)
+
+
 TOKENIZERS: dict[str, Callable[[int], Any]] = {
     "char": build_char_tokenizer,
+    "char-vl": _char_vl,  # char + Qwen-VL's vision tokens (relax/models/vision.py)
     "wordlevel-32k": build_wordlevel_tokenizer,
 }
 

@@ -45,8 +45,30 @@ QUICKSTART: dict[str, Any] = {
     "advantage_estimator": "grpo",
 }
 
+# CPU GRPO on the `colorshape` picture task (relax/models/tasks/shapes.py: "Colour of the square?" -> r/g/b/y)
+# with the 129k-param tiny-qwen2.5-vl, whose 1-block vision tower trains too: the image is the only
+# place the answer is. Measured on 2 cores (seed 1234): reward 0.016 at step 0, ~0.2 over steps 25-29 (the letters
+# learned), 0.43-0.47 over steps 50-59 (above the 0.25 of guessing among them: the picture is read); ~80 s.
+VLM_QUICKSTART: dict[str, Any] = {
+    **{k: QUICKSTART[k] for k in ("train_backend", "device", "colocate", "rm_type", "rollout_shuffle",
+                                  "rollout_max_response_len", "rollout_temperature", "weight_decay",
+                                  "advantage_estimator", "entropy_coef")},
+    "hf_checkpoint": "tiny-qwen2.5-vl",
+    "prompt_data": str(_TASKS / "colorshape.jsonl"),
+    "input_key": "prompt",
+    "label_key": "label",
+    "apply_chat_template": True,
+    "multimodal_keys": {"image": "images"},
+    "rollout_batch_size": 16,
+    "n_samples_per_prompt": 8,
+    "micro_batch_size": 64,
+    "num_rollout": 60,
+    "lr": 3e-3,
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "quickstart": QUICKSTART,
+    "vlm-quickstart": VLM_QUICKSTART,
 }
 
 

@@ -83,15 +83,35 @@ class Sample:
         return out
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain data (JSON-serializable): a multimodal sample's pixel arrays become ``{"ndarray": ...}`` lists."""
         d = asdict(self)
         d["status"] = self.status.value
+        if isinstance(d["multimodal_inputs"], dict):
+            d["multimodal_inputs"] = {k: _plain_array(v) for k, v in d["multimodal_inputs"].items()}
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Sample:
         d = dict(d)
         d["status"] = cls.Status(d.get("status", "pending"))
+        if isinstance(d.get("multimodal_inputs"), dict):
+            d["multimodal_inputs"] = {k: _array(v) for k, v in d["multimodal_inputs"].items()}
         return cls(**d)
+
+
+def _plain_array(value: Any) -> Any:
+    """A numpy array (the pixel patches of relax/data/multimodal.py) as plain lists; anything else as it is."""
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):
+        return {"ndarray": value.tolist(), "dtype": str(value.dtype), "shape": list(value.shape)}
+    return value
+
+
+def _array(value: Any) -> Any:
+    if isinstance(value, dict) and set(value) == {"ndarray", "dtype", "shape"}:
+        import numpy as np
+
+        return np.asarray(value["ndarray"], dtype=value["dtype"]).reshape(value["shape"])
+    return value
 
 
 # `Sample.copy`'s split of the fields (tests/test_sample_copy.py checks that it names every field once)

@@ -289,6 +289,9 @@ def _router(args: Namespace, p: Problems) -> None:
     if args.use_slime_router and args.partial_rollout:
         p.add("not supported yet: --use-slime-router with --partial-rollout (a resumed sample is sent as its token "
               "ids; a text request cannot carry them)")
+    if args.use_slime_router and args.multimodal_keys:
+        p.add("not supported yet: --use-slime-router with --multimodal-keys (a media prompt is sent as token ids with "
+              "one pad token per merged patch; its text form does not carry them)")
 
 
 @rule
@@ -582,6 +585,33 @@ def _model_name(args: Namespace, p: Problems) -> None:
 
 
 @rule
+def _multimodal(args: Namespace, p: Problems) -> None:
+    """The multimodal flags' values (relax/data/mm_config.py), and what a vision-language model runs on."""
+    from relax.data.mm_config import multimodal_problems
+    from relax.data.prefetch import prefetch_problems
+    from relax.models import resolve_checkpoint
+    from relax.models.vision import is_vision_config
+
+    for problem in [*multimodal_problems(args), *prefetch_problems(args)]:
+        p.add(problem)
+    try:
+        vision = is_vision_config(resolve_checkpoint(args.hf_checkpoint).config) if args.hf_checkpoint else False
+    except (ValueError, TypeError, OSError):  # an unknown --hf-checkpoint fails with its own message
+        vision = False
+    if args.multimodal_keys and args.hf_checkpoint and not vision:
+        p.add(f"--multimodal-keys needs a vision-language --hf-checkpoint; {args.hf_checkpoint} has no vision tower "
+              "(e.g. --hf-checkpoint tiny-qwen2.5-vl)")
+    if not vision:
+        return
+    if args.train_backend == "megatron":
+        p.add(f"not supported yet: --train-backend megatron with a vision-language model ({args.hf_checkpoint}); "
+              "train it with --train-backend torch")
+    if args.rollout_backend == "embedded" and args.embedded_runner not in (None, "auto", "hf"):
+        p.add(f"not supported yet: --embedded-runner {args.embedded_runner} with a vision-language model "
+              "(the hf runner runs the vision tower)")
+
+
+@rule
 def _balance_data(args: Namespace, p: Problems) -> None:
     if not args.balance_data:
         return
@@ -648,7 +678,7 @@ def _elastic_fleet(args: Namespace, p: Problems) -> None:
 # The rules in the order they run; each reports into the collector and never raises.
 RULES = (_inputs, _prompt_data, _checkpoints, _weight_files, _requirements, _train_loop, _true_on_policy,
          _routing_replay, _megatron_memory, _partial_rollout, _router, _transfer_queue, _rollout_engines, _weight_sync,
-         _services, _weights_backup, _model_name, _balance_data, _placement, _elastic_fleet)
+         _services, _weights_backup, _model_name, _balance_data, _placement, _elastic_fleet, _multimodal)
 
 
 def resolve_and_validate(args: Namespace, explicit: Set[str] = frozenset(), p: Problems | None = None) -> None:

@@ -29,12 +29,15 @@ import torch
 
 from relax.backends.embedded import routed_experts
 from relax.backends.embedded.detokenize import Detokenizer
+from relax.backends.embedded.image_data import parse_media
 from relax.backends.embedded.lean_runner import LeanRunner
 from relax.backends.embedded.rows import Fetch, RowState
 from relax.backends.embedded.runners import HFRunner, StaticRunner
 from relax.backends.embedded.sampling import SamplingParams
+from relax.backends.embedded.vision_runner import VisionRunner
 from relax.engine.protocol import GENERATE_REQ, MEMORY_TAGS, check_fields, weight_version_str
 from relax.models.checkpoint_names import checkpoint_state, moe_style
+from relax.models.vision import is_vision_config
 from relax.utils.fault_hooks import EngineHooks
 from relax.weights.checksum import state_checksums
 
@@ -43,7 +46,7 @@ from relax.weights.checksum import state_checksums
 IMPLEMENTED_REQUEST_FIELDS = frozenset({"input_ids", "text", "sampling_params", "return_logprob", "logprob_start_len",
                                         "rid", "return_text_in_logprobs", "log_metrics", "top_logprobs_num",
                                         "return_prompt_token_ids", "return_routed_experts",
-                                        "routed_experts_start_len"})
+                                        "routed_experts_start_len", "image_data", "video_data"})
 
 
 @dataclass
@@ -64,6 +67,7 @@ class Request:
     logprobs: list[float] = field(default_factory=list)
     routed: list[torch.Tensor] | None = None  # return_routed_experts: routing rows so far (routed_experts.py)
     routed_start: int = 0  # routed_experts_start_len
+    media: dict[str, torch.Tensor] | None = None  # image_data / video_data as model inputs (image_data.py)
     rescored: bool = False  # logprobs replaced by the train-identical computation (--true-on-policy-mode)
     finish: dict[str, Any] | None = None
     text: str | None = None
@@ -87,7 +91,7 @@ class EmbeddedEngine:
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.tokenizer = tokenizer
         self.detokenizer = Detokenizer(tokenizer) if tokenizer is not None else None
-        limit = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+        limit = int(getattr(model.config.get_text_config(), "max_position_embeddings", 0) or 1 << 30)
         self.max_context_len = min(int(max_context_len), limit) if max_context_len else limit
         self.max_running_requests = max_running_requests
         self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
@@ -102,8 +106,12 @@ class EmbeddedEngine:
         # one wasted token in step t+1, which is discarded.
         self.overlap = self.device.type == "cuda" if overlap is None else bool(overlap)
         self._inflight: list[tuple[list[Request], Fetch]] = []
+        self.vision_config = model.config if is_vision_config(model.config) else None
+        if self.vision_config is not None and runner != "hf":
+            raise ValueError(f"not supported yet: the {runner} runner with a vision-language model (use hf)")
         if runner == "hf":
-            self.runner: HFRunner | StaticRunner | LeanRunner = HFRunner(self.model, self.device, self.pad_id)
+            runner_cls = VisionRunner if self.vision_config is not None else HFRunner
+            self.runner: HFRunner | StaticRunner | LeanRunner = runner_cls(self.model, self.device, self.pad_id)
         elif runner == "static":
             self.runner = StaticRunner(self.model, self.device, slots=max_running_requests,
                                        max_len=self.max_context_len, cuda_graph=cuda_graph)
@@ -170,6 +178,10 @@ class EmbeddedEngine:
         if params.max_new_tokens == 0 and start < 0:
             raise ValueError("sampling_params.max_new_tokens must be > 0 (0 only scores the prompt: "
                              "return_logprob with logprob_start_len >= 0)")
+        media = parse_media(req, input_ids, self.vision_config)
+        if media is not None and (start >= 0 or self.train_identical_logprobs):
+            raise ValueError("generate: prompt log-probs (logprob_start_len >= 0) and --true-on-policy-mode are not "
+                             "implemented for requests with image_data or video_data")
         routed = bool(req.get("return_routed_experts", False))
         if routed:
             routed_experts.check_model(self.model, bool(getattr(self.runner, "cuda_graph", False)))
@@ -177,7 +189,7 @@ class EmbeddedEngine:
                        logprob_text=bool(req.get("return_text_in_logprobs", False)),
                        prompt_ids_out=bool(req.get("return_prompt_token_ids", False)),
                        routed=[] if routed else None,
-                       routed_start=routed_experts.start_len(req, len(input_ids)) if routed else 0)
+                       routed_start=routed_experts.start_len(req, len(input_ids)) if routed else 0, media=media)
 
     def _input_ids(self, req: dict[str, Any]) -> list[int]:
         ids = req.get("input_ids")
@@ -187,7 +199,7 @@ class EmbeddedEngine:
             ids = self.tokenizer.encode(req["text"], add_special_tokens=False)
         if not isinstance(ids, list) or not ids:
             raise ValueError("input_ids must be a non-empty list of token ids")
-        vocab = int(self.model.config.vocab_size)
+        vocab = int(self.model.config.get_text_config().vocab_size)
         # type() and min/max run in C: a batch of 64 x 128 ids per rollout is checked in ~0.1 ms (bools and
         # numpy integers are refused, as JSON never sends them)
         if set(map(type, ids)) != {int} or min(ids) < 0 or max(ids) >= vocab:
@@ -351,7 +363,10 @@ class EmbeddedEngine:
     def _prefill(self, reqs: list[Request]) -> list[Request]:
         prompts = [r.input_ids for r in reqs]
         with routed_experts.capture(self.model, reqs, routed_experts.prefill_split(prompts)):
-            logits = self.runner.prefill(prompts)
+            if isinstance(self.runner, VisionRunner):
+                logits = self.runner.prefill(prompts, [r.media for r in reqs])
+            else:
+                logits = self.runner.prefill(prompts)
         rows = self.state.append([r.params for r in reqs], [r.seed for r in reqs],
                                  [len(r.input_ids) + len(r.output_ids) for r in reqs], [len(r.input_ids) for r in reqs])
         self.state.sample(logits, rows)

@@ -122,6 +122,10 @@ def engine_runner_kwargs(cfg: EmbeddedEngineConfig, device: str, model: Any) -> 
     `MAX_SLOTS`; more requests queue), and the KV cache spans ``--rollout-max-context-len`` (else
     the model's ``max_position_embeddings``); `resolve_runner` decides whether that fits.
     """
+    from relax.models.vision import is_vision_config
+
+    if is_vision_config(model.config):  # only the hf runner runs a vision tower (relax/backends/embedded/vision_runner.py)
+        return {"runner": "hf", "cuda_graph": False, "compile": False}
     slots = min(MAX_SLOTS, (cfg.over_sampling_batch_size or cfg.rollout_batch_size) * cfg.n_samples_per_prompt)
     limit = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
     context = min(cfg.rollout_max_context_len or limit, limit)

@@ -51,6 +51,7 @@ from relax.backends.torch.memory_margin import check_margin
 from relax.backends.torch.micro_batches import fixed_micro_batches, micro_batches
 from relax.backends.torch.rollout_postprocess import postprocess_rollout_data
 from relax.backends.torch.step_report import CONSUMED_KEY, consumed_samples, logprob_mismatch_metrics
+from relax.backends.torch.vision_inputs import model_forward
 from relax.checkpoint_io import HostFile, to_host, write_files
 from relax.distributed.resources import service_roles
 from relax.models import build_model
@@ -451,10 +452,10 @@ class TorchTrainBackend:
         only the logits are kept, and the logits -> log-probs / entropy -> loss part (its ``[n, V]`` fp32
         log-softmax and the loss's temporaries) runs again in the backward. Same loss and gradients."""
         if self.routing is None:
-            logits = self.model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask).logits
+            logits = model_forward(self.model, inputs.input_ids, inputs.attention_mask, inputs.vision)
         else:
             with self.routing.forward(self.model, sl, inputs):
-                logits = self.model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask).logits
+                logits = model_forward(self.model, inputs.input_ids, inputs.attention_mask, inputs.vision)
 
         def loss_of(logits: torch.Tensor):
             self.loss_function_runs += 1

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from relax.algorithms import AdvantageOutput, AlgorithmConfig, compute_advantages
+from relax.backends.torch.vision_inputs import VisionBatch, vision_batch
 
 
 @dataclass
@@ -31,6 +32,7 @@ class TrainSample:
     teacher_log_probs: list[float] | None = None
     sample_id: tuple[int, int] | None = None  # (group_index, index) of the rollout sample, for the consumed report
     routed_experts: str | None = None  # the engine's MoE routing (Sample.rollout_routed_experts), for routing replay
+    vision: dict[str, Any] | None = None  # pixel_values + image_grid_thw of its images (relax/backends/torch/vision_inputs.py)
 
     @property
     def prompt_length(self) -> int:
@@ -124,6 +126,7 @@ class ModelInputs:
     logit_positions: torch.Tensor  # [b, T]: position whose logits predict response token t
     target_ids: torch.Tensor  # [b, T]: the response token ids
     valid: torch.Tensor  # [b, T] bool: t < response_length
+    vision: VisionBatch | None = None  # the rows' images, for a vision-language model
 
 
 def build_model_inputs(samples: list[TrainSample], width: int, pad_id: int, device: Any) -> ModelInputs:
@@ -144,7 +147,8 @@ def build_model_inputs(samples: list[TrainSample], width: int, pad_id: int, devi
     positions = torch.where(valid, at - 1, 0)
     targets = torch.where(valid, input_ids.gather(1, at.clamp(max=seq_len - 1)), pad_id)
     return ModelInputs(input_ids.to(device), in_row.long().to(device), positions.to(device), targets.to(device),
-                       valid.to(device))
+                       valid.to(device), vision_batch([getattr(s, "vision", None) for s in samples],
+                                                      torch.arange(seq_len) < (lengths - responses)[:, None], device))
 
 
 def rollout_advantages(algo: AlgorithmConfig, batch: RolloutTensors, group_size: int, old_log_probs: torch.Tensor,

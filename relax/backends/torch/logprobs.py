@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from relax.backends.torch.batch import ModelInputs
+from relax.backends.torch.vision_inputs import model_forward
 from relax.utils.modules import optional_module
 
 _FUSED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -118,6 +119,6 @@ def _reference_parts(
 def response_log_probs(
     model: torch.nn.Module, inputs: ModelInputs, *, temperature: float, with_entropy: bool, chunk_size: int = -1
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    logits = model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask).logits
+    logits = model_forward(model, inputs.input_ids, inputs.attention_mask, inputs.vision)
     return log_probs_from_logits(logits, inputs, temperature=temperature, with_entropy=with_entropy,
                                  chunk_size=chunk_size)

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from relax.utils.flag_slice import FlagSlice
+from relax.data.mm_config import MultimodalConfig
+from relax.utils.flag_slice import FlagSlice, sub_slice
 
 
 @dataclass(frozen=True)
@@ -33,9 +34,15 @@ class PromptDataConfig(FlagSlice):
     # read lazily through a shuffle buffer (relax/data/streaming.py) rather than all at start
     use_streaming_dataset: bool
     streaming_buffer_size: int
+    # with --multimodal-keys: the streaming prefetch cache (relax/data/prefetch.py)
+    prefetch_chunk_size: int
+    prefetch_max_cached: int
+    prefetch_num_workers: int
     # how prompts are served: group size, seeded per-epoch shuffling, the recycle buffer's filter
     n_samples_per_prompt: int
     rollout_shuffle: bool
     rollout_seed: int
     buffer_filter_path: str | None
+    # --multimodal-keys and the image flags (relax/data/mm_config.py)
+    multimodal: MultimodalConfig = sub_slice(MultimodalConfig)
     args: Any = field(default=None, compare=False, repr=False)

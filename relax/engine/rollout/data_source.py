@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from relax.data.dataset import DataError, prompt_files, read_records
+from relax.data.prefetch import PrefetchBuffer
 from relax.data.prompts import CUSTOM_PROMPT_SIGNATURE, SampleBuilder
 from relax.data.streaming import StreamingRecords
 from relax.engine.rollout.data_config import PromptDataConfig
@@ -57,14 +58,20 @@ class RolloutDataSourceWithBuffer:
             apply_chat_template=cfg.apply_chat_template, apply_chat_template_kwargs=cfg.apply_chat_template_kwargs,
             system_prompt=cfg.system_prompt, tool_key=cfg.tool_key, max_prompt_len=cfg.rollout_max_prompt_len,
             prompt_fn=prompt_fn, prompt_fn_path=cfg.custom_prompt_path or "<prompt_fn>",
+            media=_media_rows(cfg),
         )
         self.num_records, self.num_filtered, self.prompts = 0, 0, []
         self.stream: StreamingRecords | None = None
+        self.prefetch: PrefetchBuffer | None = None
         if cfg.use_streaming_dataset:  # records are read as they are drawn (relax/data/streaming.py)
             self.stream = StreamingRecords(
                 prompt_files(cfg.prompt_data), required_keys=[cfg.input_key], buffer_size=cfg.streaming_buffer_size,
                 shuffle=cfg.rollout_shuffle, seed=cfg.rollout_seed)
             self.num_records = self.stream.num_records
+            if self.builder.media is not None and cfg.prefetch_max_cached > 0:  # media decoded ahead (prefetch.py)
+                self.prefetch = PrefetchBuffer(self.stream, self.builder.media, chunk_size=cfg.prefetch_chunk_size,
+                                               max_cached=cfg.prefetch_max_cached,
+                                               num_workers=cfg.prefetch_num_workers)
         else:
             for path in prompt_files(cfg.prompt_data):  # one file, or several read in order (seed 004)
                 records = read_records(path, required_keys=[cfg.input_key])
@@ -113,8 +120,8 @@ class RolloutDataSourceWithBuffer:
 
     def _next_streamed(self) -> tuple[int, Sample]:
         for _ in range(self.num_records):  # a whole epoch of too-long records serves nothing
-            drawn = self.stream.next()
-            prompt = self.builder.build(drawn.record, drawn.index, drawn.where)
+            drawn, prepared = self.prefetch.next() if self.prefetch is not None else (self.stream.next(), None)
+            prompt = self.builder.build(drawn.record, drawn.index, drawn.where, prepared)
             if prompt is not None:
                 self.epoch = drawn.epoch
                 return drawn.epoch * self.num_records + drawn.index, prompt
@@ -182,7 +189,9 @@ class RolloutDataSourceWithBuffer:
             "sample_counter": self.sample_counter,
             "buffer": [[s.to_dict() for s in group] for group in self.buffer],
         }
-        if self.stream is not None:
+        if self.prefetch is not None:  # the consumer's position, not the prefetch thread's
+            state["stream"] = self.prefetch.state_dict()
+        elif self.stream is not None:
             state["stream"] = self.stream.state_dict()
         return state
 
@@ -201,6 +210,28 @@ class RolloutDataSourceWithBuffer:
         self.buffer = [[s if isinstance(s, Sample) else Sample.from_dict(s) for s in group]
                        for group in state["buffer"]]
         if self.stream is not None:
-            self.stream.load_state_dict(state["stream"])
+            # a prefetching run saves {stream, skip} (relax/data/prefetch.py); either form resumes either way
+            saved = state["stream"] if "skip" in state["stream"] else {"stream": state["stream"], "skip": 0}
+            if self.prefetch is not None:
+                self.prefetch.load_state_dict(saved)
+            else:
+                self.stream.load_state_dict(saved["stream"])
+                for _ in range(saved["skip"]):
+                    self.stream.next()
         else:
             self._order = self._epoch_order(self.epoch)
+
+
+def _media_rows(cfg: PromptDataConfig) -> Any:
+    """The image preparer of ``--multimodal-keys`` (relax/data/multimodal.py), None without the flag."""
+    if not cfg.multimodal.enabled:
+        return None
+    from relax.data.multimodal import MultimodalRows
+    from relax.models import resolve_checkpoint
+    from relax.models.vision import is_vision_config
+
+    model_config = resolve_checkpoint(cfg.hf_checkpoint).config
+    if not is_vision_config(model_config):
+        raise DataError(f"--multimodal-keys needs a vision-language --hf-checkpoint; {cfg.hf_checkpoint} has no "
+                        "vision tower (e.g. --hf-checkpoint tiny-qwen2.5-vl)")
+    return MultimodalRows(cfg.multimodal, model_config)

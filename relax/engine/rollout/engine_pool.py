@@ -79,7 +79,9 @@ def _batched(chunk: list[dict[str, Any]]) -> dict[str, Any]:
     keys = set(chunk[0])
     if any(set(r) != keys for r in chunk):
         raise ValueError("a batched /generate needs requests with the same fields")
-    per_item = ("input_ids", "text", "sampling_params", "rid", "return_logprob", "logprob_start_len")
+    # image_data / video_data: one entry per item in a batch (SGLang's GenerateReqInput normalizes them so)
+    per_item = ("input_ids", "text", "sampling_params", "rid", "return_logprob", "logprob_start_len", "image_data",
+                "video_data")
     shared = [k for k in keys if k not in per_item]
     if any(r[k] != chunk[0][k] for r in chunk for k in shared):
         raise ValueError(f"a batched /generate shares {', '.join(sorted(shared))}; these requests differ there")

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from relax.utils.flag_slice import FlagSlice
+from relax.data.mm_config import MultimodalConfig
+from relax.utils.flag_slice import FlagSlice, sub_slice
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,9 @@ class EvalConfig(FlagSlice):
     apply_chat_template_kwargs: dict[str, Any]
     system_prompt: str | None
     eval_max_prompt_len: int | None
+    # media columns, as the training data's (--multimodal-keys; relax/data/multimodal.py)
+    hf_checkpoint: str | None
+    multimodal: MultimodalConfig = sub_slice(MultimodalConfig)
     # sampling: None falls back to the rollout's flag
     eval_temperature: float | None
     eval_top_p: float | None

@@ -26,6 +26,7 @@ from typing import Any
 
 from relax.algorithms import extract_reward
 from relax.data.dataset import read_records
+from relax.data.multimodal import media_request_fields
 from relax.data.prompts import build_samples
 from relax.engine.rewards import RewardConfig, compute_rewards
 from relax.engine.rollout.config import RolloutConfig
@@ -68,8 +69,19 @@ def _load_set(cfg: EvalConfig, tokenizer: Any, name: str, path: str, input_key: 
         metadata_key=cfg.metadata_key, apply_chat_template=cfg.apply_chat_template,
         apply_chat_template_kwargs=cfg.apply_chat_template_kwargs, system_prompt=cfg.system_prompt,
         tool_key=tool_key or cfg.eval_tool_key or cfg.tool_key, max_prompt_len=max_prompt_len or cfg.eval_max_prompt_len,
+        media=_media_rows(cfg),
     )
     return EvalSet(name, prompts, **extra)
+
+
+def _media_rows(cfg: EvalConfig) -> Any:
+    """The eval sets' media preparer with ``--multimodal-keys`` (the same columns as the training data)."""
+    if not cfg.multimodal.enabled:
+        return None
+    from relax.data.multimodal import MultimodalRows
+    from relax.models import resolve_checkpoint
+
+    return MultimodalRows(cfg.multimodal, resolve_checkpoint(cfg.hf_checkpoint).config)
 
 
 def eval_sampling_params(cfg: EvalConfig, rollout: RolloutConfig) -> dict[str, Any]:
@@ -104,6 +116,7 @@ async def _evaluate_set(cfg: EvalConfig, rollout: RolloutConfig, rewards: Reward
         await custom_generate(rollout, samples, params, seeds, evaluation=True)
     else:
         requests = [{**prompt_fields(s, rollout.use_slime_router), "return_logprob": True,
+                     **media_request_fields(s.multimodal_inputs),
                      "sampling_params": dict(capped_to_context(params, len(s.tokens), cfg.eval_max_context_len),
                                              sampling_seed=seed)} for s, seed in zip(samples, seeds, strict=True)]
         responses = await GenerateState(rollout.args, config=rollout).pool.generate_batch(requests, n)

@@ -48,8 +48,15 @@ def maxword() -> Iterator[dict[str, str]]:
             yield {"prompt": f"w{a} w{b}", "label": f"w{max(a, b)}"}
 
 
-TASKS: dict[str, Callable[[], Iterator[dict[str, str]]]] = {"addmod": addmod, "maxdigit": maxdigit, "add": add,
-                                                              "maxword": maxword}
+def colorshape() -> Iterator[dict[str, object]]:
+    """The VLM quickstart's picture question (relax/models/tasks/shapes.py)."""
+    from relax.models.tasks.shapes import colorshape as rows
+
+    return rows()
+
+
+TASKS: dict[str, Callable[[], Iterator[dict[str, object]]]] = {"addmod": addmod, "maxdigit": maxdigit, "add": add,
+                                                                 "maxword": maxword, "colorshape": colorshape}
 
 
 def render(name: str) -> str:

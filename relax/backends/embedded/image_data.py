@@ -1,0 +1,82 @@
+"""SGLang's ``image_data`` and ``video_data`` fields of ``/generate``, for the embedded engine serving a
+vision-language model.
+
+SGLang takes one image or a list per request: a path, a URL, a ``data:`` URI or bare base64. Here each is
+decoded offline (relax/data/media.py: a URL is refused with one line) and patched by the same image processor
+the data loader uses (relax/data/mm_pool.py), at the size it arrives: the sender fitted it to its token
+budget. A video is its frames, as the rollout sends them: ``{"frames": [image, ...], "fps": F}`` (or a bare
+list of frames at 2 fps), already sampled and sized, patched as they are; a video file is refused (this
+engine has no video decoder). The prompt must already hold one pad token per merged patch of each image and
+video, in order (as the rollout's tokens do); a count that differs is refused rather than guessed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from relax.data.dataset import DataError
+from relax.data.media import load_image
+from relax.data.mm_pool import patch_images, patch_video
+from relax.data.video_frames import video_frames
+from relax.models.vision import vision_geometry
+
+DEFAULT_VIDEO_FPS = 2.0  # a bare frame list's rate (seed 000's --video-fps default)
+
+
+def _items(value: Any) -> list[Any]:
+    return [] if value is None else value if isinstance(value, list) else [value]
+
+
+def _check_count(what: str, n: int, want: int, have: int, pad: str) -> None:
+    if want != have:
+        raise ValueError(f"generate: {what} has {n} item(s) of {want} tokens in all, but input_ids hold {have} "
+                         f"{pad} tokens")
+
+
+def parse_media(req: dict[str, Any], input_ids: list[int], config: Any) -> dict[str, torch.Tensor] | None:
+    """The model inputs of a request's ``image_data`` / ``video_data`` (None for neither); ``ValueError`` with
+    one line when they are malformed or do not match the prompt's pad tokens."""
+    images, videos = _items(req.get("image_data")), _items(req.get("video_data"))
+    if not images and not videos:
+        if config is not None and ({config.image_token_id, config.video_token_id} & set(input_ids)):
+            raise ValueError("generate: input_ids hold image or video tokens but the request has no image_data or "
+                             "video_data")
+        return None
+    if config is None:
+        raise ValueError("generate: image_data and video_data need a vision-language model; this engine serves a "
+                         "text model")
+    patch, merge, temporal = vision_geometry(config)
+    out: dict[str, torch.Tensor] = {}
+    try:
+        decoded = [load_image(item, f"generate: image_data[{i}]") for i, item in enumerate(images)]
+        clips = [video_frames(v, f"generate: video_data[{i}]", None, DEFAULT_VIDEO_FPS) for i, v in enumerate(videos)]
+    except DataError as exc:
+        raise ValueError(str(exc)) from None
+    have_images = sum(1 for t in input_ids if t == config.image_token_id)
+    if decoded:
+        pixels, grids = patch_images(decoded, patch, merge, temporal)
+        _check_count("image_data", len(decoded), sum(t * h * w for t, h, w in grids) // merge ** 2, have_images,
+                     "<|image_pad|>")
+        out.update(pixel_values=torch.from_numpy(pixels), image_grid_thw=torch.tensor(grids, dtype=torch.long))
+    else:
+        _check_count("image_data", 0, 0, have_images, "<|image_pad|>")
+    have_videos = sum(1 for t in input_ids if t == config.video_token_id)
+    if clips:
+        patched = []
+        for i, (frames, _) in enumerate(clips):
+            try:
+                patched.append(patch_video(frames, patch, merge, temporal))
+            except ValueError as exc:
+                raise ValueError(f"generate: video_data[{i}]: {exc}") from None
+        grids = [g for _, g in patched]
+        _check_count("video_data", len(clips), sum(t * h * w for t, h, w in grids) // merge ** 2, have_videos,
+                     "<|video_pad|>")
+        out.update(pixel_values_videos=torch.from_numpy(np.concatenate([p for p, _ in patched])),
+                   video_grid_thw=torch.tensor(grids, dtype=torch.long),
+                   second_per_grid_ts=torch.tensor([temporal / fps for _, fps in clips], dtype=torch.float32))
+    else:
+        _check_count("video_data", 0, 0, have_videos, "<|video_pad|>")
+    return out

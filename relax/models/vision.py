@@ -1,0 +1,55 @@
+"""The offline vision-language pieces: the char tokenizer with Qwen-VL's vision tokens, the tiny
+Qwen2.5-VL config and its image processor.
+
+Qwen2.5-VL marks an image in the text as ``<|vision_start|><|image_pad|>...<|vision_end|>``: one
+``<|image_pad|>`` per merged patch, ``grid_t * grid_h * grid_w / spatial_merge_size**2`` of them. The
+tokenizer here is the char tokenizer (relax/models/tokenizer.py) plus those four tokens, so the tiny
+VLM shares the char tasks' vocabulary. The image processor is the one transformers ships for
+Qwen2-VL in its PIL form (it needs no torchvision), shaped from the vision tower's config
+(relax/data/mm_pool.py: the same for a preset and a checkpoint directory); Qwen2_5_VLProcessor itself is
+not used because it insists on a video processor, which needs torchvision: `relax.data.multimodal` expands
+the pads the way it would.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from relax.models.tokenizer import VOCAB_SIZE, build_char_tokenizer
+
+VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"
+VISION_TOKENS = [VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD]
+VL_VOCAB_SIZE = VOCAB_SIZE + len(VISION_TOKENS)
+VISION_START_ID, VISION_END_ID, IMAGE_PAD_ID, VIDEO_PAD_ID = range(VOCAB_SIZE, VL_VOCAB_SIZE)
+
+# The tiny vision tower: 8x8 patches merged 2x2, so one image token covers 16x16 pixels (the alignment factor,
+# patch_size * spatial_merge_size, that --image-resize-scale-factor defaults to).
+TINY_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=8, spatial_merge_size=2,
+                   temporal_patch_size=2, out_hidden_size=64, window_size=32, fullatt_block_indexes=[0])
+TINY_VL_TEXT = dict(vocab_size=VL_VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+                    tie_word_embeddings=True)
+TINY_VL = dict(text_config=TINY_VL_TEXT, vision_config=TINY_VISION, image_token_id=IMAGE_PAD_ID,
+               video_token_id=VIDEO_PAD_ID, vision_start_token_id=VISION_START_ID, vision_end_token_id=VISION_END_ID,
+               tie_word_embeddings=True)
+
+
+def build_char_vl_tokenizer(vocab_size: int = VL_VOCAB_SIZE):
+    """The char tokenizer plus Qwen-VL's four vision tokens (ids 100-103)."""
+    if vocab_size != VL_VOCAB_SIZE:
+        raise ValueError(f"the char-vl tokenizer has {VL_VOCAB_SIZE} ids, not {vocab_size}")
+    tok = build_char_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
+    return tok
+
+
+def is_vision_config(config: Any) -> bool:
+    """Whether an HF config is a vision-language model's (it carries a vision tower config)."""
+    return getattr(config, "vision_config", None) is not None
+
+
+def vision_geometry(config: Any) -> tuple[int, int, int]:
+    """(patch_size, spatial_merge_size, temporal_patch_size) of a VLM config's vision tower."""
+    v = config.vision_config
+    return int(v.patch_size), int(v.spatial_merge_size), int(getattr(v, "temporal_patch_size", 2))
