@@ -75,6 +75,10 @@ def test_the_megatron_hook_takes_megatron_lms_signature_and_a_gptmodel() -> None
         "pre_process": True, "post_process": False, "vp_stage": None}  # it takes no config: none is passed
     with pytest.raises(PluginError, match=r"takes \(config\), not pre_process and post_process"):
         provider.check_at_launch(P + "megatron_without_stages", "megatron", "tiny-qwen3")
+
+
+def test_the_megatron_hook_refuses_what_is_not_a_gptmodel() -> None:
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed")
     with pytest.raises(PluginError, match="returned Linear, not a megatron-core GPTModel"):
         provider.call_megatron_provider(P + "megatron_provider", pre_process=True, post_process=True, config=None)
 
@@ -91,8 +95,9 @@ def test_relax_train_refuses_a_bad_provider_in_one_line(tmp_path: Path, monkeypa
 def test_a_run_trains_the_providers_model_and_syncs_it_to_the_engine(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # the trainer actor imports the provider from tests/
     run = tmp_path / "run"
+    # a private cluster: its workers inherit the driver's PYTHONPATH (the shared one's were started without it)
     assert_ok(run_relax([*FAST_FLAGS, "--num-rollout", "1", "--custom-model-provider-path", P + "marked",
-                         "--output-dir", str(run)], tmp_path))
+                         "--output-dir", str(run)], tmp_path, private_cluster=True))
     records = read_jsonl(run / "weights.jsonl")
     first = {r["side"]: r["checksums"] for r in records if r["version"] == min(x["version"] for x in records)}
     assert first["trainer"] == first["engine:0"]  # the engine loaded every synced tensor by name
