@@ -87,7 +87,7 @@ def test_backend_flags_parse_as_relax_train_flags(monkeypatch, tmp_path) -> None
 
 
 # ------------------------------------------------------------------ FLOPs
-@pytest.mark.parametrize("name", sorted(n for n, p in PRESETS.items() if not p.family.endswith("_moe")))
+@pytest.mark.parametrize("name", sorted(n for n, p in PRESETS.items() if p.family in ("qwen3", "qwen2", "llama")))
 def test_flop_model_counts_every_dense_preset_parameter(name: str) -> None:
     cfg = build_config(name)
     fm = bm.FlopModel.from_hf_config(cfg)

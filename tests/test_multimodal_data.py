@@ -18,7 +18,7 @@ from relax.data.mm_config import MultimodalConfig, multimodal_problems
 from relax.data.mm_pool import ImageSpec, prepare_images
 from relax.engine.rollout.data_source import RolloutDataSourceWithBuffer
 from relax.models import build_config, load_tokenizer
-from relax.models.vision import IMAGE_PAD_ID
+from relax.models.tokenizer import IMAGE_PAD_ID
 from tests.test_data import _args
 
 VLM = "tiny-qwen2.5-vl"

@@ -23,7 +23,7 @@ from relax.data.prompts import SampleBuilder
 from relax.engine.rollout.engine_pool import _batched
 from relax.models import build_model, load_tokenizer
 from relax.models.tasks import dataset_path
-from relax.models.vision import IMAGE_PAD_ID
+from relax.models.tokenizer import IMAGE_PAD_ID
 from relax.utils.arguments import parse_args
 from relax.utils.flag_types import ConfigError
 

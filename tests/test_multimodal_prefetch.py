@@ -109,8 +109,6 @@ def test_a_bad_image_met_by_the_prefetch_thread_fails_in_the_rollout_naming_the_
 
 
 def test_bad_prefetch_values_are_one_line_each():
-    from argparse import Namespace
-
-    assert prefetch_problems(Namespace(prefetch_chunk_size=0, prefetch_max_cached=-1, prefetch_num_workers=0)) == [
+    assert prefetch_problems(chunk_size=0, max_cached=-1, num_workers=0) == [
         "--prefetch-chunk-size 0 must be >= 1", "--prefetch-max-cached -1 must be >= 0 (0: no prefetching)",
         "--prefetch-num-workers 0 must be >= 1"]

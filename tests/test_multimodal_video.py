@@ -20,7 +20,7 @@ from relax.data.mm_pool import patch_images, patch_video
 from relax.data.video_frames import sample_indices
 from relax.engine.rollout.data_source import RolloutDataSourceWithBuffer
 from relax.models import build_model, load_tokenizer
-from relax.models.vision import IMAGE_PAD_ID, VIDEO_PAD_ID
+from relax.models.tokenizer import IMAGE_PAD_ID, VIDEO_PAD_ID
 from tests.test_data import _args
 
 TOK = load_tokenizer("tiny-qwen2.5-vl")

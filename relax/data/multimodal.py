@@ -18,7 +18,8 @@ from typing import Any
 from relax.data.dataset import DataError, missing_key
 from relax.data.mm_config import MultimodalConfig
 from relax.data.mm_pool import ImageSpec, PreparedImages, make_pool, prepare_images
-from relax.models.vision import IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START, vision_geometry
+from relax.models.tokenizer import IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START
+from relax.models.vision import vision_geometry
 
 IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, AUDIO_PLACEHOLDER = "<image>", "<video>", "<audio>"
 

@@ -121,13 +121,13 @@ class PrefetchBuffer:
             self._thread.join()
 
 
-def prefetch_problems(args: Any) -> list[str]:
-    """One line per bad prefetch flag value."""
+def prefetch_problems(chunk_size: int, max_cached: int, num_workers: int) -> list[str]:
+    """One line per bad prefetch flag value (--prefetch-chunk-size, --prefetch-max-cached, --prefetch-num-workers)."""
     problems = []
-    if args.prefetch_chunk_size < 1:
-        problems.append(f"--prefetch-chunk-size {args.prefetch_chunk_size} must be >= 1")
-    if args.prefetch_max_cached < 0:
-        problems.append(f"--prefetch-max-cached {args.prefetch_max_cached} must be >= 0 (0: no prefetching)")
-    if args.prefetch_num_workers < 1:
-        problems.append(f"--prefetch-num-workers {args.prefetch_num_workers} must be >= 1")
+    if chunk_size < 1:
+        problems.append(f"--prefetch-chunk-size {chunk_size} must be >= 1")
+    if max_cached < 0:
+        problems.append(f"--prefetch-max-cached {max_cached} must be >= 0 (0: no prefetching)")
+    if num_workers < 1:
+        problems.append(f"--prefetch-num-workers {num_workers} must be >= 1")
     return problems

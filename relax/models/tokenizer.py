@@ -80,15 +80,26 @@ def build_wordlevel_tokenizer(vocab_size: int):
     return _wrap(core, model_max_length=32768)
 
 
-def _char_vl(vocab_size: int):
-    from relax.models.vision import build_char_vl_tokenizer
+# Qwen-VL's four vision tokens, after the char vocabulary (the tiny VLM's, relax/models/vision.py): an image is
+# ``<|vision_start|><|image_pad|>...<|vision_end|>`` in the text, one pad per merged patch
+VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"
+VISION_TOKENS = [VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD]
+VL_VOCAB_SIZE = VOCAB_SIZE + len(VISION_TOKENS)
+VISION_START_ID, VISION_END_ID, IMAGE_PAD_ID, VIDEO_PAD_ID = range(VOCAB_SIZE, VL_VOCAB_SIZE)
 
-    return build_char_vl_tokenizer(vocab_size)
+
+def build_char_vl_tokenizer(vocab_size: int = VL_VOCAB_SIZE):
+    """The char tokenizer plus Qwen-VL's four vision tokens (ids 100-103)."""
+    if vocab_size != VL_VOCAB_SIZE:
+        raise ValueError(f"the char-vl tokenizer has {VL_VOCAB_SIZE} ids, not {vocab_size}")
+    tok = build_char_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
+    return tok
 
 
 TOKENIZERS: dict[str, Callable[[int], Any]] = {
     "char": build_char_tokenizer,
-    "char-vl": _char_vl,  # char + Qwen-VL's vision tokens (relax/models/vision.py)
+    "char-vl": build_char_vl_tokenizer,  # char + Qwen-VL's vision tokens (the tiny VLM, relax/models/vision.py)
     "wordlevel-32k": build_wordlevel_tokenizer,
 }
 

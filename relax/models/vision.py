@@ -1,9 +1,9 @@
-"""The offline vision-language pieces: the char tokenizer with Qwen-VL's vision tokens, the tiny
-Qwen2.5-VL config and its image processor.
+"""The offline vision-language pieces: the tiny Qwen2.5-VL config and its image processor (the char tokenizer
+with Qwen-VL's vision tokens is relax/models/tokenizer.py's ``char-vl``).
 
 Qwen2.5-VL marks an image in the text as ``<|vision_start|><|image_pad|>...<|vision_end|>``: one
 ``<|image_pad|>`` per merged patch, ``grid_t * grid_h * grid_w / spatial_merge_size**2`` of them. The
-tokenizer here is the char tokenizer (relax/models/tokenizer.py) plus those four tokens, so the tiny
+tokenizer is the char tokenizer plus those four tokens (relax/models/tokenizer.py), so the tiny
 VLM shares the char tasks' vocabulary. The image processor is the one transformers ships for
 Qwen2-VL in its PIL form (it needs no torchvision), shaped from the vision tower's config
 (relax/data/mm_pool.py: the same for a preset and a checkpoint directory); Qwen2_5_VLProcessor itself is
@@ -15,12 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from relax.models.tokenizer import VOCAB_SIZE, build_char_tokenizer
-
-VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"
-VISION_TOKENS = [VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD]
-VL_VOCAB_SIZE = VOCAB_SIZE + len(VISION_TOKENS)
-VISION_START_ID, VISION_END_ID, IMAGE_PAD_ID, VIDEO_PAD_ID = range(VOCAB_SIZE, VL_VOCAB_SIZE)
+from relax.models.tokenizer import IMAGE_PAD_ID, VIDEO_PAD_ID, VISION_END_ID, VISION_START_ID, VL_VOCAB_SIZE
 
 # The tiny vision tower: 8x8 patches merged 2x2, so one image token covers 16x16 pixels (the alignment factor,
 # patch_size * spatial_merge_size, that --image-resize-scale-factor defaults to).
@@ -33,15 +28,6 @@ TINY_VL_TEXT = dict(vocab_size=VL_VOCAB_SIZE, hidden_size=64, intermediate_size=
 TINY_VL = dict(text_config=TINY_VL_TEXT, vision_config=TINY_VISION, image_token_id=IMAGE_PAD_ID,
                video_token_id=VIDEO_PAD_ID, vision_start_token_id=VISION_START_ID, vision_end_token_id=VISION_END_ID,
                tie_word_embeddings=True)
-
-
-def build_char_vl_tokenizer(vocab_size: int = VL_VOCAB_SIZE):
-    """The char tokenizer plus Qwen-VL's four vision tokens (ids 100-103)."""
-    if vocab_size != VL_VOCAB_SIZE:
-        raise ValueError(f"the char-vl tokenizer has {VL_VOCAB_SIZE} ids, not {vocab_size}")
-    tok = build_char_tokenizer()
-    tok.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
-    return tok
 
 
 def is_vision_config(config: Any) -> bool:

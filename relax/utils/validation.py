@@ -592,7 +592,8 @@ def _multimodal(args: Namespace, p: Problems) -> None:
     from relax.models import resolve_checkpoint
     from relax.models.vision import is_vision_config
 
-    for problem in [*multimodal_problems(args), *prefetch_problems(args)]:
+    for problem in [*multimodal_problems(args), *prefetch_problems(args.prefetch_chunk_size, args.prefetch_max_cached,
+                                                                   args.prefetch_num_workers)]:
         p.add(problem)
     try:
         vision = is_vision_config(resolve_checkpoint(args.hf_checkpoint).config) if args.hf_checkpoint else False
