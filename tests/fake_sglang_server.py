@@ -28,6 +28,16 @@ def answer(input_ids: list[int], params: dict, short: bool) -> dict:
                           "output_token_logprobs": [[-math.log(64), t, None] for t in ids]}}
 
 
+def send_json(handler: BaseHTTPRequestHandler, status: int, body: object) -> None:
+    """Answer ``handler``'s request with ``body`` as JSON (shared by the test servers built on http.server)."""
+    data = json.dumps(body).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
@@ -49,12 +59,7 @@ def main() -> None:
             pass
 
         def _send(self, status: int, body: object) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            send_json(self, status, body)
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             self._send(200 if self.path in ("/health", "/health_generate") else 404, {})

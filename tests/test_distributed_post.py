@@ -17,7 +17,7 @@ from relax.engine.rollout.engine_client import EngineClient, EngineHTTPError
 from relax.engine.rollout.engine_pool import HttpEnginePool
 from relax.utils import http_utils
 from tests.e2e_helpers import FAST_FLAGS, assert_ok, in_process_ray, read_jsonl, run_relax
-from tests.fake_sglang_server import answer
+from tests.fake_sglang_server import answer, send_json
 
 
 class _Engine:
@@ -43,12 +43,7 @@ class _Engine:
                                                                               req["sampling_params"], strict=True)]
                 else:
                     status, body = 200, answer(req["input_ids"], req["sampling_params"], False)
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, status, body)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
