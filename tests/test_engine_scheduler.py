@@ -75,6 +75,27 @@ def test_failing_step_fails_requests_and_keeps_serving(sched) -> None:
     assert sched.submit(req([1, 2], seed=1, max_new=3)).result(timeout=10)["meta_info"]["completion_tokens"] == 3
 
 
+def test_a_prefill_that_raises_fails_the_admitted_requests(sched) -> None:
+    """The step admits the waiting requests before its prefill runs: a prefill that raises (a vision tower on
+    another device, say) must fail them too, though no engine queue holds them any more."""
+    real_prefill = sched.engine._prefill
+    calls = {"n": 0}
+
+    def flaky_prefill(reqs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("prefill boom")
+        return real_prefill(reqs)
+
+    sched.engine._prefill = flaky_prefill
+    futures = sched.submit_many([req([1, 2], max_new=3), req([4], max_new=2)])
+    for future in futures:
+        with pytest.raises(EngineStepError, match="prefill boom"):
+            future.result(timeout=10)
+    assert sched.num_outstanding() == 0
+    assert sched.submit(req([1, 2], seed=1, max_new=3)).result(timeout=10)["meta_info"]["completion_tokens"] == 3
+
+
 def test_exclusive_runs_between_steps(sched) -> None:
     fut = sched.submit(req([3], seed=2, max_new=200))
     with sched.exclusive() as engine:

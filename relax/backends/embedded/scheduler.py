@@ -167,8 +167,11 @@ class Scheduler:
             future.set_result(response)
 
     def _fail_all(self, exc: BaseException) -> None:
-        hit = self.engine.abort(abort_all=True)
-        for r in hit:
-            entry = self._futures.pop(r.rid, None)
-            if entry is not None and not entry[1].done():
-                entry[1].set_exception(EngineStepError(f"engine step failed: {type(exc).__name__}: {exc}"))
+        """Fail every request in flight: the engine's queues and also those the step had admitted but not yet
+        placed in its batch (a prefill that raised), which no queue holds any more and would never resolve."""
+        self.engine.abort(abort_all=True)
+        error = EngineStepError(f"engine step failed: {type(exc).__name__}: {exc}")
+        for rid in list(self._futures):
+            _, future = self._futures.pop(rid)
+            if not future.done():
+                future.set_exception(error)

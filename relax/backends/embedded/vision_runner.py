@@ -18,9 +18,10 @@ from relax.backends.embedded.runners import HFRunner, _left_padded
 from relax.backends.torch.vision_inputs import VisionBatch, embed_with_media, media_masks, mrope_positions
 
 
-def _cat(rows: list[dict[str, Any]], key: str) -> torch.Tensor | None:
+def _cat(rows: list[dict[str, Any]], key: str, device: torch.device) -> torch.Tensor | None:
+    """The rows' ``key`` tensors in one, on the model's device (image_data.py decodes media on the host)."""
     parts = [m[key] for m in rows if m.get(key) is not None]
-    return torch.cat(parts) if parts else None
+    return torch.cat(parts).to(device) if parts else None
 
 
 class VisionRunner(HFRunner):
@@ -37,9 +38,9 @@ class VisionRunner(HFRunner):
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
             deltas = torch.zeros(len(prompts), dtype=torch.long, device=self.device)
         else:
-            vision = VisionBatch(*(_cat(rows, k) for k in ("pixel_values", "image_grid_thw")), mask.bool(),
-                                 *(_cat(rows, k) for k in ("pixel_values_videos", "video_grid_thw",
-                                                           "second_per_grid_ts")))
+            vision = VisionBatch(*(_cat(rows, k, self.device) for k in ("pixel_values", "image_grid_thw")), mask.bool(),
+                                 *(_cat(rows, k, self.device) for k in ("pixel_values_videos", "video_grid_thw",
+                                                                        "second_per_grid_ts")))
             image_mask, video_mask = media_masks(self.model, ids, None)  # a prompt's pads (image_data.py counts them)
             positions, deltas = mrope_positions(self.model, ids, mask, vision, image_mask, video_mask)
             embeds = embed_with_media(self.model, ids, vision, image_mask, video_mask)
