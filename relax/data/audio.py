@@ -70,8 +70,13 @@ def load_audio(value: Any, where: str, base_dir: Path | None = None) -> tuple[np
             raise DataError(f"{where}: an audio array must be a non-empty list of samples")
         return x, rate
     if isinstance(value, dict) and ("bytes" in value or "path" in value):
-        if value.get("bytes"):
-            return _read_wav(bytes(value["bytes"]), where, "the audio struct's bytes")
+        data = value.get("bytes")
+        if isinstance(data, str):  # a struct written to JSON carries its bytes as base64
+            data = _b64(data) if len(data) >= 64 else None
+            if data is None:
+                raise DataError(f"{where}: the audio struct's bytes are text but not base64")
+        if data:
+            return _read_wav(bytes(data), where, "the audio struct's bytes")
         return load_audio(value.get("path"), where, base_dir)
     if not isinstance(value, str) or not value:
         raise DataError(f"{where}: an audio clip must be a WAV path, base64 text, bytes or "

@@ -57,20 +57,30 @@ def _grid(row: dict[str, Any], key: str, dtype: torch.dtype, device: Any) -> tor
 
 
 def omni_positions(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   rows: list[dict[str, Any] | None]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[3, B, L]`` positions and ``[B]`` deltas of padded rows, each from ``get_rope_index`` with its own media."""
+                   rows: list[dict[str, Any] | None],
+                   prompt_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[3, B, L]`` positions and ``[B]`` deltas of padded rows, each from ``get_rope_index`` with its own media.
+
+    ``get_rope_index`` sees the prompt only (HF's counts every media start token of the row, and a sampled
+    response may hold those ids: text there); the response continues on all three axes at its token index plus
+    the prompt's delta, as the engine decodes it."""
+    real = attention_mask.bool()
+    prompt = real & prompt_mask if prompt_mask is not None else real
     positions, deltas = [], []
     for i, row in enumerate(rows):
         row = row or {}
         p, d = model.model.get_rope_index(
             input_ids[i:i + 1], _grid(row, "image_grid_thw", torch.long, input_ids.device),
-            _grid(row, "video_grid_thw", torch.long, input_ids.device), attention_mask[i:i + 1],
+            _grid(row, "video_grid_thw", torch.long, input_ids.device), prompt[i:i + 1].long(),
             use_audio_in_video=bool(row.get("use_audio_in_video")),
             audio_seqlens=_grid(row, "audio_feature_lengths", torch.long, input_ids.device),
             second_per_grids=_grid(row, "second_per_grid_ts", torch.float32, input_ids.device))
         positions.append(p)
         deltas.append(d.reshape(-1))
-    return torch.cat(positions, dim=1), torch.cat(deltas).to(input_ids.device)
+    positions_, deltas_ = torch.cat(positions, dim=1), torch.cat(deltas).to(input_ids.device)
+    after = (real & ~prompt).unsqueeze(0).expand_as(positions_)
+    following = (real.long().cumsum(-1) - 1 + deltas_[:, None]).unsqueeze(0).expand_as(positions_)
+    return torch.where(after, following, positions_), deltas_
 
 
 def embed_audio(model: torch.nn.Module, embeds: torch.Tensor, audio_mask: torch.Tensor,

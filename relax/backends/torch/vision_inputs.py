@@ -79,7 +79,7 @@ def mrope_positions(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
                     video_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``[3, B, L]`` positions and ``[B]`` deltas (last position + 1 - real tokens) of padded rows."""
     if is_audio_config(model.config):
-        return omni_positions(model, input_ids, attention_mask, vision.rows)
+        return omni_positions(model, input_ids, attention_mask, vision.rows, vision.prompt_mask)
     types = image_mask.int() + 2 * video_mask.int()  # HF's mm_token_type_ids: text 0, image 1, video 2
     positions, deltas = model.model.get_rope_index(
         input_ids, types, image_grid_thw=vision.image_grid_thw, video_grid_thw=vision.video_grid_thw,
