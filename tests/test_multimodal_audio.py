@@ -342,3 +342,45 @@ def test_media_ids_in_a_sampled_response_are_text_to_the_positions_and_the_tower
 
     pos = [mrope_positions(model, i.input_ids, i.attention_mask, i.vision, None, None)[0] for i in inputs]
     assert torch.equal(pos[0], pos[1])
+
+
+def test_a_batch_carries_one_audio_data_entry_per_item_and_none_where_an_item_has_no_audio(tmp_path):
+    from relax.backends.embedded.server import split_generate
+    from relax.engine.rollout.engine_pool import _batched
+
+    (tmp_path / "a.wav").write_bytes(_tone(440, seconds=0.5))
+    s = _sample(tmp_path, {"q": "<audio>?", "audios": "a.wav", "a": "x"})
+    text = {"input_ids": [5, 6], "return_logprob": True, "sampling_params": {"max_new_tokens": 1}}
+    body = _batched([_request(s, 1, use_audio_in_video=True), text])
+    assert body["audio_data"] == [s.multimodal_inputs["audio_data"], None] and body["use_audio_in_video"] is True
+    singles, is_batch = split_generate(body)
+    assert is_batch and [x["audio_data"] for x in singles] == body["audio_data"]
+
+
+@pytest.mark.ray
+def test_relax_train_runs_the_omni_model_on_audio_and_syncs_its_audio_tower(tmp_path):
+    """The whole path on CPU, two steps: audio rows -> engine audio_data -> trainer -> weight sync, every tensor."""
+    from tests.e2e_helpers import assert_ok, read_jsonl, run_relax
+
+    rows = []
+    for i in range(8):
+        x = 0.5 * np.sin(2 * np.pi * (2000 if i % 2 else 300) * np.arange(1600) / 16000).astype(np.float32)
+        rows.append({"prompt": [{"role": "user", "content": "<audio>high or low?"}],
+                     "audios": [encode_wav(x, 16000)], "label": "hl"[i % 2 == 0]})
+    (tmp_path / "pitch.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = run_relax(["--preset", "vlm-quickstart", "--hf-checkpoint", OMNI, "--multimodal-keys",
+                      '{"audio": "audios"}', "--prompt-data", str(tmp_path / "pitch.jsonl"), "--num-rollout", "2",
+                      "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--micro-batch-size", "8",
+                      "--output-dir", str(tmp_path / "run")], tmp_path)
+    assert_ok(proc)
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [0, 1]
+    assert all(m["train/train_rollout_logprob_abs_diff"] < 1e-5 for m in metrics)
+    by_version: dict[int, dict[str, dict]] = {}
+    for r in read_jsonl(tmp_path / "run" / "weights.jsonl"):
+        by_version.setdefault(r["version"], {})[r["side"]] = r["checksums"]
+    assert len(by_version) == 3
+    for sides in by_version.values():
+        assert sides["trainer"] == sides["engine:0"]
+        assert any(".audio_tower." in name for name in sides["trainer"])
+    assert by_version[0]["trainer"] != by_version[2]["trainer"]
