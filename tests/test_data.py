@@ -47,7 +47,7 @@ def _args(path: Path, **kw) -> Namespace:
                 image_max_token_num=None, image_resize_scale_factor=None, mm_processor_pool_size=0,
                 prefetch_chunk_size=32, prefetch_max_cached=256, prefetch_num_workers=1, video_min_token_num=None,
                 video_max_token_num=None, video_fps=None, video_fps_min_frames=None, video_fps_max_frames=None,
-                frame_factor=None)
+                frame_factor=None, audio_sample_rate=None, use_audio_in_video=False)
     base.update(kw)
     return Namespace(**base)
 

@@ -89,16 +89,16 @@ def test_multimodal_flag_values_are_checked_one_line_each():
     ns = Namespace(multimodal_keys={"image": "img", "audio": "a", "smell": "s"}, image_min_token_num=10,
                    image_max_token_num=5, image_resize_scale_factor=-1, mm_processor_pool_size=-2,
                    video_min_token_num=0, video_max_token_num=None, video_fps=0.0, video_fps_min_frames=9,
-                   video_fps_max_frames=8, frame_factor=None)
+                   video_fps_max_frames=8, frame_factor=None, audio_sample_rate=500)
     assert multimodal_problems(ns) == [
-        "not supported yet: --multimodal-keys 'audio' (the vision-language models here have no audio tower: images "
-        "and videos only)",
         "--multimodal-keys: unknown modality 'smell' (known: image, video, audio)",
         "--image-min-token-num 10 exceeds --image-max-token-num 5",
         "--image-resize-scale-factor -1 must be >= 0 (0: no alignment)",
         "--video-min-token-num 0 must be >= 1",
         "--video-fps 0.0 must be > 0",
         "--video-fps-min-frames 9 exceeds --video-fps-max-frames 8",
+        "--audio-sample-rate 500 must be >= 1000 Hz (the feature extractor's 400-sample window and 160-sample hop "
+        "are fixed)",
         "--mm-processor-pool-size -2 must be >= 0 (0: a thread pool)",
     ]
 

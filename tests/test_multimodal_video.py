@@ -134,8 +134,9 @@ def test_engine_and_trainer_agree_on_a_video_and_an_image_prompt(tmp_path):
 
 
 def test_a_seed_001_row_with_image_video_and_audio_columns(tmp_path):
-    """Seed 001's VLM example: the image and video columns load; the audio, which no model here can hear, is
-    refused in one line rather than left in the prompt as text."""
+    """Seed 001's VLM example: the image and video columns load; an <audio> a vision-language model cannot hear is
+    refused in one line rather than left in the prompt as text (tests/test_multimodal_audio.py: the omni model
+    hears it)."""
     Image.new("RGB", (32, 32), (0, 0, 200)).save(tmp_path / "img.png")
     row = {"q": [{"role": "user", "content": "<image><video>Which colour? <answer>A</answer> or B"}],
            "images": ["img.png"], "videos": [_clip(tmp_path, 4)], "audios": ["a.wav"], "a": "<answer>B</answer>"}
@@ -143,8 +144,12 @@ def test_a_seed_001_row_with_image_video_and_audio_columns(tmp_path):
     assert s.tokens.count(IMAGE_PAD_ID) == 4 and s.tokens.count(VIDEO_PAD_ID) == 2 * 4
     assert "<image>" not in s.prompt and "<video>" not in s.prompt
     row["q"][0]["content"] += " <audio>"
-    with pytest.raises(DataError, match=r"v.jsonl:1: not supported yet: <audio> in the prompt"):
+    with pytest.raises(DataError, match=r"v.jsonl:1: the prompt has 1 <audio> placeholder\(s\) but --multimodal-keys "
+                                        r"names no audio column"):
         _source(tmp_path, [row], video_min_token_num=1)
+    with pytest.raises(DataError, match=r"--multimodal-keys audio and --use-audio-in-video need a model with an audio "
+                                        r"tower \(e\.g\. --hf-checkpoint tiny-qwen2.5-omni\)"):
+        _source(tmp_path, [row], multimodal_keys={"image": "images", "video": "videos", "audio": "audios"})
     with pytest.raises(DataError, match=r"v.jsonl:1: the prompt has 1 <video> placeholder\(s\) but --multimodal-keys "
                                         r"names no video column"):
         _source(tmp_path, [row], multimodal_keys={"image": "images"})

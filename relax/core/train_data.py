@@ -87,11 +87,13 @@ def _custom_convert(args: Namespace, samples: list[Sample]) -> tuple[list[TrainS
 
 
 def _vision(sample: Sample) -> dict[str, Any] | None:
-    """What the trainer feeds a vision-language model of a sample's images (relax/data/multimodal.py), or None."""
+    """What the trainer feeds a multimodal model of a sample's images, videos and audio (relax/data/multimodal.py),
+    or None."""
     mm = sample.multimodal_inputs
     if not isinstance(mm, dict) or mm.get("pixel_values") is None:
         return None
-    keys = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+    keys = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts",
+            "input_features", "audio_feature_lengths", "use_audio_in_video")
     return {k: mm[k] for k in keys if mm.get(k) is not None}
 
 

@@ -3,7 +3,8 @@
 ``--multimodal-keys`` maps a modality to a record column (``{"image": "images"}``); the column holds one
 media value or a list of them (relax/data/media.py). The token budgets and the resize factor shape every
 image (relax/data/image_budget.py); ``--mm-processor-pool-size`` picks the pool that decodes them
-(relax/data/mm_pool.py).
+(relax/data/mm_pool.py). ``--audio-sample-rate`` is the rate every clip is resampled to and its features are
+computed at (relax/data/audio.py); ``--use-audio-in-video`` puts each video's sound track in with its frames.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from relax.utils.flag_slice import FlagSlice
 from relax.utils.flag_types import ConfigError
 
 MODALITIES = ("image", "video", "audio")
-IMPLEMENTED_MODALITIES = ("image", "video")
 DEFAULT_IMAGE_MIN_TOKENS, DEFAULT_IMAGE_MAX_TOKENS = 4, 16384  # seed 000's "default if not set"
 # seed 000's video defaults: tokens per frame, fps, frames, frame factor
 VIDEO_DEFAULTS = {"video_min_token_num": 128, "video_max_token_num": 768, "video_fps": 2.0,
                   "video_fps_min_frames": 4, "video_fps_max_frames": 768, "frame_factor": 2}
+DEFAULT_SAMPLE_RATE = 16000  # seed 000: --audio-sample-rate "Default is 16000 if not set"
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,13 @@ class MultimodalConfig(FlagSlice):
     video_fps_min_frames: int | None = None
     video_fps_max_frames: int | None = None
     frame_factor: int | None = None
+    audio_sample_rate: int | None = None
+    use_audio_in_video: bool = False
+
+    @property
+    def sample_rate(self) -> int:
+        """--audio-sample-rate, the seed's 16000 when not set."""
+        return DEFAULT_SAMPLE_RATE if self.audio_sample_rate is None else self.audio_sample_rate
 
     def video(self, name: str) -> Any:
         """A video flag's value, the seed's default when not set."""
@@ -72,9 +80,6 @@ def multimodal_problems(cfg: Any) -> list[str]:
                 if modality not in MODALITIES:
                     problems.append(f"--multimodal-keys: unknown modality {modality!r} (known: "
                                     f"{', '.join(MODALITIES)})")
-                elif modality not in IMPLEMENTED_MODALITIES:
-                    problems.append(f"not supported yet: --multimodal-keys {modality!r} (the vision-language "
-                                    "models here have no audio tower: images and videos only)")
     for flag, value in (("image-min-token-num", cfg.image_min_token_num),
                         ("image-max-token-num", cfg.image_max_token_num)):
         if value is not None and value < 1:
@@ -98,6 +103,10 @@ def multimodal_problems(cfg: Any) -> list[str]:
     if video["video_fps_min_frames"] > video["video_fps_max_frames"]:
         problems.append(f"--video-fps-min-frames {video['video_fps_min_frames']} exceeds --video-fps-max-frames "
                         f"{video['video_fps_max_frames']}")
+    rate = cfg.audio_sample_rate
+    if rate is not None and rate < 1000:
+        problems.append(f"--audio-sample-rate {rate} must be >= 1000 Hz (the feature extractor's 400-sample window "
+                        "and 160-sample hop are fixed)")
     if cfg.mm_processor_pool_size < 0:
         problems.append(f"--mm-processor-pool-size {cfg.mm_processor_pool_size} must be >= 0 (0: a thread pool)")
     return problems

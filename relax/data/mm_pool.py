@@ -1,4 +1,4 @@
-"""Decoding and patching a row's images off the caller's thread: a thread pool by default, a process
+"""Decoding and patching a row's images (and turning its audio into features) off the caller's thread: a thread pool by default, a process
 pool of ``--mm-processor-pool-size`` workers when set (no GIL contention; each worker builds its own image
 processor once). The work item and its result are plain picklable data.
 """
@@ -35,6 +35,11 @@ class ImageSpec:
     min_frames: int = 4
     max_frames: int = 768
     frame_factor: int = 2
+    # audio (relax/data/audio.py): the rate clips are resampled to, the tower's mel bins (0: no audio tower), and
+    # whether a video's {"audio": ...} track goes in with it (--use-audio-in-video)
+    sample_rate: int = 16000
+    mel_bins: int = 0
+    use_audio_in_video: bool = False
 
 
 @dataclass
@@ -51,6 +56,11 @@ class PreparedImages:
     video_grid_thw: list[list[int]] = field(default_factory=list)
     second_per_grid_ts: list[float] = field(default_factory=list)  # seconds per temporal patch (multimodal RoPE)
     video_pad_counts: list[int] = field(default_factory=list)
+    # per clip of the audio column, and per video's sound track with --use-audio-in-video: (WAV data URI, features)
+    audios: list[tuple[str, np.ndarray]] = field(default_factory=list)
+    video_tracks: list[tuple[str, np.ndarray]] = field(default_factory=list)
+    # the clips in the order their tokens stand in the prompt: ("audio", i) or ("video", j); set by the expansion
+    audio_order: list[tuple[str, int]] = field(default_factory=list)
 
 
 @functools.lru_cache(maxsize=4)
@@ -111,8 +121,28 @@ def _prepare_video(value: Any, what: str, spec: ImageSpec, base: Any) -> tuple[d
             spec.temporal_patch_size / sampled_fps)
 
 
-def prepare_images(values: list[Any], where: str, spec: ImageSpec, videos: list[Any] = ()) -> PreparedImages:
-    """Load, fit to the token budgets, and patch one row's images and videos (runs in a pool worker)."""
+def _prepare_audio(out: PreparedImages, clips: list[Any], videos: list[Any], where: str, spec: ImageSpec,
+                   base: Any) -> None:
+    from relax.data.audio import prepare_clip
+    from relax.data.dataset import DataError
+
+    if (clips or spec.use_audio_in_video and videos) and not spec.mel_bins:
+        raise DataError(f"{where}: audio needs a model with an audio tower (e.g. --hf-checkpoint tiny-qwen2.5-omni)")
+    out.audios = [prepare_clip(c, f"{where}: audio {i}", base, spec.sample_rate, spec.mel_bins)
+                  for i, c in enumerate(clips)]
+    if spec.use_audio_in_video:
+        for i, v in enumerate(videos):
+            if not isinstance(v, dict) or v.get("audio") is None:
+                raise DataError(f"{where}: video {i} has no sound track: with --use-audio-in-video every video is "
+                                "{\"frames\": [...], \"fps\": F, \"audio\": <clip>}")
+            out.video_tracks.append(prepare_clip(v["audio"], f"{where}: video {i} audio", base, spec.sample_rate,
+                                                 spec.mel_bins))
+
+
+def prepare_images(values: list[Any], where: str, spec: ImageSpec, videos: list[Any] = (),
+                   audios: list[Any] = ()) -> PreparedImages:
+    """Load, fit to the token budgets, and patch one row's images and videos, and turn its audio clips into
+    features (runs in a pool worker)."""
     from pathlib import Path
 
     base = Path(spec.base_dir) if spec.base_dir else None
@@ -131,6 +161,7 @@ def prepare_images(values: list[Any], where: str, spec: ImageSpec, videos: list[
         out.video_grid_thw = [c[2] for c in clips]
         out.second_per_grid_ts = [c[3] for c in clips]
         out.video_pad_counts = [t * h * w // merge2 for t, h, w in out.video_grid_thw]
+    _prepare_audio(out, list(audios), list(videos), where, spec, base)
     return out
 
 

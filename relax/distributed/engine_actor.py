@@ -74,4 +74,5 @@ def build_engine(cfg: EmbeddedEngineConfig, device: str):
     eos = [t for t in [tokenizer.eos_token_id, getattr(model.config, "eos_token_id", None)] if isinstance(t, int)]
     return EmbeddedEngine(model, eos_token_ids=sorted(set(eos)), device=device,
                           max_context_len=cfg.rollout_max_context_len, tokenizer=tokenizer,
-                          train_identical_logprobs=cfg.true_on_policy_mode, **engine_runner_kwargs(cfg, device, model))
+                          train_identical_logprobs=cfg.true_on_policy_mode, audio_sample_rate=cfg.sample_rate,
+                          **engine_runner_kwargs(cfg, device, model))

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import torch
 
+from relax.models.omni import TINY_OMNI
 from relax.models.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE
 from relax.models.vision import TINY_VL
 from relax.utils.flag_types import ConfigError
@@ -69,6 +70,9 @@ PRESETS: dict[str, ModelPreset] = {
     ),
     "tiny-qwen2.5-vl": ModelPreset("qwen2_5_vl", TINY_VL, "char-vl", "eager",
                                    "130k-param Qwen2.5-VL (1-block vision tower) for CPU multimodal runs"),
+    "tiny-qwen2.5-omni": ModelPreset("qwen2_5_omni_thinker", TINY_OMNI, "char-omni", "eager",
+                                     "144k-param Qwen2.5-Omni thinker (1-block vision and audio towers) for CPU "
+                                     "audio runs"),
     "bench-270m": ModelPreset("qwen3", _BENCH_270M, "wordlevel-32k", "sdpa",
                               "267M-param Qwen3 (MACHINES.md benchmark config, GPU)"),
     "qwen3-0.5b": ModelPreset(
@@ -95,7 +99,8 @@ _TOKEN_IDS = dict(pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=None)
 # need only the config)
 _FAMILY_CLASSES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
                    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
-                   "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration")}
+                   "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration"),
+                   "qwen2_5_omni_thinker": ("Qwen2_5OmniThinkerConfig", "Qwen2_5OmniThinkerForConditionalGeneration")}
 
 
 def _family_class(family: str, which: int) -> type:

@@ -97,9 +97,27 @@ def build_char_vl_tokenizer(vocab_size: int = VL_VOCAB_SIZE):
     return tok
 
 
+# Qwen2.5-Omni's three audio tokens, after the vision ones (the tiny omni model, relax/models/omni.py): an audio clip is
+# ``<|audio_bos|><|AUDIO|>...<|audio_eos|>`` in the text, one ``<|AUDIO|>`` per audio-tower output frame
+AUDIO_START, AUDIO_END, AUDIO_PAD = "<|audio_bos|>", "<|audio_eos|>", "<|AUDIO|>"
+AUDIO_TOKENS = [AUDIO_START, AUDIO_END, AUDIO_PAD]
+OMNI_VOCAB_SIZE = VL_VOCAB_SIZE + len(AUDIO_TOKENS)
+AUDIO_START_ID, AUDIO_END_ID, AUDIO_PAD_ID = range(VL_VOCAB_SIZE, OMNI_VOCAB_SIZE)
+
+
+def build_char_omni_tokenizer(vocab_size: int = OMNI_VOCAB_SIZE):
+    """The char-vl tokenizer plus Qwen2.5-Omni's three audio tokens (ids 104-106)."""
+    if vocab_size != OMNI_VOCAB_SIZE:
+        raise ValueError(f"the char-omni tokenizer has {OMNI_VOCAB_SIZE} ids, not {vocab_size}")
+    tok = build_char_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": VISION_TOKENS + AUDIO_TOKENS})
+    return tok
+
+
 TOKENIZERS: dict[str, Callable[[int], Any]] = {
     "char": build_char_tokenizer,
     "char-vl": build_char_vl_tokenizer,  # char + Qwen-VL's vision tokens (the tiny VLM, relax/models/vision.py)
+    "char-omni": build_char_omni_tokenizer,  # char-vl + Qwen2.5-Omni's audio tokens (relax/models/omni.py)
     "wordlevel-32k": build_wordlevel_tokenizer,
 }
 

@@ -590,18 +590,25 @@ def _multimodal(args: Namespace, p: Problems) -> None:
     from relax.data.mm_config import multimodal_problems
     from relax.data.prefetch import prefetch_problems
     from relax.models import resolve_checkpoint
+    from relax.models.omni import is_audio_config
     from relax.models.vision import is_vision_config
 
     for problem in [*multimodal_problems(args), *prefetch_problems(args.prefetch_chunk_size, args.prefetch_max_cached,
                                                                    args.prefetch_num_workers)]:
         p.add(problem)
     try:
-        vision = is_vision_config(resolve_checkpoint(args.hf_checkpoint).config) if args.hf_checkpoint else False
+        config = resolve_checkpoint(args.hf_checkpoint).config if args.hf_checkpoint else None
     except (ValueError, TypeError, OSError):  # an unknown --hf-checkpoint fails with its own message
-        vision = False
+        config = None
+    vision = config is not None and is_vision_config(config)
     if args.multimodal_keys and args.hf_checkpoint and not vision:
         p.add(f"--multimodal-keys needs a vision-language --hf-checkpoint; {args.hf_checkpoint} has no vision tower "
               "(e.g. --hf-checkpoint tiny-qwen2.5-vl)")
+    wants_audio = [f for f, on in (("--multimodal-keys audio", "audio" in (args.multimodal_keys or {})),
+                                   ("--use-audio-in-video", args.use_audio_in_video)) if on]
+    if wants_audio and args.hf_checkpoint and not (config is not None and is_audio_config(config)):
+        p.add(f"{' and '.join(wants_audio)} need{'s' if len(wants_audio) == 1 else ''} an --hf-checkpoint with an audio tower; {args.hf_checkpoint} has none "
+              "(e.g. --hf-checkpoint tiny-qwen2.5-omni)")
     if not vision:
         return
     if args.train_backend == "megatron":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from relax.data.mm_config import DEFAULT_SAMPLE_RATE
 from relax.utils.flag_slice import FlagSlice
 
 
@@ -32,3 +33,10 @@ class EmbeddedEngineConfig(FlagSlice):
     n_samples_per_prompt: int
     # finished requests' log-probs by the trainer's computation (relax/backends/embedded/train_identical.py)
     true_on_policy_mode: bool
+    # the rate audio_data is resampled to before its features (the data loader's, relax/data/audio.py)
+    audio_sample_rate: int | None = None
+
+    @property
+    def sample_rate(self) -> int:
+        """--audio-sample-rate, the seed's 16000 when not set."""
+        return DEFAULT_SAMPLE_RATE if self.audio_sample_rate is None else self.audio_sample_rate

@@ -46,7 +46,8 @@ from relax.weights.checksum import state_checksums
 IMPLEMENTED_REQUEST_FIELDS = frozenset({"input_ids", "text", "sampling_params", "return_logprob", "logprob_start_len",
                                         "rid", "return_text_in_logprobs", "log_metrics", "top_logprobs_num",
                                         "return_prompt_token_ids", "return_routed_experts",
-                                        "routed_experts_start_len", "image_data", "video_data"})
+                                        "routed_experts_start_len", "image_data", "video_data",
+                                        "audio_data", "use_audio_in_video"})
 
 
 @dataclass
@@ -67,7 +68,7 @@ class Request:
     logprobs: list[float] = field(default_factory=list)
     routed: list[torch.Tensor] | None = None  # return_routed_experts: routing rows so far (routed_experts.py)
     routed_start: int = 0  # routed_experts_start_len
-    media: dict[str, torch.Tensor] | None = None  # image_data / video_data as model inputs (image_data.py)
+    media: dict[str, Any] | None = None  # image_data / video_data / audio_data as model inputs (image_data.py)
     rescored: bool = False  # logprobs replaced by the train-identical computation (--true-on-policy-mode)
     finish: dict[str, Any] | None = None
     text: str | None = None
@@ -85,7 +86,7 @@ class EmbeddedEngine:
                  max_context_len: int | None = None, tokenizer: Any = None, max_running_requests: int = 256,
                  runner: str = "hf", cuda_graph: bool = False, compile: bool = False,
                  compile_mode: str | None = None, overlap: bool | None = None, weights_cpu_backup: bool = False,
-                 train_identical_logprobs: bool = False):
+                 train_identical_logprobs: bool = False, audio_sample_rate: int = 16000):
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
@@ -107,6 +108,7 @@ class EmbeddedEngine:
         self.overlap = self.device.type == "cuda" if overlap is None else bool(overlap)
         self._inflight: list[tuple[list[Request], Fetch]] = []
         self.vision_config = model.config if is_vision_config(model.config) else None
+        self.audio_sample_rate = int(audio_sample_rate)  # audio_data is resampled to it (--audio-sample-rate)
         if self.vision_config is not None and runner != "hf":
             raise ValueError(f"not supported yet: the {runner} runner with a vision-language model (use hf)")
         if runner == "hf":
@@ -178,10 +180,10 @@ class EmbeddedEngine:
         if params.max_new_tokens == 0 and start < 0:
             raise ValueError("sampling_params.max_new_tokens must be > 0 (0 only scores the prompt: "
                              "return_logprob with logprob_start_len >= 0)")
-        media = parse_media(req, input_ids, self.vision_config)
+        media = parse_media(req, input_ids, self.vision_config, self.audio_sample_rate)
         if media is not None and (start >= 0 or self.train_identical_logprobs):
             raise ValueError("generate: prompt log-probs (logprob_start_len >= 0) and --true-on-policy-mode are not "
-                             "implemented for requests with image_data or video_data")
+                             "implemented for requests with image_data, video_data or audio_data")
         routed = bool(req.get("return_routed_experts", False))
         if routed:
             routed_experts.check_model(self.model, bool(getattr(self.runner, "cuda_graph", False)))

@@ -51,7 +51,7 @@ def error(status: int, message: str) -> web.Response:
 
 # SGLang's /generate batch: lists of input_ids / text (and rid); these may be lists of per-item values too
 _PER_ITEM = ("sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num")
-_MEDIA = ("image_data", "video_data")
+_MEDIA = ("image_data", "video_data", "audio_data")
 
 
 def split_generate(body: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
@@ -66,7 +66,7 @@ def split_generate(body: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
     for i in range(n):
         single = {}
         for k, v in body.items():
-            # image_data / video_data in a batch: one entry per item (an item or a list of them), as SGLang has it
+            # image_data / video_data / audio_data in a batch: one entry per item (an item or a list of them), as SGLang has it
             if k in (key, "rid") or (k in _PER_ITEM and isinstance(v, list)) or (k in _MEDIA and v is not None):
                 if not isinstance(v, list) or len(v) != n:
                     raise BadRequest(f"batch field {k!r} must be a list of {n}")

@@ -1,5 +1,5 @@
-"""`HFRunner` for a vision-language model (Qwen2.5-VL): the vision tower runs in prefill, and every row
-keeps its multimodal-RoPE offset for decode.
+"""`HFRunner` for a vision-language model (Qwen2.5-VL, and Qwen2.5-Omni's thinker with its audio tower): the
+vision and audio towers run in prefill, and every row keeps its multimodal-RoPE offset for decode.
 
 Qwen2.5-VL numbers an image's tokens by (t, h, w) grid position, so the positions after an image run
 behind the token count: ``delta = last position + 1 - tokens``. Prefill takes ``[3, B, L]`` positions from
@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from relax.backends.embedded.runners import HFRunner, _left_padded
+from relax.backends.torch.omni_inputs import audio_batch
 from relax.backends.torch.vision_inputs import VisionBatch, embed_with_media, media_masks, mrope_positions
 
 
@@ -38,9 +39,11 @@ class VisionRunner(HFRunner):
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
             deltas = torch.zeros(len(prompts), dtype=torch.long, device=self.device)
         else:
+            per_row = list(media or [None] * len(prompts))
             vision = VisionBatch(*(_cat(rows, k, self.device) for k in ("pixel_values", "image_grid_thw")), mask.bool(),
                                  *(_cat(rows, k, self.device) for k in ("pixel_values_videos", "video_grid_thw",
-                                                                        "second_per_grid_ts")))
+                                                                        "second_per_grid_ts")),
+                                 audio_batch(per_row, self.device), per_row)
             image_mask, video_mask = media_masks(self.model, ids, None)  # a prompt's pads (image_data.py counts them)
             positions, deltas = mrope_positions(self.model, ids, mask, vision, image_mask, video_mask)
             embeds = embed_with_media(self.model, ids, vision, image_mask, video_mask)

@@ -5,7 +5,8 @@ videos ``pixel_values_videos``, ``video_grid_thw`` and ``second_per_grid_ts`` (`
 ``Sample.multimodal_inputs``). A micro-batch concatenates them in row order, as HF's Qwen2.5-VL expects, and
 `model_forward` gives the model explicit multimodal-RoPE positions from ``get_rope_index`` over the padded
 rows, the same positions the embedded engine computes for the same tokens
-(relax/backends/embedded/vision_runner.py), whatever the padding side.
+(relax/backends/embedded/vision_runner.py), whatever the padding side. An audio-capable model's clips and its
+per-row positions are relax/backends/torch/omni_inputs.py's.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from relax.backends.torch.omni_inputs import AudioBatch, audio_batch, embed_audio, omni_positions
+from relax.models.omni import is_audio_config
+
 
 @dataclass
 class VisionBatch:
@@ -25,6 +29,8 @@ class VisionBatch:
     pixel_values_videos: torch.Tensor | None = None
     video_grid_thw: torch.Tensor | None = None  # [videos, 3]
     second_per_grid_ts: torch.Tensor | None = None  # [videos]
+    audio: AudioBatch | None = None  # the rows' audio clips (omni_inputs.py)
+    rows: list[dict[str, Any] | None] | None = None  # each padded row's own media (an omni model's positions)
 
 
 def _cat(rows: list[dict[str, Any]], pixels: str, grids: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -45,7 +51,8 @@ def vision_batch(visions: list[dict[str, Any] | None], prompt_mask: torch.Tensor
     seconds = [t for v in rows for t in v.get("second_per_grid_ts") or []]
     return VisionBatch(_to(pixels, device), _to(grids, device), prompt_mask.to(device), _to(videos, device),
                        _to(video_grids, device),
-                       torch.tensor(seconds, dtype=torch.float32, device=device) if seconds else None)
+                       torch.tensor(seconds, dtype=torch.float32, device=device) if seconds else None,
+                       audio_batch(visions, device), list(visions))
 
 
 def _to(t: torch.Tensor | None, device: Any) -> torch.Tensor | None:
@@ -61,10 +68,18 @@ def media_masks(model: torch.nn.Module, input_ids: torch.Tensor,
     return image, video
 
 
+def audio_mask(model: torch.nn.Module, input_ids: torch.Tensor, prompt_mask: torch.Tensor | None) -> torch.Tensor:
+    """The prompt's ``<|AUDIO|>`` tokens."""
+    mask = input_ids == model.config.audio_token_id
+    return mask & prompt_mask if prompt_mask is not None else mask
+
+
 def mrope_positions(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     vision: VisionBatch, image_mask: torch.Tensor,
                     video_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``[3, B, L]`` positions and ``[B]`` deltas (last position + 1 - real tokens) of padded rows."""
+    if is_audio_config(model.config):
+        return omni_positions(model, input_ids, attention_mask, vision.rows, vision.prompt_mask)
     types = image_mask.int() + 2 * video_mask.int()  # HF's mm_token_type_ids: text 0, image 1, video 2
     positions, deltas = model.model.get_rope_index(
         input_ids, types, image_grid_thw=vision.image_grid_thw, video_grid_thw=vision.video_grid_thw,
@@ -73,7 +88,7 @@ def mrope_positions(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
 
 
 def embed_with_media(model: torch.nn.Module, input_ids: torch.Tensor, vision: VisionBatch, image_mask: torch.Tensor,
-                     video_mask: torch.Tensor) -> torch.Tensor:
+                     video_mask: torch.Tensor, prompt_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Token embeddings with the vision tower's features written over the media tokens of the masks.
 
     Done here rather than by HF's forward, which takes every pad id for a media slot: a sampled response may
@@ -89,6 +104,8 @@ def embed_with_media(model: torch.nn.Module, input_ids: torch.Tensor, vision: Vi
             raise ValueError(f"the prompts hold {int(mask.sum())} {what} tokens for {feats.shape[0]} {what} "
                              f"features ({what}_grid_thw does not match the tokens)")
         embeds = embeds.masked_scatter(mask.unsqueeze(-1).expand_as(embeds), feats.to(embeds.dtype))
+    if vision.audio is not None:
+        embeds = embed_audio(model, embeds, audio_mask(model, input_ids, prompt_mask), vision.audio)
     return embeds
 
 
@@ -99,5 +116,5 @@ def model_forward(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
         return model(input_ids=input_ids, attention_mask=attention_mask).logits
     image_mask, video_mask = media_masks(model, input_ids, vision.prompt_mask)
     positions, _ = mrope_positions(model, input_ids, attention_mask, vision, image_mask, video_mask)
-    embeds = embed_with_media(model, input_ids, vision, image_mask, video_mask)
+    embeds = embed_with_media(model, input_ids, vision, image_mask, video_mask, vision.prompt_mask)
     return model(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=positions).logits

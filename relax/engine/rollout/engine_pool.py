@@ -72,16 +72,26 @@ class HttpEnginePool:
         return await self.client.abort_request(rid)
 
 
+_MEDIA = ("image_data", "video_data", "audio_data")
+
+
 def _batched(chunk: list[dict[str, Any]]) -> dict[str, Any]:
-    """Single requests of one shape -> one SGLang batch request (per-item fields as lists)."""
+    """Single requests of one shape -> one SGLang batch request (per-item fields as lists). A media field some
+    items lack is None for them; ``use_audio_in_video``, one flag per batch in SGLang, is set when any item sets it
+    (it changes only videos with a sound track, and with it every video has one)."""
     if len(chunk) == 1:
         return chunk[0]
+    present = {k for r in chunk for k in r if k in _MEDIA or k == "use_audio_in_video"}
+    if present:
+        audio_in_video = any(r.get("use_audio_in_video") for r in chunk)
+        chunk = [{**{k: None for k in present & set(_MEDIA)}, **r} for r in chunk]
+        if "use_audio_in_video" in present:
+            chunk = [dict(r, use_audio_in_video=audio_in_video) for r in chunk]
     keys = set(chunk[0])
     if any(set(r) != keys for r in chunk):
         raise ValueError("a batched /generate needs requests with the same fields")
-    # image_data / video_data: one entry per item in a batch (SGLang's GenerateReqInput normalizes them so)
-    per_item = ("input_ids", "text", "sampling_params", "rid", "return_logprob", "logprob_start_len", "image_data",
-                "video_data")
+    # image_data / video_data / audio_data: one entry per item in a batch (SGLang's GenerateReqInput normalizes them so)
+    per_item = ("input_ids", "text", "sampling_params", "rid", "return_logprob", "logprob_start_len", *_MEDIA)
     shared = [k for k in keys if k not in per_item]
     if any(r[k] != chunk[0][k] for r in chunk for k in shared):
         raise ValueError(f"a batched /generate shares {', '.join(sorted(shared))}; these requests differ there")
