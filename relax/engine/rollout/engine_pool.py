@@ -58,8 +58,8 @@ class HttpEnginePool:
                 if isinstance(exc, EngineHTTPError) and exc.status < 500:
                     raise  # a bad request stays bad wherever it goes
                 if self.supervisor is None:
-                    if self.on_failure is not None:
-                        raise self.on_failure(exc) from None
+                    if self.on_failure is not None:  # in a thread: it may ask the engines' /health on a loop of its own
+                        raise await asyncio.to_thread(self.on_failure, exc) from None
                     raise EngineDiedError(f"an engine failed during generation: {exc}; rerun with "
                                           "--use-fault-tolerance to restart engines") from None
                 if attempt == self.MAX_RETRIES:
