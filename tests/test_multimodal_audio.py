@@ -360,6 +360,12 @@ def test_a_batch_carries_one_audio_data_entry_per_item_and_none_where_an_item_ha
 @pytest.mark.ray
 def test_relax_train_runs_the_omni_model_on_audio_and_syncs_its_audio_tower(tmp_path):
     """The whole path on CPU, two steps: audio rows -> engine audio_data -> trainer -> weight sync, every tensor."""
+    train_omni_on_tones(tmp_path, "cpu")
+
+
+def train_omni_on_tones(tmp_path, device: str) -> None:
+    """Two steps of the omni model on high/low tones on ``device``; weights equal (audio tower included) at
+    every sync, and the rollout's log-probs are the trainer's. tests/gpu/test_omni_gpu.py runs it on CUDA."""
     from tests.e2e_helpers import assert_ok, read_jsonl, run_relax
 
     rows = []
@@ -371,7 +377,7 @@ def test_relax_train_runs_the_omni_model_on_audio_and_syncs_its_audio_tower(tmp_
     proc = run_relax(["--preset", "vlm-quickstart", "--hf-checkpoint", OMNI, "--multimodal-keys",
                       '{"audio": "audios"}', "--prompt-data", str(tmp_path / "pitch.jsonl"), "--num-rollout", "2",
                       "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--micro-batch-size", "8",
-                      "--output-dir", str(tmp_path / "run")], tmp_path)
+                      "--device", device, "--output-dir", str(tmp_path / "run")], tmp_path)
     assert_ok(proc)
     metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [0, 1]
