@@ -179,6 +179,9 @@ def test_use_audio_in_video_puts_the_sound_track_in_with_the_frames(tmp_path):
 def test_the_interleaving_is_qwen2_5_omni_processors(grid, seconds, audio_tokens):
     from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import Qwen2_5OmniProcessor as Processor
 
+    if not hasattr(Processor, "replace_video_with_audio_token"):
+        pytest.skip("this transformers' Qwen2_5OmniProcessor interleaves inline (no replace_video_with_audio_token)")
+
     stub = types.SimpleNamespace(video_processor=types.SimpleNamespace(merge_size=2), audio_bos_token="",
                                  audio_eos_token="", video_token="<|video_pad|>", audio_token="<|AUDIO|>")
     stub.get_chunked_index = lambda idx, n: Processor.get_chunked_index(stub, idx, n)
@@ -286,17 +289,17 @@ def _train_samples(tmp_path: Path) -> list[TrainSample]:
 
 @pytest.mark.parametrize("frozen", [False, True])
 def test_the_trainer_trains_or_freezes_the_audio_tower_and_syncs_every_tensor(tmp_path, model, frozen):
-    backend = _omni_backend(*(["--freeze-params-name-list", r"\.audio_tower\."] if frozen else []))
+    backend = _omni_backend(*(["--freeze-params-name-list", r"audio_tower\."] if frozen else []))
     before = {k: v.detach().clone() for k, v in backend.model.state_dict().items()}
     backend.train_rollout(_train_samples(tmp_path), 0)
     after = backend.model.state_dict()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
-    audio = {k for k in before if ".audio_tower." in k}
-    assert any(".language_model." in k for k in changed)
+    audio = {k for k in before if "audio_tower." in k}  # model.audio_tower.* (transformers 5.24), audio_tower.* (5.17)
+    assert any(".layers." in k and k not in audio and "visual." not in k for k in changed)  # the text model trains
     if frozen:
         assert not changed & audio
     else:  # the gradient reaches the audio tower through the audio tokens' embeddings
-        assert {"model.audio_tower.conv1.weight", "model.audio_tower.proj.weight"} <= changed
+        assert {k.rsplit("audio_tower.", 1)[1] for k in changed & audio} >= {"conv1.weight", "proj.weight"}
     engine = EmbeddedEngine(build_model(OMNI, seed=2), eos_token_ids=[2], tokenizer=TOK)
     engine.update_weights_from_tensors(list(backend.device_named_tensors()))
     sums = engine.weight_checksums()
@@ -388,5 +391,5 @@ def train_omni_on_tones(tmp_path, device: str) -> None:
     assert len(by_version) == 3
     for sides in by_version.values():
         assert sides["trainer"] == sides["engine:0"]
-        assert any(".audio_tower." in name for name in sides["trainer"])
+        assert any("audio_tower." in name for name in sides["trainer"])
     assert by_version[0]["trainer"] != by_version[2]["trainer"]

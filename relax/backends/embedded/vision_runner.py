@@ -56,7 +56,7 @@ class VisionRunner(HFRunner):
         positions = self.mask.sum(-1, keepdim=True) + self.deltas[:, None]
         mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=-1)
         out = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=mask, position_ids=positions,
-                         cache=self.cache, use_cache=True)
+                         past_key_values=self.cache, use_cache=True)
         self.mask = mask
         return out.logits[:, -1, :]
 

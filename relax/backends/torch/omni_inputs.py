@@ -69,7 +69,7 @@ def omni_positions(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     positions, deltas = [], []
     for i, row in enumerate(rows):
         row = row or {}
-        p, d = model.model.get_rope_index(
+        p, d = model.get_rope_index(
             input_ids[i:i + 1], _grid(row, "image_grid_thw", torch.long, input_ids.device),
             _grid(row, "video_grid_thw", torch.long, input_ids.device), prompt[i:i + 1].long(),
             use_audio_in_video=bool(row.get("use_audio_in_video")),
@@ -86,7 +86,7 @@ def omni_positions(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
 def embed_audio(model: torch.nn.Module, embeds: torch.Tensor, audio_mask: torch.Tensor,
                 audio: AudioBatch) -> torch.Tensor:
     """``embeds`` with the audio tower's outputs written over the ``<|AUDIO|>`` tokens of ``audio_mask``."""
-    feats = model.model.get_audio_features(audio.features.to(embeds.dtype), feature_attention_mask=audio.mask,
+    feats = model.get_audio_features(audio.features.to(embeds.dtype), feature_attention_mask=audio.mask,
                                            return_dict=True).last_hidden_state
     if int(audio_mask.sum()) != feats.shape[0]:
         raise ValueError(f"the prompts hold {int(audio_mask.sum())} audio tokens for {feats.shape[0]} audio features "

@@ -95,8 +95,8 @@ def embed_with_media(model: torch.nn.Module, input_ids: torch.Tensor, vision: Vi
     hold that id too (the policy can emit any token), and it is text there."""
     embeds = model.get_input_embeddings()(input_ids)
     for what, pixels, grid, mask, features in (
-            ("image", vision.pixel_values, vision.image_grid_thw, image_mask, model.model.get_image_features),
-            ("video", vision.pixel_values_videos, vision.video_grid_thw, video_mask, model.model.get_video_features)):
+            ("image", vision.pixel_values, vision.image_grid_thw, image_mask, model.get_image_features),
+            ("video", vision.pixel_values_videos, vision.video_grid_thw, video_mask, model.get_video_features)):
         if pixels is None:
             continue
         feats = torch.cat(list(features(pixels.to(embeds.dtype), grid, return_dict=True).pooler_output))
