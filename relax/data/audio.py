@@ -6,8 +6,9 @@ or a decoded ``{"array": [...], "sampling_rate": R}``. An ``http(s)://`` URL is 
 offline). WAV is read with the standard library's `wave` (PCM, 8/16/24/32-bit, any channel count, averaged
 to mono); another container (mp3, flac, ...) is refused in one line naming it.
 
-The clip is resampled to ``--audio-sample-rate`` (default 16000) by ``scipy.signal.resample_poly`` (polyphase
-FIR low-pass filtering below the lower Nyquist rate), then quantized to 16-bit PCM: the engine receives it as a
+The clip is resampled to ``--audio-sample-rate`` (default 16000) by band-limited sinc interpolation
+(`resample`: the polyphase windowed-sinc method of torchaudio's ``resample`` and of ``scipy.signal.resample_poly``,
+written here on torch so no audio library is needed), then quantized to 16-bit PCM: the engine receives it as a
 WAV data URI (SGLang's ``audio_data``) and decodes exactly the samples the trainer's features were computed from.
 The features are transformers' WhisperFeatureExtractor (what Qwen2_5OmniProcessor runs) at that rate: 400-sample
 windows every 160 samples, padded to its 30 s window as the processor pads, keeping the clip's own frames.
@@ -94,14 +95,36 @@ def load_audio(value: Any, where: str, base_dir: Path | None = None) -> tuple[np
     return _read_wav(path.read_bytes(), where, f"audio file {path}")
 
 
+@functools.lru_cache(maxsize=16)
+def _sinc_kernel(orig: int, new: int, width: int = 6, rolloff: float = 0.99):
+    """The ``new`` polyphase filters of a windowed-sinc low-pass at ``rolloff`` times the lower Nyquist rate."""
+    import torch
+
+    cutoff = min(orig, new) * rolloff
+    half = math.ceil(width * orig / cutoff)
+    t = torch.arange(-half, half + orig, dtype=torch.float64)[None, :] / orig
+    t = t + torch.arange(0, -new, -1, dtype=torch.float64)[:, None] / new
+    t = (t * cutoff).clamp(-width, width)
+    window = torch.cos(t * math.pi / width / 2) ** 2  # Hann
+    t = t * math.pi
+    kernel = torch.where(t == 0, torch.ones_like(t), torch.sin(t) / t) * window * (cutoff / orig)
+    return kernel.to(torch.float32)[:, None, :], half
+
+
 def resample(x: np.ndarray, orig: int, new: int) -> np.ndarray:
     """``x`` at rate ``orig`` resampled to ``new`` (band-limited; the identity when the rates agree)."""
     if orig == new:
         return x.astype(np.float32, copy=False)
-    from scipy.signal import resample_poly
+    import torch
 
     g = math.gcd(orig, new)
-    return resample_poly(np.asarray(x, dtype=np.float64), new // g, orig // g).astype(np.float32)
+    o, n = orig // g, new // g
+    kernel, half = _sinc_kernel(o, n)
+    wave_ = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))[None, None, :]
+    padded = torch.nn.functional.pad(wave_, (half, half + o))
+    out = torch.nn.functional.conv1d(padded, kernel, stride=o)  # [1, n, blocks]
+    out = out.transpose(1, 2).reshape(-1)[: math.ceil(n * len(x) / o)]
+    return out.numpy()
 
 
 def quantize(x: np.ndarray) -> np.ndarray:
