@@ -8,7 +8,8 @@ to mono); another container (mp3, flac, ...) is refused in one line naming it.
 
 The clip is resampled to ``--audio-sample-rate`` (default 16000) by band-limited sinc interpolation
 (`resample`: the polyphase windowed-sinc method of torchaudio's ``resample`` and of ``scipy.signal.resample_poly``,
-written here on torch so no audio library is needed), then quantized to 16-bit PCM: the engine receives it as a
+written here on torch: with scipy installed, transformers' modeling import pulls in scipy.optimize, +0.28 CPU-s in
+every trainer and engine process), then quantized to 16-bit PCM: the engine receives it as a
 WAV data URI (SGLang's ``audio_data``) and decodes exactly the samples the trainer's features were computed from.
 The features are transformers' WhisperFeatureExtractor (what Qwen2_5OmniProcessor runs) at that rate: 400-sample
 windows every 160 samples, padded to its 30 s window as the processor pads, keeping the clip's own frames.
