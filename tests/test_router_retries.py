@@ -63,6 +63,7 @@ def test_without_failover_a_5xx_answer_goes_back_and_with_it_the_last_one_does()
     strict = RouterThread([a.url], _config(failover=False))
     [only] = _post_many(strict.url, 1)
     assert isinstance(only, EngineHTTPError) and only.status == 500 and hits["a"] == 1
+    assert f"(from engine {a.url})" in str(only)  # the router's answer names its engine (X-Relax-Worker)
     both = RouterThread([a.url, b.url], _config(failover=True))
     [last] = _post_many(both.url, 1)  # both fail: each tried once, the last answer is returned as it came
     assert isinstance(last, EngineHTTPError) and last.status in (500, 503) and "boom" in str(last)

@@ -35,6 +35,10 @@ class EngineError(RuntimeError):
         return type(self), (self.url, self.message)
 
 
+# the engine behind a router's error answer: the run's router sets it, so a failure line names the engine, not the router
+WORKER_HEADER = "X-Relax-Worker"
+
+
 class EngineHTTPError(EngineError):
     """The server answered with an HTTP error status."""
 
@@ -104,7 +108,9 @@ async def request(method: str, url: str, payload: Any = None, *, timeout: float 
                                       proxy=proxy) as resp:
             raw = await resp.read()
             if resp.status >= 400:
-                raise EngineHTTPError(url, resp.status, _error_message(raw.decode(errors="replace")))
+                message = _error_message(raw.decode(errors="replace"))
+                worker = resp.headers.get(WORKER_HEADER)
+                raise EngineHTTPError(url, resp.status, f"{message} (from engine {worker})" if worker else message)
             if text:
                 return raw.decode(errors="replace")
             return loads(raw) if raw.strip() else None

@@ -8,7 +8,8 @@
 * Failover (on by default): if a worker cannot be reached, drops the connection or answers 5xx, the
   request is retried on another live worker (seeded requests give the same tokens there) and the worker is
   marked suspect until a health check passes. Without it (``failover=False``: a training run without
-  ``--use-fault-tolerance``) the request fails with 502 naming the worker.
+  ``--use-fault-tolerance``) the request fails with 502 naming the worker. An error answer that came from a
+  worker carries its URL in the ``X-Relax-Worker`` header, so the run's failure line names that engine.
 * A background loop checks ``/health`` of every worker each ``--health-check-interval`` s; a
   worker failing ``--slime-router-health-check-failure-threshold`` consecutive checks is marked
   unhealthy (skipped while a healthy worker exists) and, with ``remove_unhealthy`` (the standalone
@@ -39,6 +40,7 @@ from aiohttp import web
 from relax.engine.protocol import parse_weight_version
 from relax.engine.router import middleware
 from relax.engine.router.middleware import RoutedRequest, RoutedResponse
+from relax.utils.http_utils import WORKER_HEADER
 from relax.utils.json_codec import JSONDecodeError, dumps, json_response, loads
 
 log = logging.getLogger("relax.router")
@@ -187,8 +189,9 @@ class Router:
         return send.result()
 
     async def forward(self, method: str, path: str, body: bytes | None, key: str | None = None) -> web.Response:
-        status, data, _ = await self._route(method, path, body, key)
-        return web.Response(status=status, body=data, content_type="application/json")
+        status, data, worker = await self._route(method, path, body, key)
+        headers = {WORKER_HEADER: worker} if status >= 400 and worker is not None else None
+        return web.Response(status=status, body=data, content_type="application/json", headers=headers)
 
     async def _route(self, method: str, path: str, body: bytes | None, key: str | None = None,
                      headers: dict[str, str] | None = None) -> tuple[int, bytes, str | None]:
@@ -236,6 +239,8 @@ class Router:
 
         answer = await middleware.chain(self.middlewares, route)(request)
         headers = dict(answer.headers)
+        if answer.status >= 400 and answer.worker is not None:  # the client's failure line names the engine
+            headers.setdefault(WORKER_HEADER, answer.worker)
         if not any(k.lower() == "content-type" for k in headers):  # a middleware may set its own
             headers["Content-Type"] = ("application/json" if answer.json is not None or not answer.data
                                        else "text/plain; charset=utf-8")
