@@ -1,6 +1,8 @@
 """Elastic-fleet family: engines join (equal at the current version before serving) and leave (drained,
 aborted, their samples back in the buffer) a running fully-async job; a failed scale-out follows its policy."""
 
+import pytest
+
 
 def test_scale_out_midrun(scenario):
     scenario("scale-out-midrun").assert_ok()
@@ -20,3 +22,9 @@ def test_scale_out_failure_keep_partial(scenario):
 
 def test_autoscale_policy(scenario):
     scenario("autoscale-policy").assert_ok()
+
+
+@pytest.mark.gpu
+@pytest.mark.scenario("scale-out-in-gpu")
+def test_scale_out_in_gpu(scenario):
+    scenario("scale-out-in-gpu").assert_ok()

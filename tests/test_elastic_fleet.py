@@ -326,3 +326,23 @@ def test_control_endpoint_requires_its_key_and_answers_in_one_line():
         assert status == 409 and "would leave none" in answer["error"]["message"]
     finally:
         control.stop()
+
+
+def test_a_gpu_joiner_shares_a_running_engines_gpu_without_a_ray_gpu_share():
+    """On a GPU run the placement groups hold no spare GPU: a joiner goes to a running engine's bundle (same node),
+    takes num_gpus 0 and sees that engine's GPU through CUDA_VISIBLE_DEVICES; a joiner of a joiner keeps it."""
+    from relax.distributed.placement import Slot
+
+    strategy = object()  # the running engine's PlacementGroupSchedulingStrategy
+    running = Slot("engine:0", 1, {"num_cpus": 0, "num_gpus": 0.5, "scheduling_strategy": strategy,
+                                   "runtime_env": {"env_vars": {"RELAX_X": "1"}}}, "node-a")
+    joiner = elastic._joiner_slot(running, 3, ["2"])
+    assert joiner.name == "engine:3" and joiner.gpus == 1 and joiner.node_id == "node-a"
+    assert joiner.options["num_gpus"] == 0 and joiner.options["scheduling_strategy"] is strategy
+    assert joiner.options["runtime_env"]["env_vars"] == {"RELAX_X": "1", "CUDA_VISIBLE_DEVICES": "2"}
+    assert running.options["runtime_env"]["env_vars"] == {"RELAX_X": "1"}  # the running engine's slot is untouched
+    assert elastic._visible_gpus(joiner, EngineRecord(3, SyncTarget("engine:3", "http://e3", "cuda"))) == ["2"]
+    with pytest.raises(ScaleError, match=r"engine:4 would share shows GPUs none, not the 1 its slot computes on"):
+        elastic._joiner_slot(running, 4, [])
+    cpu = elastic._joiner_slot(Slot("engine:0", 0, {"num_cpus": 0}, None), 5, [])
+    assert cpu.options == {"num_cpus": 0} and cpu.gpus == 0

@@ -15,8 +15,10 @@ in the buffer (partial rollout resumes them from their tokens; the default rollo
 so none is lost. The engines then leave the router and the syncs, and each is stopped, or killed when it
 does not stop within ``--scale-in-shutdown-timeout``.
 
-Every step is an event in events.jsonl (``scale_out_start``, ``scale_out_engine_failed``,
-``scale_out_decision``, ``engine_joined``, ``scale_in_start``, ``scale_in_abort``, ``engine_left``).
+Every step is an event in events.jsonl (``scale_out_start``, ``process_started``, ``engine_healthy``,
+``scale_out_engine_failed``, ``scale_out_decision``, ``engine_joined``, ``scale_in_start``, ``scale_in_abort``,
+``engine_left``); with the router's ``first_request_at`` per engine (``fleet_final``) they time a join
+(ci/bench_join.py).
 """
 
 from __future__ import annotations
@@ -193,7 +195,11 @@ class FleetScaler:
         rt, fleet, timeout = self.rt, self.fleet, self.cfg.scale_out_timeout
         deadline = time.monotonic() + timeout
         indices = fleet.new_indices(count)
-        fleet.launcher.slots.extend(_joiner_slot(fleet.launcher.slots[0], i) for i in indices)
+        hosts = [r for r in fleet.live_records() if r.actor is not None]  # engines whose GPU a joiner may share
+        for n, i in enumerate(indices):
+            host = hosts[n % len(hosts)] if hosts else None
+            template = fleet.launcher.slots[host.index if host is not None else 0]
+            fleet.launcher.slots.append(_joiner_slot(template, i, _visible_gpus(template, host)))
         rt.artifacts.event("scale_out_start", count=count, engines=[f"engine:{i}" for i in indices],
                            timeout_s=timeout, policy=self.cfg.policy.value)
         started, failed = self._start(indices, deadline)
@@ -234,6 +240,7 @@ class FleetScaler:
             self.rt.artifacts.event("process_started", role=f"engine:{i}", url=record.target.url,
                                     **{**(where(record.actor) if record.actor is not None else {}), "pid": record.pid})
             _wait_generating(record, deadline)
+            self.rt.artifacts.event("engine_healthy", role=f"engine:{i}", url=record.target.url)
             return record
 
         started: dict[int, EngineRecord] = {}
@@ -329,12 +336,31 @@ def _wait_generating(record: EngineRecord, deadline: float) -> None:
     raise EngineError(record.target.url, f"/health_generate never answered 200 before the deadline ({last})")
 
 
-def _joiner_slot(template: Slot, index: int) -> Slot:
-    """A placement slot for a joining engine. On CPU the first engine's options (no placement group) fit any
-    engine; a GPU engine needs GPUs reserved for it, which this slice does not do yet."""
-    if template.gpus or "scheduling_strategy" in template.options:
-        raise ScaleError("scale-out of GPU engines needs a placement for the new engines: not supported yet")
-    return Slot(f"engine:{index}", 0, dict(template.options), None)
+def _joiner_slot(template: Slot, index: int, gpu_ids: list[str]) -> Slot:
+    """A placement slot for a joining engine, made from a running engine's (``template``).
+
+    On CPU the engine's options (no placement group) fit any engine. A GPU engine shares the GPU(s) of that
+    running engine (``gpu_ids``), as engines sharing one GPU do: the run's placement groups hold no spare GPU
+    for it, so it takes no Ray GPU share (``num_gpus`` 0, which Ray leaves CUDA_VISIBLE_DEVICES alone for),
+    goes to the same bundle's node, and sees those GPUs through CUDA_VISIBLE_DEVICES. Joiners are spread over
+    the running engines in turn (`FleetScaler._scale_out`)."""
+    if not template.gpus and "scheduling_strategy" not in template.options:
+        return Slot(f"engine:{index}", 0, dict(template.options), None)
+    if len(gpu_ids) != template.gpus:
+        raise ScaleError(f"scale-out: the engine whose GPU engine:{index} would share shows GPUs {gpu_ids or 'none'}, "
+                         f"not the {template.gpus} its slot computes on")
+    runtime_env = dict(template.options.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), "CUDA_VISIBLE_DEVICES": ",".join(gpu_ids)}
+    options = {**template.options, "num_gpus": 0, "runtime_env": runtime_env}
+    return Slot(f"engine:{index}", template.gpus, options, template.node_id)
+
+
+def _visible_gpus(slot: Slot, record: EngineRecord | None) -> list[str]:
+    """The GPU ids an engine computes on: a joiner's own CUDA_VISIBLE_DEVICES, else what Ray gave the actor."""
+    if not slot.gpus or record is None:
+        return []
+    own = (slot.options.get("runtime_env") or {}).get("env_vars", {}).get("CUDA_VISIBLE_DEVICES")
+    return own.split(",") if own else where(record.actor)["gpu_ids"]
 
 
 def _one_line(exc: BaseException | None) -> str:

@@ -58,12 +58,14 @@ class Worker:
     suspect: bool = False  # a request failed to reach it; skipped until a health check passes
     draining: bool = False  # leaving the pool (scale-in): gets no new request, finishes the ones it has
     served: int = 0
+    first_request_at: float | None = None  # wall time the router first sent it a request (an engine's join time)
     added: float = field(default_factory=time.monotonic)
     gone: asyncio.Event = field(default_factory=asyncio.Event)  # set when removed from the pool
 
     def info(self) -> dict[str, Any]:
         return {"url": self.url, "outstanding": self.outstanding, "failures": self.failures,
-                "suspect": self.suspect, "served": self.served, "draining": self.draining}
+                "suspect": self.suspect, "served": self.served, "draining": self.draining,
+                "first_request_at": self.first_request_at}
 
 
 def _norm(url: str) -> str:
@@ -209,6 +211,8 @@ class Router:
                 return _error_answer(503, f"{last_error} (tried {len(tried)} worker(s))")
             tried.add(w.url)
             w.outstanding += 1
+            if w.first_request_at is None:
+                w.first_request_at = time.time()
             try:
                 status, data = await self._send_unless_gone(w, method, path, body, headers)
             except _CONNECTION_ERRORS as exc:
