@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from relax.data.dataset import DataError
-from relax.data.media import URL_SCHEMES, _b64
+from relax.data.media import media_bytes
 
 HOP_LENGTH, N_FFT, CHUNK_SECONDS = 160, 400, 30  # Whisper's feature extractor (Qwen2.5-Omni's)
 _OTHER_CONTAINERS = {b"ID3": "mp3", b"\xff\xfb": "mp3", b"fLaC": "flac", b"OggS": "ogg"}
@@ -60,8 +60,6 @@ def _read_wav(data: bytes, where: str, what: str) -> tuple[np.ndarray, int]:
 
 def load_audio(value: Any, where: str, base_dir: Path | None = None) -> tuple[np.ndarray, int]:
     """(mono float32 samples in [-1, 1], their rate) of one row's audio value (module docstring)."""
-    if isinstance(value, bytes | bytearray):
-        return _read_wav(bytes(value), where, "the audio bytes")
     if isinstance(value, dict) and "array" in value:
         rate = value.get("sampling_rate")
         if not isinstance(rate, int) or rate <= 0:
@@ -70,30 +68,9 @@ def load_audio(value: Any, where: str, base_dir: Path | None = None) -> tuple[np
         if x.ndim != 1 or not x.size:
             raise DataError(f"{where}: an audio array must be a non-empty list of samples")
         return x, rate
-    if isinstance(value, dict) and ("bytes" in value or "path" in value):
-        data = value.get("bytes")
-        if isinstance(data, str):  # a struct written to JSON carries its bytes as base64
-            data = _b64(data) if len(data) >= 64 else None
-            if data is None:
-                raise DataError(f"{where}: the audio struct's bytes are text but not base64")
-        if data:
-            return _read_wav(bytes(data), where, "the audio struct's bytes")
-        return load_audio(value.get("path"), where, base_dir)
-    if not isinstance(value, str) or not value:
-        raise DataError(f"{where}: an audio clip must be a WAV path, base64 text, bytes or "
-                        f"{{\"array\", \"sampling_rate\"}}, got {type(value).__name__}")
-    if value.lower().startswith(URL_SCHEMES):
-        raise DataError(f"{where}: audio URL {value} cannot be fetched: runs are offline (download it and give the "
-                        "local path)")
-    data = _b64(value)
-    if data is not None:
-        return _read_wav(data, where, "the base64 audio")
-    path = Path(value)
-    if not path.is_absolute() and base_dir is not None:
-        path = base_dir / path
-    if not path.is_file():
-        raise DataError(f"{where}: audio file not found: {path}")
-    return _read_wav(path.read_bytes(), where, f"audio file {path}")
+    data, name = media_bytes(value, where, base_dir, "audio", "an audio clip must be a WAV path, base64 text, bytes "
+                             'or {"array", "sampling_rate"}')
+    return _read_wav(data, where, name)
 
 
 @functools.lru_cache(maxsize=16)

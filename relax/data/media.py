@@ -44,32 +44,47 @@ def _b64(text: str) -> bytes | None:
         return None
 
 
+def media_bytes(value: Any, where: str, base_dir: Path | None, what: str, forms: str) -> tuple[bytes, str]:
+    """The raw bytes of one row's media value, and how an error about them names them (``what``: image, audio).
+
+    Bytes; a HF-datasets ``{"bytes", "path"}`` struct (its bytes raw, or base64 text as a struct written to JSON
+    carries them; else its path); a ``data:`` URI or bare base64 text; a local path, relative to ``base_dir``. A URL
+    is refused (runs are offline); anything else is refused with ``forms`` ("an image must be ...")."""
+    if isinstance(value, bytes | bytearray):
+        return bytes(value), f"the {what} bytes"
+    if isinstance(value, dict) and ("bytes" in value or "path" in value):
+        data = value.get("bytes")
+        if isinstance(data, str):
+            data = _b64(data)
+            if data is None:
+                raise DataError(f"{where}: the {what} struct's bytes are text but not base64")
+        if data:
+            return bytes(data), f"the {what} struct's bytes"
+        return media_bytes(value.get("path"), where, base_dir, what, forms)
+    if not isinstance(value, str) or not value:
+        raise DataError(f"{where}: {forms}, got {type(value).__name__}")
+    if value.lower().startswith(URL_SCHEMES):
+        raise DataError(f"{where}: {what} URL {value} cannot be fetched: runs are offline (download it and give the "
+                        "local path)")
+    data = _b64(value)
+    if data is not None:
+        return data, f"the base64 {what}"
+    path = Path(value)
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    if not path.is_file():
+        raise DataError(f"{where}: {what} file not found: {path}")
+    return path.read_bytes(), f"{what} file {path}"
+
+
 def load_image(value: Any, where: str, base_dir: Path | None = None):
     """An RGB ``PIL.Image`` from one row's image value (module docstring); ``where`` names the row."""
     from PIL import Image
 
     if isinstance(value, Image.Image):
         return value.convert("RGB")
-    if isinstance(value, bytes | bytearray):
-        return _open_bytes(bytes(value), where, "the image bytes")
-    if isinstance(value, dict) and ("bytes" in value or "path" in value):
-        if value.get("bytes"):
-            return _open_bytes(bytes(value["bytes"]), where, "the image struct's bytes")
-        return load_image(value.get("path"), where, base_dir)
-    if not isinstance(value, str) or not value:
-        raise DataError(f"{where}: an image must be a path, a URL, base64 text or bytes, got {type(value).__name__}")
-    if value.lower().startswith(URL_SCHEMES):
-        raise DataError(f"{where}: image URL {value} cannot be fetched: runs are offline (download it and give the "
-                        "local path)")
-    data = _b64(value)
-    if data is not None:
-        return _open_bytes(data, where, "the base64 image")
-    path = Path(value)
-    if not path.is_absolute() and base_dir is not None:
-        path = base_dir / path
-    if not path.is_file():
-        raise DataError(f"{where}: image file not found: {path}")
-    return _open_bytes(path.read_bytes(), where, f"image file {path}")
+    data, name = media_bytes(value, where, base_dir, "image", "an image must be a path, a URL, base64 text or bytes")
+    return _open_bytes(data, where, name)
 
 
 def encode_png(image) -> str:
