@@ -21,7 +21,8 @@ from relax.weights.transports import SyncTarget, choose
 from tests.e2e_helpers import pretend_gpu_machine
 
 MINIMAL = ["--train-backend", "megatron", "--prompt-data", "x.jsonl", "--rollout-batch-size", "2", "--num-rollout", "1"]
-GPU0, GPU1, HOST, OTHER_HOST = "cuda:GPU-0000", "cuda:GPU-1111", "cpu:this-host", "cpu:other-host"
+GPU0, GPU1, HOST, OTHER_HOST = "cuda:GPU-0000@this-host", "cuda:GPU-1111@this-host", "cpu:this-host", "cpu:other-host"
+GPU_ELSEWHERE = "cuda:GPU-2222@other-host"
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8]
 shapes = st.lists(st.integers(0, 5), min_size=0, max_size=3).map(tuple)
@@ -110,8 +111,13 @@ def test_flattened_metadata_outside_the_buffer_is_refused() -> None:
         payload.named_tensors(payload.decode(payload.encode_flattened_bucket(flat, [bad])), "flattened_bucket")
 
 
-def _t(side: str, device: str, tp: int = 1) -> SyncTarget:
-    return SyncTarget(side, f"http://127.0.0.1/{side}", device, tp_size=tp)
+def _t(side: str, device: str, tp: int = 1, host_tensors: bool = False) -> SyncTarget:
+    return SyncTarget(side, f"http://127.0.0.1/{side}", device, tp_size=tp, host_tensors=host_tensors)
+
+
+def _ours(side: str, device: str, tp: int = 1) -> SyncTarget:
+    """relax's engine: it copies a host buffer shared by name to its own device."""
+    return _t(side, device, tp, host_tensors=True)
 
 
 @pytest.mark.parametrize(("requested", "weights_at", "targets", "expected"), [
@@ -119,9 +125,15 @@ def _t(side: str, device: str, tp: int = 1) -> SyncTarget:
     ("auto", GPU0, [_t("e0", GPU0), _t("e1", GPU1)], {"tensor": ["e0"], "distributed": ["e1"]}),  # other GPU: NCCL
     ("auto", GPU0, [_t("e0", GPU0, tp=2)], {"distributed": ["e0"]}),  # a TP engine: every rank by broadcast
     ("auto", GPU0, [_t("e0", "unknown")], {"distributed": ["e0"]}),  # an external server that does not say
-    ("auto", HOST, [_t("e0", GPU0)], {"distributed": ["e0"]}),  # an offloaded trainer: weights on the host
+    ("auto", HOST, [_t("e0", GPU0)], {"distributed": ["e0"]}),  # offloaded trainer, a server that cannot map host memory
+    # an offloaded colocate trainer (torch backend): relax's engines on this host's GPUs copy from shared memory;
+    # one on another machine, or with two ranks, gets the broadcast
+    ("auto", HOST, [_ours("e0", GPU0), _ours("e1", GPU1), _ours("e2", GPU_ELSEWHERE), _ours("e3", GPU0, tp=2)],
+     {"tensor": ["e0", "e1"], "distributed": ["e2", "e3"]}),
+    ("auto", HOST, [_ours("e0", HOST)], {"distributed": ["e0"]}),  # CPU runs keep gloo even for relax's engine
     ("auto", HOST, [_t("e0", HOST)], {"distributed": ["e0"]}),  # CPU runs: gloo
     ("tensor", HOST, [_t("e0", HOST)], {"tensor": ["e0"]}),  # forced: shared memory on one machine
+    ("tensor", HOST, [_ours("e0", GPU0)], {"tensor": ["e0"]}),
     ("distributed", GPU0, [_t("e0", GPU0)], {"distributed": ["e0"]}),
 ])
 def test_transport_choice_table(requested, weights_at, targets, expected) -> None:
@@ -129,16 +141,19 @@ def test_transport_choice_table(requested, weights_at, targets, expected) -> Non
     assert {k: [t.side for t in v] for k, v in plan.items()} == expected
 
 
-@pytest.mark.parametrize(("targets", "message"), [
-    ([_t("e1", GPU1)], "e1 is on cuda:GPU-1111 but the trainer's weights are on cuda:GPU-0000"),
-    ([_t("e1", OTHER_HOST)], "e1 is on cpu:other-host"),
-    ([_t("e0", GPU0, tp=2)], "e0 has 2 tensor-parallel ranks"),
+@pytest.mark.parametrize(("weights_at", "targets", "message"), [
+    (GPU0, [_t("e1", GPU1)], "e1 is on cuda:GPU-1111@this-host but the trainer's weights are on cuda:GPU-0000"),
+    (HOST, [_t("e1", OTHER_HOST)], "e1 is on cpu:other-host"),
+    (GPU0, [_t("e0", GPU0, tp=2)], "e0 has 2 tensor-parallel ranks"),
+    # host weights: a GPU server that cannot map host memory, or relax's engine on another machine
+    (HOST, [_t("e0", GPU0)], "e0 is on cuda:GPU-0000@this-host but the trainer's weights are on cpu:this-host"),
+    (HOST, [_ours("e2", GPU_ELSEWHERE)], "e2 is on cuda:GPU-2222@other-host"),
 ])
-def test_forcing_tensor_where_memory_cannot_be_shared_names_both_sides(targets, message) -> None:
+def test_forcing_tensor_where_memory_cannot_be_shared_names_both_sides(weights_at, targets, message) -> None:
     with pytest.raises(ValueError, match=message):
-        choose("tensor", GPU0 if targets[0].device.startswith("cuda") else HOST, targets)
+        choose("tensor", weights_at, targets)
     with pytest.raises(ValueError, match="unknown weight-sync transport 'object-store'"):
-        choose("object-store", GPU0, targets)
+        choose("object-store", weights_at, targets)
 
 
 @pytest.fixture
@@ -151,11 +166,15 @@ def test_flag_default_is_auto_and_tensor_is_accepted_for_megatron_colocate(gpu_m
     assert parse_args(MINIMAL).weight_sync_transport == "auto"
     args = parse_args([*MINIMAL, "--device", "cuda", "--colocate", "--weight-sync-transport", "tensor"])
     assert args.weight_sync_transport == "tensor"
+    torch_colocate = [*MINIMAL, "--device", "cuda", "--colocate", "--train-backend", "torch"]
+    assert parse_args([*torch_colocate, "--weight-sync-transport", "tensor"]).offload_train
 
 
 @pytest.mark.parametrize(("flags", "message"), [
     (["--device", "cuda"], "needs --colocate"),
-    (["--device", "cuda", "--colocate", "--train-backend", "torch"], "with --offload-train"),  # torch offloads
+    # torch offloads: host weights, which only relax's engine maps into its GPU
+    (["--device", "cuda", "--colocate", "--train-backend", "torch", "--rollout-backend", "sglang"],
+     "with --offload-train and --rollout-backend sglang"),
 ])
 def test_tensor_refusals(gpu_machine, flags: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):

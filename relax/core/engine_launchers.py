@@ -43,7 +43,8 @@ class EmbeddedLauncher(EngineLauncher):
         indices, actors = pending
         answers = ray.get([a.endpoint.remote() for a in actors])
         pids = ray.get([a.pid.remote() for a in actors])
-        return [EngineRecord(i, SyncTarget(f"engine:{i}", url, device, api_key=self.api_key), actor, pid)
+        return [EngineRecord(i, SyncTarget(f"engine:{i}", url, device, api_key=self.api_key, host_tensors=True),
+                             actor, pid)
                 for i, actor, (url, device), pid in zip(indices, actors, answers, pids, strict=True)]
 
 
@@ -83,7 +84,7 @@ class ExternalEngines(EngineLauncher):
         ours = info.get("relax_engine") if isinstance(info, dict) else None
         device = ours.get("device", "unknown") if isinstance(ours, dict) else "unknown"
         return EngineRecord(index, SyncTarget(f"engine:{index}", url, device, checksums="relax" if ours is not None else "sglang",
-                                              tp_size=int(info.get("tp_size", 1) or 1)))
+                                              tp_size=int(info.get("tp_size", 1) or 1), host_tensors=ours is not None))
 
 
 def launcher_class(kind: str) -> type[EngineLauncher]:

@@ -452,10 +452,13 @@ ADDED_FLAGS: list[FlagSpec] = [
       "How each weight sync reaches its targets, always through SGLang's HTTP endpoints (relax/weights/transports/). "
       "tensor: /update_weights_from_tensor with memory the trainer shares: a CUDA IPC handle to its packed GPU "
       "buffer (a target on the trainer's GPU: colocate) or a named shared-memory segment (host weights, a target on "
-      "the same machine), in SGLang's flattened_bucket format. distributed: /init_weights_update_group + "
-      "/update_weights_from_distributed, a broadcast over NCCL (GPU weights) or gloo (host weights) to targets "
-      "anywhere. auto: tensor for each one-rank target on the GPU that holds the trainer's weights at sync time, "
-      "distributed for every other target (every target of a CPU run)",
+      "the same machine; relax's engine copies it to its GPU), in SGLang's flattened_bucket format. distributed: "
+      "/init_weights_update_group + /update_weights_from_distributed, a broadcast over NCCL (GPU weights) or gloo "
+      "(host weights) to targets anywhere. auto: tensor for each one-rank target on the GPU that holds the "
+      "trainer's weights at sync time, and for each one-rank relax engine on a GPU of the machine whose host "
+      "memory holds them (an offloaded torch trainer colocated with its engines: a copy from shared memory instead "
+      "of a gloo broadcast through the loopback); distributed for every other target (every target of a CPU run, "
+      "a stock SGLang server given host weights)",
       choices=("auto", "tensor", "distributed")),
     F("fleet-control-addr", "str", None, ADDITIONS_GROUP,
       "HOST:PORT of the run's fleet control endpoint (relax/core/fleet_control.py): POST /scale_out {\"count\": N}, "

@@ -316,9 +316,10 @@ def _weight_sync(args: Namespace, p: Problems) -> None:
     if args.device == "cuda" and not args.colocate:
         p.add("--weight-sync-transport tensor on GPUs needs --colocate (the engines must share the trainer's GPU); "
               "use auto or distributed")
-    elif args.offload_train and args.device == "cuda":
-        p.add("--weight-sync-transport tensor with --offload-train: the trainer's weights are on the host at sync "
-              "time (use auto: it picks distributed then)")
+    elif args.offload_train and args.device == "cuda" and args.rollout_backend != "embedded":
+        p.add(f"--weight-sync-transport tensor with --offload-train and --rollout-backend {args.rollout_backend}: the "
+              "trainer's weights are on the host at sync time, and only relax's engine maps a host buffer into its "
+              "GPU (use auto: it picks distributed then)")
 
 
 @rule

@@ -4,6 +4,8 @@
   colocate sync): the engine process maps the buffer and copies device to device. Three syncs with
   the weights changed in between prove the reused buffer is never read stale, and a resync from the
   host snapshot lands bitwise too.
+* ``tensor`` from host weights (an offloaded colocate trainer, the torch backend): a named shared-memory segment
+  that the engine maps and copies to its GPU, chosen by ``auto`` for relax's engine.
 * ``distributed`` (two GPUs): /init_weights_update_group + /update_weights_from_distributed over NCCL
   to an engine on the other GPU.
 """
@@ -35,9 +37,9 @@ def _engine(gpu: int) -> EngineProcess:
                                env=env)
 
 
-def _target(proc: EngineProcess) -> SyncTarget:
+def _target(proc: EngineProcess, host_tensors: bool = False) -> SyncTarget:
     info = run_closing(EngineClient(proc.url).server_info())
-    return SyncTarget("engine:0", proc.url, info["relax_engine"]["device"])
+    return SyncTarget("engine:0", proc.url, info["relax_engine"]["device"], host_tensors=host_tensors)
 
 
 def _weights(device: str) -> dict[str, torch.Tensor]:
@@ -73,6 +75,26 @@ def test_cuda_ipc_push_is_bitwise_across_syncs_and_resyncs() -> None:
             assert run_closing(EngineClient(proc2.url).weight_version()) == 3
         finally:
             proc2.stop()
+    finally:
+        pusher.close()
+        proc.stop()
+
+
+def test_host_weights_reach_a_gpu_engine_through_shared_memory_bitwise() -> None:
+    """What an offloaded torch trainer sends at each colocate sync: ``auto`` picks the shared segment (not a gloo
+    broadcast) for relax's engine on a GPU of this host, and every version lands bitwise."""
+    proc = _engine(0)
+    pusher = WeightPusher(timeout_s=120)
+    try:
+        target = _target(proc, host_tensors=True)
+        state = {k: v.bfloat16() for k, v in _weights("cpu").items()}
+        for version in range(1, 4):
+            report = pusher.push(_buckets(state), [target], version, requested="auto",
+                                 weights_device=torch.device("cpu"))
+            assert report.transports == {"tensor": ["engine:0"]}
+            assert report.target_checksums["engine:0"] == state_checksums(state.items())
+            for t in state.values():
+                t.mul_(0.5).add_(1)
     finally:
         pusher.close()
         proc.stop()

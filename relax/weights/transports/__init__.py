@@ -4,17 +4,22 @@
 
 * ``tensor`` (`TensorTransport`): ``/update_weights_from_tensor`` with memory the trainer shares, a CUDA
   IPC handle to its packed GPU buffer (a target on the GPU that holds the trainer's weights: colocate)
-  or a named shared-memory segment (host weights, a target on the same host);
+  or a named shared-memory segment (host weights, a target on the same host; relax's engine copies it
+  to its GPU: an offloaded colocate trainer);
 * ``distributed`` (`DistributedTransport`): ``/init_weights_update_group`` +
   ``/update_weights_from_distributed``, a broadcast over NCCL (GPU weights) or gloo (host weights) to
   targets anywhere;
-* ``auto``: ``tensor`` for each target on the trainer's GPU, ``distributed`` for every other target.
+* ``auto``: ``tensor`` for each one-rank target on the trainer's GPU, and for each one-rank relax engine on a
+  GPU of the host that holds the trainer's weights (an offloaded colocate trainer: a copy from shared memory,
+  not a gloo broadcast through the loopback, ~5 s a sync for a 1 GB model); ``distributed`` for every other
+  target (CPU runs included: gloo between two host processes).
 
 `choose` decides per target; a forced transport that cannot reach a target is an error naming both devices.
 """
 
 from __future__ import annotations
 
+from relax.weights.devices import host_of
 from relax.weights.transports.base import PackedBucket, SyncTarget, Transport
 from relax.weights.transports.distributed import DistributedTransport
 from relax.weights.transports.tensor import TensorTransport
@@ -25,9 +30,13 @@ CHOICES = ("auto", *TRANSPORTS)
 __all__ = ["CHOICES", "TRANSPORTS", "PackedBucket", "SyncTarget", "Transport", "choose"]
 
 
-def _shares_memory(weights_at: str, device: str) -> bool:
-    """A target can map the trainer's buffer: the same GPU, or the host of the same machine."""
-    return device == weights_at and device != "unknown"
+def _shares_memory(weights_at: str, target: SyncTarget) -> bool:
+    """A target can map the trainer's buffer: the same GPU, the host of the same machine, or (host weights) a
+    GPU of that machine whose engine copies from a shared host buffer."""
+    if target.device == weights_at and weights_at != "unknown":
+        return True
+    return (weights_at.startswith("cpu:") and target.host_tensors and target.device.startswith("cuda:")
+            and host_of(target.device) == host_of(weights_at))
 
 
 def choose(requested: str, weights_at: str, targets: list[SyncTarget]) -> dict[str, list[SyncTarget]]:
@@ -36,14 +45,15 @@ def choose(requested: str, weights_at: str, targets: list[SyncTarget]) -> dict[s
         raise ValueError(f"unknown weight-sync transport {requested!r}; one of {', '.join(CHOICES)}")
     plan: dict[str, list[SyncTarget]] = {}
     for target in targets:
-        if requested == "tensor" and not _shares_memory(weights_at, target.device):
+        if requested == "tensor" and not _shares_memory(weights_at, target):
             raise ValueError(f"--weight-sync-transport tensor: {target.side} is on {target.device} but the trainer's "
-                             f"weights are on {weights_at}; sharing memory needs both on one GPU (or both on the host "
-                             "of one machine): use auto or distributed")
+                             f"weights are on {weights_at}; sharing memory needs both on one GPU, or host weights and "
+                             "a relax engine on the same machine: use auto or distributed")
         if requested == "tensor" and target.tp_size != 1:
             raise ValueError(f"--weight-sync-transport tensor: {target.side} has {target.tp_size} tensor-parallel "
                              "ranks; the shared-memory path reaches one-rank engines (use auto or distributed)")
-        same_gpu = weights_at.startswith("cuda:") and _shares_memory(weights_at, target.device)
-        kind = requested if requested != "auto" else ("tensor" if same_gpu and target.tp_size == 1 else "distributed")
+        # auto keeps host-to-host (CPU runs) on the broadcast: only a GPU target gains from the shared segment
+        mapped = target.device.startswith("cuda:") and _shares_memory(weights_at, target)
+        kind = requested if requested != "auto" else ("tensor" if mapped and target.tp_size == 1 else "distributed")
         plan.setdefault(kind, []).append(target)
     return plan

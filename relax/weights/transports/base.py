@@ -21,12 +21,14 @@ from relax.weights.serialized_tensors import TensorEntry
 class SyncTarget:
     """One holder of the policy's weights, reached over SGLang's HTTP API (picklable: it travels to the trainer).
 
-    ``device``: where its weights live, as `relax.weights.device_identity` names devices (``cuda:<GPU uuid>``,
+    ``device``: where its weights live, as `relax.weights.device_identity` names devices (``cuda:<GPU uuid>@<host>``,
     ``cpu:<host>``), or ``unknown`` (an external server that does not say). ``checksums``: what its
     ``/weights_checker {"action": "checksum"}`` answer holds: ``relax`` (the embedded engine: relax's
     checksums of HF-named tensors), ``sglang`` (a stock SGLang server: SGLang's hashes of its own parameters,
     `relax.weights.sglang_checksums`), or None (nothing to compare). ``tp_size``: its tensor-parallel ranks
-    (one ``serialized_named_tensors`` item each).
+    (one ``serialized_named_tensors`` item each). ``host_tensors``: its ``/update_weights_from_tensor`` maps a
+    host buffer shared by name and copies it to its own device, a GPU included (relax's engine; a stock SGLang
+    server's unpickler is not known to admit torch's by-name storage, so it is not asked to).
     """
 
     side: str  # its name in weights.jsonl: engine:<i>, actor_fwd:0
@@ -35,6 +37,7 @@ class SyncTarget:
     checksums: Literal["relax", "sglang"] | None = "relax"
     tp_size: int = 1
     api_key: str | None = None
+    host_tensors: bool = False
 
 
 @dataclass(frozen=True)
