@@ -84,10 +84,16 @@ LAYOUTS = [  # (model, world, flags, exact)
     ("small-qwen3", 2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"], False),
     ("small-qwen3", 4, ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"], False),
     ("moe", 2, ["--expert-model-parallel-size", "2"], False),
+    # megatron-core DDP's overlap: the same sums, started per bucket as the backward fills it
+    ("small-qwen3", 2, ["--overlap-grad-reduce"], True),
+    ("small-qwen3", 2, ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"], True),
+    ("small-qwen3", 2, ["--pipeline-model-parallel-size", "2", "--overlap-grad-reduce"], False),
 ]
 
 
-@pytest.mark.parametrize("model, world, flags, exact", LAYOUTS, ids=["dp2-distopt", "pp2", "tp2-sp", "tp2-pp2", "moe-ep2"])
+@pytest.mark.parametrize("model, world, flags, exact", LAYOUTS, ids=["dp2-distopt", "pp2", "tp2-sp", "tp2-pp2", "moe-ep2",
+                                                                    "dp2-overlap-grad", "dp2-distopt-overlap-both",
+                                                                    "pp2-overlap-grad"])
 def test_parallel_layout_matches_one_rank(one_rank, moe_dir, model: str, world: int, flags: list[str],
                                           exact: bool) -> None:
     from tests.megatron_workers import spawn
@@ -107,6 +113,31 @@ def test_parallel_layout_matches_one_rank(one_rank, moe_dir, model: str, world: 
     assert got["metrics"]["ppo_kl"] == pytest.approx(ref["metrics"]["ppo_kl"], abs=1e-3)
     moved = max(float((got["weights"][k].float() - ref["weights"][k].float()).abs().max()) for k in ref["weights"])
     assert moved <= 2.5 * 3e-3  # one Adam step moves a weight by at most ~lr; layouts differ by at most 2 lr
+
+
+def _two_step_rollouts(rank: int, world: int, flags: list[str]) -> dict:
+    """Two rollouts of two optimizer steps each (--global-batch-size 4), the weights exported after each."""
+    backend = _backend("small-qwen3", world, [*flags, "--global-batch-size", "4"])
+    sums = []
+    for step in range(2):
+        metrics = backend.train_rollout(varied_samples(step), step)
+        sums.append((metrics["train/num_optimizer_steps"], backend.checksums()))
+    return {"sums": sums}
+
+
+@pytest.mark.parametrize("flags", [["--overlap-grad-reduce"],
+                                   ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]],
+                         ids=["overlap-grad", "distopt-overlap-both"])
+def test_overlapped_steps_train_bitwise_like_plain_ones_across_steps_and_rollouts(flags: list[str]) -> None:
+    """Each step's gradient reduce (and, with --overlap-param-gather, the all-gather of the updated shards the
+    next forward waits for) overlaps compute, yet every exported weight equals the plain DP-2 run's, bitwise,
+    after two rollouts of two optimizer steps: a gather left unfinished would export stale shards."""
+    from tests.megatron_workers import spawn
+
+    plain = spawn(_two_step_rollouts, 2, 2, [f for f in flags if not f.startswith("--overlap")])["sums"]
+    overlapped = spawn(_two_step_rollouts, 2, 2, flags)["sums"]
+    assert [n for n, _ in plain] == [2.0, 2.0]
+    assert overlapped == plain
 
 
 def _save_then_step(rank: int, world: int, flags: list[str], path: str) -> dict:

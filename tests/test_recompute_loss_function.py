@@ -7,7 +7,6 @@ import torch
 
 from relax.backends.config import TrainerConfig
 from relax.backends.torch.backend import TorchTrainBackend
-from relax.utils.flag_types import ConfigError
 from tests.test_train_loop_flags import _args, _samples
 
 
@@ -48,12 +47,3 @@ def test_same_loss_and_gradients_and_the_loss_runs_twice(extra: tuple[str, ...])
         assert torch.allclose(p, q, rtol=1e-6, atol=1e-8)
     # 16 samples per rollout in micro-batches of 4: 4 micro-batches, each loss once forward, once in the backward
     assert recomputed.loss_function_runs == 2 * 4 * 2
-
-
-def test_megatron_refuses_in_one_line() -> None:
-    from relax.utils.validation import _train_loop
-
-    args = _args("--recompute-loss-function")
-    args.train_backend = "megatron"
-    with pytest.raises(ConfigError, match="^not supported yet: --recompute-loss-function with --train-backend megatron"):
-        _train_loop(args)

@@ -114,14 +114,10 @@ def _train_loop(args: Namespace, p: Problems) -> None:
     if args.keep_old_actor and (args.use_routing_replay or args.use_rollout_routing_replay):
         p.add("not supported yet: --keep-old-actor with routing replay (the replayed routing is the trainer "
               "model's, not the copy's)")
-    for dest in ("reset_optimizer_states", "use_rollout_entropy", "ref_update_interval", "keep_old_actor",
-                 "recompute_loss_function"):
-        if getattr(args, dest) not in (None, False) and args.train_backend == "megatron":
-            p.add(f"not supported yet: {_flag(dest)} with --train-backend megatron (the torch backend has it)")
+    if args.reset_optimizer_states and args.train_backend == "megatron" and args.optimizer_cpu_offload:
+        p.add("not supported yet: --reset-optimizer-states with --optimizer-cpu-offload (megatron's hybrid "
+              "optimizer keeps its own copies of the Adam state)")
     if args.lr_decay_style != "constant":
-        if args.train_backend == "megatron":
-            p.add(f"not supported yet: --lr-decay-style {args.lr_decay_style} with --train-backend megatron "
-                  "(the torch backend decays the rate)")
         if args.num_rollout is None:
             p.add(f"--lr-decay-style {args.lr_decay_style} needs --num-rollout (the decay's length)")
     for dest in ("only_train_params_name_list", "freeze_params_name_list"):
@@ -231,6 +227,10 @@ def _megatron_memory(args: Namespace, p: Problems) -> None:
         return
     _positive(args, p, "recompute_num_layers")
     _recompute(args, p)
+    if args.overlap_param_gather and not args.overlap_grad_reduce:
+        p.add("--overlap-param-gather needs --overlap-grad-reduce (Megatron-LM's rule)")
+    if args.overlap_param_gather and not args.use_distributed_optimizer:
+        p.add("--overlap-param-gather needs --use-distributed-optimizer (only its sharded parameters are gathered)")
     if args.overlap_cpu_optimizer_d2h_h2d and not args.optimizer_cpu_offload:
         p.add("--overlap-cpu-optimizer-d2h-h2d has no effect without --optimizer-cpu-offload")
     if args.optimizer_cpu_offload and not args.use_precision_aware_optimizer:

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.checkpoint import checkpoint
 
 from relax.algorithms.reducers import merge_metrics
 from relax.backends.config import TrainerConfig
@@ -97,6 +98,10 @@ class MegatronTrainBackend(TorchTrainBackend):
         self.plan = ShardPlan.of(self.built, self.sizes.layout, rank_pos())
         self.ref_model = _frozen(self._load(reader)).module if cfg.needs_reference_model else None
         self.teacher = self._teacher() if cfg.use_opd else None
+        if cfg.keep_old_actor:  # the weights the engines generate with: one more copy in the policy's layout
+            from relax.backends.torch.old_actor import OldActor
+
+            self.old_actor = OldActor(self._load(reader).module, cfg.update_weights_interval)
         del reader
         self.frozen_params = apply_param_freezing(self.built.gpt, cfg.only_train_params_name_list,
                                                   cfg.freeze_params_name_list, rename=self._global_name,
@@ -104,7 +109,7 @@ class MegatronTrainBackend(TorchTrainBackend):
         if mcfg.recompute_granularity == "full":  # a frozen embedding must not cut the checkpointed layers' grads
             make_embedding_output_differentiable(self.built.gpt)
         self.model, self.optimizer = self._wrap_for_training(self.built)
-        self.schedule = LRSchedule.of(cfg)  # constant: --lr-decay-style is refused with megatron
+        self.schedule = LRSchedule.of(cfg)  # --lr-decay-style: train_rollout sets each step's rate in param_groups
         self.pad_id = int(getattr(self.hf_config, "pad_token_id", None) or 0)
         self.runner = StageRunner(self.sizes.tp if self.sizes.sequence_parallel else 1, self.pad_id, self.device)
         self._step = 0
@@ -154,13 +159,19 @@ class MegatronTrainBackend(TorchTrainBackend):
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         cfg = self.cfg
-        distributed = bool(cfg.megatron.use_distributed_optimizer)
+        mcfg = cfg.megatron
+        distributed = bool(mcfg.use_distributed_optimizer)
         ddp = DistributedDataParallel(
             config=built.config,
-            ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+            ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True,
+                                                     overlap_grad_reduce=bool(mcfg.overlap_grad_reduce),
+                                                     overlap_param_gather=bool(mcfg.overlap_param_gather),
                                                      use_distributed_optimizer=distributed),
             module=built.module,
         )
+        if mcfg.overlap_grad_reduce:  # as Megatron-LM wires it: no reduce until a bucket's last micro-batch
+            built.config.no_sync_func = ddp.no_sync
+            built.config.grad_sync_func = ddp.start_grad_sync  # align_grad_reduce: the pipeline's stages
         opt_config = OptimizerConfig(
             optimizer="adam", lr=cfg.lr, min_lr=cfg.lr, weight_decay=cfg.weight_decay,
             adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2, adam_eps=1e-8,
@@ -185,19 +196,28 @@ class MegatronTrainBackend(TorchTrainBackend):
 
     @torch.no_grad()
     def _log_probs_no_grad(self, model: torch.nn.Module, batch: RolloutTensors) -> torch.Tensor:
-        """``[N, T]`` response log-probs under ``model`` on every rank: this DP rank's micro-batches, summed over
-        the data-parallel ranks, from the last pipeline stage."""
+        return self._log_probs_and_entropy_no_grad(model, batch, with_entropy=False)[0]
+
+    @torch.no_grad()
+    def _log_probs_and_entropy_no_grad(self, model: torch.nn.Module, batch: RolloutTensors, *,
+                                       with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``[N, T]`` response log-probs under ``model`` (and, ``with_entropy``, each token's entropy from the same
+        logits: ``--use-rollout-entropy``) on every rank: this DP rank's micro-batches, summed over the
+        data-parallel ranks, from the last pipeline stage."""
         out = torch.zeros_like(batch.loss_mask)
+        ent = torch.zeros_like(batch.loss_mask) if with_entropy else None
         micro = self._inputs(batch, self._all_micro_batches(batch.samples, log_probs=True))
 
         def log_probs(rows, inputs, logits):
-            lp, _ = self._log_probs(logits, inputs, with_entropy=False)
-            return lp.new_zeros(()), lp
+            lp, entropy = self._log_probs(logits, inputs, with_entropy=with_entropy)
+            return lp.new_zeros(()), (lp, entropy)
 
         results = self.runner.run(model, micro, log_probs, forward_only=True)
-        for (sl, _), lp in zip(micro, results, strict=False):  # results only on the last stage
+        for (sl, _), (lp, entropy) in zip(micro, results, strict=False):  # results only on the last stage
             out[sl] = lp.cpu()
-        return self._rows_everywhere(out)
+            if ent is not None:
+                ent[sl] = entropy.to(ent.dtype).cpu()
+        return self._rows_everywhere(out), None if ent is None else self._rows_everywhere(ent)
 
     def _rows_everywhere(self, rows: torch.Tensor) -> torch.Tensor:
         """This DP rank's rows (filled on the last pipeline stage) -> the whole matrix on every rank."""
@@ -211,9 +231,15 @@ class MegatronTrainBackend(TorchTrainBackend):
         totals = self._step_totals(batch, gsl)
         self._zero_grad()
 
-        def policy(rows, inputs, logits):
+        def loss_of(rows, inputs, logits):
             lp, entropy = self._log_probs(logits, inputs, with_entropy=True)
-            loss, m = self._micro_batch_loss(batch, rows, lp, entropy, old_lp, ref_lp, advantages, totals)
+            return self._micro_batch_loss(batch, rows, lp, entropy, old_lp, ref_lp, advantages, totals)
+
+        def policy(rows, inputs, logits):
+            if self.cfg.recompute_loss_function:  # only the logits are kept; the rest runs again in the backward
+                loss, m = checkpoint(self._counted(loss_of), rows, inputs, logits, use_reentrant=False)
+            else:
+                loss, m = loss_of(rows, inputs, logits)
             return loss, {k: v.detach().cpu() for k, v in m.items()}
 
         sums: dict[str, torch.Tensor] = {}
@@ -225,9 +251,39 @@ class MegatronTrainBackend(TorchTrainBackend):
         out["grad_norm"] = self._apply_gradients(out.get("loss"))
         return out
 
+    def _counted(self, fn):
+        """``fn`` counting its runs in ``loss_function_runs`` (twice per micro-batch under recompute)."""
+        def counted(*args):
+            self.loss_function_runs += 1
+            return fn(*args)
+        return counted
+
     def _zero_grad(self) -> None:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
+
+    @property
+    def _policy_module(self) -> torch.nn.Module:
+        """The GPTModel inside the DDP wrapper (megatron's DDP keeps its grad buffers in a ``buffers`` attribute,
+        which hides ``nn.Module.buffers``), its weights gathered (`_finish_param_gather`)."""
+        self._finish_param_gather()
+        return self.built.module
+
+    def _finish_param_gather(self) -> None:
+        """``--overlap-param-gather`` leaves the all-gather of the optimizer's updated shards to the next forward's
+        pre-hooks; whatever reads the weights otherwise (the sync's export and ``--save-hf``: `weight_buckets`; a
+        checkpoint: `save`; the reference and old-actor copies: `_policy_module`) finishes it first, on every rank
+        (a collective), as Megatron-LM's ``disable_forward_pre_hook(param_sync=True)`` does before it saves."""
+        if self.cfg.megatron.overlap_param_gather:
+            self.model.start_param_sync(force_sync=True)
+
+
+    def _reset_optimizer_states(self) -> None:
+        """``--reset-optimizer-states``: drop Adam's moments and step counts in every torch optimizer megatron's
+        wrappers hold (chained groups; with the distributed optimizer, this rank's fp32 shards); the next step
+        starts them afresh, bias correction included. ``--optimizer-cpu-offload`` is refused with it."""
+        for inner in _torch_optimizers(self.optimizer):
+            inner.state.clear()
 
     def _apply_gradients(self, loss: float | None) -> float:
         """Reduce grads over DP (and TP for sequence-parallel norms, PP for tied embeddings), refuse a non-finite
@@ -266,6 +322,7 @@ class MegatronTrainBackend(TorchTrainBackend):
 
     def weight_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Full HF tensors on rank 0, bucket by bucket (empty buckets on the other ranks, which must iterate too)."""
+        self._finish_param_gather()
         if self._bridge is not None:
             return self._bridge.buckets(self.built, bucket_bytes)
         return self._export().buckets(bucket_bytes)
@@ -295,12 +352,15 @@ class MegatronTrainBackend(TorchTrainBackend):
         if save_optimizer and self.cfg.megatron.optimizer_cpu_offload:  # refused at parse time too (validation.py)
             raise RuntimeError("relax: not supported yet: saving the --optimizer-cpu-offload optimizer state "
                                "(save with --no-save-optim)")
+        self._finish_param_gather()
         save_checkpoint(directory, self.built.gpt, self.optimizer, save_optimizer=save_optimizer, meta=self._meta())
 
     def load(self, directory: str, critic_directory: str | None = None) -> None:
         from relax.backends.megatron.checkpoint import load_checkpoint
 
         load_checkpoint(directory, self.built.gpt, self.optimizer, meta=self._meta())
+        if self.old_actor is not None:  # a resumed run's engines start from the loaded weights
+            self.old_actor.refresh(self._policy_module)
 
     def _meta(self) -> dict:
         """What a checkpoint records about the run (relax/backends/megatron/checkpoint.py)."""
@@ -323,6 +383,17 @@ class MegatronTrainBackend(TorchTrainBackend):
                 "foreach_multi_tensor": self.foreach_multi_tensor,
                 "parallel": {"tp": sizes.tp, "pp": sizes.pp, "ep": sizes.ep, "etp": sizes.etp, "dp": self.dp.size,
                              "sequence_parallel": sizes.sequence_parallel}}
+
+
+def _torch_optimizers(optimizer) -> Iterator[torch.optim.Optimizer]:
+    """The torch optimizers inside megatron's optimizer: a ChainedOptimizer's members, each wrapper's ``optimizer``."""
+    if hasattr(optimizer, "chained_optimizers"):
+        for member in optimizer.chained_optimizers:
+            yield from _torch_optimizers(member)
+    elif isinstance(optimizer, torch.optim.Optimizer):
+        yield optimizer
+    else:
+        yield from _torch_optimizers(optimizer.optimizer)
 
 
 def _union_over_ranks(used: set[str], trainable: int) -> tuple[set[str], int]:

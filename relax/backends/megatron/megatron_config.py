@@ -14,7 +14,7 @@ from relax.utils.flag_slice import FlagSlice
 
 # the flags that mean something only to the Megatron backend (off / 1 with any other backend)
 MEGATRON_ONLY_FLAGS = ("use_distributed_optimizer", "no_bias_swiglu_fusion", "no_bias_dropout_fusion",
-                       "no_rope_fusion", "sequence_parallel")
+                       "no_rope_fusion", "sequence_parallel", "overlap_grad_reduce", "overlap_param_gather")
 PARALLEL_SIZE_FLAGS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
                        "expert_model_parallel_size", "expert_tensor_parallel_size")
 
@@ -43,6 +43,9 @@ class MegatronConfig(FlagSlice):
     use_precision_aware_optimizer: bool
     optimizer_cpu_offload: bool
     overlap_cpu_optimizer_d2h_h2d: bool
+    # megatron-core DDP's communication overlap (backend._wrap_for_training)
+    overlap_grad_reduce: bool
+    overlap_param_gather: bool
     # compiled fusions (fusions.fusion_kwargs)
     no_bias_swiglu_fusion: bool
     no_bias_dropout_fusion: bool

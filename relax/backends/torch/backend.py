@@ -98,10 +98,10 @@ class TorchTrainBackend:
             self.ref_model = self._reference_model()
         self.frozen_params = apply_param_freezing(self.model, cfg.only_train_params_name_list,
                                                   cfg.freeze_params_name_list)
-        if cfg.keep_old_actor:  # the weights the engines generate with
+        if cfg.keep_old_actor:  # the weights the engines generate with (same train/eval mode as the policy)
             from relax.backends.torch.old_actor import OldActor
 
-            self.old_actor = OldActor(self.model, cfg.update_weights_interval)
+            self.old_actor = OldActor(copy.deepcopy(self.model), cfg.update_weights_interval)
         trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         if cfg.bf16:
             self.master = MasterWeights(trainable)
@@ -360,7 +360,7 @@ class TorchTrainBackend:
         if self.routing is not None:
             metrics.update(self.routing.metrics())
         if self.old_actor is not None:  # --keep-old-actor: a step that ends with a sync moves the copy on
-            metrics["train/old_actor_refreshed"] = float(self.old_actor.after_step(step, self.model))
+            metrics["train/old_actor_refreshed"] = float(self.old_actor.after_step(step, self._policy_module))
         if self.ref_model is not None and cfg.ref_update_interval and (step + 1) % cfg.ref_update_interval == 0:
             self._update_reference()  # --ref-update-interval: the next rollouts' KL is to this policy
             metrics["train/ref_updated"] = 1.0
@@ -498,13 +498,19 @@ class TorchTrainBackend:
             loss = loss * float("nan")
         return loss, m
 
+    @property
+    def _policy_module(self) -> torch.nn.Module:
+        """The policy as a plain module of the reference's structure (the Megatron backend's is inside its DDP)."""
+        return self.model
+
     @torch.no_grad()
     def _update_reference(self) -> None:
         """The reference model takes the actor's current weights (its frozen copy, as built at start)."""
-        for ref, actor in zip(self.ref_model.parameters(), self.model.parameters(), strict=True):
-            ref.copy_(actor)
-        for ref, actor in zip(self.ref_model.buffers(), self.model.buffers(), strict=True):
-            ref.copy_(actor)
+        actor = self._policy_module
+        for ref, weight in zip(self.ref_model.parameters(), actor.parameters(), strict=True):
+            ref.copy_(weight)
+        for ref, weight in zip(self.ref_model.buffers(), actor.buffers(), strict=True):
+            ref.copy_(weight)
 
     def _reset_optimizer_states(self) -> None:
         """``--reset-optimizer-states``: drop AdamW's moments and step counts (the actor's and the critic's); the
@@ -634,7 +640,7 @@ class TorchTrainBackend:
                 self.critic.optimizer.load_state_dict(torch.load(critic_path / "critic_optimizer.pt",
                                                                  weights_only=False))
         if self.old_actor is not None:  # a resumed run's engines start from the loaded weights
-            self.old_actor.refresh(self.model)
+            self.old_actor.refresh(self._policy_module)
         rng = torch.load(path / "rng.pt", weights_only=False)
         torch.set_rng_state(rng["torch"])
         np.random.set_state(rng["numpy"])

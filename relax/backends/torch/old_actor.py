@@ -6,19 +6,20 @@ be the policy that generated the data; without this copy the trainer computes it
 weights. `OldActor` holds the weights of the last sync (the initial weights, or the checkpoint a run
 resumes from, until the first one) and takes the trainer's weights again exactly when a step ends with
 a sync, on the same schedule as `relax.core.runtime.Runtime.sync_due`. It costs one more model copy on
-the trainer's device (moved with the model by ``--offload-train``).
+the trainer's device (moved with the model by ``--offload-train``). The backend builds the copy: the torch
+backend deep-copies its model, the Megatron backend builds one more GPTModel in the policy's parallel layout
+(a DDP-wrapped model cannot be deep-copied).
 """
 
 from __future__ import annotations
-
-import copy
 
 import torch
 
 
 class OldActor:
-    def __init__(self, model: torch.nn.Module, update_weights_interval: int):
-        self.model = copy.deepcopy(model).requires_grad_(False)  # same train/eval mode as the policy
+    def __init__(self, copy: torch.nn.Module, update_weights_interval: int):
+        """``copy``: a model of the policy's structure holding its current weights (not shared with it)."""
+        self.model = copy.requires_grad_(False)
         self.interval = int(update_weights_interval)
         self.refreshes = 0  # how often the copy took the trainer's weights after the first
 
