@@ -50,7 +50,8 @@ def test_every_broken_rule_in_one_error() -> None:
     problems = _problems([*BASE, "--global-batch-size", "100", "--kl-coef", "0.1", "--kl-loss-coef", "0.1",
                           "--loss-type", "custom_loss", "--num-data-storage-units", "2", "--allgather-cp"])
     assert problems == [
-        "not supported yet: --allgather-cp",
+        "not supported yet: --allgather-cp (context parallelism: megatron-core runs it only in Transformer Engine's "
+        "attention, and no transformer-engine build is installed on our machines)",
         "--global-batch-size 100 must divide rollout-batch-size x n-samples-per-prompt = 32 x 8 = 256",
         "--kl-coef 0.1 and --kl-loss-coef 0.1 are mutually exclusive (reward shaping vs loss term): set one of them to 0",
         "--loss-type custom_loss requires --custom-loss-function-path",

@@ -140,6 +140,30 @@ def test_overlapped_steps_train_bitwise_like_plain_ones_across_steps_and_rollout
     assert overlapped == plain
 
 
+def _opd_sglang_step(rank: int) -> dict:
+    """--opd-type sglang: no teacher model in the backend; the samples' teacher log-probs drive the step."""
+    from relax.backends.torch.batch import build_rollout_tensors
+
+    backend = _backend("small-qwen3", 1, ["--use-opd", "--opd-type", "sglang", "--rm-url", "http://127.0.0.1:9/generate"])
+    samples = varied_samples(0)
+    for i, s in enumerate(samples):
+        s.teacher_log_probs = [-0.5 - 0.1 * i] * s.response_length
+    batch = build_rollout_tensors(samples)
+    old = backend._log_probs_no_grad(backend.model, batch)
+    metrics = backend.train_rollout(samples, 0)
+    mask = batch.loss_mask
+    return {"teacher": backend.teacher, "kl": metrics["train/opd_reverse_kl"],
+            "want": float(((old - batch.teacher_log_probs) * mask).sum() / mask.sum())}
+
+
+def test_opd_with_an_sglang_teacher_trains_on_the_samples_teacher_log_probs() -> None:
+    from tests.megatron_workers import spawn
+
+    got = spawn(_opd_sglang_step, 1)
+    assert got["teacher"] is None
+    assert got["kl"] == pytest.approx(got["want"], rel=1e-6)
+
+
 def _save_then_step(rank: int, world: int, flags: list[str], path: str) -> dict:
     backend = _backend("small-qwen3", world, flags)
     backend.train_rollout(varied_samples(0), 0)

@@ -194,7 +194,7 @@ def check_supported(args: argparse.Namespace) -> None:
         if spec.supported_values is not None and value is not None and value not in spec.supported_values:
             p.add(f"not supported yet: --{spec.name} {value}")
         elif not spec.supported and value != spec.default:
-            p.add(f"not supported yet: --{spec.name}")
+            p.add(f"not supported yet: --{spec.name}" + (f" ({spec.not_yet_why})" if spec.not_yet_why else ""))
     p.raise_if_any()
 
 

@@ -31,6 +31,7 @@ class FlagSpec:
     seed_default: str | None = None  # the seed's wording when it is not the literal default ("-")
     supported: bool = False
     supported_values: frozenset[Any] | None = None  # for choice flags: the values implemented so far
+    not_yet_why: str | None = None  # an unsupported flag's refusal names what rules it out (NOT_YET_WHY)
     bound: Bound | None = None  # the values that make sense (checked at parse time, shown in docs/flags.md)
 
     def __post_init__(self) -> None:
@@ -362,7 +363,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('custom-model-provider-path', 'str', None, 'Other Training Parameters', 'Custom model provider function path. Here: a dotted path to a function that builds the policy model in place of relax (relax/models/provider.py). --train-backend torch: provider(config) -> torch.nn.Module, an HF-style causal LM (forward(input_ids, attention_mask=..., position_ids=...) with .logits); config is the transformers config relax builds from --hf-checkpoint (a preset\'s or the directory\'s config.json, _attn_implementation set); it runs with --seed in force, a preset keeps its init, a directory\'s weights are loaded into it by name; the reference copy and fully-async services use it too; --save-hf needs a transformers PreTrainedModel (save_pretrained). --train-backend megatron: Megatron-LM\'s model_provider(pre_process=True, post_process=True, vp_stage=None, config=None) returning this pipeline stage\'s megatron-core GPTModel (vp_stage and config, relax\'s TransformerConfig, passed when it takes them). The engines build their model from --hf-checkpoint and load the weight sync by name, so the provider\'s model must keep the checkpoint\'s parameter names and shapes. Checked at launch: a path that does not import or a wrong signature, and with torch a wrong return type or other names or shapes (one build on the meta device), are one line naming the path; megatron\'s return type and names are checked when the trainer builds it'),
     F('recompute-loss-function', 'flag', False, 'Other Training Parameters', 'Whether to recompute loss function to save VRAM. Here: the trainer (either backend; Megatron: inside megatron-core\'s schedule, on the last pipeline stage) runs the logits -> log-probs / entropy -> policy loss part of each micro-batch under activation checkpointing (torch.utils.checkpoint): only the logits are kept, and that part (its [tokens, vocab] fp32 log-softmax and the loss\'s temporaries) runs again in the backward; the same loss and gradients'),
     F('log-probs-chunk-size', 'int', -1, 'Other Training Parameters', 'Chunk size for computing log probs. Used to save VRAM'),
-    F('allgather-cp', 'flag', False, 'Other Training Parameters', '-'),
+    F('allgather-cp', 'flag', False, 'Other Training Parameters', 'Here (the seed describes it as -): an option of context parallelism, refused for the reason --context-parallel-size > 1 is'),
     F('model-name', 'str', None, 'Other Training Parameters', 'Model name for Megatron to HF weight conversion. Inferred from AutoConfig.from_pretrained(hf_checkpoint) if not set. Here: a conversion family of the raw converter, qwen2, qwen3, llama, qwen3_moe or mixtral (also spelled as slime does, the config class lower-cased: qwen3moe, Qwen3MoeConfig); the Megatron backend builds and converts the model as that family, so a checkpoint whose config.json has another model_type (a renamed derivative) converts as the named one. A name that is no family, or one contradicting a config whose model_type is itself a family, is refused in one line at start; with --train-backend torch (HF models, no conversion) and --megatron-to-hf-mode bridge (megatron-bridge infers its own) only that check runs'),
     F('only-load-weight', 'flag', False, 'Other Training Parameters', 'Reference model and actor fwd only load weights. Here: how they are always built (the flag changes nothing): the torch trainer\'s reference copy (the initial policy, or --ref-load\'s saved model weights) and the reference/actor_fwd services\' forward-only copies (relax/backends/services.py) hold model weights only, no optimizer, RNG or gradient state'),
     F('rlsp-server-port', 'int', 8234, 'Other Training Parameters', 'RLSP Server HTTP port'),
@@ -710,9 +711,16 @@ BOUNDS: dict[str, Bound] = {
 }
 
 
+# why an unsupported flag cannot be built here yet, when something outside relax rules it out
+NOT_YET_WHY: dict[str, str] = {
+    "allgather-cp": "context parallelism: megatron-core runs it only in Transformer Engine's attention, and no "
+                    "transformer-engine build is installed on our machines",
+}
+
+
 def _finalize(spec: FlagSpec) -> FlagSpec:
     return replace(spec, supported=spec.name in SUPPORTED, supported_values=SUPPORTED_VALUES.get(spec.name),
-                   bound=BOUNDS.get(spec.name))
+                   bound=BOUNDS.get(spec.name), not_yet_why=NOT_YET_WHY.get(spec.name))
 
 
 FLAGS: list[FlagSpec] = [_finalize(f) for f in SEED_FLAGS + ADDED_FLAGS + MODEL_FLAGS]

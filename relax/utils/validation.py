@@ -207,9 +207,6 @@ def _opd_sglang(args: Namespace, p: Problems) -> None:
     if args.rm_url and args.rm_type == "remote_rm":
         p.add("--opd-type sglang and --rm-type remote_rm both use --rm-url: use --opd-teacher-load "
               "for the teacher, or a --custom-rm-path reward")
-    if args.train_backend == "megatron":
-        p.add("not supported yet: --opd-type sglang with --train-backend megatron "
-              "(use --opd-type megatron, or --train-backend torch)")
 
 
 @rule

@@ -7,6 +7,7 @@ observed on megatron's own objects, not its parsing.
 * ``--keep-old-actor``: the copy holds the synced weights between syncs and computes the old log-probs;
 * ``--recompute-loss-function``: the checkpointed loss runs twice per micro-batch, same loss and weights;
 * ``--lr-decay-style``: the rate megatron's Adam steps with follows the schedule;
+* ``--opd-type sglang``: no teacher model in the backend; the samples' teacher log-probs drive the step;
 * ``--overlap-grad-reduce`` / ``--overlap-param-gather``: megatron-core DDP's overlap trains the same weights
   (one GPU: the hooks, the deferred gather and its finish before the export run; the DP-2 sums are
   tests/test_megatron_backend_cpu.py's, on gloo).
@@ -150,3 +151,19 @@ def test_overlapped_grad_reduce_and_param_gather_train_the_same_weights(mcore) -
         assert mo["train/loss"] == pytest.approx(mp["train/loss"], rel=1e-6, abs=1e-9)
         assert mo["train/grad_norm"] == pytest.approx(mp["train/grad_norm"], rel=1e-6)
         assert overlapped.checksums() == plain.checksums()
+
+
+def test_opd_with_an_sglang_teacher_uses_the_samples_teacher_log_probs(mcore) -> None:
+    from relax.backends.torch.batch import build_rollout_tensors
+
+    backend = _backend("--use-opd", "--opd-type", "sglang", "--rm-url", "http://127.0.0.1:9/generate")
+    assert backend.teacher is None
+    samples = varied_samples(seed=8)
+    for i, s in enumerate(samples):
+        s.teacher_log_probs = [-0.5 - 0.1 * i] * s.response_length
+    batch = build_rollout_tensors(samples)
+    old = backend._log_probs_no_grad(backend.model, batch)
+    metrics = backend.train_rollout(samples, 0)
+    mask = batch.loss_mask
+    want = float(((old - batch.teacher_log_probs) * mask).sum() / mask.sum())
+    assert metrics["train/opd_reverse_kl"] == pytest.approx(want, rel=1e-6)

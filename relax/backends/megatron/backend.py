@@ -97,7 +97,8 @@ class MegatronTrainBackend(TorchTrainBackend):
         self.built = self._load(reader, recompute_kwargs(mcfg, layers_per_stage))  # only the trainer recomputes
         self.plan = ShardPlan.of(self.built, self.sizes.layout, rank_pos())
         self.ref_model = _frozen(self._load(reader)).module if cfg.needs_reference_model else None
-        self.teacher = self._teacher() if cfg.use_opd else None
+        # --opd-type megatron: the teacher in this backend; sglang: its log-probs arrive with the samples
+        self.teacher = self._teacher() if cfg.use_opd and cfg.opd_type == "megatron" else None
         if cfg.keep_old_actor:  # the weights the engines generate with: one more copy in the policy's layout
             from relax.backends.torch.old_actor import OldActor
 
