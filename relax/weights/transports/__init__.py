@@ -11,7 +11,7 @@
   targets anywhere;
 * ``auto``: ``tensor`` for each one-rank target on the trainer's GPU, and for each one-rank relax engine on a
   GPU of the host that holds the trainer's weights (an offloaded colocate trainer: a copy from shared memory,
-  not a gloo broadcast through the loopback, ~5 s a sync for a 1 GB model); ``distributed`` for every other
+  not a gloo broadcast through the loopback); ``distributed`` for every other
   target (CPU runs included: gloo between two host processes).
 
 `choose` decides per target; a forced transport that cannot reach a target is an error naming both devices.
