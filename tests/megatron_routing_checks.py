@@ -50,6 +50,12 @@ def _gather(obj) -> list:
     return out
 
 
+def _model_parallel(backend) -> int:
+    """How many ranks run each micro-batch (TP x PP): each observes every row it runs."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    return world // backend.dp.size
+
+
 def _routers(backend) -> list[tuple[int, torch.nn.Module]]:
     return [(layer.layer_number - 1, layer.mlp.router) for layer in backend.built.gpt.decoder.layers
             if getattr(layer.mlp, "router", None) is not None]
@@ -66,7 +72,7 @@ def observed(backend) -> Iterator[list[tuple[str, dict[tuple[int, ...], dict[int
     top_k = backend.hf_config.num_experts_per_tok
 
     def hook_for(layer: int):
-        def hook(router, args, output):
+        def hook(router, inputs, output):
             current["maps"][layer] = output[1].detach().to("cpu")
         return hook
 
@@ -126,7 +132,7 @@ def check_rollout_routing_replayed(backend) -> dict:
             for layer, got in per_layer.items():
                 assert (got == np.sort(want[tokens][:, layer], -1)).all(), f"layer {layer} routed off the rollout"
             rows += 1
-    assert _sum(rows) == 3 * len(samples)  # the old pass and two epochs, over the data-parallel ranks
+    assert _sum(rows) == 3 * len(samples) * _model_parallel(backend)  # the old pass and two epochs, every rank
     assert metrics["train/routing_replay_tokens"] == 3 * sum(len(s.tokens) - 1 for s in samples)
     assert metrics["train/routing_replay_changed_frac"] > 0.3  # random experts: the routers' own differ mostly
     assert "train/train_rollout_logprob_abs_diff" in metrics
@@ -163,9 +169,10 @@ def check_update_follows_old_pass(backend, *, replayed: bool) -> dict:
     with observed(backend) as seen:
         metrics = backend.train_rollout(samples, 0)
     old: dict = {}
-    for mine in _gather([rows for phase, rows in seen if phase == "old"]):
+    for mine in _gather([rows for phase, rows in seen if phase == "old"]):  # rows by rank, layers by stage
         for rows in mine:
-            old.update(rows)
+            for tokens, per_layer in rows.items():
+                old.setdefault(tokens, {}).update(per_layer)
     assert len(old) == len(samples)
     differ = updates = 0
     for phase, forward in seen:
@@ -174,7 +181,7 @@ def check_update_follows_old_pass(backend, *, replayed: bool) -> dict:
         for tokens, per_layer in forward.items():
             updates += 1
             differ += any(not (got == old[tokens][layer]).all() for layer, got in per_layer.items())
-    assert _sum(updates) == 2 * len(samples)  # two epochs of (two) optimizer steps
+    assert _sum(updates) == 2 * len(samples) * _model_parallel(backend)  # two epochs of (two) optimizer steps
     differ = _sum(differ)
     assert metrics["train/num_optimizer_steps"] == 4.0
     assert "train/train_rollout_logprob_abs_diff" in metrics

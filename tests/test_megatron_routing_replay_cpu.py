@@ -20,7 +20,8 @@ from relax.backends.megatron.checks import module_available
 from relax.backends.megatron.routing_layout import RouterRows
 
 needs_megatron = pytest.mark.skipif(not module_available("megatron.core"), reason="needs megatron-core")
-EP = [pytest.param(1, [], id="ep1"), pytest.param(2, ["--expert-model-parallel-size", "2"], id="ep2")]
+EP = [pytest.param(1, [], id="ep1"), pytest.param(2, ["--expert-model-parallel-size", "2"], id="ep2"),
+      pytest.param(2, ["--pipeline-model-parallel-size", "2"], id="pp2")]  # each stage replays its own layer
 
 
 @pytest.fixture(scope="module")

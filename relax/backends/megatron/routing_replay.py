@@ -141,9 +141,9 @@ class MegatronRoutingReplay(RoutingRows):
 
     def _count_changed(self, real: torch.Tensor):
         """A forward hook counting the real rows whose forced experts differ from the router's own top-k."""
-        def hook(router, args, output):
+        def hook(router, inputs, output):
             with torch.no_grad():
-                logits = router.gating(args[0]).reshape(-1, router.config.num_moe_experts)
+                logits = router.gating(inputs[0]).reshape(-1, router.config.num_moe_experts)
                 own = torch.zeros_like(output[1]).scatter(1, logits.topk(router.topk, dim=-1).indices, True)
                 self._changed.append(((own != output[1]).any(-1) & real).sum())
         return hook
