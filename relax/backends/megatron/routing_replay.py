@@ -99,11 +99,14 @@ class MegatronRoutingReplay(RoutingRows):
     @contextmanager
     def forward(self, sl: slice, inputs: ModelInputs) -> Iterator[None]:
         """Around this stage's forward of rows ``sl``: replay where every row has a routing, else record (the
-        old pass), else (the update's forward standing in for the old pass) route freely."""
+        old pass), else (the update's forward standing in for the old pass; a forward outside a rollout step)
+        route freely."""
         rows = self.rows[sl]
         b, width = inputs.input_ids.shape
         layout = RouterRows.of(b, width, self.shard, self.shards)
-        if rows and all(r is not None for r in rows):
+        if not rows:
+            yield
+        elif all(r is not None for r in rows):
             with self._replaying(rows, layout):
                 yield
         elif self.from_rollout:
