@@ -1,6 +1,7 @@
 """Routing replay (R3) on a tiny Qwen3-MoE, CPU: the engine's routed experts in SGLang's shape, the trainer's
 forwards replaying them token for token, the train/rollout mismatch with and without replay, and
---use-routing-replay replaying the old pass's routing in the update."""
+--use-routing-replay replaying the old pass's routing in the update; the Megatron backend's flag rules (its replay:
+tests/test_megatron_routing_replay_cpu.py)."""
 
 from __future__ import annotations
 
@@ -195,16 +196,22 @@ def test_routing_replay_replays_the_old_pass_in_the_update(monkeypatch) -> None:
     assert metrics["train/routing_replay_changed_frac"] > 0  # the drifted routers alone would route otherwise
 
 
-def test_megatron_is_refused() -> None:
+def test_megatron_takes_it_but_not_with_full_recompute() -> None:
+    """--train-backend megatron replays through megatron-core's RouterReplay (tests/test_megatron_routing_replay_cpu.py);
+    full activation recompute would route the layers again in the backward, which nothing replays."""
     from relax.utils import validation
     from relax.utils.flag_types import ConfigError
 
     args = parse_args([*BASE, "--hf-checkpoint", "small-qwen3-moe", "--use-rollout-routing-replay"])
     assert args.use_routing_replay is True
     args.train_backend = "megatron"
-    with pytest.raises(ConfigError, match="not supported yet: --use-rollout-routing-replay with --train-backend "
-                                          "megatron"):
+    validation._routing_replay(args)
+    args.recompute_granularity = "selective"
+    validation._routing_replay(args)
+    args.recompute_granularity = "full"
+    with pytest.raises(ConfigError, match="not supported yet: --use-rollout-routing-replay with "
+                                          "--recompute-granularity full"):
         validation._routing_replay(args)
     args.use_rollout_routing_replay = False
-    with pytest.raises(ConfigError, match="not supported yet: --use-routing-replay with --train-backend megatron"):
+    with pytest.raises(ConfigError, match="not supported yet: --use-routing-replay with --recompute-granularity full"):
         validation._routing_replay(args)

@@ -270,7 +270,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('custom-tis-function-path', 'str', None, 'Off-Policy Correction', 'Custom TIS/RS function path'),
     F('custom-pg-loss-reducer-function-path', 'str', None, 'Off-Policy Correction', 'Custom pg_loss reducer function path. When set, pg_loss uses custom reducer while other metrics use default sum_of_sample_mean'),
     # --- Routing Replay and OPSM
-    F('use-routing-replay', 'flag', False, 'Routing Replay and OPSM', 'Enable Routing Replay (paper). Here: a MoE policy (e.g. small-qwen3-moe) with --train-backend torch; the old-log-prob forward records each token\'s top-k experts per MoE layer and the update\'s forwards replay them, keeping the router\'s own softmax weights for the forced experts (docs/algorithms.md); train/routing_replay_tokens counts the forced tokens'),
+    F('use-routing-replay', 'flag', False, 'Routing Replay and OPSM', 'Enable Routing Replay (paper). Here: a MoE policy (e.g. small-qwen3-moe) with --train-backend torch or megatron (megatron-core\'s RouterReplay in the policy\'s routers; not with --recompute-granularity full); the old-log-prob forward records each token\'s top-k experts per MoE layer and the update\'s forwards replay them, keeping the router\'s own softmax weights for the forced experts (docs/algorithms.md); train/routing_replay_tokens counts the forced tokens'),
     F('use-rollout-routing-replay', 'flag', False, 'Routing Replay and OPSM', 'Enable Rollout Routing Replay (paper). Automatically enables --use-routing-replay. Here (R3): requests ask the engines for return_routed_experts (SGLang\'s meta_info.routed_experts; a real SGLang server needs --sglang-enable-return-routed-experts), each sample keeps its routing, prompt included, and every policy forward (old log-probs and update) replays it'),
     F('use-opsm', 'flag', False, 'Routing Replay and OPSM', 'Enable Off-Policy Sequence Masking (OPSM)'),
     F('opsm-delta', 'float', 0.0001, 'Routing Replay and OPSM', 'OPSM threshold'),
@@ -568,7 +568,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "async-save", "rotate-ckpt", "max-actor-ckpt-to-keep", "critic-load", "critic-save",  # relax/core/saver.py
     "start-rollout-id", "opd-teacher-ckpt-step", "ref-ckpt-step",
     "true-on-policy-mode",  # relax/backends/embedded/train_identical.py
-    "use-routing-replay", "use-rollout-routing-replay",  # relax/backends/torch/routing_replay.py
+    "use-routing-replay", "use-rollout-routing-replay",  # relax/backends/{torch,megatron}/routing_replay.py
     "offload", "offload-train", "offload-rollout",  # colocate offload: relax/core/offload.py
     # data
     "prompt-data", "input-key", "label-key", "metadata-key", "tool-key", "apply-chat-template",

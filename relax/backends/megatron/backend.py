@@ -94,7 +94,12 @@ class MegatronTrainBackend(TorchTrainBackend):
         recompile_headroom()  # before any compiled fusion runs (fusions.py)
         self._bridge = BridgeWeights(cfg.hf_checkpoint) if mcfg.megatron_to_hf_mode == "bridge" else None
         layers_per_stage = self.spec.num_layers // self.sizes.pp
-        self.built = self._load(reader, recompute_kwargs(mcfg, layers_per_stage))  # only the trainer recomputes
+        policy_config = recompute_kwargs(mcfg, layers_per_stage)  # only the trainer recomputes
+        if cfg.use_routing_replay:  # and only its routers replay (routing_replay.py)
+            from relax.backends.megatron.routing_replay import replay_config
+
+            policy_config.update(replay_config())
+        self.built = self._load(reader, policy_config)
         self.plan = ShardPlan.of(self.built, self.sizes.layout, rank_pos())
         self.ref_model = _frozen(self._load(reader)).module if cfg.needs_reference_model else None
         # --opd-type megatron: the teacher in this backend; sglang: its log-probs arrive with the samples
@@ -113,6 +118,13 @@ class MegatronTrainBackend(TorchTrainBackend):
         self.schedule = LRSchedule.of(cfg)  # --lr-decay-style: train_rollout sets each step's rate in param_groups
         self.pad_id = int(getattr(self.hf_config, "pad_token_id", None) or 0)
         self.runner = StageRunner(self.sizes.tp if self.sizes.sequence_parallel else 1, self.pad_id, self.device)
+        if cfg.use_routing_replay:  # the routing the policy's forwards replay (the inherited step drives it)
+            from relax.backends.megatron.routing_replay import MegatronRoutingReplay
+            from relax.models.moe_routing import routing_shape
+
+            self.routing = MegatronRoutingReplay(self.built.gpt, routing_shape(self.hf_config),
+                                                 from_rollout=cfg.use_rollout_routing_replay,
+                                                 sequence_shards=self.runner.seq_multiple)
         self._step = 0
         self.critic = None  # --advantage-estimator ppo is refused for this backend at parse time
         self._exporter = None  # built on first use: every rank builds it (an all-gather of shapes)
@@ -213,12 +225,16 @@ class MegatronTrainBackend(TorchTrainBackend):
             lp, entropy = self._log_probs(logits, inputs, with_entropy=with_entropy)
             return lp.new_zeros(()), (lp, entropy)
 
-        results = self.runner.run(model, micro, log_probs, forward_only=True)
+        results = self.runner.run(model, micro, log_probs, forward_only=True, around=self._routing_of(model))
         for (sl, _), (lp, entropy) in zip(micro, results, strict=False):  # results only on the last stage
             out[sl] = lp.cpu()
             if ent is not None:
                 ent[sl] = entropy.to(ent.dtype).cpu()
         return self._rows_everywhere(out), None if ent is None else self._rows_everywhere(ent)
+
+    def _routing_of(self, model: torch.nn.Module):
+        """``--use-routing-replay``: the policy's forwards replay or record their routing; other models route freely."""
+        return self.routing.forward if self.routing is not None and model is self.model else None
 
     def _rows_everywhere(self, rows: torch.Tensor) -> torch.Tensor:
         """This DP rank's rows (filled on the last pipeline stage) -> the whole matrix on every rank."""
@@ -244,8 +260,8 @@ class MegatronTrainBackend(TorchTrainBackend):
             return loss, {k: v.detach().cpu() for k, v in m.items()}
 
         sums: dict[str, torch.Tensor] = {}
-        for metrics in self.runner.run(self.model, self._inputs(batch, micro),
-                                       policy, forward_only=False):
+        for metrics in self.runner.run(self.model, self._inputs(batch, micro), policy, forward_only=False,
+                                       around=self._routing_of(self.model)):
             sums = merge_metrics(sums, metrics)
         out = {k: float(v) for k, v in self.dp.merge_metrics(sums).items()}
         out = self.runner.object_from_last_stage(out)

@@ -15,6 +15,7 @@ results (log-probs, metrics).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ from relax.backends.torch.batch import ModelInputs
 from relax.observability.collective_memory import checked
 
 LossFn = Callable[[slice, ModelInputs, torch.Tensor], tuple[torch.Tensor, Any]]
+Around = Callable[[slice, ModelInputs], AbstractContextManager]
 
 
 @dataclass
@@ -43,9 +45,11 @@ class StageRunner:
         return ps.is_pipeline_last_stage()
 
     def run(self, model, micro_batches: list[tuple[slice, ModelInputs]], loss_fn: LossFn, *,
-            forward_only: bool) -> list[Any]:
+            forward_only: bool, around: Around | None = None) -> list[Any]:
         """``loss_fn(rows, inputs, logits) -> (loss, reduced)`` per micro-batch; the ``reduced`` values on the
-        last stage, in order (an empty list on the other stages, and when this rank has no micro-batch)."""
+        last stage, in order (an empty list on the other stages, and when this rank has no micro-batch).
+        ``around(rows, inputs)``: a context entered for this stage's forward of each micro-batch (routing replay,
+        relax/backends/megatron/routing_replay.py)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         if not micro_batches:
@@ -54,7 +58,8 @@ class StageRunner:
 
         def forward_step(data_iterator, stage_model):
             rows, inputs = next(data_iterator)
-            output = gpt_forward(stage_model, inputs, seq_multiple=self.seq_multiple, pad_id=self.pad_id)
+            with around(rows, inputs) if around is not None else nullcontext():
+                output = gpt_forward(stage_model, inputs, seq_multiple=self.seq_multiple, pad_id=self.pad_id)
 
             def loss(logits: torch.Tensor):
                 value, reduced = loss_fn(rows, inputs, logits)

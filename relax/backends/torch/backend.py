@@ -138,7 +138,8 @@ class TorchTrainBackend:
         if cfg.use_routing_replay:  # the routing the policy's forwards replay
             from relax.backends.torch.routing_replay import RoutingReplay
 
-            self.routing = RoutingReplay(self.model, from_rollout=cfg.use_rollout_routing_replay)
+            self.routing = RoutingReplay(self.model, from_rollout=cfg.use_rollout_routing_replay,
+                                         sum_rows=self.dp.sum_rows)
         self.memory = MemoryRecorder(cfg.memory, rank=self.dp.rank)  # CUDA allocator snapshots
 
     def _build_policy(self) -> torch.nn.Module:
@@ -303,7 +304,7 @@ class TorchTrainBackend:
             self.routing.begin(samples)
         old_lp, ref_lp, teacher_lp, old_values, adv = self._rollout_columns(batch, precomputed, old=not from_step)
         if self.routing is not None:  # the old pass's routing, recorded on each rank, for every rank's update
-            self.routing.share(self.dp.sum_rows)
+            self.routing.share()
         self.profiler.stop("train_log_probs", step)
         if cfg.reset_optimizer_states:  # before this rollout's first step: no moments from earlier rollouts
             self._reset_optimizer_states()

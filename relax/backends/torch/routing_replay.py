@@ -25,16 +25,14 @@ from relax.backends.torch.batch import ModelInputs, TrainSample
 from relax.models import moe_routing
 
 
-class RoutingReplay:
-    """Each row's routing for one rollout batch (``rows[i]``: ``[len(tokens) - 1, layers, top_k]`` or None)."""
+class RoutingRows:
+    """Each row's routing for one rollout batch (``rows[i]``: ``[len(tokens) - 1, layers, top_k]`` or None) and
+    the step's replay counts; what a backend's forwards replay or fill. Shared by the torch and Megatron backends
+    (relax/backends/megatron/routing_replay.py), whose forwards differ."""
 
-    def __init__(self, model: torch.nn.Module, *, from_rollout: bool):
-        if not moe_routing.moe_routers(model):
-            raise ValueError(f"--use-routing-replay needs a MoE model; {type(model).__name__} has no MoE router")
-        self.model = model
+    def __init__(self, layers: int, top_k: int, *, from_rollout: bool):
+        self.layers, self.top_k = layers, top_k
         self.from_rollout = from_rollout
-        self.layers, self.top_k = moe_routing.routing_shape(model.config)
-        self.moe_layers = len(moe_routing.moe_routers(model))
         self.rows: list[np.ndarray | None] = []
         self.tokens = 0  # router rows forced this step
         self.changed = 0  # (row, layer) pairs forced away from the router's own top-k this step
@@ -56,6 +54,23 @@ class RoutingReplay:
                 raise ValueError(f"--use-rollout-routing-replay: sample {i} has {rows.shape[0]} routed rows for "
                                  f"{len(s.tokens)} tokens (want one per token but the last)")
             self.rows.append(rows)
+
+    def metrics(self) -> dict[str, float]:
+        return {"train/routing_replay_tokens": float(self.tokens),
+                "train/routing_replay_changed_frac": self.changed / self.pairs if self.pairs else 0.0}
+
+
+class RoutingReplay(RoutingRows):
+    """The torch trainer's: forward hooks on the HF model's routers (relax/models/moe_routing.py).
+    ``sum_rows``: `DataParallel.sum_rows`, which `share` sends the recorded rows through."""
+
+    def __init__(self, model: torch.nn.Module, *, from_rollout: bool, sum_rows):
+        if not moe_routing.moe_routers(model):
+            raise ValueError(f"--use-routing-replay needs a MoE model; {type(model).__name__} has no MoE router")
+        self.model = model
+        self.sum_rows = sum_rows
+        self.moe_layers = len(moe_routing.moe_routers(model))
+        super().__init__(*moe_routing.routing_shape(model.config), from_rollout=from_rollout)
 
     @contextmanager
     def forward(self, model: torch.nn.Module, sl: slice, inputs: ModelInputs) -> Iterator[None]:
@@ -87,9 +102,9 @@ class RoutingReplay:
             if self.rows[sl.start + i] is None:
                 self.rows[sl.start + i] = grid[i, :int(n) - 1].copy()
 
-    def share(self, sum_rows) -> None:
+    def share(self) -> None:
         """After the old-log-prob pass: every data-parallel rank gets the rows the others recorded
-        (``sum_rows``: `DataParallel.sum_rows`; ids travel as id + 1 over zeros)."""
+        (ids travel as id + 1 over zeros)."""
         if self.from_rollout or not self.rows:
             return
         width = max((len(r) for r in self.rows if r is not None), default=0)
@@ -98,12 +113,8 @@ class RoutingReplay:
             if r is not None:
                 packed[i, 0] = 1  # row i is recorded here, with len(r) positions
                 packed[i, 1:len(r) + 1] = torch.from_numpy(r) + 1
-        packed = sum_rows(packed)
+        packed = self.sum_rows(packed)
         for i in range(len(self.rows)):
             if self.rows[i] is None and int(packed[i, 0, 0, 0]):
                 filled = (packed[i, 1:] > 0).all(-1).all(-1)
                 self.rows[i] = (packed[i, 1:1 + int(filled.sum())] - 1).numpy()
-
-    def metrics(self) -> dict[str, float]:
-        return {"train/routing_replay_tokens": float(self.tokens),
-                "train/routing_replay_changed_frac": self.changed / self.pairs if self.pairs else 0.0}
