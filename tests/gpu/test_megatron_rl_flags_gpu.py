@@ -1,31 +1,16 @@
-"""The RL-loop flags the torch backend had first, on the Megatron backend (one GPU, bf16): each one's effect is
-observed on megatron's own objects, not its parsing.
-
-* ``--reset-optimizer-states``: every torch optimizer inside megatron's starts each rollout afresh (Adam's step 1);
-* ``--use-rollout-entropy``: the old-policy pass's per-token entropy, logged as train/rollout_entropy;
-* ``--ref-update-interval``: the reference GPTModel takes the policy's weights bitwise;
-* ``--keep-old-actor``: the copy holds the synced weights between syncs and computes the old log-probs;
-* ``--recompute-loss-function``: the checkpointed loss runs twice per micro-batch, same loss and weights;
-* ``--lr-decay-style``: the rate megatron's Adam steps with follows the schedule;
-* ``--opd-type sglang``: no teacher model in the backend; the samples' teacher log-probs drive the step;
-* ``--overlap-grad-reduce`` / ``--overlap-param-gather``: megatron-core DDP's overlap trains the same weights
-  (one GPU: the hooks, the deferred gather and its finish before the export run; the DP-2 sums are
-  tests/test_megatron_backend_cpu.py's, on gloo).
-
-Skipped with a reason without CUDA or megatron-core (the CPU twins: tests/test_loop_flags_rest.py,
-tests/test_keep_old_actor.py, tests/test_recompute_loss_function.py, tests/test_lr_schedule.py).
+"""The Megatron backend's RL-loop and overlap flags on one GPU (bf16): the checks of tests/megatron_rl_flag_checks.py
+(which says what each observes) on backends built in this process. Skipped with a reason without CUDA or
+megatron-core; the same checks run on gloo CPU workers in tests/test_megatron_rl_flags_cpu.py.
 """
 
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
 
 from relax.backends.config import TrainerConfig
 from relax.backends.megatron.checks import module_available
-from tests.gpu.samples import varied_samples
+from tests import megatron_rl_flag_checks as checks
 
 pytestmark = [
     pytest.mark.gpu,
@@ -46,124 +31,9 @@ def _backend(*extra: str):
     from relax.backends.megatron.backend import MegatronTrainBackend
     from relax.utils.arguments import parse_args
 
-    args = parse_args(["--train-backend", "megatron", "--device", "cuda", "--hf-checkpoint", "small-qwen3",
-                       "--prompt-data", "x.jsonl", "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
-                       "--num-rollout", "3", "--micro-batch-size", "2", "--lr", "3e-3", *extra])
-    return MegatronTrainBackend(TrainerConfig.from_args(args), "cuda")
+    return MegatronTrainBackend(TrainerConfig.from_args(parse_args(checks.flags(*extra))), "cuda")
 
 
-def _inner(backend) -> list[torch.optim.Optimizer]:
-    from relax.backends.megatron.backend import _torch_optimizers
-
-    return list(_torch_optimizers(backend.optimizer))
-
-
-def _adam_steps(backend) -> set[int]:
-    return {int(s["step"]) for opt in _inner(backend) for s in opt.state.values()}
-
-
-def _same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
-    return all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
-
-
-def test_reset_optimizer_states_starts_megatrons_adam_afresh_each_rollout(mcore) -> None:
-    plain, reset = _backend(), _backend("--reset-optimizer-states")
-    for step in range(2):  # one optimizer step per rollout (8 samples, the global batch)
-        plain.train_rollout(varied_samples(seed=step), step)
-        reset.train_rollout(varied_samples(seed=step), step)
-    assert _adam_steps(plain) == {2}
-    assert _adam_steps(reset) == {1}  # the second rollout's step began from empty moments
-
-
-def test_rollout_entropy_is_the_old_policys_over_the_loss_mask(mcore) -> None:
-    from relax.backends.torch.batch import build_rollout_tensors
-
-    backend = _backend("--use-rollout-entropy")
-    batch = build_rollout_tensors(varied_samples(seed=3))
-    _, entropy = backend._log_probs_and_entropy_no_grad(backend.model, batch)  # the weights before the step
-    mask = batch.loss_mask
-    want = float((entropy * mask).sum() / mask.sum())
-    assert 0 < want <= math.log(backend.spec.vocab_size)
-    metrics = backend.train_rollout(varied_samples(seed=3), 0)
-    assert metrics["train/rollout_entropy"] == pytest.approx(want, rel=1e-6)
-    assert "train/rollout_entropy" not in _backend().train_rollout(varied_samples(seed=3), 0)
-
-
-def test_ref_update_interval_copies_the_policy_into_the_reference(mcore) -> None:
-    kl = ("--use-kl-loss", "--kl-loss-coef", "0.05")
-    updated, kept = _backend(*kl, "--ref-update-interval", "1"), _backend(*kl)
-    m = updated.train_rollout(varied_samples(seed=4), 0)
-    kept.train_rollout(varied_samples(seed=4), 0)
-    assert m["train/ref_updated"] == 1.0
-    assert _same(updated.ref_model, updated.built.module)
-    assert not _same(kept.ref_model, kept.built.module)
-
-
-def test_keep_old_actor_holds_the_synced_weights_between_syncs(mcore) -> None:
-    from relax.backends.torch.batch import build_rollout_tensors
-
-    backend = _backend("--keep-old-actor", "--update-weights-interval", "2")
-    batch = build_rollout_tensors(varied_samples(seed=6))
-    initial = backend._log_probs_no_grad(backend.model, batch)
-    m0 = backend.train_rollout(varied_samples(seed=5), 0)  # no sync after step 0: the copy stays
-    assert m0["train/old_actor_refreshed"] == 0.0
-    assert torch.equal(backend._log_probs_no_grad(backend.old_actor.model, batch), initial)
-    assert not _same(backend.old_actor.model, backend.built.module)
-    m1 = backend.train_rollout(varied_samples(seed=6), 1)  # a sync after step 1: the copy moves on
-    assert m1["train/old_actor_refreshed"] == 1.0
-    assert _same(backend.old_actor.model, backend.built.module)
-
-
-def test_recomputed_loss_function_gives_the_same_step(mcore) -> None:
-    plain, recomputed = _backend(), _backend("--recompute-loss-function")
-    mp = plain.train_rollout(varied_samples(seed=7), 0)
-    mr = recomputed.train_rollout(varied_samples(seed=7), 0)
-    for key in ("train/loss", "train/pg_loss", "train/grad_norm"):
-        assert mr[key] == pytest.approx(mp[key], rel=1e-6, abs=1e-9), key
-    before, after = plain.hf_state(), recomputed.hf_state()
-    assert all(torch.equal(before[k], after[k]) for k in before)
-    assert plain.loss_function_runs == 0
-    assert recomputed.loss_function_runs == 2 * 4  # 4 micro-batches of 2: once forward, once in the backward
-
-
-def test_lr_decay_sets_the_rate_megatrons_adam_steps_with(mcore) -> None:
-    from relax.backends.lr_schedule import LRSchedule
-
-    backend = _backend("--lr-decay-style", "cosine")
-    schedule = LRSchedule.of(backend.cfg)
-    rates = []
-    for step in range(3):
-        metrics = backend.train_rollout(varied_samples(seed=step), step)
-        want = schedule.lr_at(step, 0)
-        assert metrics["train/lr"] == pytest.approx(want, rel=1e-12)
-        assert {g["lr"] for opt in _inner(backend) for g in opt.param_groups} == {want}
-        rates.append(want)
-    assert rates[0] == pytest.approx(3e-3) and rates[0] > rates[1] > rates[2] > 0
-
-
-def test_overlapped_grad_reduce_and_param_gather_train_the_same_weights(mcore) -> None:
-    dist = ("--use-distributed-optimizer", "--global-batch-size", "4")  # two optimizer steps per rollout
-    plain, overlapped = _backend(*dist), _backend(*dist, "--overlap-grad-reduce", "--overlap-param-gather")
-    for step in range(2):
-        mp = plain.train_rollout(varied_samples(seed=step), step)
-        mo = overlapped.train_rollout(varied_samples(seed=step), step)
-        assert mo["train/num_optimizer_steps"] == mp["train/num_optimizer_steps"] == 2.0
-        assert mo["train/loss"] == pytest.approx(mp["train/loss"], rel=1e-6, abs=1e-9)
-        assert mo["train/grad_norm"] == pytest.approx(mp["train/grad_norm"], rel=1e-6)
-        assert overlapped.checksums() == plain.checksums()
-
-
-def test_opd_with_an_sglang_teacher_uses_the_samples_teacher_log_probs(mcore) -> None:
-    from relax.backends.torch.batch import build_rollout_tensors
-
-    backend = _backend("--use-opd", "--opd-type", "sglang", "--rm-url", "http://127.0.0.1:9/generate")
-    assert backend.teacher is None
-    samples = varied_samples(seed=8)
-    for i, s in enumerate(samples):
-        s.teacher_log_probs = [-0.5 - 0.1 * i] * s.response_length
-    batch = build_rollout_tensors(samples)
-    old = backend._log_probs_no_grad(backend.model, batch)
-    metrics = backend.train_rollout(samples, 0)
-    mask = batch.loss_mask
-    want = float(((old - batch.teacher_log_probs) * mask).sum() / mask.sum())
-    assert metrics["train/opd_reverse_kl"] == pytest.approx(want, rel=1e-6)
+@pytest.mark.parametrize("check", checks.CHECKS)
+def test_megatron_rl_flag(mcore, check: str) -> None:
+    getattr(checks, check)(_backend)
