@@ -161,6 +161,20 @@ def test_a_saved_vlm_directory_loads_back_offline(model, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values(),
                                                  strict=True))
     assert load_tokenizer(str(out)).convert_tokens_to_ids("<|image_pad|>") == IMAGE_PAD_ID
+    # the image processor the vision tower is shaped for comes back with it, patching as the rollout does
+    from transformers import AutoImageProcessor
+
+    from relax.data.mm_pool import patch_images
+    from relax.models.vision import vision_geometry
+
+    picture = Image.new("RGB", (48, 32), (200, 30, 90))
+    try:  # the PIL form, as the rollout's; transformers 5.17 (the GPU machine's) loads it only next to torchvision
+        loaded = AutoImageProcessor.from_pretrained(str(out), use_fast=False)(images=[picture], return_tensors="np")
+    except ImportError as exc:
+        pytest.skip(f"AutoImageProcessor of this transformers needs torchvision: {str(exc).strip()[:80]}")
+    pixels, grids = patch_images([picture], *vision_geometry(model.config))
+    assert grids == [list(map(int, g)) for g in loaded["image_grid_thw"]] == [[1, 4, 6]]
+    assert (loaded["pixel_values"] == pixels).all()
 
 
 def test_eval_sets_carry_their_images_to_the_engine():

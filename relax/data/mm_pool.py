@@ -5,7 +5,6 @@ processor once). The work item and its result are plain picklable data.
 
 from __future__ import annotations
 
-import functools
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +13,7 @@ import numpy as np
 
 from relax.data.image_budget import smart_resize
 from relax.data.media import encode_png, load_image
+from relax.models.vision import image_processor
 
 
 @dataclass(frozen=True)
@@ -63,18 +63,9 @@ class PreparedImages:
     audio_order: list[tuple[str, int]] = field(default_factory=list)
 
 
-@functools.lru_cache(maxsize=4)
-def _processor(patch: int, merge: int, temporal: int):
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    unit = (patch * merge) ** 2
-    return Qwen2VLImageProcessorPil(patch_size=patch, merge_size=merge, temporal_patch_size=temporal,
-                                    min_pixels=unit, max_pixels=unit * 65536)
-
-
 def patch_images(images: list[Any], patch: int, merge: int, temporal: int) -> tuple[np.ndarray, list[list[int]]]:
     """Qwen2-VL's image processor over already resized images: pixel patches and each image's grid."""
-    out = _processor(patch, merge, temporal)(images=images, return_tensors="np")
+    out = image_processor(patch, merge, temporal)(images=images, return_tensors="np")
     return np.asarray(out["pixel_values"], dtype=np.float32), [list(map(int, g)) for g in out["image_grid_thw"]]
 
 

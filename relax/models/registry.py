@@ -219,9 +219,14 @@ def load_tokenizer(name_or_path: str):
 
 
 def save_hf(model, tokenizer, out_dir: str | Path) -> Path:
-    """Write safetensors weights, config and tokenizer that ``Auto*.from_pretrained`` load offline."""
+    """Write safetensors weights, config and tokenizer that ``Auto*.from_pretrained`` load offline; a vision-language
+    model also gets the image processor its vision tower is shaped for (``preprocessor_config.json``)."""
+    from relax.models.vision import image_processor, is_vision_config, vision_geometry
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    if is_vision_config(model.config):
+        image_processor(*vision_geometry(model.config)).save_pretrained(out)
     return out

@@ -13,6 +13,7 @@ the pads the way it would.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from relax.models.tokenizer import IMAGE_PAD_ID, VIDEO_PAD_ID, VISION_END_ID, VISION_START_ID, VL_VOCAB_SIZE
@@ -39,3 +40,15 @@ def vision_geometry(config: Any) -> tuple[int, int, int]:
     """(patch_size, spatial_merge_size, temporal_patch_size) of a VLM config's vision tower."""
     v = config.vision_config
     return int(v.patch_size), int(v.spatial_merge_size), int(getattr(v, "temporal_patch_size", 2))
+
+
+@functools.lru_cache(maxsize=4)
+def image_processor(patch: int, merge: int, temporal: int):
+    """transformers' Qwen2-VL image processor (its PIL form: no torchvision) for a vision tower of this geometry: what
+    the rollout data path patches images with, and what a saved checkpoint's ``preprocessor_config.json`` holds, so
+    ``AutoImageProcessor`` (and a server that loads the checkpoint's processor) patches them the same way."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    unit = (patch * merge) ** 2
+    return Qwen2VLImageProcessorPil(patch_size=patch, merge_size=merge, temporal_patch_size=temporal,
+                                    min_pixels=unit, max_pixels=unit * 65536)
