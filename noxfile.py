@@ -36,9 +36,10 @@ def _pytest(session: nox.Session, *args: str) -> None:
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """Unit and integration tests of relax/ and harness/ (CPU, 2 workers)."""
+    """Unit and integration tests of relax/ and harness/ (CPU, 2 workers). ``--dist loadscope``: each module's tests
+    run on one worker, so a module-scoped ``relax train`` fixture runs once, not once per worker (~10% less CPU)."""
     _install(session)
-    _pytest(session, "-n", "2", "tests", "-m", "not gpu and not multi_gpu", f"--junitxml={TESTS_JUNIT}")
+    _pytest(session, "-n", "2", "--dist", "loadscope", "tests", "-m", "not gpu and not multi_gpu", f"--junitxml={TESTS_JUNIT}")
 
 
 @nox.session(python=PYTHON)
