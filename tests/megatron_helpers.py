@@ -28,3 +28,19 @@ def init_one_rank(seed: int = 1234) -> None:
     from relax.backends.megatron.parallel import ParallelSizes, init_parallel_state
 
     init_parallel_state(ParallelSizes(), seed)
+
+
+def write_tiny_moe(path) -> str:
+    """A tiny Qwen3-MoE HF directory (2 layers, 4 experts, top-2, seed 0) with the tiny-qwen3 tokenizer: the MoE of
+    the gloo CPU tests of the Megatron backend."""
+    import transformers as tf
+
+    from relax.models import load_tokenizer
+
+    cfg = tf.Qwen3MoeConfig(vocab_size=100, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4,
+                            num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=256, pad_token_id=0)
+    torch.manual_seed(0)
+    tf.Qwen3MoeForCausalLM(cfg).save_pretrained(path)
+    load_tokenizer("tiny-qwen3").save_pretrained(path)
+    return str(path)

@@ -57,18 +57,9 @@ def _one_step(rank: int, model: str, world: int, extra: list[str]) -> dict:
 
 @pytest.fixture(scope="module")
 def moe_dir(tmp_path_factory) -> str:
-    import transformers as tf
+    from tests.megatron_helpers import write_tiny_moe
 
-    cfg = tf.Qwen3MoeConfig(vocab_size=100, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4,
-                            num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=256, pad_token_id=0)
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("moe")
-    tf.Qwen3MoeForCausalLM(cfg).save_pretrained(path)
-    from relax.models import load_tokenizer
-
-    load_tokenizer("tiny-qwen3").save_pretrained(path)
-    return str(path)
+    return write_tiny_moe(tmp_path_factory.mktemp("moe"))
 
 
 @pytest.fixture(scope="module")
@@ -138,30 +129,6 @@ def test_overlapped_steps_train_bitwise_like_plain_ones_across_steps_and_rollout
     overlapped = spawn(_two_step_rollouts, 2, 2, flags)["sums"]
     assert [n for n, _ in plain] == [2.0, 2.0]
     assert overlapped == plain
-
-
-def _opd_sglang_step(rank: int) -> dict:
-    """--opd-type sglang: no teacher model in the backend; the samples' teacher log-probs drive the step."""
-    from relax.backends.torch.batch import build_rollout_tensors
-
-    backend = _backend("small-qwen3", 1, ["--use-opd", "--opd-type", "sglang", "--rm-url", "http://127.0.0.1:9/generate"])
-    samples = varied_samples(0)
-    for i, s in enumerate(samples):
-        s.teacher_log_probs = [-0.5 - 0.1 * i] * s.response_length
-    batch = build_rollout_tensors(samples)
-    old = backend._log_probs_no_grad(backend.model, batch)
-    metrics = backend.train_rollout(samples, 0)
-    mask = batch.loss_mask
-    return {"teacher": backend.teacher, "kl": metrics["train/opd_reverse_kl"],
-            "want": float(((old - batch.teacher_log_probs) * mask).sum() / mask.sum())}
-
-
-def test_opd_with_an_sglang_teacher_trains_on_the_samples_teacher_log_probs() -> None:
-    from tests.megatron_workers import spawn
-
-    got = spawn(_opd_sglang_step, 1)
-    assert got["teacher"] is None
-    assert got["kl"] == pytest.approx(got["want"], rel=1e-6)
 
 
 def _save_then_step(rank: int, world: int, flags: list[str], path: str) -> dict:

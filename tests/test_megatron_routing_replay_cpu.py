@@ -26,19 +26,9 @@ EP = [pytest.param(1, [], id="ep1"), pytest.param(2, ["--expert-model-parallel-s
 
 @pytest.fixture(scope="module")
 def moe_dir(tmp_path_factory) -> str:
-    """tests/test_megatron_backend_cpu.py's tiny Qwen3-MoE: 2 layers, 4 experts, top-2."""
-    import transformers as tf
+    from tests.megatron_helpers import write_tiny_moe
 
-    from relax.models import load_tokenizer
-
-    cfg = tf.Qwen3MoeConfig(vocab_size=100, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4,
-                            num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=256, pad_token_id=0)
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("moe")
-    tf.Qwen3MoeForCausalLM(cfg).save_pretrained(path)
-    load_tokenizer("tiny-qwen3").save_pretrained(path)
-    return str(path)
+    return write_tiny_moe(tmp_path_factory.mktemp("moe"))
 
 
 def test_router_rows_are_seq_first_and_sharded_by_sequence() -> None:

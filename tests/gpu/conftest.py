@@ -22,3 +22,11 @@ def _fresh_compile_caches():
         return
     torch._dynamo.reset()
     yield
+
+
+@pytest.fixture(scope="module")
+def mcore():
+    """megatron-core's parallel state as a world of one, for the one-GPU Megatron modules."""
+    from tests.megatron_helpers import init_one_rank
+
+    init_one_rank()

@@ -51,13 +51,6 @@ LOGIT_MAX_DIFF = 0.25
 LOSS_DIFF = 0.01
 
 
-@pytest.fixture(scope="module")
-def mcore():
-    from tests.megatron_helpers import init_one_rank
-
-    init_one_rank()
-
-
 def _hf(cfg: dict) -> tf.PreTrainedModel:
     torch.manual_seed(0)
     return tf.Qwen3ForCausalLM(tf.Qwen3Config(**cfg))

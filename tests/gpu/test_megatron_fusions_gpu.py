@@ -19,7 +19,6 @@ from tests.gpu.test_megatron_attention_gpu import (
     _hf,
     _hf_named_grads,
     _next_token_loss,
-    mcore,
 )
 from tests.gpu.test_megatron_gpu import _report
 
@@ -29,7 +28,6 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
     pytest.mark.skipif(not module_available("megatron.core"), reason="needs megatron-core"),
 ]
-__all__ = ["mcore"]  # the module-scoped fixture, imported so pytest finds it here
 
 
 def test_fused_and_unfused_layers_agree_in_bf16(mcore) -> None:

@@ -33,13 +33,6 @@ def _report(name: str, data: dict) -> None:
         Path(out, f"{name}.json").write_text(json.dumps(data, indent=1))
 
 
-@pytest.fixture(scope="module")
-def mcore():
-    from tests.megatron_helpers import init_one_rank
-
-    init_one_rank()
-
-
 def _hf_models() -> dict[str, tf.PreTrainedModel]:
     common = dict(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
                   num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024)

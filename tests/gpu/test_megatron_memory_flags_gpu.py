@@ -63,13 +63,6 @@ def _report(name: str, data: dict) -> None:
         Path(out, f"{name}.json").write_text(json.dumps(data, indent=1))
 
 
-@pytest.fixture(scope="module")
-def mcore():
-    from tests.megatron_helpers import init_one_rank
-
-    init_one_rank()
-
-
 def _args(*extra: str, micro_batch: int = 2):
     from relax.utils.arguments import parse_args
 

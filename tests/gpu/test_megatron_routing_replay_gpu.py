@@ -27,13 +27,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def mcore():
-    from tests.megatron_helpers import init_one_rank
-
-    init_one_rank()
-
-
 def _backend(*extra: str):
     from relax.backends.megatron.backend import MegatronTrainBackend
     from relax.utils.arguments import parse_args

@@ -22,13 +22,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def mcore():
-    from tests.megatron_helpers import init_one_rank
-
-    init_one_rank()
-
-
 def _args(*extra: str):
     from relax.utils.arguments import parse_args
 
