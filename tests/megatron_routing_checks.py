@@ -150,7 +150,8 @@ def drift_after_old_pass(backend, seed: int = 1) -> None:
         g = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for _, router in _routers(backend):
-                noise = torch.randn(router.weight.shape, generator=g) * router.weight.float().abs().mean()
+                scale = router.weight.float().abs().mean().item()  # a CPU generator: the same noise on CPU and GPU ranks
+                noise = torch.randn(router.weight.shape, generator=g) * scale
                 router.weight.add_(noise.to(router.weight.device, router.weight.dtype))
         backend.phase = "update"
         return out
