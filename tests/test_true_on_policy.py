@@ -29,24 +29,29 @@ class _Sample:
         self.tokens, self.response_length = tokens, response_length
 
 
-def _engine_logprobs(train_identical: bool) -> tuple[list[int], list[int], list[float], torch.nn.Module]:
+def _engine_logprobs(train_identical: bool) -> tuple[list[list[int]], list[list[int]], list[list[float]], torch.nn.Module]:
+    """Four prompts, 30 sampled tokens each: enough decode steps that the decode path's last bits differ from the
+    full forward's somewhere, whatever the CPU's kernels (one 10-token answer matched bitwise on some CPUs)."""
     model = build_model("tiny-qwen3", seed=3)
     engine = EmbeddedEngine(model, eos_token_ids=[], train_identical_logprobs=train_identical)
-    prompt = list(range(5, 17))
-    out = engine.generate([{"input_ids": prompt, "return_logprob": True, "sampling_params": {
-        "max_new_tokens": 10, "temperature": 1.0, "ignore_eos": True}}])[0]
-    return prompt, out["output_ids"], [e[0] for e in out["meta_info"]["output_token_logprobs"]], model
+    prompts = [list(range(5 + i, 17 + i)) for i in range(4)]
+    outs = engine.generate([{"input_ids": prompt, "return_logprob": True, "sampling_params": {
+        "max_new_tokens": 30, "temperature": 1.0, "ignore_eos": True, "sampling_seed": i}}
+        for i, prompt in enumerate(prompts)])
+    return (prompts, [o["output_ids"] for o in outs],
+            [[e[0] for e in o["meta_info"]["output_token_logprobs"]] for o in outs], model)
 
 
 def test_the_engine_reports_the_trainers_per_sample_log_probs_bitwise() -> None:
-    prompt, output, reported, model = _engine_logprobs(train_identical=True)
+    prompts, outputs, reported, model = _engine_logprobs(train_identical=True)
     trainer = model.train()  # the trainer's forward: train mode, gradients on
-    inputs = build_model_inputs([_Sample(prompt + output, len(output))], len(output), 0, torch.device("cpu"))
-    expected, _ = response_log_probs(trainer, inputs, temperature=1.0, with_entropy=False)
-    assert reported == expected[0].tolist()  # bitwise, every token
-    _, output_fast, fast, _ = _engine_logprobs(train_identical=False)
-    assert output_fast == output  # the mode changes what is reported, not what is sampled
-    assert fast != reported  # the decode path's own log-probs differ in the last bits
+    for prompt, output, got in zip(prompts, outputs, reported):
+        inputs = build_model_inputs([_Sample(prompt + output, len(output))], len(output), 0, torch.device("cpu"))
+        expected, _ = response_log_probs(trainer, inputs, temperature=1.0, with_entropy=False)
+        assert got == expected[0].tolist()  # bitwise, every token
+    _, outputs_fast, fast, _ = _engine_logprobs(train_identical=False)
+    assert outputs_fast == outputs  # the mode changes what is reported, not what is sampled
+    assert fast != reported  # the decode path's own log-probs differ in the last bits somewhere
 
 
 def test_a_run_with_the_mode_has_zero_mismatch_and_rollout_log_probs_train_identically(tmp_path: Path) -> None:
