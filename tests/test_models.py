@@ -236,3 +236,25 @@ def test_checkpoint_names_are_what_save_pretrained_writes(tmp_path: Path) -> Non
     named["model.layers.1.mlp.experts.2.down_proj.weight"].fill_(0.5)
     assert bool((model.model.layers[1].mlp.experts.down_proj[2] == 0.5).all())
     assert checkpoint_state(build_model("small-qwen3").state_dict(), None).keys() == build_model("small-qwen3").state_dict().keys()
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen2.5-vl", "tiny-qwen2.5-omni"])
+def test_vlm_checkpoint_names_are_what_save_pretrained_writes(tmp_path: Path, preset: str) -> None:
+    """A vision-language model's parts (``model.language_model.*``, ``model.visual.*``, ``model.audio_tower.*`` in
+    memory since transformers 4.52) under the names its checkpoint holds (``model.*``, ``visual.*``,
+    ``audio_tower.*``), as views: what SGLang's load_weights takes (relax/models/checkpoint_names.py)."""
+    from safetensors.torch import load_file
+
+    from relax.models.checkpoint_names import checkpoint_name, checkpoint_state, moe_style
+
+    model = build_model(preset, seed=1)
+    model.save_pretrained(tmp_path)
+    saved = load_file(tmp_path / "model.safetensors")
+    named = checkpoint_state(model.state_dict(), moe_style(model.config))
+    assert set(named) - {"lm_head.weight"} == set(saved) - {"lm_head.weight"}
+    assert all(torch.equal(named[k], saved[k]) for k in saved)
+    assert "visual.blocks.0.attn.proj.weight" in named and "model.embed_tokens.weight" in named
+    named["visual.merger.ln_q.weight"].fill_(0.5)
+    assert bool((dict(model.named_parameters())[next(n for n in model.state_dict() if n.endswith("merger.ln_q.weight"))]
+                 == 0.5).all())
+    assert checkpoint_name("visual.blocks.0.attn.qkv.weight") == "visual.blocks.0.attn.qkv.weight"  # kept as it is
