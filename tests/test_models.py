@@ -31,7 +31,8 @@ TINY = ["tiny-qwen3", "tiny-qwen2", "tiny-llama"]
 CPU_PRESETS = [*TINY, "small-qwen3", "small-qwen3-moe"]
 PARAM_RANGE = {"tiny-qwen3": (60e3, 500e3), "tiny-qwen2": (60e3, 500e3), "tiny-llama": (60e3, 500e3),
                "small-qwen3": (1.5e6, 3e6), "small-qwen3-moe": (2e6, 2.5e6), "bench-270m": (266e6, 268e6), "qwen3-0.5b": (0.4e9, 0.5e9),
-                "bench-1b": (1.0e9, 1.1e9), "tiny-qwen2.5-vl": (100e3, 200e3), "tiny-qwen2.5-omni": (100e3, 200e3)}
+                "bench-1b": (1.0e9, 1.1e9), "tiny-qwen2.5-vl": (100e3, 200e3), "tiny-qwen2.5-vl-p14": (100e3, 200e3),
+                "tiny-qwen2.5-omni": (100e3, 200e3)}
 PRINTABLE = "".join(CHARACTERS)
 
 
