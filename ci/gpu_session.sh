@@ -33,6 +33,10 @@
 #                    endpoint report ($OUT/sglang_conformance.json) and the server log in $OUT (after sglang_stage)
 #   sglang_colocate  relax train --rollout-backend sglang --colocate, Megatron, one GPU (after sglang_stage)
 #   sglang_runs      ci/sglang_runs.py: SGLANG_RUN colocate | async | external with real SGLang (issue 39 runs 1, 3)
+#   sglang_vlm       issue 44 (after sglang_stage; carry .whl): ci/sglang_runs.py vlm: relax train --preset vlm-quickstart
+#                    --device cuda --bf16 with real SGLang (10 steps of 16-token answers, every sync checked), then the
+#                    embedded engine; SGLANG_VLM_MODEL (tiny-qwen2.5-vl-p14), SGLANG_STEPS (10), SGLANG_VLM_ARGS adds
+#                    sglang_runs flags (--fp32, --engines sglang); JSON, log tails and one .tgz of both runs' artifacts
 #   sglang_decode    issue 39 run 2: ci/bench_engine.py, the embedded engine (SGLANG_DECODE_RUNNERS, default
 #                    lean+graph+compile) vs real SGLang (/tmp/sglsite, after sglang_stage) at batches 64 and 256:
 #                    tok/s, % of roofline, embedded / SGLang; SGLANG_DECODE_ARGS adds flags (HF rows left out: --no-hf)
@@ -162,6 +166,17 @@ for w in $WHAT; do
                    [ -f "$d/weights.jsonl" ] || continue; mkdir -p "$OUT/runs/$(basename "$d")"
                    cp "$d"/*.jsonl "$d"/run.json "$OUT/runs/$(basename "$d")/" 2>/dev/null
                    tail -30 "$d"/sglang-engine-*.log > "$OUT/runs/$(basename "$d")/engine_log_tail.txt" 2>/dev/null; done ;;
+    sglang_vlm) # SGLang first, with all but 150 s of the call; the embedded run (45 s on the H200) gets 120 s
+                [ -f /tmp/sglsite/sglang/__init__.py ] || { echo "sglang_vlm: run sglang_stage first" \
+                  | tee "$OUT/sglang_vlm.txt"; continue; }
+                RELAX_SGLANG_PYTHONPATH=/tmp/sglsite timeout $(cap 590) python3 ci/sglang_runs.py vlm \
+                  --model "${SGLANG_VLM_MODEL:-tiny-qwen2.5-vl-p14}" --steps "${SGLANG_STEPS:-10}" \
+                  --timeout $(( $(cap 590) - 150 )) --embedded-timeout 120 ${SGLANG_VLM_ARGS:-} \
+                  --workdir /tmp/sglang_runs_vlm --json "$OUT/sglang_vlm.json" 2>&1 | tee "$OUT/sglang_vlm.txt"
+                for f in /tmp/sglang_runs_vlm/*.log; do
+                  [ -f "$f" ] && tail -60 "$f" > "$OUT/$(basename "$f" .log)_tail.txt"; done
+                tail -80 /tmp/sglang_runs_vlm/*/sglang-engine-*.log > "$OUT/sglang_vlm_engine_log_tail.txt" 2>/dev/null
+                tar czf "$OUT/sglang_vlm_runs.tgz" -C /tmp/sglang_runs_vlm --exclude=sglang_model . 2>/dev/null ;;
     sglang_decode) RELAX_SGLANG_PYTHONPATH=/tmp/sglsite timeout $(cap 585) python3 ci/bench_engine.py \
                      --runners ${SGLANG_DECODE_RUNNERS:-lean+graph+compile} sglang --batches 64 256 --no-hf \
                      ${SGLANG_DECODE_ARGS:-} --json "$OUT/bench_engine_sglang.json" 2>&1 | tee "$OUT/bench_engine_sglang.txt"

@@ -4,12 +4,19 @@ embedded engine, summarised from each run's own artifacts.
     python ci/sglang_runs.py colocate --model bench-270m --engines sglang embedded --steps 10 --json OUT.json
     python ci/sglang_runs.py async --model small-qwen3 --steps 10 --json OUT.json       # 2 GPUs: trainer, engine
     python ci/sglang_runs.py external --model small-qwen3 --steps 10 --json OUT.json    # 2 GPUs: trainer, server
+    python ci/sglang_runs.py vlm --steps 10 --json OUT.json    # issue 44: the VLM preset, SGLang then embedded
 
 ``colocate``: Megatron and the engine share one GPU (``--colocate``): weights by ``/update_weights_from_tensor``
 (CUDA IPC), memory by ``/release_memory_occupation`` / ``/resume_memory_occupation``. ``async``: ``--fully-async``
 with the trainer on the first visible GPU and the engine on the second: weights by ``/init_weights_update_group``
 + ``/update_weights_from_distributed`` (NCCL). ``external``: an SGLang server this script starts by hand on the
-second GPU, driven with ``--rollout-external``. Every run has ``--check-weight-update-equal`` (the engine's
+second GPU, driven with ``--rollout-external``. ``vlm`` (issue 44): ``relax train --preset vlm-quickstart`` (the torch
+trainer colocated with the engine on one GPU, so weights go by ``/init_weights_update_group`` +
+``/update_weights_from_distributed`` over gloo from the offloaded trainer's host copy) with ``--model``'s VLM
+(tiny-qwen2.5-vl-p14: SGLang 0.5.14 runs Qwen2.5-VL's vision tower only on 14-pixel patches), 16-token answers,
+``--bf16`` (SGLang's kernels are run in bf16 here; ``--fp32`` drops it), first with real SGLang (`VLM_SGLANG_FLAGS`
+add the vision attention: SGLang's Hopper default is FA3, which this machine's sgl_kernel lacks), then with the
+embedded engine. Every run has ``--check-weight-update-equal`` (the engine's
 tensors are noise before each sync, so a tensor a sync misses cannot match), and its weights.jsonl is judged by
 the harness's ``weight_equality`` check: for a stock SGLang server, SGLang's own ``/weights_checker`` hashes
 of its parameters against the trainer's hashes of the bytes it sent (relax/weights/sglang_checksums.py).
@@ -46,6 +53,10 @@ SGLANG_FLAGS = ["--sglang-attention-backend", "triton", "--sglang-grammar-backen
                 "--sglang-cuda-graph-max-bs-decode", "64"]
 SERVER_FLAGS = ["--attention-backend", "triton", "--grammar-backend", "none", "--sampling-backend", "pytorch",
                 "--mem-fraction-static", "0.3", "--cuda-graph-max-bs", "64"]
+# a vision-language model on this GPU machine: the vision tower's attention in torch SDPA (0.5.14 picks fa3 on Hopper);
+# piecewise prefill graphs are off for a VLM anyway (server_args.py), the flag spares their compile check
+VLM_SGLANG_FLAGS = ["--sglang-mm-attention-backend", "sdpa", "--sglang-disable-prefill-cuda-graph"]
+VLM_MODEL = "tiny-qwen2.5-vl-p14"
 MISMATCH = ("train/train_rollout_logprob_abs_diff", "train/train_rollout_logprob_abs_diff_max", "train/train_rollout_kl")
 
 
@@ -64,6 +75,14 @@ def train_flags(a: argparse.Namespace, out: Path) -> list[str]:
             "--n-samples-per-prompt", "4", "--global-batch-size", "32", "--micro-batch-size", "16",
             "--num-rollout", str(a.steps), "--check-weight-update-equal", "--output-dir", str(out),
             "--overwrite-output-dir"]
+
+
+def vlm_flags(a: argparse.Namespace, out: Path) -> list[str]:
+    """Issue 44's run: the vlm-quickstart preset (torch trainer, colocate, the colorshape picture task) for ``--steps``
+    steps of 16-token answers, every sync checked."""
+    return ["--preset", "vlm-quickstart", "--hf-checkpoint", a.model, "--device", a.device,
+            "--num-rollout", str(a.steps), "--rollout-max-response-len", "16", "--check-weight-update-equal",
+            *([] if a.fp32 else ["--bf16"]), "--output-dir", str(out), "--overwrite-output-dir"]
 
 
 def run_train(flags: list[str], log: Path, timeout_s: float, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -107,7 +126,7 @@ def summarise(run_dir: Path) -> dict[str, Any]:
         "reward_mean_last3": statistics.mean(rewards[-3:]) if rewards else None,
         "weights": judge_weights(run_dir),
     }
-    for key in MISMATCH:
+    for key in (*MISMATCH, "rollout/response_len_mean"):
         values = [float(m[key]) for m in metrics if key in m]
         out[key] = {"mean": statistics.mean(values), "max": max(values)} if values else None
     try:
@@ -137,6 +156,21 @@ def fully_async(a: argparse.Namespace) -> list[dict[str, Any]]:
     row = {"run": "fully-async, separate GPUs", "engine": "sglang", "model": a.model,
            **run_train(flags, a.workdir / f"async_{a.model}.log", a.timeout)}
     return [_finish(row, out)]
+
+
+def vlm(a: argparse.Namespace) -> list[dict[str, Any]]:
+    """The VLM preset with real SGLang, then with the embedded engine (``--engines``, in that order), on one GPU."""
+    rows = []
+    for engine in a.engines:
+        out = a.workdir / f"vlm_{a.model}_{engine}"
+        flags = vlm_flags(a, out)
+        if engine == "sglang":
+            flags += ["--rollout-backend", "sglang", *SGLANG_FLAGS, *VLM_SGLANG_FLAGS]
+        timeout = a.timeout if engine == "sglang" else a.embedded_timeout or a.timeout
+        row = {"run": "vlm colocate", "engine": engine, "model": a.model,
+               **run_train(flags, a.workdir / f"vlm_{a.model}_{engine}.log", timeout)}
+        rows.append(_finish(row, out))
+    return rows
 
 
 def _visible_gpus() -> list[str]:
@@ -214,19 +248,23 @@ def _finish(row: dict[str, Any], out: Path) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("run", choices=("colocate", "async", "external"))
-    p.add_argument("--model", default="small-qwen3")
+    p.add_argument("run", choices=("colocate", "async", "external", "vlm"))
+    p.add_argument("--model", default=None, help=f"default: small-qwen3; {VLM_MODEL} for vlm")
     p.add_argument("--engines", nargs="+", default=["sglang", "embedded"], choices=("sglang", "embedded"))
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--device", default="cuda", help="cpu with --train-backend torch: the CPU test of this script")
     p.add_argument("--train-backend", default="megatron")
     p.add_argument("--timeout", type=float, default=400, help="seconds per relax train run")
     p.add_argument("--start-timeout", type=float, default=300, help="seconds for the external server to be healthy")
+    p.add_argument("--embedded-timeout", type=float, default=None,
+                   help="vlm: seconds for the embedded-engine run (default --timeout)")
+    p.add_argument("--fp32", action="store_true", help="vlm: without --bf16 (the engine then serves fp32 weights)")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/sglang_runs"))
     p.add_argument("--json", type=Path)
     a = p.parse_args()
+    a.model = a.model or (VLM_MODEL if a.run == "vlm" else "small-qwen3")
     a.workdir.mkdir(parents=True, exist_ok=True)
-    rows = {"colocate": colocate, "async": fully_async, "external": external}[a.run](a)
+    rows = {"colocate": colocate, "async": fully_async, "external": external, "vlm": vlm}[a.run](a)
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps({"rows": rows, "sglang_site": SITE, **provenance()}, indent=1) + "\n")

@@ -31,7 +31,8 @@ TINY = ["tiny-qwen3", "tiny-qwen2", "tiny-llama"]
 CPU_PRESETS = [*TINY, "small-qwen3", "small-qwen3-moe"]
 PARAM_RANGE = {"tiny-qwen3": (60e3, 500e3), "tiny-qwen2": (60e3, 500e3), "tiny-llama": (60e3, 500e3),
                "small-qwen3": (1.5e6, 3e6), "small-qwen3-moe": (2e6, 2.5e6), "bench-270m": (266e6, 268e6), "qwen3-0.5b": (0.4e9, 0.5e9),
-                "bench-1b": (1.0e9, 1.1e9), "tiny-qwen2.5-vl": (100e3, 200e3), "tiny-qwen2.5-omni": (100e3, 200e3)}
+                "bench-1b": (1.0e9, 1.1e9), "tiny-qwen2.5-vl": (100e3, 200e3), "tiny-qwen2.5-vl-p14": (100e3, 200e3),
+                "tiny-qwen2.5-omni": (100e3, 200e3)}
 PRINTABLE = "".join(CHARACTERS)
 
 
@@ -236,3 +237,25 @@ def test_checkpoint_names_are_what_save_pretrained_writes(tmp_path: Path) -> Non
     named["model.layers.1.mlp.experts.2.down_proj.weight"].fill_(0.5)
     assert bool((model.model.layers[1].mlp.experts.down_proj[2] == 0.5).all())
     assert checkpoint_state(build_model("small-qwen3").state_dict(), None).keys() == build_model("small-qwen3").state_dict().keys()
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen2.5-vl", "tiny-qwen2.5-omni"])
+def test_vlm_checkpoint_names_are_what_save_pretrained_writes(tmp_path: Path, preset: str) -> None:
+    """A vision-language model's parts (``model.language_model.*``, ``model.visual.*``, ``model.audio_tower.*`` in
+    memory since transformers 4.52) under the names its checkpoint holds (``model.*``, ``visual.*``,
+    ``audio_tower.*``), as views: what SGLang's load_weights takes (relax/models/checkpoint_names.py)."""
+    from safetensors.torch import load_file
+
+    from relax.models.checkpoint_names import checkpoint_name, checkpoint_state, moe_style
+
+    model = build_model(preset, seed=1)
+    model.save_pretrained(tmp_path)
+    saved = load_file(tmp_path / "model.safetensors")
+    named = checkpoint_state(model.state_dict(), moe_style(model.config))
+    assert set(named) - {"lm_head.weight"} == set(saved) - {"lm_head.weight"}
+    assert all(torch.equal(named[k], saved[k]) for k in saved)
+    assert "visual.blocks.0.attn.proj.weight" in named and "model.embed_tokens.weight" in named
+    named["visual.merger.ln_q.weight"].fill_(0.5)
+    assert bool((dict(model.named_parameters())[next(n for n in model.state_dict() if n.endswith("merger.ln_q.weight"))]
+                 == 0.5).all())
+    assert checkpoint_name("visual.blocks.0.attn.qkv.weight") == "visual.blocks.0.attn.qkv.weight"  # kept as it is

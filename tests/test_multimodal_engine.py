@@ -188,3 +188,35 @@ def test_eval_sets_carry_their_images_to_the_engine():
     assert first.tokens.count(IMAGE_PAD_ID) == 4
     assert media_request_fields(first.multimodal_inputs) == {"image_data": first.multimodal_inputs["image_data"]}
     assert media_request_fields(None) == {}
+
+
+def test_a_request_holds_one_image_pad_per_image_as_sglang_takes_it(model):
+    """SGLang's HF processor expands every <|image_pad|> of a prompt into one image's tokens, so the rollout sends
+    one per image (relax/data/multimodal.py one_pad_per_image); the engine expands it back to the sample's own
+    tokens and answers exactly as for the expanded prompt."""
+    from relax.backends.embedded.image_data import expand_image_pads
+    from relax.data.multimodal import one_pad_per_image_text
+    from relax.engine.rollout.config import RolloutConfig
+    from relax.engine.rollout.prompt_input import prompt_fields
+    from relax.engine.rollout.state import GenerateState
+
+    s = _samples(model, 1)[0]
+    ids = prompt_fields(s, False, IMAGE_PAD_ID)["input_ids"]
+    assert ids.count(IMAGE_PAD_ID) == 1 and len(ids) == len(s.tokens) - 3  # 4 pads -> 1
+    assert expand_image_pads(ids, IMAGE_PAD_ID, [4]) == s.tokens
+    assert prompt_fields(s, False)["input_ids"] == s.tokens  # no pad id known: the tokens as they are
+    assert prompt_fields(s, True, IMAGE_PAD_ID)["text"] == one_pad_per_image_text(s.prompt)
+    assert one_pad_per_image_text(s.prompt).count("<|image_pad|>") == 1
+    # a response keeps its tokens (a sampled pad there is text)
+    s.tokens, s.response_length = s.tokens + [IMAGE_PAD_ID, IMAGE_PAD_ID], 2
+    sent = prompt_fields(s, False, IMAGE_PAD_ID)["input_ids"]
+    assert sent[-2:] == [IMAGE_PAD_ID] * 2 and sent.count(IMAGE_PAD_ID) == 3
+    s = _samples(model, 1)[0]
+    engine = EmbeddedEngine(model, eos_token_ids=[2], tokenizer=TOK)
+    one = dict(_request(s, seed=5), input_ids=ids, return_prompt_token_ids=True)
+    expanded, collapsed = engine.generate([_request(s, seed=5, return_prompt_token_ids=True), one])
+    assert collapsed["output_ids"] == expanded["output_ids"]
+    assert collapsed["meta_info"]["output_token_logprobs"] == expanded["meta_info"]["output_token_logprobs"]
+    args = parse_args(["--preset", "vlm-quickstart"])
+    assert GenerateState(args, config=RolloutConfig.from_args(args), tokenizer=TOK).image_pad_id == IMAGE_PAD_ID
+    GenerateState.reset()

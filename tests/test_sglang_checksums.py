@@ -112,3 +112,43 @@ def test_what_cannot_be_matched_says_why() -> None:
     assert sc.unverifiable(["model.layers.0.mlp.down_proj.weight"], 1) is None
     assert "2 tensor-parallel ranks" in sc.unverifiable([], 2)
     assert "MoE" in sc.unverifiable(["model.layers.0.mlp.experts.0.up_proj.weight"], 1)
+
+
+# SGLang 0.5.14's named_parameters() of Qwen2_5_VLForConditionalGeneration for a 2-layer text model and a 1-block
+# vision tower (models/qwen2_5_vl.py: Qwen2Model as ``model``, Qwen2_5_VisionTransformer as ``visual``; its
+# VisionAttention holds ``qkv_proj`` and ``proj``, Qwen2_5_VLMLP ``gate_up_proj`` and ``down_proj``, the merger
+# ``ln_q`` and ``mlp.0`` / ``mlp.2``; a tied lm_head is ``model.embed_tokens`` itself): what /weights_checker hashes
+# (its buffers are rotary caches it skips: inv_freq, cos_sin_cache).
+_SGLANG_VL_LAYER = ["self_attn.qkv_proj.weight", "self_attn.qkv_proj.bias", "self_attn.o_proj.weight",
+                    "mlp.gate_up_proj.weight", "mlp.down_proj.weight", "input_layernorm.weight",
+                    "post_attention_layernorm.weight"]
+_SGLANG_VL_BLOCK = ["norm1.weight", "norm2.weight", "attn.qkv_proj.weight", "attn.qkv_proj.bias", "attn.proj.weight",
+                    "attn.proj.bias", "mlp.gate_up_proj.weight", "mlp.gate_up_proj.bias", "mlp.down_proj.weight",
+                    "mlp.down_proj.bias"]
+SGLANG_TINY_VL_NAMES = {
+    "model.embed_tokens.weight", "model.norm.weight", "visual.patch_embed.proj.weight", "visual.merger.ln_q.weight",
+    "visual.merger.mlp.0.weight", "visual.merger.mlp.0.bias", "visual.merger.mlp.2.weight", "visual.merger.mlp.2.bias",
+    *(f"model.layers.{i}.{k}" for i in range(2) for k in _SGLANG_VL_LAYER),
+    *(f"visual.blocks.0.{k}" for k in _SGLANG_VL_BLOCK)}
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen2.5-vl", "tiny-qwen2.5-vl-p14"])
+def test_a_vlm_sync_is_hashed_under_sglangs_parameter_names(preset: str) -> None:
+    """The trainer's tensors of a VLM sync (checkpoint names: relax/models/checkpoint_names.py) come out under
+    exactly SGLang's parameter names: the vision qkv kept fused as ``attn.qkv_proj``, its gate/up stacked with
+    their biases, the tied lm_head left to the padded embedding."""
+    from relax.models import build_model
+    from relax.models.checkpoint_names import checkpoint_state, moe_style
+
+    model = build_model(preset, dtype=torch.bfloat16, seed=1)
+    named = list(checkpoint_state(model.state_dict(), moe_style(model.config)).items())
+    acc = sc.SGLangLayoutChecksums()
+    acc.add(named)
+    sums = acc.result()
+    assert set(sums) == SGLANG_TINY_VL_NAMES
+    tensors = dict(named)
+    qkv = "visual.blocks.0.attn.qkv"
+    assert sums[qkv + "_proj.weight"] == sc.hex_hash(tensors[qkv + ".weight"])
+    gate_up = torch.cat([tensors["visual.blocks.0.mlp.gate_proj.bias"], tensors["visual.blocks.0.mlp.up_proj.bias"]])
+    assert sums["visual.blocks.0.mlp.gate_up_proj.bias"] == sc.hex_hash(gate_up)
+    assert sums[sc.EMBEDDING] == sc.hex_hash(sc.pad_vocab(tensors[sc.EMBEDDING]))  # 104 rows held as 128

@@ -234,6 +234,33 @@ def multimodal_inputs(prepared: PreparedImages) -> dict[str, Any]:
     return out
 
 
+def one_pad_per_image(tokens: list[int], pad_id: int, prompt_len: int) -> list[int]:
+    """A sample's tokens as a ``/generate`` request carries them: each run of ``pad_id`` (``<|image_pad|>``: one
+    image's merged patches) in the first ``prompt_len`` tokens as one pad; the response part as it is.
+
+    SGLang 0.5.14 decodes ``input_ids`` to text and gives it with the images to the model's HF processor
+    (multimodal/processors/base_processor.py ``load_mm_data`` / ``process_and_combine_mm_data``), which expands
+    *every* ``<|image_pad|>`` of the text into one image's tokens (``Qwen2_5_VLProcessor.__call__``): expanded pads
+    would each be taken for another image (an IndexError past the first image's grid). It then keeps the sent ids
+    and repeats each pad by its image's token count (``_expand_input_ids``): the very tokens `MultimodalRows.expand`
+    wrote, so the engine runs on the sample's own tokens. Relax's engine expands the single pads the same way
+    (relax/backends/embedded/image_data.py)."""
+    out: list[int] = []
+    for i, t in enumerate(tokens[:prompt_len]):
+        if t == pad_id and i and tokens[i - 1] == pad_id:
+            continue
+        out.append(t)
+    return out + list(tokens[prompt_len:])
+
+
+_IMAGE_PAD_RUN = re.compile(f"(?:{re.escape(IMAGE_PAD)})+")
+
+
+def one_pad_per_image_text(text: str) -> str:
+    """`one_pad_per_image` of a prompt's text (``--use-slime-router`` sends text)."""
+    return _IMAGE_PAD_RUN.sub(IMAGE_PAD, text)
+
+
 def media_request_fields(multimodal_inputs: Any) -> dict[str, Any]:
     """The ``/generate`` fields of a sample's media: SGLang's ``image_data`` (data URIs), ``video_data`` (each
     video as its sampled frames) and ``audio_data`` (WAV data URIs, in prompt order), only those it has; and

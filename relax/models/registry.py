@@ -24,7 +24,7 @@ import torch
 
 from relax.models.omni import TINY_OMNI
 from relax.models.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE
-from relax.models.vision import TINY_VL
+from relax.models.vision import TINY_VL, TINY_VL_P14
 from relax.utils.flag_types import ConfigError
 
 # What `AutoTokenizer` can load a tokenizer from (fast, sentencepiece, BPE vocab + merges, WordPiece).
@@ -70,6 +70,9 @@ PRESETS: dict[str, ModelPreset] = {
     ),
     "tiny-qwen2.5-vl": ModelPreset("qwen2_5_vl", TINY_VL, "char-vl", "eager",
                                    "130k-param Qwen2.5-VL (1-block vision tower) for CPU multimodal runs"),
+    "tiny-qwen2.5-vl-p14": ModelPreset("qwen2_5_vl", TINY_VL_P14, "char-vl", "eager",
+                                       "155k-param tiny-qwen2.5-vl with Qwen2.5-VL's 14-pixel patches: what a real "
+                                       "SGLang 0.5.14 server can serve (--rollout-backend sglang)"),
     "tiny-qwen2.5-omni": ModelPreset("qwen2_5_omni_thinker", TINY_OMNI, "char-omni", "eager",
                                      "144k-param Qwen2.5-Omni thinker (1-block vision and audio towers) for CPU "
                                      "audio runs"),

@@ -29,6 +29,12 @@ TINY_VL_TEXT = dict(vocab_size=VL_VOCAB_SIZE, hidden_size=64, intermediate_size=
 TINY_VL = dict(text_config=TINY_VL_TEXT, vision_config=TINY_VISION, image_token_id=IMAGE_PAD_ID,
                video_token_id=VIDEO_PAD_ID, vision_start_token_id=VISION_START_ID, vision_end_token_id=VISION_END_ID,
                tie_word_embeddings=True)
+# The same model with Qwen2.5-VL's own 14-pixel patches (28 pixels an image token; a window of 2 merged patches, as
+# 32 / 2 / 8 gives the 8-pixel tower): a real SGLang 0.5.14 server serves only this geometry. Its
+# Qwen2_5_VLForConditionalGeneration.get_image_feature (models/qwen2_5_vl.py) runs the vision tower on pixel rows of
+# exactly 3 * 2 * 14 * 14 = 1176 values and returns any other width unchanged, as a precomputed embedding: the tiny
+# tower's 384-value rows would reach the language model unencoded.
+TINY_VL_P14 = dict(TINY_VL, vision_config=dict(TINY_VISION, patch_size=14, window_size=56))
 
 
 def is_vision_config(config: Any) -> bool:

@@ -7,8 +7,12 @@ is ``/weights_checker {"action": "checksum"}``: per parameter of *its own* model
 layer holds ``self_attn.qkv_proj`` (q, k and v stacked along dim 0) and ``mlp.gate_up_proj`` (gate, then up),
 the embedding and ``lm_head`` have their rows padded with zeros to a multiple of 64
 (``VocabParallelEmbedding``'s ``padding_size``; its weight loader zeroes the padding), and a tied ``lm_head``
-is the embedding itself. ``/get_weights_by_name`` cannot serve instead: Qwen3 models
-do not implement it in 0.5.14, and it returns floats of a truncated slice.
+is the embedding itself. A Qwen2/2.5-VL vision block keeps HF's fused ``attn.qkv`` (q, k, v stacked already)
+under SGLang's name ``attn.qkv_proj`` (``VisionAttention(use_qkv_parallel=True)``, loaded whole by
+``load_weights``' ``attn.qkv.`` -> ``attn.qkv_proj.`` rename, models/qwen2_5_vl.py), and stacks its
+``mlp.gate_proj`` / ``mlp.up_proj`` into ``mlp.gate_up_proj`` like a text layer, biases too.
+``/get_weights_by_name`` cannot serve instead: Qwen3 models do not implement it in 0.5.14, and it returns floats
+of a truncated slice.
 
 So the trainer computes the same hashes over the bytes it sends, laid out as SGLang holds them, and the
 two sets of hex strings are compared name by name (weights.jsonl, ``layout: sglang``): equal hashes of
@@ -24,7 +28,7 @@ murmur3's ``fmix32``, each word gives ``k1 = fmix32(v_i ^ ((i*A + s1) ^ rotl(i, 
 splitmix64's finalizer. tests/test_sglang_checksums.py holds SGLang's own answers for fixed tensors, and
 tests/gpu/test_sglang_checksums_gpu.py compares with the installed SGLang's kernel.
 
-Scope: dense Llama/Qwen-family models on a one-rank engine (``--rollout-num-gpus-per-engine 1``). A
+Scope: dense Llama/Qwen-family models and Qwen2.5-VL on a one-rank engine (``--rollout-num-gpus-per-engine 1``). A
 tensor-parallel engine reports one rank's shards, and a MoE engine its experts fused per layer: those
 targets are recorded as unverified, with the reason (`unverifiable`).
 """
@@ -49,6 +53,8 @@ _CHUNK_TILES = 512  # tiles per pass: bounds the int64 temporaries to ~4M words 
 STACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
            "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 _STACKED_NAME = re.compile(r"^(.*\.)(q_proj|k_proj|v_proj|gate_proj|up_proj)\.(weight|bias)$")
+# a VL vision block's fused qkv under its checkpoint name (relax.models.checkpoint_names)
+_VISION_QKV = re.compile(r"^(visual\.blocks\.\d+\.attn\.)qkv\.(weight|bias)$")
 EMBEDDING, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
 VOCAB_PADDING = 64  # sglang/srt/layers/vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE
 
@@ -153,7 +159,7 @@ class SGLangLayoutChecksums:
                 self.checksums[name] = hex_hash(pad_vocab(t))
                 continue
             if m is None:
-                self.checksums[name] = hex_hash(t)
+                self.checksums[_VISION_QKV.sub(r"\1qkv_proj.\2", name)] = hex_hash(t)
                 continue
             prefix, part, kind = m.groups()
             fused, position = STACKED[part]

@@ -164,7 +164,8 @@ class EmbeddedEngine:
         if req.get("top_logprobs_num") not in (None, 0):  # SGLang's None means 0: no top log-probs
             raise ValueError(f"generate: top_logprobs_num={req['top_logprobs_num']!r} is not implemented by this "
                              "engine (only 0)")
-        input_ids = self._input_ids(req)
+        # media first: a prompt with one <|image_pad|> per image (SGLang's form) grows to its expanded length here
+        media, input_ids = parse_media(req, self._input_ids(req), self.vision_config, self.audio_sample_rate)
         params = SamplingParams.from_dict(req.get("sampling_params"))
         if params.stop and self.tokenizer is None:
             raise ValueError("sampling_params.stop needs a tokenizer; use stop_token_ids")
@@ -180,7 +181,6 @@ class EmbeddedEngine:
         if params.max_new_tokens == 0 and start < 0:
             raise ValueError("sampling_params.max_new_tokens must be > 0 (0 only scores the prompt: "
                              "return_logprob with logprob_start_len >= 0)")
-        media = parse_media(req, input_ids, self.vision_config, self.audio_sample_rate)
         if media is not None and (start >= 0 or self.train_identical_logprobs):
             raise ValueError("generate: prompt log-probs (logprob_start_len >= 0) and --true-on-policy-mode are not "
                              "implemented for requests with image_data, video_data or audio_data")

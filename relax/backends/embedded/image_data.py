@@ -6,8 +6,11 @@ decoded offline (relax/data/media.py: a URL is refused with one line) and patche
 the data loader uses (relax/data/mm_pool.py), at the size it arrives: the sender fitted it to its token
 budget. A video is its frames, as the rollout sends them: ``{"frames": [image, ...], "fps": F}`` (or a bare
 list of frames at 2 fps), already sampled and sized, patched as they are; a video file is refused (this
-engine has no video decoder). The prompt must already hold one pad token per merged patch of each image and
-video, in order (as the rollout's tokens do); a count that differs is refused rather than guessed. An audio clip
+engine has no video decoder). The prompt holds each image as SGLang takes it, one ``<|image_pad|>`` per image
+(SGLang's HF processor expands each pad into the image's tokens; the rollout sends that form,
+relax/engine/rollout/prompt_input.py), which is expanded here to one pad per merged patch, or already so
+expanded (the sample's own tokens); a video holds one pad per merged patch. A count that is neither is refused
+rather than guessed. An audio clip
 is a WAV (path, ``data:`` URI, base64; relax/data/audio.py), resampled to the engine's audio rate (the run's
 ``--audio-sample-rate``; SGLang's processor resamples to its feature extractor's) and turned into log-mel features
 as the data loader does; ``audio_data`` lists the prompt's clips in the order their ``<|AUDIO|>`` runs stand,
@@ -63,18 +66,29 @@ def _audio(req: dict[str, Any], input_ids: list[int], config: Any, sample_rate: 
             "use_audio_in_video": bool(req.get("use_audio_in_video"))}
 
 
+def expand_image_pads(input_ids: list[int], pad_id: int, counts: list[int]) -> list[int]:
+    """SGLang's form of a prompt (one ``pad_id`` per image) with image ``i``'s pad repeated ``counts[i]`` times, as
+    SGLang 0.5.14 expands it (``BaseMultimodalProcessor._expand_input_ids``)."""
+    out: list[int] = []
+    pieces = iter(counts)
+    for t in input_ids:
+        out.extend([t] * next(pieces) if t == pad_id else [t])
+    return out
+
+
 def parse_media(req: dict[str, Any], input_ids: list[int], config: Any,
-                sample_rate: int = 16000) -> dict[str, Any] | None:
-    """The model inputs of a request's ``image_data`` / ``video_data`` / ``audio_data`` (None for none of them);
-    ``ValueError`` with one line when they are malformed or do not match the prompt's pad tokens. ``sample_rate``:
-    the rate audio is resampled to before its features."""
+                sample_rate: int = 16000) -> tuple[dict[str, Any] | None, list[int]]:
+    """The model inputs of a request's ``image_data`` / ``video_data`` / ``audio_data`` (None for none of them),
+    and the prompt's ids with each image's pads expanded (module docstring); ``ValueError`` with one line when
+    they are malformed or do not match the prompt's pad tokens. ``sample_rate``: the rate audio is resampled to
+    before its features."""
     images, videos = _items(req.get("image_data")), _items(req.get("video_data"))
     audio = _audio(req, input_ids, config, sample_rate)
     if not images and not videos:
         if config is not None and ({config.image_token_id, config.video_token_id} & set(input_ids)):
             raise ValueError("generate: input_ids hold image or video tokens but the request has no image_data or "
                              "video_data")
-        return audio or None
+        return audio or None, input_ids
     if config is None:
         raise ValueError("generate: image_data and video_data need a vision-language model; this engine serves a "
                          "text model")
@@ -88,8 +102,11 @@ def parse_media(req: dict[str, Any], input_ids: list[int], config: Any,
     have_images = sum(1 for t in input_ids if t == config.image_token_id)
     if decoded:
         pixels, grids = patch_images(decoded, patch, merge, temporal)
-        _check_count("image_data", len(decoded), sum(t * h * w for t, h, w in grids) // merge ** 2, have_images,
-                     "<|image_pad|>")
+        counts = [t * h * w // merge ** 2 for t, h, w in grids]
+        if have_images == len(decoded) != sum(counts):  # SGLang's form: one pad per image
+            input_ids = expand_image_pads(input_ids, config.image_token_id, counts)
+            have_images = sum(counts)
+        _check_count("image_data", len(decoded), sum(counts), have_images, "<|image_pad|>")
         out.update(pixel_values=torch.from_numpy(pixels), image_grid_thw=torch.tensor(grids, dtype=torch.long))
     else:
         _check_count("image_data", 0, 0, have_images, "<|image_pad|>")
@@ -109,4 +126,4 @@ def parse_media(req: dict[str, Any], input_ids: list[int], config: Any,
                    second_per_grid_ts=torch.tensor([temporal / fps for _, fps in clips], dtype=torch.float32))
     else:
         _check_count("video_data", 0, 0, have_videos, "<|video_pad|>")
-    return out
+    return out, input_ids

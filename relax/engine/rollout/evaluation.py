@@ -115,11 +115,12 @@ async def _evaluate_set(cfg: EvalConfig, rollout: RolloutConfig, rewards: Reward
     if rollout.custom_generate_function_path:  # the recipe's own rollout, told it is evaluating (seed 001)
         await custom_generate(rollout, samples, params, seeds, evaluation=True)
     else:
-        requests = [{**prompt_fields(s, rollout.use_slime_router), "return_logprob": True,
+        state = GenerateState(rollout.args, config=rollout)
+        requests = [{**prompt_fields(s, rollout.use_slime_router, state.image_pad_id), "return_logprob": True,
                      **media_request_fields(s.multimodal_inputs),
                      "sampling_params": dict(capped_to_context(params, len(s.tokens), cfg.eval_max_context_len),
                                              sampling_seed=seed)} for s, seed in zip(samples, seeds, strict=True)]
-        responses = await GenerateState(rollout.args, config=rollout).pool.generate_batch(requests, n)
+        responses = await state.pool.generate_batch(requests, n)
         for s, resp in zip(samples, responses, strict=True):
             take_prompt_ids(s, resp, rollout.use_slime_router)
             apply_response(s, resp)

@@ -11,12 +11,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from relax.data.multimodal import one_pad_per_image, one_pad_per_image_text
 from relax.utils.types import Sample
 
 
-def prompt_fields(sample: Sample, text: bool) -> dict[str, Any]:
-    """The request's prompt fields for ``sample``; ``text``: ``--use-slime-router``."""
+def prompt_fields(sample: Sample, text: bool, image_pad_id: int | None = None) -> dict[str, Any]:
+    """The request's prompt fields for ``sample``; ``text``: ``--use-slime-router``. A sample with images sends each
+    as one ``<|image_pad|>`` (``image_pad_id``: the tokenizer's; None sends the tokens as they are), the form SGLang
+    takes (relax/data/multimodal.py `one_pad_per_image`); the engine expands it back to the sample's tokens."""
+    images = isinstance(sample.multimodal_inputs, dict) and bool(sample.multimodal_inputs.get("image_data"))
     if not text:
+        if images and image_pad_id is not None:
+            return {"input_ids": one_pad_per_image(sample.tokens, image_pad_id,
+                                                   len(sample.tokens) - sample.response_length)}
         return {"input_ids": list(sample.tokens)}
     if not isinstance(sample.prompt, str) or not sample.prompt:
         raise ValueError(f"--use-slime-router sends each prompt as text; sample {sample.index} has a "
@@ -25,7 +32,7 @@ def prompt_fields(sample: Sample, text: bool) -> dict[str, Any]:
     if sample.response_length:
         raise ValueError(f"--use-slime-router sends each prompt as text; sample {sample.index} already has "
                          f"{sample.response_length} response tokens, which text cannot carry")
-    return {"text": sample.prompt, "return_prompt_token_ids": True}
+    return {"text": one_pad_per_image_text(sample.prompt) if images else sample.prompt, "return_prompt_token_ids": True}
 
 
 def take_prompt_ids(sample: Sample, response: dict[str, Any], text: bool) -> None:

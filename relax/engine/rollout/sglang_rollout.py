@@ -193,7 +193,8 @@ async def _batch_generate(cfg: RolloutConfig, rollout_id: int, state: GenerateSt
     requests = []
     for s in flat:
         params = dict(state.sampling_params, sampling_seed=sample_seed(cfg.rollout_seed, rollout_id, s.index))
-        request = {**prompt_fields(s, cfg.use_slime_router), "sampling_params": params, "return_logprob": True}
+        request = {**prompt_fields(s, cfg.use_slime_router, state.image_pad_id), "sampling_params": params,
+                   "return_logprob": True}
         request.update(media_request_fields(s.multimodal_inputs))  # SGLang's image_data / video_data
         if cfg.use_rollout_routing_replay:  # every fed token's experts, the prompt's too (start 0)
             request["return_routed_experts"] = True

@@ -8,6 +8,7 @@ their Relax paths) and relax/engine/rollout/partial_rollout.py, so neither impor
 
 from __future__ import annotations
 
+import functools
 from argparse import Namespace
 from typing import Any
 
@@ -58,6 +59,15 @@ class GenerateState(metaclass=_Singleton):
         self.sampling_params = self.config.sampling_params()
         self._fates: list[dict[str, Any]] = []  # filtered / recycled samples, drained into samples.jsonl
         self._metrics: dict[int, dict[str, float]] = {}  # per rollout id, merged into that step's metrics
+
+    @functools.cached_property
+    def image_pad_id(self) -> int | None:
+        """The tokenizer's ``<|image_pad|>`` id (None: it has none): a request holds one per image
+        (relax/engine/rollout/prompt_input.py)."""
+        from relax.models.tokenizer import IMAGE_PAD
+
+        vocab = getattr(self.tokenizer, "get_vocab", None)
+        return vocab().get(IMAGE_PAD) if callable(vocab) else None
 
     def record(self, step: int, group: list[Sample], fate: str, reason: str) -> None:
         from relax.metrics.sample_records import sample_fields
