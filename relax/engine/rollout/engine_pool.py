@@ -4,7 +4,10 @@ A batch is cut into one share of whole groups per engine, and each share goes as
 request (SGLang's lists of ``input_ids`` and ``sampling_params``): the router sends each to the
 engine with the fewest outstanding requests, so every engine gets one share and admits it at once
 (one prefill, one decode batch size: a CUDA-graph runner captures one graph, not one per arriving
-group), and a group's samples always share an engine. With a supervisor (``--use-fault-tolerance``) a request that
+group), and a group's samples always share an engine. Requests with media (``image_data``, ``video_data``,
+``audio_data``) go one per ``/generate`` instead: SGLang 0.5.14 processes a batch's media items one after another
+and only then starts waiting on their answers, and an item answered meanwhile is gone from its table, so the batch
+fails with HTTP 500 (``KeyError`` in ``TokenizerManager._wait_one_response``; seen at step 3 of the VLM run). With a supervisor (``--use-fault-tolerance``) a request that
 failed because an engine died or hung is retried once the supervisor has replaced the engine (the
 router also retries it on another live engine); without one the first failure ends the run with
 one line naming the engine.
@@ -43,9 +46,14 @@ class HttpEnginePool:
         groups = -(-len(requests) // group)  # ceil
         size = -(-groups // max(1, self.engines())) * group  # whole groups per engine share
         chunks = [requests[i:i + size] for i in range(0, len(requests), size)]
-        answers = await asyncio.gather(*(self._generate(_batched(chunk)) for chunk in chunks))
-        return [resp for chunk, answer in zip(chunks, answers, strict=True)
-                for resp in (answer if len(chunk) > 1 else [answer])]
+        answers = await asyncio.gather(*(self._generate_share(chunk) for chunk in chunks))
+        return [resp for answer in answers for resp in answer]
+
+    async def _generate_share(self, chunk: list[dict[str, Any]]) -> list[Any]:
+        """One engine's share: one batched ``/generate``, or one per request where a request carries media."""
+        if len(chunk) == 1 or any(r.get(k) for r in chunk for k in _MEDIA):
+            return list(await asyncio.gather(*(self._generate(r) for r in chunk)))
+        return await self._generate(_batched(chunk))
 
     async def generate(self, request: dict[str, Any]) -> Any:
         return await self._generate(request)
@@ -76,22 +84,11 @@ _MEDIA = ("image_data", "video_data", "audio_data")
 
 
 def _batched(chunk: list[dict[str, Any]]) -> dict[str, Any]:
-    """Single requests of one shape -> one SGLang batch request (per-item fields as lists). A media field some
-    items lack is None for them; ``use_audio_in_video``, one flag per batch in SGLang, is set when any item sets it
-    (it changes only videos with a sound track, and with it every video has one)."""
-    if len(chunk) == 1:
-        return chunk[0]
-    present = {k for r in chunk for k in r if k in _MEDIA or k == "use_audio_in_video"}
-    if present:
-        audio_in_video = any(r.get("use_audio_in_video") for r in chunk)
-        chunk = [{**{k: None for k in present & set(_MEDIA)}, **r} for r in chunk]
-        if "use_audio_in_video" in present:
-            chunk = [dict(r, use_audio_in_video=audio_in_video) for r in chunk]
+    """Text requests of one shape -> one SGLang batch request (per-item fields as lists)."""
     keys = set(chunk[0])
     if any(set(r) != keys for r in chunk):
         raise ValueError("a batched /generate needs requests with the same fields")
-    # image_data / video_data / audio_data: one entry per item in a batch (SGLang's GenerateReqInput normalizes them so)
-    per_item = ("input_ids", "text", "sampling_params", "rid", "return_logprob", "logprob_start_len", *_MEDIA)
+    per_item = ("input_ids", "text", "sampling_params", "rid", "return_logprob", "logprob_start_len")
     shared = [k for k in keys if k not in per_item]
     if any(r[k] != chunk[0][k] for r in chunk for k in shared):
         raise ValueError(f"a batched /generate shares {', '.join(sorted(shared))}; these requests differ there")
