@@ -350,15 +350,15 @@ def test_media_ids_in_a_sampled_response_are_text_to_the_positions_and_the_tower
 
 def test_a_batch_carries_one_audio_data_entry_per_item_and_none_where_an_item_has_no_audio(tmp_path):
     from relax.backends.embedded.server import split_generate
+    from relax.engine.rollout.engine_pool import _batched
+
     (tmp_path / "a.wav").write_bytes(_tone(440, seconds=0.5))
     s = _sample(tmp_path, {"q": "<audio>?", "audios": "a.wav", "a": "x"})
     text = {"input_ids": [5, 6], "return_logprob": True, "sampling_params": {"max_new_tokens": 1}}
-    audio = _request(s, 1, use_audio_in_video=True)
-    body = {k: [audio[k], text[k]] for k in text} | {"audio_data": [audio["audio_data"], None],
-                                                      "use_audio_in_video": True}  # SGLang's batch form
+    body = _batched([_request(s, 1, use_audio_in_video=True), text])
+    assert body["audio_data"] == [s.multimodal_inputs["audio_data"], None] and body["use_audio_in_video"] is True
     singles, is_batch = split_generate(body)
-    assert is_batch and [x["audio_data"] for x in singles] == [s.multimodal_inputs["audio_data"], None]
-    assert singles[0]["use_audio_in_video"] is True
+    assert is_batch and [x["audio_data"] for x in singles] == body["audio_data"]
 
 
 @pytest.mark.ray

@@ -20,6 +20,7 @@ from relax.data.media import encode_png
 from relax.data.mm_config import MultimodalConfig
 from relax.data.multimodal import MultimodalRows
 from relax.data.prompts import SampleBuilder
+from relax.engine.rollout.engine_pool import HttpEnginePool, _batched
 from relax.models import build_model, load_tokenizer
 from relax.models.tasks import dataset_path
 from relax.models.tokenizer import IMAGE_PAD_ID
@@ -95,19 +96,18 @@ def test_image_data_to_a_text_model_is_refused():
         engine.make_request({"input_ids": [5, 6], "image_data": ["x.png"]})
 
 
-def test_the_engine_takes_a_batch_with_one_image_data_entry_per_item(model):
+def test_a_batch_carries_one_image_data_entry_per_item(model):
     a, b = _samples(model, 2)
-    ra, rb = _request(a, 1), _request(b, 2)
-    body = {k: [ra[k], rb[k]] for k in ra}  # SGLang's batch form, as another client may send it
+    body = _batched([_request(a, 1), _request(b, 2)])
+    assert body["image_data"] == [a.multimodal_inputs["image_data"], b.multimodal_inputs["image_data"]]
     singles, is_batch = split_generate(body)
-    assert is_batch and [s["image_data"] for s in singles] == [a.multimodal_inputs["image_data"],
-                                                                 b.multimodal_inputs["image_data"]]
+    assert is_batch and [s["image_data"] for s in singles] == body["image_data"]
 
 
-def test_the_pool_sends_requests_with_media_one_per_generate_and_text_requests_batched(model):
+def test_the_pool_sends_media_requests_one_per_generate_unless_the_engines_take_media_batches(model):
     """SGLang 0.5.14 fails a batch of media requests when one item is answered before the last is processed (HTTP
-    500, a KeyError in its tokenizer manager): the rollout's pool sends those one by one, in order."""
-    from relax.engine.rollout.engine_pool import HttpEnginePool
+    500, a KeyError in its tokenizer manager): the rollout's pool sends those one by one, in order; relax's engines
+    take them batched (``batch_media``), and text requests go batched to either."""
     from relax.utils.http_utils import run_closing
 
     class Client:
@@ -121,11 +121,12 @@ def test_the_pool_sends_requests_with_media_one_per_generate_and_text_requests_b
 
     media = [_request(s, i) for i, s in enumerate(_samples(model, 4))]
     text = [{"input_ids": [5] * (i + 1), "sampling_params": {"max_new_tokens": 1}} for i in range(4)]
-    for requests, sent in ((media, media), (text, [{k: [r[k] for r in text] for k in text[0]}])):
+    batched = [_batched(media), _batched(text)]
+    for requests, batch_media, sent in ((media, False, media), (media, True, batched[:1]), (text, False, batched[1:])):
         client = Client()
-        got = run_closing(HttpEnginePool(client).generate_batch(requests, group_size=2))
+        got = run_closing(HttpEnginePool(client, batch_media=batch_media).generate_batch(requests, group_size=2))
         assert got == [{"n": len(r["input_ids"])} for r in requests]  # in order
-        assert sorted(client.bodies, key=str) == sorted(sent, key=str)  # media: each alone; text: one batch
+        assert sorted(client.bodies, key=str) == sorted(sent, key=str)
 
 
 def _vlm_backend(*flags: str) -> TorchTrainBackend:

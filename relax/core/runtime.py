@@ -431,7 +431,8 @@ def _start_services(args: Namespace, run: RunInputs, artifacts: RunArtifacts) ->
 
         rt.supervisor = EngineSupervisor(rt)
     pool = HttpEnginePool(EngineClient(fleet.router.url, timeout=None), supervisor=rt.supervisor,
-                          on_failure=fleet.failure, engines=lambda: len(fleet.live_records())) if len(fleet) else None
+                          on_failure=fleet.failure, engines=lambda: len(fleet.live_records()),
+                          batch_media=launcher.batches_media) if len(fleet) else None
     GenerateState.install(run.rollout_config, tokenizer=run.tokenizer, pool=pool)
     if args.use_distributed_post:  # the rollout's POSTs from poster actors, one per engine
         from relax.engine.rollout.distributed_post import DistributedPoster

@@ -32,6 +32,9 @@ class EngineLauncher(ABC):
     can_restart: ClassVar[bool] = True
     config_class: ClassVar[type[FlagSlice]]
     graceful_stop: ClassVar[str | None] = None  # the engine actor's method that shuts its server down, if any
+    # its engines take a batched /generate of media requests (relax/engine/rollout/engine_pool.py): SGLang 0.5.14's
+    # fails such a batch when an item is answered before the last item's media are processed
+    batches_media: ClassVar[bool] = False
 
     def __init__(self, cfg: FlagSlice, device: str, slots: list, *, host: str, api_key: str | None):
         self.cfg, self.device, self.slots = cfg, device, list(slots)  # one placement Slot per engine

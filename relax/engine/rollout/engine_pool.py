@@ -5,9 +5,10 @@ request (SGLang's lists of ``input_ids`` and ``sampling_params``): the router se
 engine with the fewest outstanding requests, so every engine gets one share and admits it at once
 (one prefill, one decode batch size: a CUDA-graph runner captures one graph, not one per arriving
 group), and a group's samples always share an engine. Requests with media (``image_data``, ``video_data``,
-``audio_data``) go one per ``/generate`` instead: SGLang 0.5.14 processes a batch's media items one after another
-and only then starts waiting on their answers, and an item answered meanwhile is gone from its table, so the batch
-fails with HTTP 500 (``KeyError`` in ``TokenizerManager._wait_one_response``; seen at step 3 of the VLM run). With a supervisor (``--use-fault-tolerance``) a request that
+``audio_data``) go one per ``/generate`` unless the engines take media batches (``batch_media``: relax's do):
+SGLang 0.5.14 processes a batch's media items one after another and only then starts waiting on their answers, and
+an item answered meanwhile is gone from its table, so the batch fails with HTTP 500 (``KeyError`` in
+``TokenizerManager._wait_one_response``; seen at step 3 of the VLM run). With a supervisor (``--use-fault-tolerance``) a request that
 failed because an engine died or hung is retried once the supervisor has replaced the engine (the
 router also retries it on another live engine); without one the first failure ends the run with
 one line naming the engine.
@@ -35,11 +36,12 @@ class HttpEnginePool:
 
     def __init__(self, client: EngineClient, supervisor: Any = None,
                  on_failure: Callable[[BaseException], BaseException] | None = None,
-                 engines: Callable[[], int] = lambda: 1):
+                 engines: Callable[[], int] = lambda: 1, batch_media: bool = False):
         self.client = client  # the router (or one engine)
         self.supervisor = supervisor
         self.on_failure = on_failure  # names the failed engine (EngineFleet.failure) when there is no supervisor
         self.engines = engines  # how many engines stand behind the router now
+        self.batch_media = batch_media  # a share with media goes as one batch (else one /generate per request)
 
     async def generate_batch(self, requests: list[dict[str, Any]], group_size: int = 1) -> list[dict[str, Any]]:
         group = max(1, group_size)
@@ -50,8 +52,9 @@ class HttpEnginePool:
         return [resp for answer in answers for resp in answer]
 
     async def _generate_share(self, chunk: list[dict[str, Any]]) -> list[Any]:
-        """One engine's share: one batched ``/generate``, or one per request where a request carries media."""
-        if len(chunk) == 1 or any(r.get(k) for r in chunk for k in _MEDIA):
+        """One engine's share: one batched ``/generate``, or one per request where a request carries media and the
+        engines do not take media batches."""
+        if len(chunk) == 1 or not self.batch_media and any(r.get(k) for r in chunk for k in _MEDIA):
             return list(await asyncio.gather(*(self._generate(r) for r in chunk)))
         return await self._generate(_batched(chunk))
 
@@ -84,11 +87,20 @@ _MEDIA = ("image_data", "video_data", "audio_data")
 
 
 def _batched(chunk: list[dict[str, Any]]) -> dict[str, Any]:
-    """Text requests of one shape -> one SGLang batch request (per-item fields as lists)."""
+    """Single requests of one shape -> one SGLang batch request (per-item fields as lists). A media field some
+    items lack is None for them; ``use_audio_in_video``, one flag per batch in SGLang, is set when any item sets it
+    (it changes only videos with a sound track, and with it every video has one)."""
+    present = {k for r in chunk for k in r if k in _MEDIA or k == "use_audio_in_video"}
+    if present:
+        audio_in_video = any(r.get("use_audio_in_video") for r in chunk)
+        chunk = [{**{k: None for k in present & set(_MEDIA)}, **r} for r in chunk]
+        if "use_audio_in_video" in present:
+            chunk = [dict(r, use_audio_in_video=audio_in_video) for r in chunk]
     keys = set(chunk[0])
     if any(set(r) != keys for r in chunk):
         raise ValueError("a batched /generate needs requests with the same fields")
-    per_item = ("input_ids", "text", "sampling_params", "rid", "return_logprob", "logprob_start_len")
+    # image_data / video_data / audio_data: one entry per item in a batch (SGLang's GenerateReqInput normalizes them so)
+    per_item = ("input_ids", "text", "sampling_params", "rid", "return_logprob", "logprob_start_len", *_MEDIA)
     shared = [k for k in keys if k not in per_item]
     if any(r[k] != chunk[0][k] for r in chunk for k in shared):
         raise ValueError(f"a batched /generate shares {', '.join(sorted(shared))}; these requests differ there")
