@@ -245,3 +245,23 @@ def test_a_request_holds_one_image_pad_per_image_as_sglang_takes_it(model):
     args = parse_args(["--preset", "vlm-quickstart"])
     assert GenerateState(args, config=RolloutConfig.from_args(args), tokenizer=TOK).image_pad_id == IMAGE_PAD_ID
     GenerateState.reset()
+
+
+def test_sglang_is_refused_a_vlm_whose_patches_it_would_skip_and_media_it_has_not_served():
+    """SGLang 0.5.14 runs Qwen2.5-VL's vision tower only on 1176-value patch rows (14-pixel patches): the 8-pixel tiny
+    model would be served without its vision tower, silently. Videos and audio have not run against SGLang."""
+    from relax.utils.validation import sglang_vision_problems
+
+    def problems(checkpoint, keys):
+        from relax.models.registry import resolve_checkpoint
+
+        return sglang_vision_problems(keys, resolve_checkpoint(checkpoint).config, checkpoint)
+
+    assert problems("tiny-qwen2.5-vl-p14", {"image": "images"}) == []
+    assert problems("tiny-qwen2.5-vl", {"image": "images"}) == [
+        "--rollout-backend sglang cannot serve tiny-qwen2.5-vl: its patches hold 384 values and SGLang 0.5.14 runs "
+        "the vision tower only on 1176 (14-pixel patches; e.g. --hf-checkpoint tiny-qwen2.5-vl-p14)"]
+    assert problems("tiny-qwen2.5-vl-p14", {"image": "i", "video": "v"}) == [
+        "not supported yet: --multimodal-keys video with --rollout-backend sglang (only images have run against SGLang)"]
+    with pytest.raises(ConfigError, match="cannot serve tiny-qwen2.5-vl: its patches hold 384 values"):
+        parse_args(["--preset", "vlm-quickstart", "--rollout-backend", "sglang"])

@@ -45,7 +45,7 @@ def _engine_logprobs(train_identical: bool) -> tuple[list[list[int]], list[list[
 def test_the_engine_reports_the_trainers_per_sample_log_probs_bitwise() -> None:
     prompts, outputs, reported, model = _engine_logprobs(train_identical=True)
     trainer = model.train()  # the trainer's forward: train mode, gradients on
-    for prompt, output, got in zip(prompts, outputs, reported):
+    for prompt, output, got in zip(prompts, outputs, reported, strict=True):
         inputs = build_model_inputs([_Sample(prompt + output, len(output))], len(output), 0, torch.device("cpu"))
         expected, _ = response_log_probs(trainer, inputs, temperature=1.0, with_entropy=False)
         assert got == expected[0].tolist()  # bitwise, every token
