@@ -265,3 +265,28 @@ def test_sglang_is_refused_a_vlm_whose_patches_it_would_skip_and_media_it_has_no
         "not supported yet: --multimodal-keys video with --rollout-backend sglang (only images have run against SGLang)"]
     with pytest.raises(ConfigError, match="cannot serve tiny-qwen2.5-vl: its patches hold 384 values"):
         parse_args(["--preset", "vlm-quickstart", "--rollout-backend", "sglang"])
+
+
+def test_a_partial_rollout_resumes_a_picture_sample_as_one_uninterrupted_request(model):
+    """--partial-rollout sends every request, first and resumed, by `resume_request`: with the sample's pictures
+    and one pad per picture, so a sample cut after 3 tokens and resumed answers as one 6-token request does."""
+    from relax.engine.rollout.partial_samples import append_response, resume_request
+
+    engine = EmbeddedEngine(model, eos_token_ids=[], tokenizer=TOK)
+    params = {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True}
+    whole = engine.generate([resume_request(_samples(model, 1)[0], params, "a", IMAGE_PAD_ID)])[0]
+    sample = _samples(model, 1)[0]
+    first = resume_request(sample, dict(params, max_new_tokens=3), "b", IMAGE_PAD_ID)
+    assert first["image_data"] == sample.multimodal_inputs["image_data"]
+    assert first["input_ids"].count(IMAGE_PAD_ID) == len(first["image_data"]) < sample.tokens.count(IMAGE_PAD_ID)
+    append_response(sample, engine.generate([first])[0])
+    rest = engine.generate([resume_request(sample, params, "c", IMAGE_PAD_ID)])[0]
+    assert sample.tokens[-3:] == whole["output_ids"][:3] and rest["output_ids"] == whole["output_ids"][3:]
+    got = sample.rollout_log_probs + [e[0] for e in rest["meta_info"]["output_token_logprobs"]]
+    assert got == pytest.approx([e[0] for e in whole["meta_info"]["output_token_logprobs"]], abs=1e-5)
+
+
+def test_an_opd_teacher_server_is_refused_media_prompts():
+    with pytest.raises(ConfigError, match=r"not supported yet: --opd-type sglang with --multimodal-keys \(the "
+                                          r"teacher's prompt-logprob requests carry no media\)"):
+        parse_args(["--preset", "vlm-quickstart", "--use-opd", "--opd-type", "sglang", "--rm-url", "127.0.0.1:1"])

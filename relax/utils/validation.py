@@ -610,6 +610,9 @@ def _multimodal(args: Namespace, p: Problems) -> None:
     if wants_audio and args.hf_checkpoint and not (config is not None and is_audio_config(config)):
         p.add(f"{' and '.join(wants_audio)} need{'s' if len(wants_audio) == 1 else ''} an --hf-checkpoint with an audio tower; {args.hf_checkpoint} has none "
               "(e.g. --hf-checkpoint tiny-qwen2.5-omni)")
+    if args.multimodal_keys and args.use_opd and args.opd_type == "sglang":
+        p.add("not supported yet: --opd-type sglang with --multimodal-keys (the teacher's prompt-logprob requests "
+              "carry no media)")
     if not vision:
         return
     if args.rollout_backend == "sglang":

@@ -114,7 +114,7 @@ class PartialRollout:
                       sampling_seed=sample_seed(self.cfg.rollout_seed, self.rollout_id, sample.index))
         self.inflight[rid] = (client, sample)
         try:
-            response = await client.generate(resume_request(sample, params, rid))
+            response = await client.generate(resume_request(sample, params, rid, self.state.image_pad_id))
         finally:
             del self.inflight[rid]
         append_response(sample, response)

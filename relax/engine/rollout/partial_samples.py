@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from relax.data.multimodal import media_request_fields
 from relax.engine.protocol import parse_weight_version
 from relax.engine.rollout.config import RolloutConfig
+from relax.engine.rollout.prompt_input import prompt_fields
 from relax.engine.rollout.state import FINISH_STATUS
 from relax.utils.json_codec import logprob
 from relax.utils.types import Sample
@@ -26,10 +28,13 @@ def protected(cfg: RolloutConfig, sample: Sample) -> bool:
     return limit is not None and sample.abort_count >= limit
 
 
-def resume_request(sample: Sample, sampling_params: dict[str, Any], rid: str) -> dict[str, Any]:
-    """The /generate request that continues ``sample``: its tokens so far, the token budget left."""
+def resume_request(sample: Sample, sampling_params: dict[str, Any], rid: str,
+                   image_pad_id: int | None = None) -> dict[str, Any]:
+    """The /generate request that continues ``sample``: its tokens so far (a picture's as one ``<|image_pad|>``,
+    ``image_pad_id``: relax/engine/rollout/prompt_input.py), its media, the token budget left."""
     params = dict(sampling_params, max_new_tokens=sampling_params["max_new_tokens"] - sample.response_length)
-    return {"input_ids": list(sample.tokens), "sampling_params": params, "return_logprob": True, "rid": rid}
+    return {**prompt_fields(sample, False, image_pad_id), **media_request_fields(sample.multimodal_inputs),
+            "sampling_params": params, "return_logprob": True, "rid": rid}
 
 
 def append_response(sample: Sample, response: dict[str, Any]) -> Sample:
