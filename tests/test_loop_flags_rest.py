@@ -183,6 +183,7 @@ def _eval_requests(*flags: str, prompt_lens=(3, 10, 40), min_new_tokens: int | N
 
     class State:
         pool = Pool()
+        image_pad_id = None  # a text tokenizer's (GenerateState.image_pad_id)
 
     prompts = [Sample(prompt="p", tokens=list(range(n))) for n in prompt_lens]
     mp = pytest.MonkeyPatch()
