@@ -243,7 +243,11 @@ def test_a_request_holds_one_image_pad_per_image_as_sglang_takes_it(model):
     assert collapsed["output_ids"] == expanded["output_ids"]
     assert collapsed["meta_info"]["output_token_logprobs"] == expanded["meta_info"]["output_token_logprobs"]
     args = parse_args(["--preset", "vlm-quickstart"])
-    assert GenerateState(args, config=RolloutConfig.from_args(args), tokenizer=TOK).image_pad_id == IMAGE_PAD_ID
+    GenerateState.reset()  # the process-wide instance: another test's may still be installed
+    try:
+        assert GenerateState(args, config=RolloutConfig.from_args(args), tokenizer=TOK).image_pad_id == IMAGE_PAD_ID
+    finally:
+        GenerateState.reset()
     GenerateState.reset()
 
 
