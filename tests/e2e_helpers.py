@@ -4,7 +4,8 @@ A subprocess run joins one Ray cluster per test process (an xdist worker), start
 stopped when the process exits: starting a private cluster costs a run ~6 s of a 2-core CI machine, and a
 job's actors and placement groups go with its driver, so runs do not see each other's. A test about the
 cluster itself (a private cluster's files, its processes, a run killed from outside) passes
-``private_cluster=True`` and gets the private cluster that ``relax train`` starts by default.
+``private_cluster=True`` and gets the private cluster that ``relax train`` starts by default. Runs on the shared
+cluster are forked from a warm driver that has imported torch, transformers and Ray once (tests/driver_forks.py).
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import logging
 import os
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.driver_forks import WarmDriver
 from tests.ray_cluster import ENV as CLUSTER_ENV
 from tests.ray_cluster import LocalCluster
 
@@ -33,16 +36,49 @@ FAST_FLAGS = [
 
 def run_relax(args: list[str], tmp_path: Path, timeout: float = 600, env: dict[str, str] | None = None,
               private_cluster: bool = False) -> subprocess.CompletedProcess[str]:
+    """``relax train ARGS`` in ``tmp_path``, as `subprocess.run` reports it; on the shared cluster, forked from the
+    test process's warm driver where it can be (tests/driver_forks.py)."""
     if private_cluster or "RAY_ADDRESS" in (env or {}):
-        base = dict(os.environ, RELAX_RAY_TEMP_DIR=str(_ray_dir(tmp_path)))
+        env = {**os.environ, "RELAX_RAY_TEMP_DIR": str(_ray_dir(tmp_path)), **RUN_ENV, **(env or {})}
+        warm = None
     else:
-        base = {k: v for k, v in os.environ.items() if k != "RELAX_RAY_TEMP_DIR" and not k.startswith("RAY_")}
-        base.update(CLUSTER_ENV, RAY_ADDRESS=shared_cluster_address())
-    env = dict(base, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", **(env or {}))
+        env = {**_shared_cluster_env(), **(env or {})}
+        warm = warm_driver()
+    done = warm.run(["train", *args], env, tmp_path, timeout) if warm is not None else None
+    if done is not None:
+        return done
     return subprocess.run(
         [sys.executable, "-m", "relax.cli", "train", *args],
         capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path,
     )
+
+
+RUN_ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+_WARM: list[WarmDriver | None] = []  # the test process's warm driver (tests/driver_forks.py), or None if it failed
+
+
+def _shared_cluster_env() -> dict[str, str]:
+    """A run's environment on the shared cluster: this process's, without its own Ray settings."""
+    base = {k: v for k, v in os.environ.items() if k != "RELAX_RAY_TEMP_DIR" and not k.startswith("RAY_")}
+    return {**base, **CLUSTER_ENV, "RAY_ADDRESS": shared_cluster_address(), **RUN_ENV}
+
+
+def warm_driver() -> WarmDriver | None:
+    """The test process's warm driver for runs on the shared cluster; None with ``RELAX_TEST_FRESH_DRIVERS=1``
+    (every run a fresh ``python -m relax.cli``)."""
+    if os.environ.get("RELAX_TEST_FRESH_DRIVERS") == "1":
+        return None
+    if _WARM and _WARM[0] is None:
+        return None
+    if not _WARM or not _WARM[0].alive():
+        try:
+            _WARM[:] = [WarmDriver(_shared_cluster_env())]
+        except RuntimeError as e:  # every run then starts a fresh driver: slower, the same run
+            warnings.warn(f"relax runs start fresh drivers: {e}", stacklevel=2)
+            _WARM[:] = [None]
+            return None
+        atexit.register(_WARM[0].close)
+    return _WARM[0]
 
 
 _SHARED: list = []  # the test process's LocalCluster, once started

@@ -1,0 +1,114 @@
+"""`relax train` runs forked from a warm driver (the client half; the server is tests/driver_fork_server.py).
+
+Why: a ``relax train`` driver spends 4.8 of its 5.7 CPU-s importing torch, transformers, Ray and relax's
+driver modules before it parses a flag (a 2-step quickstart run against a shared cluster, the 2-core CI
+machine), and the suite starts over a hundred drivers. One warm driver per test process imports them once
+and forks a process per run. The run is still a process of its own, with the test's argv, environment,
+working directory, ``sys.path``, stdout, stderr and exit code, and it runs what ``python -m relax.cli`` runs.
+What it skips is the imports only.
+
+A run differs from a fresh ``python -m relax.cli`` in one way: modules the server imported saw the server's
+environment. `WarmDriver.run` therefore forks only when the run's environment differs from the server's in
+variables that nothing reads at import (relax's own ``RELAX_*``, pytest's ``PYTEST_*``, Ray's ``RAY_ADDRESS``,
+``PYTHONPATH``, which the fork applies to ``sys.path``). For any other run it returns None, and the caller starts a fresh process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+SERVER = Path(__file__).with_name("driver_fork_server.py")
+READY_TIMEOUT_S = 120.0  # the server's imports: ~5 s alone, longer on a loaded 2-core machine
+_RUNTIME_ENV = ("RAY_ADDRESS", "PYTHONPATH")  # variables read when a run starts, not at import
+
+
+def _read_only_at_run_time(key: str) -> bool:
+    return key.startswith(("RELAX_", "PYTEST_")) or key in _RUNTIME_ENV
+
+
+class WarmDriver:
+    """One server process and its environment; `run` forks a run from it (one at a time)."""
+
+    def __init__(self, env: dict[str, str]):
+        self.env = dict(env)
+        self._lock = threading.Lock()
+        self._buf = b""
+        self.proc = subprocess.Popen([sys.executable, str(SERVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     env=self.env, cwd=str(Path(__file__).resolve().parents[1]))
+        self._base_path: list[str] | None = None
+        first = self._reply(time.monotonic() + READY_TIMEOUT_S)
+        if first is None or "ready" not in first:
+            self.close()
+            raise RuntimeError(f"the warm driver did not start: {first}")
+        self._base_path = first["path"]
+
+    def accepts(self, env: dict[str, str]) -> bool:
+        keys = set(env) | set(self.env)
+        return self.alive() and all(env.get(k) == self.env.get(k) or _read_only_at_run_time(k) for k in keys)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def run(self, argv: list[str], env: dict[str, str], cwd: Path,
+            timeout: float) -> subprocess.CompletedProcess[str] | None:
+        """The run as `subprocess.run(..., capture_output=True, text=True, timeout=timeout)` reports it, or None
+        when this server cannot fork it (see the module docstring) or is busy with another."""
+        if not self.accepts(env) or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return self._run(argv, env, cwd, timeout)
+        finally:
+            self._lock.release()
+
+    def _run(self, argv: list[str], env: dict[str, str], cwd: Path,
+             timeout: float) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "relax.cli", *argv]
+        path = [str(Path(cwd).resolve()), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep)), *self._base_path]
+        with tempfile.TemporaryDirectory(prefix="relax_fork_") as tmp:
+            out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+            request = {"argv": argv, "env": env, "cwd": str(cwd), "path": path, "stdout": str(out), "stderr": str(err)}
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.flush()
+            deadline = time.monotonic() + timeout
+            forked = self._reply(deadline)
+            if forked is None or "pid" not in forked:
+                raise RuntimeError(f"the warm driver did not fork the run: {forked}")
+            ended = self._reply(deadline)
+            if ended is None:  # the run's own timeout: kill it, as subprocess.run does, and collect its end
+                os.kill(forked["pid"], 9)
+                self._reply(time.monotonic() + 30)
+                raise subprocess.TimeoutExpired(cmd, timeout, output=out.read_text(errors="replace"),
+                                                stderr=err.read_text(errors="replace"))
+            return subprocess.CompletedProcess(cmd, ended["code"], out.read_text(errors="replace"),
+                                               err.read_text(errors="replace"))
+
+    def _reply(self, deadline: float) -> dict | None:
+        """The server's next reply line, or None at the deadline or when the server is gone."""
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.alive():
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
