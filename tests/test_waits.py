@@ -3,7 +3,7 @@ in one last stderr line naming the engine and the endpoint.
 
 A fake engine, an HTTP proxy in front of a real ``relax serve-engine`` process, forwards everything except one
 endpoint, on which it holds the connection open and never answers. Each case is one ``relax train`` of the CPU
-quickstart (``--rollout-external``, one step) against it, joining one Ray cluster the module starts (a private
+quickstart (``--rollout-external``, one step) against it, on the test process's shared Ray cluster (a private
 cluster per run would cost ~15 s more each). The endpoints are every one a passing run of this shape calls
 (counted through the same proxy): /server_info (attach), /init_weights_update_group,
 /update_weights_from_distributed and /weights_checker (the first sync), /generate (the rollout),
@@ -32,9 +32,7 @@ the health-check interval, Ray's shutdown.
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,8 +41,7 @@ import pytest
 
 from harness.faults.proxy import FaultProxy
 from relax.backends.embedded.launch import EngineProcess
-from tests.e2e_helpers import FAST_FLAGS
-from tests.ray_cluster import ENV, LocalCluster
+from tests.e2e_helpers import FAST_FLAGS, run_relax
 
 pytestmark = [pytest.mark.ray]
 
@@ -95,32 +92,22 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with LocalCluster(nodes=1, gpus=0, cpus=4) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
 def engine():
     proc = EngineProcess.start(["--hf-checkpoint", "tiny-qwen3"])
     yield proc
     proc.stop()
 
 
-def _train(cluster: LocalCluster, tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "RELAX_RAY_TEMP_DIR" and not k.startswith("RAY_")}
-    env.update(ENV, HF_HUB_OFFLINE="1", RAY_ADDRESS=cluster.address)
-    return subprocess.run([sys.executable, "-m", "relax.cli", "train", *FAST_FLAGS, "--num-rollout", "1",
-                           "--weight-sync-timeout", "3", "--slime-router-timeout", "3", *flags,
-                           "--output-dir", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+def _train(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    return run_relax([*FAST_FLAGS, "--num-rollout", "1", "--weight-sync-timeout", "3", "--slime-router-timeout", "3",
+                      *flags, "--output-dir", str(tmp_path / "run")], tmp_path, timeout=240)
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_an_engine_that_never_answers_ends_the_run_within_the_bound(case: Case, cluster, engine, tmp_path) -> None:
+def test_an_engine_that_never_answers_ends_the_run_within_the_bound(case: Case, engine, tmp_path) -> None:
     proxy = HangingProxy(engine.url, case.path).start()
     try:
-        proc = _train(cluster, tmp_path, "--rollout-external", "--rollout-external-engine-addrs", proxy.address,
+        proc = _train(tmp_path, "--rollout-external", "--rollout-external-engine-addrs", proxy.address,
                       *case.flags)
         ended = time.monotonic()
     finally:
