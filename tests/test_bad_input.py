@@ -47,7 +47,7 @@ def test_inconsistent_global_batch_size(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("flags", "expected"), [
     (["--rlsp-server-port", "9000"], "--rlsp-server-port"),
     (["--allgather-cp"], "--allgather-cp (context parallelism: megatron-core runs it only in Transformer Engine"),
-    (["--partial-rollout", "--fully-async"], "--partial-rollout with --fully-async"),
+    (["--partial-rollout", "--use-fault-tolerance"], "--partial-rollout with --use-fault-tolerance"),
 ])
 def test_not_supported_yet(tmp_path: Path, flags: list[str], expected: str) -> None:
     proc = run_relax(["--preset", "quickstart", *flags, "--output-dir", str(tmp_path / "o")], tmp_path)

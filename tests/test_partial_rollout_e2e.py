@@ -44,7 +44,9 @@ def postprocess(args, rollout_id, rollout_data):
 '''
 
 
-def test_partial_rollout_run_with_every_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _partial_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *flags: str) -> tuple[Path, list[dict], list[dict]]:
+    """A 5-step partial-rollout run with every hook; its dir, metrics and hook calls, checked for what holds in
+    every mode."""
     (tmp_path / "pr_hooks.py").write_text(HOOKS)
     log = tmp_path / "hooks.jsonl"
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
@@ -55,12 +57,13 @@ def test_partial_rollout_run_with_every_hook(tmp_path: Path, monkeypatch: pytest
                       "--rollout-max-response-len", "16", "--rollout-stop-token-ids", *STOP_IDS,
                       "--buffer-filter-path", "pr_hooks.oldest_first",
                       "--custom-convert-samples-to-train-data-path", "pr_hooks.convert",
-                      "--rollout-data-postprocess-path", "pr_hooks.postprocess", "--output-dir", str(run)], tmp_path,
-                     private_cluster=True)  # the hooks read HOOK_LOG: a private cluster's workers inherit it
+                      "--rollout-data-postprocess-path", "pr_hooks.postprocess", *flags, "--output-dir", str(run)],
+                     tmp_path, private_cluster=True)  # the hooks read HOOK_LOG: a private cluster's workers inherit it
     assert_ok(proc)
     context = CheckContext(runs={"main": RunArtifacts.load(run)}, root=run)
-    accounting = parse_check({"kind": "sample_accounting"}).run_check(context)
-    assert accounting.status is Status.PASSED, accounting.message
+    for check in ({"kind": "sample_accounting"}, {"kind": "weight_equality"}):
+        result = parse_check(check).run_check(context)
+        assert result.status is Status.PASSED, result.message
     fates = [f for f in read_jsonl(run / "samples.jsonl") if f["fate"] != "consumed"]  # fate decisions only
     # whether a left-over group is cut or already finished depends on timing; either way it is recycled
     assert {f["reason"] for f in fates if f["fate"] == "recycled"} <= {"partial_rollout_abort", "partial_rollout_surplus"}
@@ -76,3 +79,21 @@ def test_partial_rollout_run_with_every_hook(tmp_path: Path, monkeypatch: pytest
     assert sum(m["rollout/offpolicy_tokens"] for m in metrics) > 0
     assert [c["masked"] for c in post] == [m["rollout/offpolicy_tokens"] for m in metrics], \
         "exactly the off-policy tokens reach the trainer with loss mask 0"
+    return run, metrics, calls
+
+
+def test_partial_rollout_run_with_every_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _partial_run(tmp_path, monkeypatch)
+
+
+def test_partial_rollout_with_fully_async_runs_ahead_within_the_staleness(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each step's rollout is a partial rollout started on weights at most --max-staleness versions old; a recycled
+    sample resumes on newer weights, its older tokens masked."""
+    run, metrics, _ = _partial_run(tmp_path, monkeypatch, "--fully-async", "--max-staleness", "1")
+    starts = [m["rollout/start_version"] for m in metrics]
+    assert all(k - 1 <= v <= k for k, v in enumerate(starts)), starts
+    assert any(v < k for k, v in enumerate(starts)), f"the rollout never ran ahead of training: {starts}"
+    assert sum(m["rollout/resumed_samples"] for m in metrics) > 0, "no aborted sample was resumed"
+    events = read_jsonl(run / "events.jsonl")
+    assert [e["version"] for e in events if e["event"] == "weights_synced"] == [0, 1, 2, 3, 4, 5]

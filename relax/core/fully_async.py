@@ -103,8 +103,9 @@ class _Producer(threading.Thread):
                 with rt.generation_lock, rt.engine_profile(step):  # a weight sync waits for this rollout (runtime.py)
                     groups = rt.run.rollout_fn(args, step, rt.run.data_source)
                 unversioned = fill_weight_versions(groups, started)
-                if unversioned:
-                    GenerateState(args).add_metrics(step, {"rollout/unversioned_samples": float(unversioned)})
+                GenerateState(args).add_metrics(step, {"rollout/start_version": float(started),
+                                                       **({"rollout/unversioned_samples": float(unversioned)}
+                                                          if unversioned else {})})
                 samples, raw = to_train_samples(args, groups)
                 seconds = time.perf_counter() - t0
                 with self.data_lock:

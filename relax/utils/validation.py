@@ -273,9 +273,8 @@ def _partial_rollout(args: Namespace, p: Problems) -> None:
         return
     if args.partial_rollout_max_aborted_count is not None and args.partial_rollout_max_aborted_count < 0:
         p.add(f"--partial-rollout-max-aborted-count must be >= 0, got {args.partial_rollout_max_aborted_count}")
-    # fully-async: a weight sync may land inside a request, so its tokens' versions are unknown;
     # the other two send requests the partial-rollout loop cannot abort or resend
-    for dest in ("fully_async", "use_fault_tolerance", "custom_generate_function_path"):
+    for dest in ("use_fault_tolerance", "custom_generate_function_path"):
         if getattr(args, dest):
             p.add(f"not supported yet: --partial-rollout with {_flag(dest)}")
 
