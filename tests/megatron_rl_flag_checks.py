@@ -36,9 +36,9 @@ def flags(*extra: str) -> list[str]:
 
 
 def _inner(backend) -> list[torch.optim.Optimizer]:
-    from relax.backends.megatron.backend import _torch_optimizers
+    from relax.backends.megatron.offload import torch_optimizers
 
-    return list(_torch_optimizers(backend.optimizer))
+    return list(torch_optimizers(backend.optimizer))
 
 
 def _adam_steps(backend) -> set[int]:

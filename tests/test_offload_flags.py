@@ -54,7 +54,7 @@ def test_fully_async_resolves_colocate_offload_off() -> None:
 
 def _ns(**kw) -> Namespace:
     base = {"colocate": False, "offload": False, "offload_train": None, "offload_rollout": None,
-            "fully_async": False, "train_backend": "torch"}
+            "fully_async": False, "train_backend": "torch", "optimizer_cpu_offload": False}
     return Namespace(**{**base, **kw})
 
 
@@ -68,9 +68,14 @@ def test_megatron_colocate_offloads_rollout_only() -> None:
 
 
 @pytest.mark.parametrize("kw", [{"offload": True}, {"offload_train": True}, {"colocate": True, "offload_train": True}])
-def test_megatron_offload_train_refused(kw: dict) -> None:
-    with pytest.raises(ConfigError, match="not supported yet: --offload-train with --train-backend megatron"):
-        _offload(_ns(train_backend="megatron", **kw))
+def test_megatron_offload_train_on_request(kw: dict) -> None:
+    """An explicit request offloads the Megatron trainer (relax/backends/megatron/offload.py), with or without
+    --colocate; with --optimizer-cpu-offload (its optimizer state is on the CPU already) it is refused."""
+    args = _ns(train_backend="megatron", **kw)
+    _offload(args)
+    assert args.offload_train is True
+    with pytest.raises(ConfigError, match="not supported yet: --offload-train with --optimizer-cpu-offload"):
+        _offload(_ns(train_backend="megatron", optimizer_cpu_offload=True, **kw))
 
 
 def test_offload_flags_are_marked_supported() -> None:

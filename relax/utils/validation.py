@@ -457,10 +457,12 @@ def _placement(args: Namespace, p: Problems) -> None:
 def _offload(args: Namespace, p: Problems) -> None:
     """Seed 000: ``--colocate`` sets both offloads; otherwise an unset one equals ``--offload``.
 
-    Two cases have nothing that can be offloaded, and refuse an explicit request (``--colocate``'s
-    implied offload resolves to False there): ``--fully-async`` (rollout and training run at the same
-    time, so neither side is ever idle) and, for ``--offload-train``, ``--train-backend megatron``
-    (its DDP grad buffers and distributed-optimizer shards are not moved yet).
+    ``--fully-async`` has nothing that can be offloaded (rollout and training run at the same time, so
+    neither side is ever idle) and refuses an explicit request. With ``--train-backend megatron``,
+    ``--colocate`` keeps the trainer on the GPU (every Megatron figure in docs/ was measured so); an explicit
+    ``--offload-train`` (or ``--offload``) moves its gradient buffers and optimizer state
+    (relax/backends/megatron/offload.py), except with ``--optimizer-cpu-offload``, whose optimizer state
+    lives on the CPU already.
     """
     requested = {dest: getattr(args, dest) is True for dest in ("offload", "offload_train", "offload_rollout")}
     if args.fully_async:
@@ -470,10 +472,12 @@ def _offload(args: Namespace, p: Problems) -> None:
         args.offload_train = args.offload_rollout = False
         return
     megatron = args.train_backend == "megatron"
-    if megatron and (requested["offload"] or requested["offload_train"]):
-        p.add("not supported yet: --offload-train with --train-backend megatron")
+    asked = requested["offload"] or requested["offload_train"]
+    if megatron and asked and args.optimizer_cpu_offload:
+        p.add("not supported yet: --offload-train with --optimizer-cpu-offload (its optimizer state is on the CPU "
+              "already; drop one of them)")
     if args.colocate:
-        args.offload_train = not megatron
+        args.offload_train = asked or not megatron
         args.offload_rollout = True
     if args.offload_train is None:
         args.offload_train = args.offload

@@ -43,6 +43,7 @@ from relax.backends.megatron.memory_flags import (
 )
 from relax.backends.megatron.model import BuiltModel, build_gpt_model
 from relax.backends.megatron.multi_tensor import install as install_foreach_multi_tensor
+from relax.backends.megatron.offload import MegatronOffloader, torch_optimizers
 from relax.backends.megatron.parallel import ParallelSizes, check_model_fits, init_parallel_state, rank_pos
 from relax.backends.megatron.schedule import StageRunner
 from relax.backends.megatron.sharding import global_name
@@ -115,6 +116,7 @@ class MegatronTrainBackend(TorchTrainBackend):
         if mcfg.recompute_granularity == "full":  # a frozen embedding must not cut the checkpointed layers' grads
             make_embedding_output_differentiable(self.built.gpt)
         self.model, self.optimizer = self._wrap_for_training(self.built)
+        self._train_moves = MegatronOffloader(self.model, self.optimizer, self.device)  # --offload-train
         self.schedule = LRSchedule.of(cfg)  # --lr-decay-style: train_rollout sets each step's rate in param_groups
         self.pad_id = int(getattr(self.hf_config, "pad_token_id", None) or 0)
         self.runner = StageRunner(self.sizes.tp if self.sizes.sequence_parallel else 1, self.pad_id, self.device)
@@ -299,7 +301,7 @@ class MegatronTrainBackend(TorchTrainBackend):
         """``--reset-optimizer-states``: drop Adam's moments and step counts in every torch optimizer megatron's
         wrappers hold (chained groups; with the distributed optimizer, this rank's fp32 shards); the next step
         starts them afresh, bias correction included. ``--optimizer-cpu-offload`` is refused with it."""
-        for inner in _torch_optimizers(self.optimizer):
+        for inner in torch_optimizers(self.optimizer):
             inner.state.clear()
 
     def _apply_gradients(self, loss: float | None) -> float:
@@ -323,11 +325,12 @@ class MegatronTrainBackend(TorchTrainBackend):
 
     # ------------------------------------------------------------------ --offload-train
     def offload(self) -> dict[str, float]:
-        # The DDP param/grad buffers and the (distributed) optimizer's fp32 shards are views into
-        # flat buffers; moving them needs the buffers themselves moved. Refused at parse time too.
-        raise NotImplementedError("not supported yet: --offload-train with --train-backend megatron")
+        """The gradient buffers and the optimizer's fp32 state leave the GPU; the bf16 weights stay for the
+        weight sync (relax/backends/megatron/offload.py)."""
+        return self._train_moves.offload()
 
-    onload = offload
+    def onload(self) -> dict[str, float]:
+        return self._train_moves.onload()
 
     # ------------------------------------------------------------------ weights (HF names), every rank together
     def _export(self):
@@ -400,17 +403,6 @@ class MegatronTrainBackend(TorchTrainBackend):
                 "foreach_multi_tensor": self.foreach_multi_tensor,
                 "parallel": {"tp": sizes.tp, "pp": sizes.pp, "ep": sizes.ep, "etp": sizes.etp, "dp": self.dp.size,
                              "sequence_parallel": sizes.sequence_parallel}}
-
-
-def _torch_optimizers(optimizer) -> Iterator[torch.optim.Optimizer]:
-    """The torch optimizers inside megatron's optimizer: a ChainedOptimizer's members, each wrapper's ``optimizer``."""
-    if hasattr(optimizer, "chained_optimizers"):
-        for member in optimizer.chained_optimizers:
-            yield from _torch_optimizers(member)
-    elif isinstance(optimizer, torch.optim.Optimizer):
-        yield optimizer
-    else:
-        yield from _torch_optimizers(optimizer.optimizer)
 
 
 def _union_over_ranks(used: set[str], trainable: int) -> tuple[set[str], int]:
