@@ -9,8 +9,9 @@ What it skips is the imports only.
 
 A run differs from a fresh ``python -m relax.cli`` in one way: modules the server imported saw the server's
 environment. `WarmDriver.run` therefore forks only when the run's environment differs from the server's in
-variables that nothing reads at import (relax's own ``RELAX_*``, pytest's ``PYTEST_*``, Ray's ``RAY_ADDRESS``,
-``PYTHONPATH``, which the fork applies to ``sys.path``). For any other run it returns None, and the caller starts a fresh process.
+variables that nothing reads at import (relax's own ``RELAX_*``, pytest's ``PYTEST_*``, ``_RUNTIME_ENV``;
+``PYTHONPATH`` the fork applies to ``sys.path``). For any other run it returns None: the caller starts a fresh
+process, or a new server in that environment (tests/e2e_helpers.py).
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from pathlib import Path
 
 SERVER = Path(__file__).with_name("driver_fork_server.py")
 READY_TIMEOUT_S = 120.0  # the server's imports: ~5 s alone, longer on a loaded 2-core machine
-_RUNTIME_ENV = ("RAY_ADDRESS", "PYTHONPATH")  # variables read when a run starts, not at import
+# variables read when a run starts (Ray's and torch.distributed's rendezvous, NCCL's and gloo's group set-up), not at
+# import; tests' in-process relax calls set some of them for good (relax convert: MASTER_*; start_ray: NCCL_CUMEM_ENABLE)
+_RUNTIME_ENV = ("RAY_ADDRESS", "PYTHONPATH", "MASTER_ADDR", "MASTER_PORT", "NCCL_CUMEM_ENABLE", "TORCH_GLOO_LAZY_INIT")
 
 
 def _read_only_at_run_time(key: str) -> bool:
@@ -51,8 +54,12 @@ class WarmDriver:
         self._base_path = first["path"]
 
     def accepts(self, env: dict[str, str]) -> bool:
+        return self.alive() and not self.differences(env)
+
+    def differences(self, env: dict[str, str]) -> list[str]:
+        """The variables that ``env`` sets otherwise than the server's and that something may read at import."""
         keys = set(env) | set(self.env)
-        return self.alive() and all(env.get(k) == self.env.get(k) or _read_only_at_run_time(k) for k in keys)
+        return sorted(k for k in keys if env.get(k) != self.env.get(k) and not _read_only_at_run_time(k))
 
     def alive(self) -> bool:
         return self.proc.poll() is None

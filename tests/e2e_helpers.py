@@ -43,8 +43,9 @@ def run_relax(args: list[str], tmp_path: Path, timeout: float = 600, env: dict[s
         warm = None
     else:
         env = {**_shared_cluster_env(), **(env or {})}
-        warm = warm_driver()
+        warm = warm_driver(env)
     done = warm.run(["train", *args], env, tmp_path, timeout) if warm is not None else None
+    _log_start("forked" if done is not None else "fresh")
     if done is not None:
         return done
     return subprocess.run(
@@ -54,6 +55,14 @@ def run_relax(args: list[str], tmp_path: Path, timeout: float = 600, env: dict[s
 
 
 RUN_ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def _log_start(how: str) -> None:
+    """``RELAX_TEST_START_LOG=FILE``: one line per run_relax, how its driver started (forked, fresh, server)."""
+    log = os.environ.get("RELAX_TEST_START_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{os.environ.get('PYTEST_CURRENT_TEST', '?').split(' ')[0]} {how}\n")
 _WARM: list[WarmDriver | None] = []  # the test process's warm driver (tests/driver_forks.py), or None if it failed
 
 
@@ -63,21 +72,25 @@ def _shared_cluster_env() -> dict[str, str]:
     return {**base, **CLUSTER_ENV, "RAY_ADDRESS": shared_cluster_address(), **RUN_ENV}
 
 
-def warm_driver() -> WarmDriver | None:
-    """The test process's warm driver for runs on the shared cluster; None with ``RELAX_TEST_FRESH_DRIVERS=1``
-    (every run a fresh ``python -m relax.cli``)."""
-    if os.environ.get("RELAX_TEST_FRESH_DRIVERS") == "1":
+def warm_driver(env: dict[str, str]) -> WarmDriver | None:
+    """The test process's warm driver for a run in ``env``: the current one, or a new one in ``env`` when the run's
+    environment differs from its own in what modules read at import (an in-process call of relax code may have set
+    such a variable for good: ``start_ray`` sets the workers' ``TRANSFORMERS_OFFLINE``). None with
+    ``RELAX_TEST_FRESH_DRIVERS=1`` (every run a fresh ``python -m relax.cli``) or once a server failed to start."""
+    if os.environ.get("RELAX_TEST_FRESH_DRIVERS") == "1" or (_WARM and _WARM[0] is None):
         return None
-    if _WARM and _WARM[0] is None:
+    if _WARM and _WARM[0].accepts(env):
+        return _WARM[0]
+    if _WARM:
+        _WARM[0].close()
+    _log_start("server")
+    try:
+        _WARM[:] = [WarmDriver(env)]
+    except RuntimeError as e:  # every run then starts a fresh driver: slower, the same run
+        warnings.warn(f"relax runs start fresh drivers: {e}", stacklevel=2)
+        _WARM[:] = [None]
         return None
-    if not _WARM or not _WARM[0].alive():
-        try:
-            _WARM[:] = [WarmDriver(_shared_cluster_env())]
-        except RuntimeError as e:  # every run then starts a fresh driver: slower, the same run
-            warnings.warn(f"relax runs start fresh drivers: {e}", stacklevel=2)
-            _WARM[:] = [None]
-            return None
-        atexit.register(_WARM[0].close)
+    atexit.register(_WARM[0].close)
     return _WARM[0]
 
 
