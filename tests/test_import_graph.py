@@ -45,7 +45,17 @@ def import_graph() -> dict[str, set[str]]:
                     target = target.rpartition(".")[0]
                 if target and target != module:
                     graph[module].add(target)
+                    graph[module] |= _packages_run_first(module, target, modules)
     return graph
+
+
+def _packages_run_first(module: str, target: str, modules: dict[str, Path]) -> set[str]:
+    """Importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__`` first: edges to those packages too (``module``'s
+    own packages are running already). A circle through a package's ``__init__`` breaks an import that starts
+    at the wrong module (validation -> rewards/__init__ -> arguments -> validation did)."""
+    parts = target.split(".")
+    return {p for p in (".".join(parts[:i]) for i in range(1, len(parts)))
+            if p in modules and p != module and not module.startswith(p + ".")}
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -92,3 +102,4 @@ def test_the_finder_sees_a_circle_closed_by_a_deferred_import() -> None:
     graph = import_graph()
     assert "relax.weights.transports" in graph["relax.weights.push"]  # top-level imports
     assert "relax.engine.rollout.engine_client" in graph["relax.weights.transports.distributed"]  # deferred ones
+    assert "relax.engine.rewards" in graph["relax.utils.validation"]  # the package of a module it imports

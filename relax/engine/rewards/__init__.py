@@ -18,7 +18,7 @@ from typing import Any
 
 from relax.engine.rewards.config import RewardConfig
 from relax.engine.rewards.graders import GRADERS, RewardFn
-from relax.utils.arguments import ConfigError
+from relax.utils.flag_types import ConfigError
 from relax.utils.plugins import HookTimeout, bounded, load_function
 from relax.utils.types import Sample
 

@@ -34,7 +34,7 @@ from relax.engine.rollout.eval_config import EvalConfig
 from relax.engine.rollout.eval_file import load_eval_file
 from relax.engine.rollout.prompt_input import prompt_fields, take_prompt_ids
 from relax.engine.rollout.sglang_rollout import GenerateState, apply_response, custom_generate, sample_seed
-from relax.utils.arguments import ConfigError
+from relax.utils.flag_types import ConfigError
 from relax.utils.types import Sample
 
 EVAL_SEED_OFFSET = 1 << 40  # keeps eval seeds apart from training seeds of the same step
