@@ -58,8 +58,6 @@ def test_roles_parse_and_resolve_the_config() -> None:
     (["--fully-async", "--resource", '{"advantages":[1,0]}'], r"role 'advantages' needs 'actor_fwd'"),
     (["--fully-async", "--resource", '{"advantages":[1,0],"actor_fwd":[1,0]}', *KL_LOSS],
      r"role 'advantages' needs 'reference' with a KL term"),
-    (["--fully-async", "--resource", '{"reference":[2,0]}', *KL_LOSS],
-     r"not supported yet: --resource role 'reference' with 2 replicas \(one each\)"),
     (["--fully-async", "--resource", '{"advantages":[1,1],"actor_fwd":[1,1]}'],
      r"role 'advantages' computes on CPU; give it 0 GPUs"),
     (["--fully-async", "--resource", '{"critic":[1,0]}'], r"--resource: unknown role 'critic'; known: actor, rollout, "),
@@ -148,6 +146,21 @@ def test_service_columns_give_the_trainers_own_step(roles: str, iters: str, kl: 
     assert _sums(reference) == state_checksums(alone.ref_model.state_dict().items())
 
 
+@pytest.mark.parametrize("replicas", [2, 3, 7])
+def test_replica_parts_add_up_to_the_whole_batch_bitwise(replicas: int) -> None:
+    """Replica i of k computes micro-batches i, i + k, ... of the trainer's split and zeros elsewhere: the parts
+    add up (relax/core/services.py) to exactly what one replica computes, whatever k (7: more replicas than
+    the batch's 4 micro-batches leaves some idle)."""
+    args = _service_args(*KL_LOSS, resource=FORWARD_ROLES)
+    service = ForwardService(TrainerConfig.from_args(args), "cpu", "reference")
+    samples = _samples(seed=11)
+    whole = service.log_probs(_Stored(samples))
+    parts = [service.log_probs(_Stored(samples), (i, replicas)) for i in range(replicas)]
+    assert len(service.backend._all_micro_batches(samples, log_probs=True)) == 4
+    assert all(p.shape == whole.shape for p in parts) and sum(bool(p.any()) for p in parts) == min(replicas, 4)
+    assert torch.equal(sum(parts[1:], parts[0]), whole)
+
+
 def test_service_token_budget_changes_only_the_split() -> None:
     args = _service_args(*KL_LOSS, "--ref-actor-config", '{"max_tokens_per_gpu": 24}', resource=FORWARD_ROLES)
     trainer = TorchTrainBackend(TrainerConfig.from_args(_args(*KL_LOSS)), "cpu")
@@ -228,16 +241,22 @@ def _e2e(tmp_path: Path, name: str, *flags: str) -> Path:
     return tmp_path / name
 
 
+TWO_EACH = '{"actor":[1,0],"rollout":[1,0],"reference":[2,0],"actor_fwd":[2,0],"advantages":[2,0]}'
+
+
 @pytest.mark.ray
-@pytest.mark.parametrize(("iters", "config"), [("1", None), ("2", SEED_004)], ids=["iters1", "iters2-seed004-config"])
-def test_services_equal_the_trainer_alone(tmp_path: Path, iters: str, config: str | None) -> None:
-    """Without --ref-actor-config the services split micro-batches like the trainer: bitwise equal runs.
-    Seed 004's config packs them by its token budget instead: equal to float summation order."""
+@pytest.mark.parametrize(("iters", "config", "replicas"), [("1", None, 2), ("2", SEED_004, 1)],
+                         ids=["iters1-two-replicas", "iters2-seed004-config"])
+def test_services_equal_the_trainer_alone(tmp_path: Path, iters: str, config: str | None, replicas: int) -> None:
+    """Without --ref-actor-config the services split micro-batches like the trainer: bitwise equal runs, also
+    with two replicas of each role (each computes every other micro-batch of the trainer's split; the
+    advantages replicas take whole batches in turn). Seed 004's config packs them by its token budget
+    instead: equal to float summation order."""
     from tests.e2e_helpers import read_jsonl
 
     alone = _e2e(tmp_path, "alone", "--num-iters-per-train-update", iters)
-    served = _e2e(tmp_path, "served", "--num-iters-per-train-update", iters, "--resource", ALL_ROLES,
-                  *(["--ref-actor-config", config] if config else []))
+    served = _e2e(tmp_path, "served", "--num-iters-per-train-update", iters, "--resource",
+                  TWO_EACH if replicas == 2 else ALL_ROLES, *(["--ref-actor-config", config] if config else []))
     ma, mb = read_jsonl(alone / "metrics.jsonl"), read_jsonl(served / "metrics.jsonl")
     assert [m["step"] for m in mb] == [0, 1, 2]
     for a, b in zip(ma, mb, strict=True):
@@ -250,14 +269,15 @@ def test_services_equal_the_trainer_alone(tmp_path: Path, iters: str, config: st
     weights = read_jsonl(served / "weights.jsonl")
     versions = sorted({r["version"] for r in weights})
     assert versions == [0, 1, 2, 3]
+    fwd = [f"actor_fwd:{i}" for i in range(replicas)]
     for version in versions:
         sides = {r["side"]: r["checksums"] for r in weights if r["version"] == version}
-        assert sides.keys() == {"trainer", "engine:0", "actor_fwd:0"}
-        assert sides["actor_fwd:0"] == sides["trainer"] == sides["engine:0"], version
+        assert sides.keys() == {"trainer", "engine:0", *fwd}
+        assert all(sides[side] == sides["trainer"] == sides["engine:0"] for side in fwd), version
     if config is None:
         alone_sums = {r["version"]: r["checksums"] for r in read_jsonl(alone / "weights.jsonl") if r["side"] == "trainer"}
         assert all(alone_sums[r["version"]] == r["checksums"] for r in weights if r["side"] == "trainer")
     roles = {e.get("role") for e in read_jsonl(served / "events.jsonl") if e["event"] == "process_started"}
-    assert {"reference:0", "actor_fwd:0", "advantages:0"} <= roles
+    assert {f"{role}:{i}" for role in ("reference", "actor_fwd", "advantages") for i in range(replicas)} <= roles
     resolved = json.loads((served / "run.json").read_text())["config"]["ref_actor_config"]
     assert resolved["max_tokens_per_gpu"] == (16384 if config else None)

@@ -84,8 +84,14 @@ def test_service_roles() -> None:
     plan = plan_resources(_args({"actor": [1, 4], "rollout": [1, 2], "reference": [1, 1], "actor_fwd": [1, 1],
                                  "advantages": [1, 0]}), "cuda")
     assert [(g.role, g.bundles) for g in plan.groups][-2:] == [("reference", (1,)), ("actor_fwd", (1,))]
-    assert plan.total_gpus == 8 and plan.services["advantages"].group is None
-    assert plan.services["reference"].name == "reference:0" and plan.services["reference"].gpus == 1
+    assert plan.total_gpus == 8 and plan.services["advantages"][0].group is None
+    assert [(s.name, s.gpus) for s in plan.services["reference"]] == [("reference:0", 1)]
+    two = plan_resources(_args({"actor": [1, 2], "rollout": [1, 2], "reference": [2, 1], "actor_fwd": [2, 0],
+                                "advantages": [2, 0]}), "cuda")
+    assert [(s.name, s.gpus, s.bundle) for s in two.services["reference"]] == [("reference:0", 1, 0),
+                                                                              ("reference:1", 1, 1)]
+    assert [s.name for s in two.services["actor_fwd"]] == ["actor_fwd:0", "actor_fwd:1"]
+    assert two.total_gpus == 6 and all(s.group is None for s in two.services["advantages"])
 
 
 @pytest.mark.parametrize("args, device, message", [

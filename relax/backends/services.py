@@ -49,8 +49,11 @@ class ForwardService:
     def device(self) -> torch.device:
         return self.backend.device
 
-    def log_probs(self, samples) -> torch.Tensor:
-        return self.backend.forward_log_probs(fetch_samples(samples))
+    def log_probs(self, samples, part: tuple[int, int] | None = None) -> torch.Tensor:
+        """``[N, T]`` log-probs of the batch; ``part`` ``(i, k)``: replica ``i`` of ``k`` computes the micro-batches
+        ``i, i + k, ...`` of the batch's split and leaves zeros in the other rows (relax/core/services.py adds
+        the parts)."""
+        return self.backend.forward_log_probs(fetch_samples(samples), part)
 
     def update_weights_from_tensors(self, named: list, version: int | str | None = None) -> int:
         if self.role != "actor_fwd":

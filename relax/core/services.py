@@ -10,8 +10,8 @@ and token budget.
 
 - ``reference``: the frozen reference model (the weights the trainer's reference copy would
   have: the initial ``--hf-checkpoint``); per-token reference log-probs.
-- ``actor_fwd``: a copy of the policy that receives every weight sync like an engine (side
-  ``actor_fwd:0`` in weights.jsonl), so when a step is handed to training it holds exactly the
+- ``actor_fwd``: a copy of the policy that receives every weight sync like an engine (sides
+  ``actor_fwd:<i>`` in weights.jsonl, one per replica), so when a step is handed to training it holds exactly the
   weights the trainer starts that step with; per-token old log-probs.
 - ``advantages`` (CPU): `compute_advantages` from rewards, loss masks and the two columns.
 
@@ -31,7 +31,7 @@ Samples arrive as a list of `TrainSample` or as an object whose ``fetch()`` retu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ray
 
@@ -45,42 +45,59 @@ from relax.weights.transports import SyncTarget
 
 @dataclass
 class ServiceGroup:
-    """The driver's handles on the service actors (None where the role is not configured)."""
+    """The driver's handles on the service actors: each role's replicas (empty where the role is not configured).
 
-    reference: object = None
-    actor_fwd: object = None
-    advantages: object = None
+    Replicas of a forward role share each batch: replica ``i`` of ``k`` computes the log-prob micro-batches
+    ``i, i + k, ...`` of the trainer's own split (`relax.backends.services.ForwardService.log_probs`), so every
+    row is computed exactly as one replica would; the parts are added (each entry is non-zero in one part only).
+    The advantages of a batch are one computation (some estimators whiten over the whole batch): its replicas
+    take whole batches in turn."""
+
+    reference: list = field(default_factory=list)
+    actor_fwd: list = field(default_factory=list)
+    advantages: list = field(default_factory=list)
+    batches: int = 0  # batches precomputed so far (which advantages replica takes the next)
 
     @classmethod
     def start(cls, cfg: TrainerConfig, device: str, placement: Placement) -> ServiceGroup:
         """Create the actors (they load their models concurrently with the trainer and engines); ``cfg``: the
         trainer's slice of the flags (the forward copies are the trainer's backend)."""
-        handles = {}
-        for role, slot in placement.services.items():
+        handles: dict[str, list] = {}
+        for role, slots in placement.services.items():
             if role == "advantages":
-                handles[role] = AdvantagesActor.options(**slot.options).remote(cfg)
+                handles[role] = [AdvantagesActor.options(**slot.options).remote(cfg) for slot in slots]
             else:  # a role given no GPU computes on CPU, even on a GPU run
-                on_device = device if slot.gpus else "cpu"
-                handles[role] = ForwardServiceActor.options(**slot.options).remote(cfg, on_device, role)
+                handles[role] = [ForwardServiceActor.options(**slot.options).remote(cfg, device if slot.gpus else "cpu",
+                                                                                    role) for slot in slots]
         return cls(**handles)
 
     def actors(self) -> dict[str, object]:
-        """``"<role>:0"`` -> handle, for events and shutdown."""
-        return {f"{role}:0": getattr(self, role) for role in SERVICE_ROLES if getattr(self, role) is not None}
+        """``"<role>:<i>"`` -> handle, for events and shutdown."""
+        return {f"{role}:{i}": handle for role in SERVICE_ROLES for i, handle in enumerate(getattr(self, role))}
 
     def sync_targets(self) -> list:
-        """The weight-sync targets besides the engines: actor_fwd's weight endpoints, under its own side name."""
-        if self.actor_fwd is None:
-            return []
-        url, device = ray.get(self.actor_fwd.endpoint.remote())
-        return [SyncTarget("actor_fwd:0", url, device)]
+        """The weight-sync targets besides the engines: each actor_fwd replica's weight endpoints, under its own
+        side name (``actor_fwd:<i>``)."""
+        ends = ray.get([handle.endpoint.remote() for handle in self.actor_fwd])
+        return [SyncTarget(f"actor_fwd:{i}", url, device) for i, (url, device) in enumerate(ends)]
 
     def precompute(self, payload) -> object:
         """Chain the services for one batch; returns what the trainer's ``precomputed`` argument gets
         (an ObjectRef of a `Precomputed` when the advantages service runs, which Ray resolves in the trainer)."""
-        old = self.actor_fwd.log_probs.remote(payload) if self.actor_fwd is not None else None
-        ref = self.reference.log_probs.remote(payload) if self.reference is not None else None
-        if self.advantages is not None:  # validation: advantages comes with actor_fwd (and reference when needed)
-            return self.advantages.compute.remote(payload, old, ref)
+        old, ref = _log_probs(self.actor_fwd, payload), _log_probs(self.reference, payload)
+        if self.advantages:  # validation: advantages comes with actor_fwd (and reference when needed)
+            replica = self.advantages[self.batches % len(self.advantages)]
+            self.batches += 1
+            return replica.compute.remote(payload, old, ref)
         return Precomputed(old_log_probs=None if old is None else ray.get(old),
                            ref_log_probs=None if ref is None else ray.get(ref))
+
+
+def _log_probs(replicas: list, payload) -> object:
+    """One forward role's ``[N, T]`` log-probs of a batch: an ObjectRef (None without the role)."""
+    if not replicas:
+        return None
+    if len(replicas) == 1:
+        return replicas[0].log_probs.remote(payload)
+    parts = ray.get([r.log_probs.remote(payload, (i, len(replicas))) for i, r in enumerate(replicas)])
+    return ray.put(sum(parts[1:], parts[0]))

@@ -29,7 +29,7 @@ RESERVE_TIMEOUT_S = 60.0
 class Slot:
     """One actor's place: Ray options (placement group and bundle, GPU share, worker env), GPUs, node."""
 
-    name: str  # "trainer:<rank>", "engine:<i>", "<service>:0"
+    name: str  # "trainer:<rank>", "engine:<i>", "<service>:<i>"
     gpus: int  # GPUs the actor computes on (0: CPU)
     options: dict = field(hash=False)
     node_id: str | None  # the node of its bundle; None for a CPU slot (Ray picks the node)
@@ -40,7 +40,7 @@ class Placement:
     plan: ResourcePlan
     trainer_ranks: list[Slot]
     engines: list[Slot]
-    services: dict[str, Slot]
+    services: dict[str, list[Slot]]  # role -> its replicas
     groups: list = field(default_factory=list)  # the Ray placement groups, one per plan group
     group_nodes: list[str] = field(default_factory=list)  # the node each group landed on
 
@@ -80,7 +80,8 @@ class Placement:
             return Slot(spec.name, spec.gpus, options, group_nodes[spec.group])
 
         return cls(plan, [slot(s, training) for s in plan.trainer_ranks], [slot(s) for s in plan.engines],
-                   {role: slot(s, training) for role, s in plan.services.items()}, groups, group_nodes)
+                   {role: [slot(s, training) for s in specs] for role, specs in plan.services.items()}, groups,
+                   group_nodes)
 
     def describe(self) -> list[dict]:
         """The reserved groups for events.jsonl: role, GPUs per bundle, node."""

@@ -65,7 +65,7 @@ class GpuGroup:
 class SlotSpec:
     """Where one actor goes: a bundle of a `GpuGroup` (``group``/``bundle`` indices), or anywhere (CPU)."""
 
-    name: str  # "trainer:<rank>", "engine:<i>", "<service>:0"
+    name: str  # "trainer:<rank>", "engine:<i>", "<service>:<i>"
     gpus: int  # GPUs it computes on (0: CPU)
     share: float  # the Ray ``num_gpus`` it takes from its bundle (COLOCATED_SHARE when colocated)
     group: int | None = None
@@ -77,7 +77,7 @@ class ResourcePlan:
     groups: tuple[GpuGroup, ...]
     trainer_ranks: tuple[SlotSpec, ...]
     engines: tuple[SlotSpec, ...]
-    services: dict[str, SlotSpec]
+    services: dict[str, tuple[SlotSpec, ...]]  # role -> its replicas' slots ("<role>:<i>")
     gpus_per_node: int
 
     @property
@@ -111,8 +111,6 @@ def parse_roles(raw) -> dict[str, RoleResources]:
             raise ConfigError(f"--resource: role {role!r} needs replicas >= 1 and gpus >= 0, got {value!r}")
         if value[1] != int(value[1]):
             raise ConfigError(f"--resource: role {role!r} needs a whole number of GPUs, got {value!r}")
-        if role in SERVICE_ROLES and int(value[0]) != 1:
-            raise ConfigError(f"not supported yet: --resource role {role!r} with {int(value[0])} replicas (one each)")
         if role == "advantages" and value[1]:
             raise ConfigError(f"--resource: role 'advantages' computes on CPU; give it 0 GPUs, got {value!r}")
         if role in SERVICE_ROLES and value[1] > 1:
@@ -170,7 +168,7 @@ def plan_resources(cfg: PlacementConfig, device: str) -> ResourcePlan:
     services = {}
     for role, res in roles.items():
         if role in SERVICE_ROLES:
-            services[role] = _role_slots(builder, role, role, 1, res.gpus)[0]
+            services[role] = tuple(_role_slots(builder, role, role, res.replicas, res.gpus))
     return ResourcePlan(tuple(builder.groups), tuple(ranks), tuple(engines), services, per_node)
 
 

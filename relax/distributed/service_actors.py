@@ -73,9 +73,9 @@ class ForwardServiceActor:
             raise RuntimeError(f"the {self.service.role} service receives no weights")
         return self.url, device_identity(self.service.device)
 
-    def log_probs(self, samples):
+    def log_probs(self, samples, part: tuple[int, int] | None = None):
         with self._lock:
-            return self.service.log_probs(samples)
+            return self.service.log_probs(samples, part)
 
 
 @ray.remote

@@ -243,12 +243,15 @@ class TorchTrainBackend:
 
     @torch.no_grad()
     def _log_probs_and_entropy_no_grad(self, model: torch.nn.Module, batch: RolloutTensors, *,
-                                       with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``[N, T]`` response log-probs under ``model`` and, ``with_entropy``, each token's entropy in the same pass."""
+                                       with_entropy: bool = True,
+                                       part: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``[N, T]`` response log-probs under ``model`` and, ``with_entropy``, each token's entropy in the same pass.
+        ``part`` ``(i, k)``: only micro-batches ``i, i + k, ...`` (a service replica's share); zeros elsewhere."""
         width = batch.loss_mask.shape[1]
         out = torch.zeros_like(batch.loss_mask)
         ent = torch.zeros_like(batch.loss_mask) if with_entropy else None
-        for sl in self._all_micro_batches(batch.samples, log_probs=True):
+        slices = self._all_micro_batches(batch.samples, log_probs=True)
+        for sl in slices if part is None else slices[part[0]::part[1]]:
             inputs = build_model_inputs(batch.samples[sl], width, self.pad_id, self.device)
             lp, entropy = self._policy_forward(model, sl, inputs, with_entropy=with_entropy)
             out[sl] = lp.cpu()
@@ -257,9 +260,13 @@ class TorchTrainBackend:
         return self._rows_everywhere(out), None if ent is None else self._rows_everywhere(ent)
 
     # ------------------------------------------------------------------ services (fully-async)
-    def forward_log_probs(self, samples: list[TrainSample]) -> torch.Tensor:
-        """``[N, T]`` response log-probs of ``samples`` under this backend's model (what a service returns)."""
-        return self._log_probs_no_grad(self.model, build_rollout_tensors(samples))
+    def forward_log_probs(self, samples: list[TrainSample], part: tuple[int, int] | None = None) -> torch.Tensor:
+        """``[N, T]`` response log-probs of ``samples`` under this backend's model (what a service returns); ``part``:
+        a replica's share of the micro-batches (`_log_probs_and_entropy_no_grad`)."""
+        batch = build_rollout_tensors(samples)
+        if part is None:
+            return self._log_probs_no_grad(self.model, batch)
+        return self._log_probs_and_entropy_no_grad(self.model, batch, with_entropy=False, part=part)[0]
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named tensors (one bucket of a weight sync) into the model: a service's copy of the policy."""
