@@ -84,7 +84,8 @@ class ServiceGroup:
     def precompute(self, payload) -> object:
         """Chain the services for one batch; returns what the trainer's ``precomputed`` argument gets
         (an ObjectRef of a `Precomputed` when the advantages service runs, which Ray resolves in the trainer)."""
-        old, ref = _log_probs(self.actor_fwd, payload), _log_probs(self.reference, payload)
+        old_parts, ref_parts = _submit(self.actor_fwd, payload), _submit(self.reference, payload)  # both run at once
+        old, ref = _combine(old_parts), _combine(ref_parts)
         if self.advantages:  # validation: advantages comes with actor_fwd (and reference when needed)
             replica = self.advantages[self.batches % len(self.advantages)]
             self.batches += 1
@@ -93,11 +94,16 @@ class ServiceGroup:
                            ref_log_probs=None if ref is None else ray.get(ref))
 
 
-def _log_probs(replicas: list, payload) -> object:
-    """One forward role's ``[N, T]`` log-probs of a batch: an ObjectRef (None without the role)."""
-    if not replicas:
-        return None
+def _submit(replicas: list, payload) -> list:
+    """One forward role's calls for a batch: the whole batch to a lone replica, a share to each of several."""
     if len(replicas) == 1:
-        return replicas[0].log_probs.remote(payload)
-    parts = ray.get([r.log_probs.remote(payload, (i, len(replicas))) for i, r in enumerate(replicas)])
-    return ray.put(sum(parts[1:], parts[0]))
+        return [replicas[0].log_probs.remote(payload)]
+    return [r.log_probs.remote(payload, (i, len(replicas))) for i, r in enumerate(replicas)]
+
+
+def _combine(parts: list) -> object:
+    """The role's ``[N, T]`` log-probs as an ObjectRef (None without the role): the parts added."""
+    if len(parts) <= 1:
+        return parts[0] if parts else None
+    tensors = ray.get(parts)
+    return ray.put(sum(tensors[1:], tensors[0]))
