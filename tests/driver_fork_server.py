@@ -31,9 +31,10 @@ PRELOAD = (
 )
 
 
-def _child(req: dict) -> None:
+def _child(req: dict, reply_fd: int) -> None:
     code = 70
     try:
+        os.close(reply_fd)  # the reply channel is the server's: a run (or what it starts) must not hold it open
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         for fd, key in ((1, "stdout"), (2, "stderr")):
@@ -75,7 +76,7 @@ def main() -> None:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _child(req)
+            _child(req, reply.fileno())
         reply.write(json.dumps({"pid": pid}) + "\n")
         _, status = os.waitpid(pid, 0)
         reply.write(json.dumps({"code": os.waitstatus_to_exitcode(status)}) + "\n")
