@@ -155,8 +155,10 @@ for w in $WHAT; do
                      tail -30 /tmp/sglang_colocate/sglang-engine-*.log > "$OUT/sglang_colocate/engine_log_tail.txt" 2>/dev/null ;;
     sglang_runs) # issue 39 runs 1 and 3 (ci/sglang_runs.py, after sglang_stage): SGLANG_RUN colocate (one GPU: SGLang and
                  # the embedded engine on one config, SGLANG_MODEL), async or external (two GPUs); SGLANG_STEPS (10)
+                 # colocate runs SGLang and then the embedded engine: each gets half the call; async and external one run
+                 T=$(cap 590); [ "${SGLANG_RUN:-colocate}" = colocate ] && T=$(( T / 2 ))
                  RELAX_SGLANG_PYTHONPATH=/tmp/sglsite timeout $(cap 590) python3 ci/sglang_runs.py "${SGLANG_RUN:-colocate}" \
-                   --model "${SGLANG_MODEL:-bench-270m}" --steps "${SGLANG_STEPS:-10}" --timeout $(( $(cap 590) / 2 - 10 )) \
+                   --model "${SGLANG_MODEL:-bench-270m}" --steps "${SGLANG_STEPS:-10}" --timeout $(( T - 10 )) \
                    --workdir "/tmp/sglang_runs_${SGLANG_RUN:-colocate}_${SGLANG_MODEL:-bench-270m}" \
                    --json "$OUT/sglang_${SGLANG_RUN:-colocate}_${SGLANG_MODEL:-bench-270m}.json" 2>&1 \
                    | tee "$OUT/sglang_${SGLANG_RUN:-colocate}_${SGLANG_MODEL:-bench-270m}.txt"
