@@ -20,6 +20,7 @@
 #   multi_gpu_scenarios  every multi_gpu scenario (scenarios/specs/parallel.yaml, fully-async on separate GPUs, DP
 #                    parity), MULTI_GPU_WORKERS at a time (default 2), MULTI_GPU_K a -k selection
 #   async_gpus       ci/bench_async_gpus.py: colocate vs fully-async k=1, k=2 on 2 GPUs
+#   async_save       ci/bench_async_save.py on Megatron (bench-270m, a save every step): plain vs --async-save
 #   sync_nccl        ci/bench_sync_nccl.py: bench-1b pushed by NCCL to an engine on another GPU, s/GB by phase
 #   two_nodes        tests/gpu/test_two_nodes_gpu.py: two Ray nodes of one host, relax train and ray job submit
 #   sglang_stage     one load of sglang 0.5.14's wheelhouse (SGLANG_LOAD=i, carry .sgl/load<i>; back-to-back calls)
@@ -183,6 +184,10 @@ for w in $WHAT; do
                      --runners ${SGLANG_DECODE_RUNNERS:-lean+graph+compile} sglang --batches 64 256 --no-hf \
                      ${SGLANG_DECODE_ARGS:-} --json "$OUT/bench_engine_sglang.json" 2>&1 | tee "$OUT/bench_engine_sglang.txt"
                    tail -60 /tmp/bench_engine_sglang_server.log > "$OUT/bench_engine_sglang_server_log_tail.txt" 2>/dev/null ;;
+    async_save) # issue 41: Megatron --async-save's step-time cost: bench-270m saving every step, plain vs --async-save
+                timeout $(cap 400) python3 ci/bench_async_save.py --steps ${ASYNC_SAVE_STEPS:-8} --flags \
+                  "--device cuda --train-backend megatron --hf-checkpoint bench-270m ${ASYNC_SAVE_FLAGS:-}" \
+                  --out "$OUT/async_save_megatron.json" 2>&1 | tail -20 | tee "$OUT/async_save_megatron.txt" ;;
     sync_nccl) timeout $(cap 300) python3 ci/bench_sync_nccl.py --json "$OUT/bench_sync_nccl.json" 2>&1 \
                  | tee "$OUT/bench_sync_nccl.txt" ;;
     baselines) timeout $(cap 585) python3 -m harness baseline record --profile gpu --runs 5 --baselines "$OUT/baselines" \

@@ -92,8 +92,6 @@ class CheckpointConfig(FlagSlice):
             problems.append("--critic-save requires --save (the critic is saved with each actor checkpoint)")
         if self.critic_load and not self.load:
             problems.append("--critic-load requires --load (the critic is loaded when the actor resumes)")
-        if self.async_save and self.train_backend == "megatron":
-            problems.append("not supported yet: --async-save with --train-backend megatron")
         if self.start_rollout_id is not None and self.num_rollout is not None and \
                 self.start_rollout_id >= self.num_rollout:
             problems.append(f"--start-rollout-id {self.start_rollout_id} must be below --num-rollout "

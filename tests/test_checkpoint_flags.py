@@ -58,11 +58,12 @@ def test_missing_requirements_are_refused_in_one_line(flags: list[str], line: st
     assert line in str(err.value)
 
 
-def test_async_save_with_megatron_is_refused() -> None:
-    args = parse_args([*QUICK, "--async-save"])
+def test_async_save_with_megatron_is_accepted() -> None:
+    """Megatron's --async-save (megatron-core's async save) is built: tests/test_megatron_async_save.py on CPU,
+    tests/gpu/test_megatron_gpu.py on the GPU."""
+    args = parse_args([*QUICK, "--async-save", "--save", "c"])
     args.train_backend = "megatron"
-    with pytest.raises(ConfigError, match="not supported yet: --async-save with --train-backend megatron"):
-        ckpt.CheckpointConfig.from_args(args)
+    assert ckpt.CheckpointConfig.from_args(args).async_save
 
 
 def test_ckpt_step_picks_a_saved_step_or_names_the_ones_there(tmp_path: Path) -> None:

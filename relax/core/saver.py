@@ -3,7 +3,8 @@
 A save writes ``iter_<step>.partial`` (the trainer's files, then the driver's state) and publishes it
 (relax/checkpoint.py), then prunes old ones (``--max-actor-ckpt-to-keep``, ``--rotate-ckpt``). With
 ``--async-save`` the trainer takes a host copy of its state and writes it in a thread while the next step
-trains (relax/checkpoint_io.py); a driver thread waits for it, then publishes and prunes. The driver waits for a
+trains (relax/checkpoint_io.py; Megatron: megatron-core's async save on every rank,
+relax/backends/megatron/async_save.py); a driver thread waits for it, then publishes and prunes. The driver waits for a
 save in flight before the next save and after the last step, and a failed write ends the run with one line
 naming the file.
 """
@@ -67,8 +68,11 @@ class CheckpointSaver:
             raise failure
 
     def wait(self) -> None:
-        """Wait for the save in flight (``--async-save``), then raise its failure, if any."""
+        """Wait for the save in flight (``--async-save``), then raise its failure, if any. The trainer is asked to
+        finish it: a Megatron trainer finalizes its background saves only at a step's start or when asked (every
+        rank together: relax/backends/megatron/async_save.py), and no step may follow (the last, or the next save)."""
         if self._thread is not None:
+            ray.get(self.trainer.wait_save.remote())  # its failure, if any, reaches check() through the thread
             self._thread.join()
             self._thread = None
         self.check()

@@ -152,8 +152,14 @@ class TrainerActor:
 
     def save(self, directory: str, save_optimizer: bool, critic_directory: str | None = None,
              background: bool = False) -> None:
-        """Write a checkpoint to ``directory``. ``background`` (``--async-save``, torch backend): take a host copy
-        of the state now and write it in a thread while training goes on; `save_status` reports on it."""
+        """Write a checkpoint to ``directory``. ``background`` (``--async-save``): the torch backend's host copy of
+        the state, written in a thread of rank 0 while training goes on; a ``collective_io`` backend's (Megatron)
+        shards, handed on every rank to megatron-core's async writer. `save_status` reports on either."""
+        if background and self._collective:
+            self.wait_save()  # every rank's earlier save finalized (a no-op on the peers, called after it)
+            return self._with_peers("save", (directory, save_optimizer, critic_directory, True),
+                                    lambda: self.backend.save(directory, save_optimizer=save_optimizer,
+                                                              critic_directory=critic_directory, background=True))
         if background:
             self.wait_save()  # the driver waits too: one write in flight at a time
             files = self.backend.checkpoint_files(directory, save_optimizer=save_optimizer,
@@ -169,10 +175,16 @@ class TrainerActor:
                 else local())
 
     def save_status(self) -> str:
-        """The background save's state: ``running``, ``done`` (also when none was started) or its failure's line."""
+        """The background save's state: ``running``, ``done`` (also when none was started) or its failure's line.
+        Local to this rank (the driver polls it while a step trains: the actor's second concurrency slot)."""
+        if self._collective:
+            return self.backend.save_status()
         return self._background.status() if self._background is not None else "done"
 
     def wait_save(self) -> str:
+        """Wait for the background save to be written (and, Megatron, finalized: a collective of every rank)."""
+        if self._collective:
+            return self._with_peers("wait_save", (), self.backend.finish_saves)
         return self._background.join() if self._background is not None else "done"
 
     def load(self, directory: str, critic_directory: str | None = None) -> None:

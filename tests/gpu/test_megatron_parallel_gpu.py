@@ -166,3 +166,24 @@ def test_relax_train_with_tensor_parallel_trainer_syncs_bitwise(tmp_path: Path) 
         assert sides["trainer"] == sides["engine:0"], version
     _report("megatron_train_tp2", {"versions": versions, "python": sys.version.split()[0]})
     assert len(versions) == 3
+
+
+@pytest.mark.multi_gpu
+@_needs_gpus(2)
+def test_relax_train_async_save_at_data_parallel_two_finalizes_on_both_ranks(tmp_path: Path) -> None:
+    """--async-save with two Megatron ranks (DP = 2, distributed optimizer: each rank writes its own shards): every
+    step's checkpoint is finalized by both ranks together (at the next step's start, or when the driver waits after
+    the last step) and published; a run resumes from the newest."""
+    from tests.e2e_helpers import FAST_FLAGS, assert_ok, read_jsonl, run_relax
+
+    base = [*FAST_FLAGS, "--device", "cuda", "--train-backend", "megatron", "--hf-checkpoint", "small-qwen3",
+            "--use-distributed-optimizer", "--resource", '{"actor": [1, 2], "rollout": [1, 2]}',
+            "--save", str(tmp_path / "ckpt"), "--save-interval", "1", "--async-save"]
+    assert_ok(run_relax([*base, "--num-rollout", "3", "--output-dir", str(tmp_path / "run")], tmp_path, timeout=600))
+    saved = [(e["step"], e["background"]) for e in read_jsonl(tmp_path / "run" / "events.jsonl")
+             if e["event"] == "checkpoint_saved"]
+    assert saved == [(0, True), (1, True), (2, True)], saved
+    assert_ok(run_relax([*base, "--num-rollout", "4", "--load", str(tmp_path / "ckpt"),
+                         "--output-dir", str(tmp_path / "resumed")], tmp_path, timeout=600))
+    assert [r["step"] for r in read_jsonl(tmp_path / "resumed" / "metrics.jsonl")] == [3]
+    _report("megatron_async_save_dp2", {"saved": saved})

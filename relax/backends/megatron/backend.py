@@ -31,6 +31,7 @@ from torch.utils.checkpoint import checkpoint
 from relax.algorithms.reducers import merge_metrics
 from relax.backends.config import TrainerConfig
 from relax.backends.lr_schedule import LRSchedule
+from relax.backends.megatron.async_save import AsyncSaves
 from relax.backends.megatron.bridge import BridgeWeights
 from relax.backends.megatron.config import McoreModelSpec
 from relax.backends.megatron.fusions import fusion_kwargs, recompile_headroom, use_fused_torch_adam
@@ -130,6 +131,7 @@ class MegatronTrainBackend(TorchTrainBackend):
         self._step = 0
         self.critic = None  # --advantage-estimator ppo is refused for this backend at parse time
         self._exporter = None  # built on first use: every rank builds it (an all-gather of shapes)
+        self._saves = AsyncSaves()  # --async-save: megatron-core's async saves in flight (async_save.py)
         self.profiler = TrainProfiler(cfg.profiler, rank=self.dp.rank)  # the inherited step's
         self.memory = MemoryRecorder(cfg.memory, rank=self.dp.rank)
 
@@ -361,19 +363,39 @@ class MegatronTrainBackend(TorchTrainBackend):
 
     # ------------------------------------------------------------------ checkpoints, sharded per rank
     def checkpoint_files(self, directory: str, *, save_optimizer: bool, critic_directory: str | None = None):
-        """The host copies ``--async-save`` writes: megatron-core's sharded checkpoint writes its own files (its
-        async save is not wired), so the flag is refused at parse time and this is never reached."""
-        raise NotImplementedError("not supported yet: --async-save with --train-backend megatron")
+        """Never called: ``--async-save`` here is megatron-core's own async save (`save` with ``background``),
+        every rank writing its shards, not host copies that rank 0 writes (the trainer actor picks by
+        ``collective_io``)."""
+        raise NotImplementedError("the Megatron backend saves in the background through save(background=True)")
 
-    def save(self, directory: str, *, save_optimizer: bool, critic_directory: str | None = None) -> None:
-        """``critic_directory`` is always None here: the critic (ppo) is refused for this backend."""
+    def save(self, directory: str, *, save_optimizer: bool, critic_directory: str | None = None,
+             background: bool = False) -> None:
+        """``critic_directory`` is always None here: the critic (ppo) is refused for this backend. ``background``
+        (``--async-save``): the shards are copied to host memory now and written while training goes on;
+        `save_status` says when the checkpoint is complete (relax/backends/megatron/async_save.py)."""
         from relax.backends.megatron.checkpoint import save_checkpoint
 
         if save_optimizer and self.cfg.megatron.optimizer_cpu_offload:  # refused at parse time too (validation.py)
             raise RuntimeError("relax: not supported yet: saving the --optimizer-cpu-offload optimizer state "
                                "(save with --no-save-optim)")
         self._finish_param_gather()
-        save_checkpoint(directory, self.built.gpt, self.optimizer, save_optimizer=save_optimizer, meta=self._meta())
+        save_checkpoint(directory, self.built.gpt, self.optimizer, save_optimizer=save_optimizer, meta=self._meta(),
+                        saves=self._saves if background else None)
+
+    def save_status(self) -> str:
+        """This rank's view of the background saves: ``running``, ``done`` or the failure's line (no collective:
+        the driver polls it from another thread while a step trains)."""
+        return self._saves.status()
+
+    def finish_saves(self) -> str:
+        """Wait for every background save and finalize it; every rank calls it at the same point."""
+        return self._saves.finalize(blocking=True)
+
+    def train_rollout(self, samples, step: int, precomputed=None) -> dict[str, float]:
+        """Finalizes the background saves every rank has written (a collective: every rank is here), then
+        trains the step."""
+        self._saves.finalize(blocking=False)
+        return super().train_rollout(samples, step, precomputed)
 
     def load(self, directory: str, critic_directory: str | None = None) -> None:
         from relax.backends.megatron.checkpoint import load_checkpoint

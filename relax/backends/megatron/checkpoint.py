@@ -24,6 +24,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from relax.backends.megatron.async_save import AsyncSaves
+
 MCORE_DIR = "mcore"
 RNG_DIR = "rng"
 META_FILE = "megatron.json"
@@ -49,10 +51,13 @@ def _sharded(model, optimizer, *, with_optimizer: bool, is_loading: bool) -> dic
     return sharded
 
 
-def save_checkpoint(directory: str | Path, model, optimizer, *, save_optimizer: bool, meta: dict) -> None:
+def save_checkpoint(directory: str | Path, model, optimizer, *, save_optimizer: bool, meta: dict,
+                    saves: AsyncSaves | None = None) -> None:
     """Every rank writes its shards of ``model`` (this rank's GPTModel) and, optionally, ``optimizer``.
 
     ``meta``: what the run looks like (``distributed_optimizer``, parallel sizes), kept in ``megatron.json``.
+    ``saves`` (``--async-save``): the shards are copied to host memory now and written in the background;
+    the checkpoint is complete once ``saves`` has finalized it (relax/backends/megatron/async_save.py).
     """
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
@@ -62,8 +67,12 @@ def save_checkpoint(directory: str | Path, model, optimizer, *, save_optimizer: 
     (path / MCORE_DIR).mkdir(parents=True, exist_ok=True)
     (path / RNG_DIR).mkdir(exist_ok=True)
     strategy = FullyParallelSaveStrategyWrapper(get_default_save_sharded_strategy(), _dp_group())
-    dist_checkpointing.save(_sharded(model, optimizer, with_optimizer=save_optimizer, is_loading=False),
-                            str(path / MCORE_DIR), sharded_strategy=strategy)
+    sharded = _sharded(model, optimizer, with_optimizer=save_optimizer, is_loading=False)
+    if saves is None:
+        dist_checkpointing.save(sharded, str(path / MCORE_DIR), sharded_strategy=strategy)
+    else:  # megatron-core's own async writer ("nvrx", its default, needs nvidia-resiliency-ext, not installed)
+        saves.schedule(dist_checkpointing.save(sharded, str(path / MCORE_DIR), sharded_strategy=strategy,
+                                               async_sharded_save=True, async_strategy="mcore"))
     torch.save(_rng_state(), path / RNG_DIR / f"rank_{_rank():05d}.pt")
     if _rank() == 0:
         (path / META_FILE).write_text(json.dumps({**meta, "optimizer_state": save_optimizer}, indent=1))
