@@ -1,8 +1,8 @@
 """Step time with a checkpoint every step, with and without --async-save.
 
     python ci/bench_async_save.py [--steps N] [--out docs/results/async_save.json]      # CPU, torch trainer
-    python ci/bench_async_save.py --flags "--device cuda --train-backend megatron --hf-checkpoint bench-270m" \
-        --out async_save_megatron.json                                                   # GPU, Megatron
+    python ci/bench_async_save.py --flags "--device cuda --train-backend megatron --hf-checkpoint bench-270m \
+        --prompt-data relax/models/tasks/maxword.jsonl" --out async_save_megatron.json   # GPU, Megatron
 
 Runs the quickstart task (``--flags`` adds to or overrides its flags) saving every step, once plain and once
 with --async-save, and reports the mean wall time from one step's end to the next (metrics' perf/step_time_s

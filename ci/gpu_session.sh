@@ -186,7 +186,7 @@ for w in $WHAT; do
                    tail -60 /tmp/bench_engine_sglang_server.log > "$OUT/bench_engine_sglang_server_log_tail.txt" 2>/dev/null ;;
     async_save) # issue 41: Megatron --async-save's step-time cost: bench-270m saving every step, plain vs --async-save
                 timeout $(cap 400) python3 ci/bench_async_save.py --steps ${ASYNC_SAVE_STEPS:-8} --flags \
-                  "--device cuda --train-backend megatron --hf-checkpoint bench-270m ${ASYNC_SAVE_FLAGS:-}" \
+                  "--device cuda --train-backend megatron --hf-checkpoint bench-270m --prompt-data relax/models/tasks/maxword.jsonl ${ASYNC_SAVE_FLAGS:-}" \
                   --out "$OUT/async_save_megatron.json" 2>&1 | tail -20 | tee "$OUT/async_save_megatron.txt" ;;
     sync_nccl) timeout $(cap 300) python3 ci/bench_sync_nccl.py --json "$OUT/bench_sync_nccl.json" 2>&1 \
                  | tee "$OUT/bench_sync_nccl.txt" ;;
