@@ -50,6 +50,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         plain = run("plain", extra, ns.steps, root)
+        print(f"plain: {plain:.3f}s a step", flush=True)  # a run cut by a time limit still shows this
         background = run("async", [*extra, "--async-save"], ns.steps, root)
         last = max((root / "plain_ckpt").glob("iter_*"))
         ckpt_bytes = sum(f.stat().st_size for f in last.rglob("*") if f.is_file())

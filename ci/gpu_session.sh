@@ -187,7 +187,7 @@ for w in $WHAT; do
     async_save) # issue 41: Megatron --async-save's step-time cost: bench-270m saving every step, plain vs --async-save
                 timeout $(cap 400) python3 ci/bench_async_save.py --steps ${ASYNC_SAVE_STEPS:-8} --flags \
                   "--device cuda --train-backend megatron --hf-checkpoint bench-270m --prompt-data relax/models/tasks/maxword.jsonl ${ASYNC_SAVE_FLAGS:-}" \
-                  --out "$OUT/async_save_megatron.json" 2>&1 | tail -20 | tee "$OUT/async_save_megatron.txt" ;;
+                  --out "$OUT/async_save_megatron.json" 2>&1 | tee "$OUT/async_save_megatron.txt" ;;
     sync_nccl) timeout $(cap 300) python3 ci/bench_sync_nccl.py --json "$OUT/bench_sync_nccl.json" 2>&1 \
                  | tee "$OUT/bench_sync_nccl.txt" ;;
     baselines) timeout $(cap 585) python3 -m harness baseline record --profile gpu --runs 5 --baselines "$OUT/baselines" \
