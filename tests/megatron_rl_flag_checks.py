@@ -10,6 +10,7 @@ observes the flag's effect on megatron's own objects:
 * ``--recompute-loss-function``: the checkpointed loss runs twice per micro-batch, same loss and weights;
 * ``--lr-decay-style``: the rate megatron's Adam steps with follows the schedule;
 * ``--opd-type sglang``: no teacher model in the backend; the samples' teacher log-probs drive the step;
+* ``--advantage-estimator ppo``: the critic steps as the torch backend's does, and a checkpoint restores it;
 * ``--overlap-grad-reduce`` / ``--overlap-param-gather``: megatron-core DDP's overlap trains the same weights (one
   rank: the hooks, the deferred gather and its finish before the export run; the DP-2 sums are
   tests/test_megatron_backend_cpu.py's).
@@ -150,6 +151,44 @@ def check_opd_with_an_sglang_teacher_uses_the_samples_teacher_log_probs(make: Ma
     mask = batch.loss_mask
     want = float(((old - batch.teacher_log_probs) * mask).sum() / mask.sum())
     assert metrics["train/opd_reverse_kl"] == pytest.approx(want, rel=1e-6)
+
+
+def _torch_twin(backend, *extra: str):
+    """The torch backend on the Megatron backend's device, from the same flags."""
+    from relax.backends.config import TrainerConfig
+    from relax.backends.torch.backend import TorchTrainBackend
+    from relax.utils.arguments import parse_args
+
+    argv = flags(*extra)
+    argv[argv.index("--train-backend") + 1] = "torch"
+    argv[argv.index("--device") + 1] = backend.device.type
+    return TorchTrainBackend(TrainerConfig.from_args(parse_args(argv)), backend.device.type)
+
+
+def check_ppo_critic_steps_as_the_torch_backends_and_resumes(make: Make) -> None:
+    """--advantage-estimator ppo: the Megatron backend's critic is relax's torch value model fed by the inherited
+    step. Without a KL term in the reward the returns depend on the rewards and the critic's values alone, so two
+    rollouts leave it bitwise equal to the torch backend's critic on the same samples; a checkpoint restores it
+    and its optimizer state."""
+    import tempfile
+
+    ppo = ("--advantage-estimator", "ppo")
+    megatron = make(*ppo)
+    torch_backend = _torch_twin(megatron, *ppo)
+    for step in range(2):
+        got = megatron.train_rollout(varied_samples(seed=20 + step), step)
+        want = torch_backend.train_rollout(varied_samples(seed=20 + step), step)
+        for key in ("train/value_loss", "train/critic_grad_norm"):
+            assert got[key] == want[key], (step, key, got[key], want[key])
+    assert _same(megatron.critic.model, torch_backend.critic.model)
+    with tempfile.TemporaryDirectory() as tmp:
+        megatron.save(tmp, save_optimizer=True)
+        resumed = make(*ppo)
+        assert not _same(resumed.critic.model, megatron.critic.model)  # a fresh critic: its head starts at zero
+        resumed.load(tmp)
+    assert _same(resumed.critic.model, megatron.critic.model)
+    steps = {int(s["step"]) for s in resumed.critic.optimizer.state.values()}
+    assert steps == {int(s["step"]) for s in megatron.critic.optimizer.state.values()} == {2}
 
 
 CHECKS: list[str] = [name for name in dict(globals()) if name.startswith("check_")]  # in the order above

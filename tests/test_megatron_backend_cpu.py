@@ -62,22 +62,30 @@ def moe_dir(tmp_path_factory) -> str:
     return write_tiny_moe(tmp_path_factory.mktemp("moe"))
 
 
+# The exact layouts run without gradient clipping: the distributed optimizer sums the squared-norm shards in another
+# order, so the grad norm differs in its last bits (~1e-8 relative) and, through the clip factor, a handful of bf16
+# weights by one ulp; without clipping the update is the data-parallel gradient sum alone, which is exact.
+NO_CLIP = ["--clip-grad", "0"]
+
+
 @pytest.fixture(scope="module")
 def one_rank(moe_dir) -> dict:
     from tests.megatron_workers import spawn
 
-    return {"small-qwen3": spawn(_one_step, 1, "small-qwen3", 1, []), "moe": spawn(_one_step, 1, moe_dir, 1, [])}
+    return {"small-qwen3": spawn(_one_step, 1, "small-qwen3", 1, []), "moe": spawn(_one_step, 1, moe_dir, 1, []),
+            "small-qwen3-noclip": spawn(_one_step, 1, "small-qwen3", 1, NO_CLIP)}
 
 
 LAYOUTS = [  # (model, world, flags, exact)
-    ("small-qwen3", 2, ["--use-distributed-optimizer"], True),
+    ("small-qwen3", 2, ["--use-distributed-optimizer", *NO_CLIP], True),
     ("small-qwen3", 2, ["--pipeline-model-parallel-size", "2"], False),
     ("small-qwen3", 2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"], False),
     ("small-qwen3", 4, ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"], False),
     ("moe", 2, ["--expert-model-parallel-size", "2"], False),
     # megatron-core DDP's overlap: the same sums, started per bucket as the backward fills it
-    ("small-qwen3", 2, ["--overlap-grad-reduce"], True),
-    ("small-qwen3", 2, ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"], True),
+    ("small-qwen3", 2, ["--overlap-grad-reduce", *NO_CLIP], True),
+    ("small-qwen3", 2, ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather", *NO_CLIP],
+     True),
     ("small-qwen3", 2, ["--pipeline-model-parallel-size", "2", "--overlap-grad-reduce"], False),
 ]
 
@@ -89,7 +97,7 @@ def test_parallel_layout_matches_one_rank(one_rank, moe_dir, model: str, world: 
                                           exact: bool) -> None:
     from tests.megatron_workers import spawn
 
-    ref = one_rank[model]
+    ref = one_rank[f"{model}-noclip" if exact else model]
     got = spawn(_one_step, world, moe_dir if model == "moe" else model, world, flags)
     lp_diff = float((got["old"] - ref["old"]).abs().max())
     gn, gn_ref = got["metrics"]["grad_norm"], ref["metrics"]["grad_norm"]
@@ -187,3 +195,36 @@ def test_save_hf_writes_the_gathered_model_once(tmp_path) -> None:
     assert (path / "model.safetensors.index.json").exists()  # one shard per export bucket
     reloaded = tf.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16)
     assert state_checksums(reloaded.state_dict().items()) == sums
+
+
+def _critic_steps(rank: int, world: int, flags: list[str]) -> dict:
+    """Two PPO rollouts; the critic's weights and metrics afterwards (every rank holds the whole critic)."""
+    backend = _backend("small-qwen3", world, ["--advantage-estimator", "ppo", *flags])
+    backend.critic.model.double()  # in place (its AdamW keeps the parameters): why, see tests/test_data_parallel.py
+    metrics = [backend.train_rollout(varied_samples(10 + step), step) for step in range(2)]
+    return {"critic": {k: v.detach().clone() for k, v in backend.critic.model.state_dict().items()},
+            "value_loss": [m["train/value_loss"] for m in metrics]}
+
+
+@pytest.mark.parametrize("world, flags", [(2, []), (2, ["--tensor-model-parallel-size", "2"]),
+                                          (2, ["--pipeline-model-parallel-size", "2"])], ids=["dp2", "tp2", "pp2"])
+def test_ppo_critic_is_the_same_under_every_layout(world: int, flags: list[str]) -> None:
+    """The critic, replicated on every rank, runs its data-parallel rank's micro-batches and sums gradients over the
+    data-parallel group. Tensor / pipeline peers (one data-parallel rank) compute it whole, bitwise as one rank
+    does. At DP 2 each rank sums two of the four micro-batches' gradients and the all-reduce adds the two partial
+    sums, ((g1 + g3) + (g2 + g4)) where one rank adds ((g1 + g2) + g3) + g4: equal up to rounding, so the critic
+    runs in float64 here, as tests/test_data_parallel.py's models do (a dropped micro-batch or a missing reduce is
+    off by a quarter of the gradient)."""
+    from tests.megatron_workers import spawn
+
+    one = spawn(_critic_steps, 1, 1, [])
+    got = spawn(_critic_steps, world, world, flags)
+    if "--tensor-model-parallel-size" in flags or "--pipeline-model-parallel-size" in flags:
+        assert got["value_loss"] == one["value_loss"]
+        assert all(torch.equal(got["critic"][k], v) for k, v in one["critic"].items())
+        return
+    assert got["value_loss"] == pytest.approx(one["value_loss"], rel=1e-6)  # reduced in float32
+    for name, want in one["critic"].items():
+        diff = float((got["critic"][name] - want).abs().max())
+        assert diff < 1e-10, f"{name}: max |DP2 - DP1| = {diff}"
+    assert one["value_loss"][1] != one["value_loss"][0]  # the critic moved: the comparison proves something

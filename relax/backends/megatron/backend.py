@@ -22,6 +22,7 @@ and runs before the DDP wrap, so frozen parameters get no grad buffer and no opt
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -54,6 +55,7 @@ from relax.backends.torch.backend import TorchTrainBackend
 from relax.backends.torch.batch import RolloutTensors, build_model_inputs
 from relax.backends.torch.data_parallel import DataParallel
 from relax.backends.torch.freezing import apply_param_freezing
+from relax.checkpoint_io import write_files
 from relax.models.provider import provider_mismatch
 from relax.observability.collective_memory import checked
 from relax.observability.memory import MemoryRecorder
@@ -129,7 +131,11 @@ class MegatronTrainBackend(TorchTrainBackend):
                                                  from_rollout=cfg.use_rollout_routing_replay,
                                                  sequence_shards=self.runner.seq_multiple)
         self._step = 0
-        self.critic = None  # --advantage-estimator ppo is refused for this backend at parse time
+        self.critic = None
+        if cfg.algo.advantage_estimator == "ppo":  # a plain torch value model, a full copy on every rank (critic.py)
+            from relax.backends.torch.critic import Critic
+
+            self.critic = Critic(cfg, self.device, self.pad_id, self.dp)
         self._exporter = None  # built on first use: every rank builds it (an all-gather of shapes)
         self._saves = AsyncSaves()  # --async-save: megatron-core's async saves in flight (async_save.py)
         self.profiler = TrainProfiler(cfg.profiler, rank=self.dp.rank)  # the inherited step's
@@ -305,6 +311,8 @@ class MegatronTrainBackend(TorchTrainBackend):
         starts them afresh, bias correction included. ``--optimizer-cpu-offload`` is refused with it."""
         for inner in torch_optimizers(self.optimizer):
             inner.state.clear()
+        if self.critic is not None:  # the critic's plain AdamW, as the torch backend resets it
+            self.critic.optimizer.state.clear()
 
     def _apply_gradients(self, loss: float | None) -> float:
         """Reduce grads over DP (and TP for sequence-parallel norms, PP for tied embeddings), refuse a non-finite
@@ -370,9 +378,10 @@ class MegatronTrainBackend(TorchTrainBackend):
 
     def save(self, directory: str, *, save_optimizer: bool, critic_directory: str | None = None,
              background: bool = False) -> None:
-        """``critic_directory`` is always None here: the critic (ppo) is refused for this backend. ``background``
-        (``--async-save``): the shards are copied to host memory now and written while training goes on;
-        `save_status` says when the checkpoint is complete (relax/backends/megatron/async_save.py)."""
+        """``background`` (``--async-save``): the shards are copied to host memory now and written while training
+        goes on; `save_status` says when the checkpoint is complete (relax/backends/megatron/async_save.py). The
+        PPO critic (the same on every rank) is written by rank 0 alone, to ``critic_directory`` when given
+        (``--critic-save``), else beside the shards, before this returns, in both cases."""
         from relax.backends.megatron.checkpoint import save_checkpoint
 
         if save_optimizer and self.cfg.megatron.optimizer_cpu_offload:  # refused at parse time too (validation.py)
@@ -381,6 +390,8 @@ class MegatronTrainBackend(TorchTrainBackend):
         self._finish_param_gather()
         save_checkpoint(directory, self.built.gpt, self.optimizer, save_optimizer=save_optimizer, meta=self._meta(),
                         saves=self._saves if background else None)
+        if self.critic is not None and dist.get_rank() == 0:
+            write_files(self.critic.checkpoint_files(Path(critic_directory or directory), save_optimizer=save_optimizer))
 
     def save_status(self) -> str:
         """This rank's view of the background saves: ``running``, ``done`` or the failure's line (no collective:
@@ -401,6 +412,8 @@ class MegatronTrainBackend(TorchTrainBackend):
         from relax.backends.megatron.checkpoint import load_checkpoint
 
         load_checkpoint(directory, self.built.gpt, self.optimizer, meta=self._meta())
+        if self.critic is not None:  # every rank: each holds the whole critic
+            self.critic.load(Path(critic_directory or directory))
         if self.old_actor is not None:  # a resumed run's engines start from the loaded weights
             self.old_actor.refresh(self._policy_module)
 

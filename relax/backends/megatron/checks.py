@@ -35,8 +35,6 @@ def check_train_backend(cfg: MegatronConfig, resource: Any) -> None:
         problem = bridge_problem(cfg.hf_checkpoint)
         if problem:
             raise ConfigError(problem)
-    if cfg.advantage_estimator == "ppo":
-        raise ConfigError("not supported yet: --advantage-estimator ppo with --train-backend megatron (the critic)")
     _check_parallel(cfg, resource)
 
 

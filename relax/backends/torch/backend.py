@@ -609,12 +609,8 @@ class TorchTrainBackend:
         if self.master is not None:  # --bf16: the fp32 weights the optimizer steps (the model holds them rounded)
             files.append(HostFile(path / "master.safetensors", "safetensors", to_host(self.master.state())))
         if self.critic is not None:
-            critic_path = Path(critic_directory) if critic_directory else path
-            files.append(HostFile(critic_path / "critic.safetensors", "safetensors",
-                                  to_host(self.critic.model.state_dict())))
-            if save_optimizer:
-                files.append(HostFile(critic_path / "critic_optimizer.pt", "torch",
-                                      to_host(self.critic.optimizer.state_dict())))
+            files += self.critic.checkpoint_files(Path(critic_directory) if critic_directory else path,
+                                                  save_optimizer=save_optimizer)
         rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
         files.append(HostFile(path / "rng.pt", "torch", rng))
         return files
@@ -639,14 +635,7 @@ class TorchTrainBackend:
         if (path / "optimizer.pt").exists():
             self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
         if self.critic is not None:
-            critic_path = Path(critic_directory) if critic_directory else path
-            if not (critic_path / "critic.safetensors").exists():
-                raise ValueError(f"checkpoint {critic_path} has no critic.safetensors: it was not saved with "
-                                 "--advantage-estimator ppo")
-            self.critic.model.load_state_dict(load_file(str(critic_path / "critic.safetensors")))
-            if (critic_path / "critic_optimizer.pt").exists():
-                self.critic.optimizer.load_state_dict(torch.load(critic_path / "critic_optimizer.pt",
-                                                                 weights_only=False))
+            self.critic.load(Path(critic_directory) if critic_directory else path)
         if self.old_actor is not None:  # a resumed run's engines start from the loaded weights
             self.old_actor.refresh(self._policy_module)
         rng = torch.load(path / "rng.pt", weights_only=False)

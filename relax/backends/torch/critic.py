@@ -1,11 +1,17 @@
-"""The PPO critic for the torch backend: the policy's transformer body plus a scalar value head.
+"""The PPO critic: the policy's transformer body plus a scalar value head, in plain torch.
 
 The value of response token t is read at the same position whose logits predict token t
 (the state before emitting it), so values line up with log-probs and advantages.
+
+Both backends use it. The torch backend's data-parallel ranks each hold a copy; the Megatron backend gives
+every rank of its TP x PP x EP x DP grid a full copy (the critic is not sharded), which runs the micro-batches of
+its data-parallel rank and reduces its gradients over the data-parallel group, so ranks that share a
+data-parallel rank (tensor / pipeline peers) compute and keep the same critic.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -14,6 +20,7 @@ from relax.algorithms.critic import critic_lr_at, value_loss
 from relax.algorithms.reducers import merge_metrics
 from relax.backends.torch.batch import RolloutTensors, build_model_inputs
 from relax.backends.torch.data_parallel import DataParallel
+from relax.checkpoint_io import HostFile, to_host
 from relax.models import build_model
 
 if TYPE_CHECKING:
@@ -77,3 +84,21 @@ class Critic:
         self.optimizer.step()
         out["critic_lr"] = self.optimizer.param_groups[0]["lr"]
         return out
+
+    def checkpoint_files(self, directory: Path, *, save_optimizer: bool) -> list[HostFile]:
+        """Host copies of the value model (and its optimizer's state) for ``directory`` (relax/checkpoint_io.py)."""
+        files = [HostFile(directory / "critic.safetensors", "safetensors", to_host(self.model.state_dict()))]
+        if save_optimizer:
+            files.append(HostFile(directory / "critic_optimizer.pt", "torch", to_host(self.optimizer.state_dict())))
+        return files
+
+    def load(self, directory: Path) -> None:
+        """The value model (and its optimizer's state, when saved) from ``directory``."""
+        from safetensors.torch import load_file
+
+        if not (directory / "critic.safetensors").exists():
+            raise ValueError(f"checkpoint {directory} has no critic.safetensors: it was not saved with "
+                             "--advantage-estimator ppo")
+        self.model.load_state_dict(load_file(str(directory / "critic.safetensors")))
+        if (directory / "critic_optimizer.pt").exists():
+            self.optimizer.load_state_dict(torch.load(directory / "critic_optimizer.pt", weights_only=False))
