@@ -72,7 +72,10 @@ class CheckpointSaver:
         finish it: a Megatron trainer finalizes its background saves only at a step's start or when asked (every
         rank together: relax/backends/megatron/async_save.py), and no step may follow (the last, or the next save)."""
         if self._thread is not None:
-            ray.get(self.trainer.wait_save.remote())  # its failure, if any, reaches check() through the thread
+            try:
+                ray.get(self.trainer.wait_save.remote())  # a failed write is its status line, which the thread reads
+            except ray.exceptions.RayError:
+                pass  # a dead trainer: the thread's next poll fails the same way and records it for check()
             self._thread.join()
             self._thread = None
         self.check()
