@@ -220,7 +220,6 @@ def test_a_request_holds_one_image_pad_per_image_as_sglang_takes_it(model):
     one per image (relax/data/multimodal.py one_pad_per_image); the engine expands it back to the sample's own
     tokens and answers exactly as for the expanded prompt."""
     from relax.backends.embedded.image_data import expand_image_pads
-    from relax.data.multimodal import one_pad_per_image_text
     from relax.engine.rollout.config import RolloutConfig
     from relax.engine.rollout.prompt_input import prompt_fields
     from relax.engine.rollout.state import GenerateState
@@ -230,8 +229,8 @@ def test_a_request_holds_one_image_pad_per_image_as_sglang_takes_it(model):
     assert ids.count(IMAGE_PAD_ID) == 1 and len(ids) == len(s.tokens) - 3  # 4 pads -> 1
     assert expand_image_pads(ids, IMAGE_PAD_ID, [4]) == s.tokens
     assert prompt_fields(s, False)["input_ids"] == s.tokens  # no pad id known: the tokens as they are
-    assert prompt_fields(s, True, IMAGE_PAD_ID)["text"] == one_pad_per_image_text(s.prompt)
-    assert one_pad_per_image_text(s.prompt).count("<|image_pad|>") == 1
+    with pytest.raises(ValueError, match="has images, which go as token ids"):  # as text: refused, not flattened
+        prompt_fields(s, True, IMAGE_PAD_ID)
     # a response keeps its tokens (a sampled pad there is text)
     s.tokens, s.response_length = s.tokens + [IMAGE_PAD_ID, IMAGE_PAD_ID], 2
     sent = prompt_fields(s, False, IMAGE_PAD_ID)["input_ids"]

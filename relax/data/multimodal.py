@@ -253,14 +253,6 @@ def one_pad_per_image(tokens: list[int], pad_id: int, prompt_len: int) -> list[i
     return out + list(tokens[prompt_len:])
 
 
-_IMAGE_PAD_RUN = re.compile(f"(?:{re.escape(IMAGE_PAD)})+")
-
-
-def one_pad_per_image_text(text: str) -> str:
-    """`one_pad_per_image` of a prompt's text (``--use-slime-router`` sends text)."""
-    return _IMAGE_PAD_RUN.sub(IMAGE_PAD, text)
-
-
 def media_request_fields(multimodal_inputs: Any) -> dict[str, Any]:
     """The ``/generate`` fields of a sample's media: SGLang's ``image_data`` (data URIs), ``video_data`` (each
     video as its sampled frames) and ``audio_data`` (WAV data URIs, in prompt order), only those it has; and

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from relax.data.multimodal import one_pad_per_image, one_pad_per_image_text
+from relax.data.multimodal import one_pad_per_image
 from relax.utils.types import Sample
 
 
@@ -32,7 +32,10 @@ def prompt_fields(sample: Sample, text: bool, image_pad_id: int | None = None) -
     if sample.response_length:
         raise ValueError(f"--use-slime-router sends each prompt as text; sample {sample.index} already has "
                          f"{sample.response_length} response tokens, which text cannot carry")
-    return {"text": one_pad_per_image_text(sample.prompt) if images else sample.prompt, "return_prompt_token_ids": True}
+    if images:  # --multimodal-keys is refused with --use-slime-router; a custom data source can still get here
+        raise ValueError(f"--use-slime-router sends each prompt as text; sample {sample.index} has images, which go "
+                         "as token ids (not supported yet: media prompts with --use-slime-router)")
+    return {"text": sample.prompt, "return_prompt_token_ids": True}
 
 
 def take_prompt_ids(sample: Sample, response: dict[str, Any], text: bool) -> None:
