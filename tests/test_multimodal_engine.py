@@ -253,7 +253,7 @@ def test_a_request_holds_one_image_pad_per_image_as_sglang_takes_it(model):
 def test_sglang_is_refused_a_vlm_whose_patches_it_would_skip_and_media_it_has_not_served():
     """SGLang 0.5.14 runs Qwen2.5-VL's vision tower only on 1176-value patch rows (14-pixel patches): the 8-pixel tiny
     model would be served without its vision tower, silently. Videos and audio have not run against SGLang."""
-    from relax.utils.validation import sglang_vision_problems
+    from relax.backends.sglang.vision import sglang_vision_problems
 
     def problems(checkpoint, keys):
         from relax.models.registry import resolve_checkpoint

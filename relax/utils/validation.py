@@ -13,7 +13,6 @@ import functools
 import re
 from argparse import Namespace
 from collections.abc import Callable, Set
-from typing import Any
 
 from relax.backends.embedded.config import EmbeddedEngineConfig
 from relax.backends.embedded.runner_choice import check_runner_flags
@@ -619,6 +618,8 @@ def _multimodal(args: Namespace, p: Problems) -> None:
     if not vision:
         return
     if args.rollout_backend == "sglang":
+        from relax.backends.sglang.vision import sglang_vision_problems
+
         for problem in sglang_vision_problems(args.multimodal_keys, config, args.hf_checkpoint):
             p.add(problem)
     if args.train_backend == "megatron":
@@ -627,30 +628,6 @@ def _multimodal(args: Namespace, p: Problems) -> None:
     if args.rollout_backend == "embedded" and args.embedded_runner not in (None, "auto", "hf"):
         p.add(f"not supported yet: --embedded-runner {args.embedded_runner} with a vision-language model "
               "(the hf runner runs the vision tower)")
-
-
-SGLANG_PATCH_VALUES = 1176  # 3 x 2 x 14 x 14: the patch row width SGLang 0.5.14's Qwen2.5-VL runs its vision tower on
-
-
-def sglang_vision_problems(keys: dict | None, config: Any, checkpoint: str) -> list[str]:
-    """What real SGLang 0.5.14 cannot serve of a vision-language run. Its Qwen2.5-VL ``get_image_feature`` takes a
-    patch row of any other width than 1176 values for a precomputed embedding and skips the vision tower, silently;
-    only images were run against it (a video's pad tokens are sent expanded, which its processor would take for
-    one video each)."""
-    out = []
-    vision = getattr(config, "vision_config", None)
-    if vision is not None:
-        width = (getattr(vision, "in_channels", getattr(vision, "in_chans", 3)) * getattr(vision, "temporal_patch_size", 2)
-                 * getattr(vision, "patch_size", 14) ** 2)
-        if width != SGLANG_PATCH_VALUES:
-            out.append(f"--rollout-backend sglang cannot serve {checkpoint}: its patches hold {width} values and SGLang "
-                       f"0.5.14 runs the vision tower only on {SGLANG_PATCH_VALUES} (14-pixel patches; e.g. "
-                       "--hf-checkpoint tiny-qwen2.5-vl-p14)")
-    other = sorted(set(keys or {}) - {"image"})
-    if other:
-        out.append(f"not supported yet: --multimodal-keys {', '.join(other)} with --rollout-backend sglang (only "
-                   "images have run against SGLang)")
-    return out
 
 
 @rule
