@@ -289,7 +289,6 @@ class MegatronTrainBackend(TorchTrainBackend):
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
 
-    @property
     def _policy_module(self) -> torch.nn.Module:
         """The GPTModel inside the DDP wrapper (megatron's DDP keeps its grad buffers in a ``buffers`` attribute,
         which hides ``nn.Module.buffers``), its weights gathered (`_finish_param_gather`)."""
@@ -415,7 +414,7 @@ class MegatronTrainBackend(TorchTrainBackend):
         if self.critic is not None:  # every rank: each holds the whole critic
             self.critic.load(Path(critic_directory or directory))
         if self.old_actor is not None:  # a resumed run's engines start from the loaded weights
-            self.old_actor.refresh(self._policy_module)
+            self.old_actor.refresh(self._policy_module())
 
     def _meta(self) -> dict:
         """What a checkpoint records about the run (relax/backends/megatron/checkpoint.py)."""

@@ -368,7 +368,7 @@ class TorchTrainBackend:
         if self.routing is not None:
             metrics.update(self.routing.metrics())
         if self.old_actor is not None:  # --keep-old-actor: a step that ends with a sync moves the copy on
-            metrics["train/old_actor_refreshed"] = float(self.old_actor.after_step(step, self._policy_module))
+            metrics["train/old_actor_refreshed"] = float(self.old_actor.after_step(step, self._policy_module()))
         if self.ref_model is not None and cfg.ref_update_interval and (step + 1) % cfg.ref_update_interval == 0:
             self._update_reference()  # --ref-update-interval: the next rollouts' KL is to this policy
             metrics["train/ref_updated"] = 1.0
@@ -506,15 +506,15 @@ class TorchTrainBackend:
             loss = loss * float("nan")
         return loss, m
 
-    @property
     def _policy_module(self) -> torch.nn.Module:
-        """The policy as a plain module of the reference's structure (the Megatron backend's is inside its DDP)."""
+        """The policy as a plain module of the reference's structure (the Megatron backend's is inside its DDP). A
+        method, not a property: the Megatron backend's first finishes a pending parameter gather, a collective."""
         return self.model
 
     @torch.no_grad()
     def _update_reference(self) -> None:
         """The reference model takes the actor's current weights (its frozen copy, as built at start)."""
-        actor = self._policy_module
+        actor = self._policy_module()
         for ref, weight in zip(self.ref_model.parameters(), actor.parameters(), strict=True):
             ref.copy_(weight)
         for ref, weight in zip(self.ref_model.buffers(), actor.buffers(), strict=True):
@@ -637,7 +637,7 @@ class TorchTrainBackend:
         if self.critic is not None:
             self.critic.load(Path(critic_directory) if critic_directory else path)
         if self.old_actor is not None:  # a resumed run's engines start from the loaded weights
-            self.old_actor.refresh(self._policy_module)
+            self.old_actor.refresh(self._policy_module())
         rng = torch.load(path / "rng.pt", weights_only=False)
         torch.set_rng_state(rng["torch"])
         np.random.set_state(rng["numpy"])
