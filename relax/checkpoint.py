@@ -111,20 +111,34 @@ class DriverState:
 def _teacher_step_problems(cfg: CheckpointConfig) -> list[str]:
     step, root = cfg.opd_teacher_ckpt_step, cfg.opd_teacher_load
     if step is None:
-        return []
+        if cfg.opd_type != "megatron" or not root or not is_checkpoint_root(root):
+            return []
+        try:  # the latest checkpoint of a relax train --save directory
+            return backend_problems(find_latest(root, flag="--opd-teacher-load", driver_state=False),
+                                    cfg.train_backend, "--opd-teacher-load")
+        except CheckpointError as exc:
+            return [str(exc)]
     if cfg.opd_type != "megatron":
         return [f"not supported yet: --opd-teacher-ckpt-step with --opd-type {cfg.opd_type} (the teacher in the "
                 "trainer, --opd-type megatron, only)"]
-    if cfg.train_backend == "megatron":
-        return ["not supported yet: --opd-teacher-ckpt-step with --train-backend megatron"]
     if not root or not is_checkpoint_root(root):
         return [f"--opd-teacher-ckpt-step {step}: --opd-teacher-load {root} is not a relax train --save "
                 f"directory (no {LATEST_FILE})"]
     try:
-        find_step(root, step, flag="--opd-teacher-ckpt-step")
+        directory = find_step(root, step, flag="--opd-teacher-ckpt-step")
     except CheckpointError as exc:
         return [str(exc)]
-    return []
+    return backend_problems(directory, cfg.train_backend, "--opd-teacher-load")
+
+
+def backend_problems(directory: Path, train_backend: str, flag: str) -> list[str]:
+    """A checkpoint that ``train_backend`` cannot read as a model's weights (``--ref-load``, ``--opd-teacher-load``):
+    the torch backend reads ``model.safetensors``, the Megatron backend its sharded ``mcore/`` (``megatron.json``)."""
+    saved = "megatron" if (directory / "megatron.json").exists() else "torch"
+    if saved == train_backend:
+        return []
+    return [f"{flag}: {directory} was saved by --train-backend {saved}; --train-backend {train_backend} reads only "
+            "its own checkpoints"]
 
 
 def iteration_dir(root: str | Path, step: int) -> Path:

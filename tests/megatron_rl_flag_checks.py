@@ -11,6 +11,7 @@ observes the flag's effect on megatron's own objects:
 * ``--lr-decay-style``: the rate megatron's Adam steps with follows the schedule;
 * ``--opd-type sglang``: no teacher model in the backend; the samples' teacher log-probs drive the step;
 * ``--advantage-estimator ppo``: the critic steps as the torch backend's does, and a checkpoint restores it;
+* ``--ref-load`` / ``--opd-teacher-ckpt-step`` of a Megatron checkpoint: the reference / teacher hold that step;
 * ``--overlap-grad-reduce`` / ``--overlap-param-gather``: megatron-core DDP's overlap trains the same weights (one
   rank: the hooks, the deferred gather and its finish before the export run; the DP-2 sums are
   tests/test_megatron_backend_cpu.py's).
@@ -189,6 +190,27 @@ def check_ppo_critic_steps_as_the_torch_backends_and_resumes(make: Make) -> None
     assert _same(resumed.critic.model, megatron.critic.model)
     steps = {int(s["step"]) for s in resumed.critic.optimizer.state.values()}
     assert steps == {int(s["step"]) for s in megatron.critic.optimizer.state.values()} == {2}
+
+
+def check_reference_and_teacher_load_a_saved_megatron_step(make: Make) -> None:
+    """--ref-load / --opd-teacher-load of a ``relax train --save`` directory (a Megatron checkpoint): the reference
+    and the OPD teacher hold that step's weights, not the --hf-checkpoint's the policy starts from."""
+    import tempfile
+
+    from relax import checkpoint as ckpt
+
+    policy = make()
+    policy.train_rollout(varied_samples(seed=30), 0)  # the saved weights differ from the initial ones
+    with tempfile.TemporaryDirectory() as root:
+        partial = ckpt.begin(root, 0)
+        policy.save(str(partial), save_optimizer=False)
+        ckpt.publish(root, 0)
+        with_ref = make("--use-kl-loss", "--ref-load", root)
+        with_teacher = make("--use-opd", "--opd-type", "megatron", "--opd-teacher-load", root,
+                            "--opd-teacher-ckpt-step", "0")
+    saved = policy._policy_module()
+    assert _same(with_ref.ref_model, saved) and not _same(with_ref._policy_module(), saved)
+    assert _same(with_teacher.teacher, saved)
 
 
 CHECKS: list[str] = [name for name in dict(globals()) if name.startswith("check_")]  # in the order above

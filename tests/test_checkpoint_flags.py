@@ -282,3 +282,20 @@ def test_ref_ckpt_step_loads_that_steps_weights_into_the_reference(tmp_path: Pat
         parse_args([*kl, "--ref-ckpt-step", "3"])
     with pytest.raises(ConfigError, match="--ref-ckpt-step requires --ref-load"):
         parse_args([*QUICK, "--ref-ckpt-step", "0"])
+
+
+def test_a_checkpoint_of_the_other_backend_is_refused_as_a_model_in_one_line(tmp_path: Path) -> None:
+    """--ref-load / --opd-teacher-load of a relax checkpoint: each backend reads only its own format (torch:
+    model.safetensors; Megatron: the sharded mcore/ with megatron.json), named at parse time."""
+    torch_dir, megatron_dir = tmp_path / "t", tmp_path / "m"
+    torch_dir.mkdir()
+    (torch_dir / "model.safetensors").write_bytes(b"")
+    megatron_dir.mkdir()
+    (megatron_dir / "megatron.json").write_text("{}")
+    assert ckpt.backend_problems(torch_dir, "torch", "--ref-load") == []
+    assert ckpt.backend_problems(megatron_dir, "megatron", "--ref-load") == []
+    assert ckpt.backend_problems(torch_dir, "megatron", "--ref-load") == [
+        f"--ref-load: {torch_dir} was saved by --train-backend torch; --train-backend megatron reads only its own "
+        "checkpoints"]
+    (line,) = ckpt.backend_problems(megatron_dir, "torch", "--opd-teacher-load")
+    assert line.startswith(f"--opd-teacher-load: {megatron_dir} was saved by --train-backend megatron")

@@ -516,13 +516,15 @@ def _checkpoints(args: Namespace, p: Problems) -> None:
             p.add("--ref-ckpt-step requires --ref-load (a relax train --save directory)")
         return
     if ckpt.is_checkpoint_root(args.ref_load):
-        if args.train_backend == "megatron":
-            p.add("not supported yet: --ref-load of a relax checkpoint directory with --train-backend megatron")
-        elif "reference" in (p.run(service_roles, args.resource) or ()):
+        if "reference" in (p.run(service_roles, args.resource) or ()):
             p.add("not supported yet: --ref-load of a relax checkpoint directory with a reference service")
         step = args.ref_ckpt_step
-        p.run(lambda: ckpt.find_step(args.ref_load, step, flag="--ref-ckpt-step") if step is not None
-              else ckpt.find_latest(args.ref_load, flag="--ref-load", driver_state=False), catch=(ckpt.CheckpointError,))
+        directory = p.run(lambda: ckpt.find_step(args.ref_load, step, flag="--ref-ckpt-step") if step is not None
+                          else ckpt.find_latest(args.ref_load, flag="--ref-load", driver_state=False),
+                          catch=(ckpt.CheckpointError,))
+        if directory is not None:
+            for problem in ckpt.backend_problems(directory, args.train_backend, "--ref-load"):
+                p.add(problem)
         return
     if args.ref_ckpt_step is not None:
         p.add(f"--ref-ckpt-step {args.ref_ckpt_step}: --ref-load {args.ref_load} is not a relax train --save "

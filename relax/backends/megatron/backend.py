@@ -105,9 +105,9 @@ class MegatronTrainBackend(TorchTrainBackend):
             policy_config.update(replay_config())
         self.built = self._load(reader, policy_config)
         self.plan = ShardPlan.of(self.built, self.sizes.layout, rank_pos())
-        self.ref_model = _frozen(self._load(reader)).module if cfg.needs_reference_model else None
+        self.ref_model = _frozen(self._reference(reader)).module if cfg.needs_reference_model else None
         # --opd-type megatron: the teacher in this backend; sglang: its log-probs arrive with the samples
-        self.teacher = self._teacher() if cfg.use_opd and cfg.opd_type == "megatron" else None
+        self.teacher = self._teacher(reader) if cfg.use_opd and cfg.opd_type == "megatron" else None
         if cfg.keep_old_actor:  # the weights the engines generate with: one more copy in the policy's layout
             from relax.backends.torch.old_actor import OldActor
 
@@ -162,8 +162,36 @@ class MegatronTrainBackend(TorchTrainBackend):
                 raise
         return built
 
-    def _teacher(self):
-        """The OPD teacher, frozen, in the student's parallel layout (always through the raw converter)."""
+    def _saved(self, reader, root: str, step: int | None, flag: str) -> BuiltModel:
+        """The policy's model with the weights of a ``relax train --save`` directory's checkpoint of ``step``
+        (``flag``; else its latest): a Megatron checkpoint, weights only, loaded under this run's layout whatever
+        layout saved it (relax/backends/megatron/checkpoint.py). Every rank loads its shards (a collective)."""
+        from relax import checkpoint as ckpt
+        from relax.backends.megatron.checkpoint import load_checkpoint
+
+        directory = (ckpt.find_step(root, step, flag=flag) if step is not None
+                     else ckpt.find_latest(root, flag=flag, driver_state=False))
+        built = self._load(reader)
+        load_checkpoint(directory, built.gpt, None, meta=self._meta())
+        return built
+
+    def _reference(self, reader) -> BuiltModel:
+        """The reference: a ``relax train --save`` directory's step (``--ref-load``, ``--ref-ckpt-step``), else the
+        policy's initial weights."""
+        from relax.checkpoint import is_checkpoint_root
+
+        if self.cfg.ref_load and is_checkpoint_root(self.cfg.ref_load):
+            return self._saved(reader, self.cfg.ref_load, self.cfg.ref_ckpt_step, "--ref-ckpt-step")
+        return self._load(reader)
+
+    def _teacher(self, reader):
+        """The OPD teacher, frozen, in the student's parallel layout (always through the raw converter); from a
+        ``relax train --save`` directory (``--opd-teacher-ckpt-step``), the policy's model with that step's weights."""
+        from relax.checkpoint import is_checkpoint_root
+
+        if is_checkpoint_root(self.cfg.opd_teacher_load):
+            return _frozen(self._saved(reader, self.cfg.opd_teacher_load, self.cfg.opd_teacher_ckpt_step,
+                                       "--opd-teacher-ckpt-step")).module
         config, reader = open_hf_weights(self.cfg.opd_teacher_load, seed=self.cfg.seed)
         spec = McoreModelSpec.from_hf(config)
         if spec.vocab_size != self.spec.vocab_size:
