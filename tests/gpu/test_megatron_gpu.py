@@ -137,8 +137,6 @@ def test_training_steps_reduce_the_loss(mcore) -> None:
     args = _args("--use-distributed-optimizer", "--use-kl-loss", "--kl-loss-coef", "0.01")
     backend = MegatronTrainBackend(TrainerConfig.from_args(args), "cuda")
     samples = _random_samples(8, 100, seed=2)
-    for s in samples:
-        s.tokens = [t % 100 for t in s.tokens]
     batch = build_rollout_tensors(samples)
     adv = torch.tensor([1.0 if s.reward else -1.0 for s in samples]).unsqueeze(1) * batch.loss_mask
 
@@ -165,8 +163,6 @@ def test_weight_export_matches_an_hf_engine_and_checkpoints_resume(mcore, tmp_pa
 
     backend = MegatronTrainBackend(TrainerConfig.from_args(_args()), "cuda")
     samples = _random_samples(8, 100, seed=3)
-    for s in samples:
-        s.tokens = [t % 100 for t in s.tokens]
     backend.train_rollout(samples, 0)
     engine = build_model("small-qwen3", dtype=torch.bfloat16, seed=99)  # an engine-side copy, other weights
     state = engine.state_dict()
@@ -202,8 +198,6 @@ def test_async_save_writes_the_state_of_its_step_while_the_next_one_trains(mcore
     args = ("--use-distributed-optimizer",)
     backend = MegatronTrainBackend(TrainerConfig.from_args(_args(*args)), "cuda")
     samples = _random_samples(8, 100, seed=5)
-    for s in samples:
-        s.tokens = [t % 100 for t in s.tokens]
     backend.train_rollout(samples, 0)
     saved = backend.checksums()
     backend.save(str(tmp_path / "async"), save_optimizer=True, background=True)
@@ -251,8 +245,6 @@ def test_distributed_optimizer_checkpoint_resumes_bitwise(mcore, tmp_path) -> No
     args = ("--use-distributed-optimizer",)
     backend = MegatronTrainBackend(TrainerConfig.from_args(_args(*args)), "cuda")
     samples = _random_samples(8, 100, seed=4)
-    for s in samples:
-        s.tokens = [t % 100 for t in s.tokens]
     backend.train_rollout(samples, 0)
     backend.save(str(tmp_path / "full"), save_optimizer=True)
     backend.save(str(tmp_path / "weights"), save_optimizer=False)
