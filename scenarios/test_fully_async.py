@@ -26,6 +26,13 @@ def test_fully_async_megatron_2gpu(scenario):
 
 @pytest.mark.gpu
 @pytest.mark.multi_gpu
+@pytest.mark.scenario("fully-async-megatron-services-4gpu")
+def test_fully_async_megatron_services_4gpu(scenario):
+    scenario("fully-async-megatron-services-4gpu").assert_ok()
+
+
+@pytest.mark.gpu
+@pytest.mark.multi_gpu
 @pytest.mark.scenario("fully-async-2gpu")
 def test_fully_async_2gpu(scenario):
     scenario("fully-async-2gpu").assert_ok()

@@ -12,6 +12,8 @@ observes the flag's effect on megatron's own objects:
 * ``--opd-type sglang``: no teacher model in the backend; the samples' teacher log-probs drive the step;
 * ``--advantage-estimator ppo``: the critic steps as the torch backend's does, and a checkpoint restores it;
 * ``--ref-load`` / ``--opd-teacher-ckpt-step`` of a Megatron checkpoint: the reference / teacher hold that step;
+  without ``--load`` the policy starts from ``--ref-load``;
+* the fully-async ``reference`` / ``actor_fwd`` services' Megatron copies: the trainer's columns bitwise, syncs;
 * ``--overlap-grad-reduce`` / ``--overlap-param-gather``: megatron-core DDP's overlap trains the same weights (one
   rank: the hooks, the deferred gather and its finish before the export run; the DP-2 sums are
   tests/test_megatron_backend_cpu.py's).
@@ -192,25 +194,81 @@ def check_ppo_critic_steps_as_the_torch_backends_and_resumes(make: Make) -> None
     assert steps == {int(s["step"]) for s in megatron.critic.optimizer.state.values()} == {2}
 
 
-def check_reference_and_teacher_load_a_saved_megatron_step(make: Make) -> None:
-    """--ref-load / --opd-teacher-load of a ``relax train --save`` directory (a Megatron checkpoint): the reference
-    and the OPD teacher hold that step's weights, not the --hf-checkpoint's the policy starts from."""
+def check_ref_load_and_teacher_load_a_saved_megatron_step(make: Make) -> None:
+    """--ref-load / --opd-teacher-load of a ``relax train --save`` directory (a Megatron checkpoint). Seed 000: without
+    --load the policy starts from --ref-load (the reference is that initial policy); with --load (the driver resumes
+    it later) the reference holds --ref-load's step and the policy the --hf-checkpoint's weights until then. The
+    OPD teacher holds its step."""
     import tempfile
 
     from relax import checkpoint as ckpt
 
-    policy = make()
+    policy, initial = make(), make()
     policy.train_rollout(varied_samples(seed=30), 0)  # the saved weights differ from the initial ones
     with tempfile.TemporaryDirectory() as root:
         partial = ckpt.begin(root, 0)
         policy.save(str(partial), save_optimizer=False)
+        ckpt.write_driver_state(partial, ckpt.DriverState(next_step=1, weight_version=1, data_source={}))  # --load's
         ckpt.publish(root, 0)
-        with_ref = make("--use-kl-loss", "--ref-load", root)
+        started = make("--use-kl-loss", "--ref-load", root)
+        resumed = make("--use-kl-loss", "--ref-load", root, "--load", root)
         with_teacher = make("--use-opd", "--opd-type", "megatron", "--opd-teacher-load", root,
                             "--opd-teacher-ckpt-step", "0")
     saved = policy._policy_module()
-    assert _same(with_ref.ref_model, saved) and not _same(with_ref._policy_module(), saved)
+    assert _same(started._policy_module(), saved) and _same(started.ref_model, saved)
+    assert _same(resumed.ref_model, saved) and _same(resumed._policy_module(), initial._policy_module())
+    assert not _same(saved, initial._policy_module())
     assert _same(with_teacher.teacher, saved)
+
+
+def check_fully_async_services_compute_the_trainers_columns(make: Make) -> None:
+    """The reference and actor_fwd services' Megatron copies (world of one): their log-probs are the trainer's own
+    bitwise, so the trainer's step with their columns is its step alone; a sync's HF buckets land in the fused
+    parameters (checksums equal the trainer's, also after /weights_checker's reset); a sync missing one piece of
+    a fused parameter is refused at the next forward."""
+    from relax.backends.services import ForwardService
+    from relax.backends.torch.batch import Precomputed, build_rollout_tensors
+    from relax.distributed.resources import parse_ref_actor_config
+    from relax.weights.checksum import state_checksums
+    from tests.metric_helpers import no_timings
+
+    kl = ("--use-kl-loss", "--kl-loss-coef", "0.05")
+    alone, trainer = make(*kl), make(*kl)
+    cfg = trainer.cfg.replace(ref_actor_config=parse_ref_actor_config(None))
+    device = trainer.device.type
+    reference, actor_fwd = ForwardService(cfg, device, "reference"), ForwardService(cfg, device, "actor_fwd")
+    assert actor_fwd.backend.optimizer is None and not any(p.requires_grad for p in actor_fwd.model.parameters())
+
+    def sync() -> None:
+        for bucket in trainer.weight_buckets(1 << 16):  # several buckets
+            actor_fwd.update_weights_from_tensors(bucket, version=None)
+
+    def sums() -> dict[str, str]:
+        return state_checksums(actor_fwd.backend.checkpoint_tensors().items())
+
+    for step in range(2):
+        samples = varied_samples(seed=40 + step)
+        batch = build_rollout_tensors(samples)
+        sync()
+        assert sums() == trainer.checksums()
+        old, ref = actor_fwd.log_probs(samples), reference.log_probs(samples)
+        assert torch.equal(old, alone._log_probs_no_grad(alone.model, batch))
+        assert torch.equal(ref, alone._log_probs_no_grad(alone.ref_model, batch))
+        halves = [actor_fwd.log_probs(samples, (i, 2)) for i in range(2)]
+        assert torch.equal(halves[0] + halves[1], old)
+        mine, theirs = alone.train_rollout(samples, step), trainer.train_rollout(samples, step, Precomputed(old, ref))
+        assert no_timings(mine) == no_timings(theirs)
+        assert _same(alone._policy_module(), trainer._policy_module())
+    checker = actor_fwd.checker()
+    checker.run("reset_tensors")
+    noisy, target = sums(), trainer.checksums()
+    assert all(noisy[name] != target[name] for name in target)
+    sync()
+    assert sums() == target
+    named = [pair for bucket in trainer.weight_buckets(1 << 30) for pair in bucket]
+    actor_fwd.update_weights_from_tensors([(n, t) for n, t in named if n != "model.layers.0.self_attn.k_proj.weight"])
+    with pytest.raises(RuntimeError, match=r"left 1 tensors unsent \(model.layers.0.self_attn.k_proj.weight\)"):
+        actor_fwd.log_probs(varied_samples(seed=42))
 
 
 CHECKS: list[str] = [name for name in dict(globals()) if name.startswith("check_")]  # in the order above

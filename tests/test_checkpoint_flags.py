@@ -256,9 +256,8 @@ def test_opd_teacher_ckpt_step_loads_that_steps_weights(tmp_path: Path) -> None:
                     "--opd-teacher-ckpt-step", "0"])
 
 
-def test_ref_ckpt_step_loads_that_steps_weights_into_the_reference(tmp_path: Path) -> None:
-    from safetensors.torch import load_file
-
+def _saved_steps(tmp_path: Path):
+    """Two torch checkpoints of a quickstart policy (steps 0 and 1, each with its driver state, so --load takes it)."""
     from relax.backends.config import TrainerConfig
     from relax.backends.torch.backend import TorchTrainBackend
 
@@ -270,18 +269,61 @@ def test_ref_ckpt_step_loads_that_steps_weights_into_the_reference(tmp_path: Pat
                 p.add_(0.5)
         partial = ckpt.begin(root, step)
         saver.save(str(partial), save_optimizer=False)
+        ckpt.write_driver_state(partial, ckpt.DriverState(next_step=step + 1, weight_version=step + 1, data_source={}))
         ckpt.publish(root, step)
+    return root
+
+
+def _equal(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> bool:
+    got = model.state_dict()
+    return all(torch.equal(got[k], v) for k, v in state.items())
+
+
+def test_ref_ckpt_step_picks_the_step_the_policy_starts_from_or_the_reference_holds(tmp_path: Path) -> None:
+    """Seed 000: --ref-load is the initial checkpoint when --load is not set (policy and reference start from its
+    --ref-ckpt-step, else its latest); with --load the reference alone holds it (the driver resumes the policy)."""
+    from safetensors.torch import load_file
+
+    from relax.backends.config import TrainerConfig
+    from relax.backends.torch.backend import TorchTrainBackend
+
+    root = _saved_steps(tmp_path)
+    initial = TorchTrainBackend(TrainerConfig.from_args(parse_args(QUICK)), "cpu").model.state_dict()
     kl = [*QUICK, "--use-kl-loss", "--kl-loss-coef", "0.1", "--ref-load", str(root)]
     for flags, step in ((["--ref-ckpt-step", "0"], 0), ([], 1)):  # unset: the latest
-        backend = TorchTrainBackend(TrainerConfig.from_args(parse_args([*kl, *flags])), "cpu")
         want = load_file(str(ckpt.iteration_dir(root, step) / "model.safetensors"))
-        got = backend.ref_model.state_dict()
-        assert all(torch.equal(got[k], v) for k, v in want.items())
-        assert any(not torch.equal(backend.model.state_dict()[k], v) for k, v in want.items())  # not the policy
+        started = TorchTrainBackend(TrainerConfig.from_args(parse_args([*kl, *flags])), "cpu")
+        assert _equal(started.ref_model, want) and _equal(started.model, want)
+        resumed = TorchTrainBackend(TrainerConfig.from_args(parse_args([*kl, *flags, "--load", str(root)])), "cpu")
+        assert _equal(resumed.ref_model, want) and _equal(resumed.model, initial)
+        assert not _equal(resumed.model, want)
     with pytest.raises(ConfigError, match=r"--ref-ckpt-step 3: no checkpoint of step 3 in .* \(saved steps: 0, 1\)"):
         parse_args([*kl, "--ref-ckpt-step", "3"])
     with pytest.raises(ConfigError, match="--ref-ckpt-step requires --ref-load"):
         parse_args([*QUICK, "--ref-ckpt-step", "0"])
+
+
+def test_ref_load_of_another_hf_model(tmp_path: Path) -> None:
+    """--ref-load naming another HF model: with --load the reference is that model, any shape with the policy's
+    vocabulary (a Llama against the Qwen3 policy); without --load the policy starts from it, so it must fit the
+    policy's shape; a different vocabulary, or a path that is no model, is one line."""
+    from relax.backends.config import TrainerConfig
+    from relax.backends.torch.backend import TorchTrainBackend
+    from relax.models import build_model
+
+    root = _saved_steps(tmp_path)
+    kl = [*QUICK, "--use-kl-loss", "--kl-loss-coef", "0.1"]
+    resumed = TorchTrainBackend(TrainerConfig.from_args(parse_args([*kl, "--ref-load", "tiny-llama", "--load",
+                                                                     str(root)])), "cpu")
+    assert resumed.ref_model.config.model_type == "llama" and resumed.model.config.model_type == "qwen3"
+    assert _equal(resumed.ref_model, build_model("tiny-llama", dtype=torch.float32, seed=resumed.cfg.seed).state_dict())
+    with pytest.raises(ValueError, match=r"--ref-load tiny-llama: not a model of --hf-checkpoint tiny-qwen3's shape"):
+        TorchTrainBackend(TrainerConfig.from_args(parse_args([*kl, "--ref-load", "tiny-llama"])), "cpu")
+    with pytest.raises(ValueError, match=r"--ref-load tiny-qwen2.5-vl: vocab 104 differs from the policy's 100"):
+        TorchTrainBackend(TrainerConfig.from_args(parse_args([*kl, "--ref-load", "tiny-qwen2.5-vl", "--load",
+                                                              str(root)])), "cpu")
+    with pytest.raises(ConfigError, match=rf"--ref-load {tmp_path}/nothing: no such directory"):
+        parse_args([*kl, "--ref-load", str(tmp_path / "nothing")])
 
 
 def test_a_checkpoint_of_the_other_backend_is_refused_as_a_model_in_one_line(tmp_path: Path) -> None:

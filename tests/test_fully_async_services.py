@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from relax.backends.config import TrainerConfig
-from relax.backends.embedded.weights_checker import WeightsChecker
 from relax.backends.services import AdvantageService, ForwardService
 from relax.backends.torch.backend import TorchTrainBackend
 from relax.backends.torch.batch import Precomputed, build_rollout_tensors
@@ -89,12 +88,21 @@ def test_flag_rules(flags: list[str], message: str | None) -> None:
         _args(*flags)
 
 
-def test_megatron_is_refused() -> None:
-    """Parsed on CPU as torch (megatron needs a GPU to parse), then the rule itself."""
+def test_megatron_services_pass_the_rule_and_run_on_a_world_of_one() -> None:
+    """Parsed on CPU as torch (megatron needs a GPU to parse), then the rule itself; the services' copy of the
+    Megatron slice has no parallelism (their runs: tests/megatron_rl_flag_checks.py, megatron marker)."""
+    from relax.backends.services import service_config
+
     args = _service_args(*KL_LOSS)
-    args.train_backend = "megatron"
-    with pytest.raises(ConfigError, match=r"not supported yet: --resource roles .* with --train-backend megatron"):
+    args.train_backend, args.tensor_model_parallel_size, args.sequence_parallel = "megatron", 2, True
+    args.resource = {"actor": [1, 1], "reference": [1, 1], "actor_fwd": [2, 1]}  # as a GPU run parses it
+    _services(args)
+    args.resource = {"reference": [1, 0], "actor_fwd": [1, 1], "advantages": [1, 0]}  # advantages computes on CPU
+    with pytest.raises(ConfigError, match=r"^--resource role 'reference' with --train-backend megatron needs 1 GPU a "
+                                          r"replica, got 0 \(its copy of the Megatron model runs on a GPU"):
         _services(args)
+    cfg = service_config(TrainerConfig.from_args(args))
+    assert (cfg.megatron.tensor_model_parallel_size, cfg.megatron.sequence_parallel) == (1, False)
 
 
 # ---------------------------------------------------------------------- in process, no Ray
@@ -184,7 +192,7 @@ def test_actor_fwd_sync_writes_every_tensor() -> None:
     args = _service_args(resource='{"actor_fwd":[1,0]}')
     trainer, actor_fwd = TorchTrainBackend(TrainerConfig.from_args(args), "cpu"), ForwardService(TrainerConfig.from_args(args), "cpu", "actor_fwd")
     trainer.train_rollout(_samples(seed=10), 0)
-    WeightsChecker(actor_fwd.model).run("reset_tensors")
+    actor_fwd.checker().run("reset_tensors")
     noisy, target = _sums(actor_fwd), trainer.checksums()
     assert all(noisy[name] != target[name] for name in target)
     _sync(trainer, actor_fwd)

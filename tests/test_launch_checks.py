@@ -114,9 +114,9 @@ def test_prompt_files_are_read_in_order(tmp_path: Path) -> None:
 def test_ref_load_naming_the_hf_checkpoint_is_accepted(tmp_path: Path) -> None:
     args = parse_args([*BASE, "--hf-checkpoint", str(tmp_path), "--ref-load", f"{tmp_path}/"])
     assert args.ref_load == f"{tmp_path}/"
-    assert _problems([*BASE, "--ref-load", str(tmp_path)]) == [
-        f"not supported yet: --ref-load {tmp_path} other than the --hf-checkpoint directory (tiny-qwen3) or a relax "
-        "train --save directory; the reference model is the initial --hf-checkpoint policy"]
+    assert _problems([*BASE, "--ref-load", str(tmp_path)]) == [  # another HF directory: it must hold a model
+        f"--ref-load {tmp_path}: no config.json", f"--ref-load {tmp_path}: no *.safetensors weights"]
+    assert parse_args([*BASE, "--ref-load", "tiny-llama"]).ref_load == "tiny-llama"  # another model (a preset)
 
 
 def test_max_tokens_per_gpu_without_dynamic_batching_budgets_the_log_prob_passes() -> None:

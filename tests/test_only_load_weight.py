@@ -14,7 +14,7 @@ def test_forward_copies_and_the_reference_hold_weights_only() -> None:
     args = parse_args([*FAST_FLAGS, "--only-load-weight", "--use-kl-loss", "--kl-loss-coef", "0.1"])
     assert args.only_load_weight is True
     trainer = build_train_backend(TrainerConfig.from_args(args), "cpu")
-    fwd = build_train_backend(TrainerConfig.from_args(args), "cpu", inference_only=True)
+    fwd = build_train_backend(TrainerConfig.from_args(args), "cpu", service="actor_fwd")
     assert fwd.optimizer is None and not any(p.requires_grad for p in fwd.model.parameters())
     assert trainer.optimizer is not None
     ref = trainer.ref_model

@@ -23,6 +23,13 @@ from relax.utils.flag_slice import FlagSlice, sub_slice
 from relax.utils.flag_types import ConfigError
 
 
+def same_model(a: str, b: str | None) -> bool:
+    """``a`` and ``b`` name the same model: the same preset name or the same directory."""
+    from pathlib import Path
+
+    return b is not None and (a == b or Path(a).resolve() == Path(b).resolve())
+
+
 @dataclass(frozen=True)
 class TrainerConfig(FlagSlice):
     # the model and its numerics
@@ -84,6 +91,7 @@ class TrainerConfig(FlagSlice):
     opd_teacher_ckpt_step: int | None  # which saved step when --opd-teacher-load is a relax checkpoint directory
     # the reference model from a relax checkpoint directory's saved step (else the initial policy)
     ref_load: str | None
+    load: str | None  # --load: the policy resumes from it; without it the policy starts from --ref-load (seed 000)
     ref_ckpt_step: int | None
     # fully-async services: which roles run beside the trainer, and their token budget
     resource: Any
@@ -105,6 +113,20 @@ class TrainerConfig(FlagSlice):
         """KL loss or KL reward shaping need the frozen reference model (in the trainer, or the `reference`
         service); the same rule as relax.utils.validation.needs_reference_model."""
         return bool(self.algo.use_kl_loss or self.algo.kl_loss_coef or self.algo.kl_coef)
+
+    @property
+    def policy_from_ref_load(self) -> bool:
+        """Seed 000: ``--ref-load`` is "used as initial checkpoint for training when --load is not set": the policy
+        starts from its weights (a relax checkpoint directory's step, or an HF model of the policy's shape)."""
+        return self.ref_load is not None and not same_model(self.ref_load, self.hf_checkpoint) and self.load is None
+
+    @property
+    def reference_is_initial_policy(self) -> bool:
+        """The reference is a copy of the initial policy: no ``--ref-load``, one naming the ``--hf-checkpoint``
+        itself (seed 004 passes the model to both), or one the policy starts from (no ``--load``). Otherwise
+        (``--load`` resumes the policy) it is loaded from ``--ref-load``: a relax checkpoint directory's step,
+        or another HF model with the policy's vocabulary."""
+        return self.ref_load is None or same_model(self.ref_load, self.hf_checkpoint) or self.load is None
 
     def validate(self) -> None:
         if self.lr_decay_style not in STYLES:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from relax.backends.config import TrainerConfig
+from relax.backends.embedded.weights_checker import WeightsChecker
 from relax.backends.torch.batch import Precomputed, build_rollout_tensors, rollout_advantages
 from relax.backends.train_registry import build_train_backend
 
@@ -19,7 +20,15 @@ def fetch_samples(samples) -> list:
 
 def service_config(cfg: TrainerConfig) -> TrainerConfig:
     """The services' copy of the trainer's slice: ``--ref-actor-config`` max_tokens_per_gpu becomes their token
-    budget."""
+    budget, and a Megatron copy runs on a world of one (``tensor_model_parallel_size`` 1, the only size built):
+    no model, sequence or expert parallelism, nothing of the optimizer's sharding, overlap or recompute."""
+    if cfg.train_backend == "megatron":
+        cfg = cfg.replace(megatron=cfg.megatron.replace(
+            tensor_model_parallel_size=1, pipeline_model_parallel_size=1, context_parallel_size=1,
+            expert_model_parallel_size=1, expert_tensor_parallel_size=1, sequence_parallel=False,
+            recompute_granularity=None, recompute_method=None, recompute_num_layers=None,
+            use_distributed_optimizer=False, use_precision_aware_optimizer=False, optimizer_cpu_offload=False,
+            overlap_cpu_optimizer_d2h_h2d=False, overlap_grad_reduce=False, overlap_param_gather=False))
     budget = cfg.ref_actor_config["max_tokens_per_gpu"]
     if budget is None:
         return cfg
@@ -36,7 +45,7 @@ class ForwardService:
 
     def __init__(self, cfg: TrainerConfig, device: str, role: str):
         self.role = role
-        self.backend = build_train_backend(service_config(cfg), device, inference_only=True)
+        self.backend = build_train_backend(service_config(cfg), device, service=role)
         if role == "reference":
             self.backend.model.eval()  # as the trainer's frozen reference copy
         self.weight_version = 0
@@ -62,6 +71,11 @@ class ForwardService:
         if version is not None:
             self.weight_version = int(version)
         return self.weight_version
+
+    def checker(self) -> WeightsChecker:
+        """SGLang's ``/weights_checker`` over this copy's HF-named weights (a reset writes through the sync's load,
+        since a Megatron copy's HF tensors are split out of its fused parameters)."""
+        return WeightsChecker(self.backend.checkpoint_tensors, write=self.backend.load_weights)
 
 
 class AdvantageService:

@@ -31,11 +31,14 @@ TRAIN_BACKENDS: dict[str, TrainBackendEntry] = {
 }
 
 
-def build_train_backend(cfg: TrainerConfig, device: str, *, inference_only: bool = False) -> Any:
-    """``inference_only``: a forward-only copy (no optimizer, no grads) for the fully-async services."""
+def build_train_backend(cfg: TrainerConfig, device: str, *, service: str | None = None) -> Any:
+    """``service`` (``reference`` or ``actor_fwd``): a forward-only copy (no optimizer, no grads) for that
+    fully-async service role; the reference copy holds the reference weights (``--ref-load``)."""
+    if service not in (None, "reference", "actor_fwd"):
+        raise ValueError(f"unknown service role {service!r}; known: reference, actor_fwd")
     entry = TRAIN_BACKENDS[cfg.train_backend]
     cls = getattr(importlib.import_module(entry.module), entry.cls)
-    return cls(cfg, device, inference_only=True) if inference_only else cls(cfg, device)
+    return cls(cfg, device, service=service) if service else cls(cfg, device)
 
 
 def weight_dtype(train_backend: str, bf16: bool = False) -> torch.dtype:

@@ -19,7 +19,7 @@ The work of each role is relax/backends/services.py (`ForwardService`, `Advantag
 relax/distributed/service_actors.py; the driver's handles `ServiceGroup` here.
 
 Exactness: a forward service builds the trainer's own backend class through
-`build_train_backend(..., inference_only=True)` (``only_load_weight``: no optimizer, no grads)
+`build_train_backend(..., service=role)` (``only_load_weight``: no optimizer, no grads)
 and runs the trainer's log-prob code (`forward_log_probs`), so its columns equal the trainer's
 own bit for bit unless ``max_tokens_per_gpu`` changes the micro-batch split (then to float
 summation order). `ServiceGroup.precompute` chains the calls as Ray futures: the two forwards

@@ -61,7 +61,7 @@ class ForwardServiceActor:
                 return json_response({"error": {"message": str(exc)}}, status=400)
 
         app = web.Application(client_max_size=16 << 30, middlewares=[auth])
-        WeightRoutes(self.service, body=EngineServer.body, run=run).add_to(app)
+        WeightRoutes(self.service, body=EngineServer.body, run=run, checker=self.service.checker()).add_to(app)
         app.router.add_get("/health", lambda request: web.Response(status=200))
         return serve_in_thread(app, host, name="relax-actor-fwd-http").url
 

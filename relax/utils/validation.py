@@ -397,7 +397,7 @@ def _services(args: Namespace, p: Problems) -> None:
     A ``reference`` role without a reference model is refused, not ignored: it would hold a model
     nobody asks. ``advantages`` takes its inputs from the other services, so it needs them.
     """
-    from relax.distributed.resources import parse_ref_actor_config, service_roles
+    from relax.distributed.resources import parse_ref_actor_config, parse_roles, service_roles
 
     roles = p.run(service_roles, args.resource)
     if roles is None:
@@ -415,10 +415,13 @@ def _services(args: Namespace, p: Problems) -> None:
     named = ", ".join(sorted(roles))
     if not args.fully_async:
         p.add(f"--resource roles {named} need --fully-async (the services feed the fully-async trainer)")
-    if args.train_backend != "torch":
-        p.add(f"not supported yet: --resource roles {named} with --train-backend {args.train_backend} "
-              "(the services build a forward-only copy of the torch backend; a Megatron one, sharded by "
-              "--ref-actor-config's tensor parallelism, is not built)")
+    if args.train_backend == "megatron":  # each runs the Megatron model on a GPU of its own (no CPU megatron-core)
+        raw = parse_roles(args.resource)
+        for role in sorted(roles - {"advantages"}):
+            if not raw[role].gpus:
+                p.add(f"--resource role {role!r} with --train-backend megatron needs 1 GPU a replica, got "
+                      f"{raw[role].gpus} (its copy of the Megatron model runs on a GPU: megatron-core does not run "
+                      "on CPU)")
     needs_ref = needs_reference_model(args)
     if "reference" in roles and not needs_ref:
         p.add("--resource role 'reference' needs a reference model (--use-kl-loss, --kl-loss-coef or "
@@ -503,12 +506,14 @@ def _implied(args: Namespace, p: Problems) -> None:
 def _checkpoints(args: Namespace, p: Problems) -> None:
     """The checkpoint slice's own checks (`CheckpointConfig.validate`), and ``--ref-load``: the ``--hf-checkpoint``
     directory (how seed 004 passes the model, verl's ``model.path`` mapping to both: the reference model is then
-    the initial policy, which it is anyway), or a ``relax train --save`` directory whose checkpoint of
-    ``--ref-ckpt-step`` (else its latest) the trainer's reference copy loads (torch backend, no reference service)."""
+    the initial policy, which it is anyway), a ``relax train --save`` directory whose checkpoint of
+    ``--ref-ckpt-step`` (else its latest) the reference copy loads, or another HF model (directory or preset)."""
     from pathlib import Path
 
     from relax import checkpoint as ckpt
-    from relax.distributed.resources import service_roles
+    from relax.backends.config import same_model
+    from relax.models.registry import PRESETS
+    from relax.utils import file_checks
 
     p.run(ckpt.CheckpointConfig.from_args, args)  # --rotate-ckpt, --async-save, --critic-*, --start-rollout-id
     if args.ref_load is None:
@@ -516,8 +521,6 @@ def _checkpoints(args: Namespace, p: Problems) -> None:
             p.add("--ref-ckpt-step requires --ref-load (a relax train --save directory)")
         return
     if ckpt.is_checkpoint_root(args.ref_load):
-        if "reference" in (p.run(service_roles, args.resource) or ()):
-            p.add("not supported yet: --ref-load of a relax checkpoint directory with a reference service")
         step = args.ref_ckpt_step
         directory = p.run(lambda: ckpt.find_step(args.ref_load, step, flag="--ref-ckpt-step") if step is not None
                           else ckpt.find_latest(args.ref_load, flag="--ref-load", driver_state=False),
@@ -529,10 +532,14 @@ def _checkpoints(args: Namespace, p: Problems) -> None:
     if args.ref_ckpt_step is not None:
         p.add(f"--ref-ckpt-step {args.ref_ckpt_step}: --ref-load {args.ref_load} is not a relax train --save "
               f"directory (no {ckpt.LATEST_FILE})")
-    if args.hf_checkpoint is None or Path(args.ref_load).resolve() != Path(args.hf_checkpoint).resolve():
-        p.add(f"not supported yet: --ref-load {args.ref_load} other than the --hf-checkpoint directory "
-              f"({args.hf_checkpoint}) or a relax train --save directory; the reference model is the initial "
-              "--hf-checkpoint policy")
+    if same_model(args.ref_load, args.hf_checkpoint):
+        return
+    if Path(args.ref_load).is_dir():  # another HF model (its vocabulary is checked when it loads)
+        for problem in file_checks.hf_dir_problems(Path(args.ref_load), needs_model=True):
+            p.add(f"--ref-load {args.ref_load}: {problem}")
+    elif args.ref_load not in PRESETS:
+        p.add(f"--ref-load {args.ref_load}: no such directory (an HF model directory, a relax train --save "
+              "directory or a model preset)")
 
 
 @rule

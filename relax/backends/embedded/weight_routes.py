@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import torch
 from aiohttp import web
 
-from relax.backends.embedded.weights_checker import WeightsChecker
+from relax.backends.embedded.weights_checker import WeightsChecker, model_tensors
 from relax.engine.protocol import ENDPOINTS_BY_PATH, check_fields, parse_weight_version
 from relax.utils.json_codec import json_response
 from relax.weights.transports.distributed import DistributedReceiver
@@ -79,13 +79,14 @@ def _answer(success: bool, message: str, **extra: Any) -> web.Response:
 
 class WeightRoutes:
     """The handlers; ``body`` parses a request's JSON, ``run`` runs a function with generation held off,
-    ``abort_all`` aborts every running request (for ``abort_all_requests``)."""
+    ``abort_all`` aborts every running request (for ``abort_all_requests``); ``checker``: the holder's own
+    ``/weights_checker`` (default: over ``holder.model``'s HF-named views)."""
 
     def __init__(self, holder: WeightHolder, *, body: Callable[[web.Request], Awaitable[dict[str, Any]]],
                  run: Callable[[Callable[[], Any]], Awaitable[Any]], abort_all: Callable[[], Any] = lambda: None,
-                 checksum_layout: str = "relax"):
+                 checksum_layout: str = "relax", checker: WeightsChecker | None = None):
         self.holder, self.body, self.run, self.abort_all = holder, body, run, abort_all
-        self.checker = WeightsChecker(holder.model, checksum_layout)
+        self.checker = checker or WeightsChecker(model_tensors(holder.model), checksum_layout)
         self.tensors = TensorReceiver()
         self.groups = DistributedReceiver(holder.device)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -51,16 +52,23 @@ def engine_checksum(ranks: list[dict[str, Any]]) -> str:
     return h.hexdigest()
 
 
+def model_tensors(model: torch.nn.Module) -> Callable[[], dict[str, torch.Tensor]]:
+    """An HF model's tensors under HF checkpoint names, as weight syncs name them (relax/models/checkpoint_names.py):
+    views of its parameters."""
+    return lambda: checkpoint_state(model.state_dict(), moe_style(getattr(model, "config", None)))
+
+
 class WeightsChecker:
-    def __init__(self, model: torch.nn.Module, layout: str = "relax"):
-        self.model = model
+    """``state`` gives the holder's tensors under HF checkpoint names; ``write`` loads HF-named tensors into the
+    holder (default: copy into ``state``'s tensors, which must then be views of the weights)."""
+
+    def __init__(self, state: Callable[[], dict[str, torch.Tensor]], layout: str = "relax", *,
+                 write: Callable[[list[tuple[str, torch.Tensor]]], None] | None = None):
+        self._state = state
+        self._write = write
         self.layout = layout  # the ranks' checksums: relax's of HF-named tensors, or "sglang": SGLang's own
         self._snapshot: dict[str, torch.Tensor] | None = None
         self._resets = itertools.count(1)  # each reset draws new noise
-
-    def _state(self) -> dict[str, torch.Tensor]:
-        """The tensors under HF checkpoint names, as weight syncs name them (relax/models/checkpoint_names.py)."""
-        return checkpoint_state(self.model.state_dict(), moe_style(getattr(self.model, "config", None)))
 
     def run(self, action: str) -> dict[str, Any]:
         if action not in ACTIONS:  # SGLang: the checker raises, the answer is success false (400)
@@ -75,15 +83,21 @@ class WeightsChecker:
     @torch.no_grad()
     def reset_tensors(self) -> dict[str, Any]:
         gen = torch.Generator().manual_seed(next(self._resets))
-        seen: set[int] = set()
-        state = self._state()
-        for t in state.values():
-            if t.data_ptr() in seen or not t.is_floating_point():
+        noise: dict[int, torch.Tensor] = {}  # one draw per storage: tied names get the same noise
+        named = []
+        for name, t in self._state().items():
+            if not t.is_floating_point():
                 continue
-            seen.add(t.data_ptr())
-            noise = torch.randn(t.shape, generator=gen, dtype=torch.float32) * 0.02 + 0.5
-            t.copy_(noise.to(t.device, t.dtype))
-        return {"success": True, "message": f"reset {len(seen)} tensors"}
+            if t.data_ptr() not in noise:
+                draw = torch.randn(t.shape, generator=gen, dtype=torch.float32) * 0.02 + 0.5
+                noise[t.data_ptr()] = draw.to(t.device, t.dtype)
+            named.append((name, t, noise[t.data_ptr()]))
+        if self._write is not None:
+            self._write([(name, value) for name, _, value in named])
+        else:
+            for _, t, value in named:
+                t.copy_(value)
+        return {"success": True, "message": f"reset {len(noise)} tensors"}
 
     def checksum(self) -> dict[str, Any]:
         state = self._state()

@@ -56,6 +56,7 @@ from relax.backends.torch.batch import RolloutTensors, build_model_inputs
 from relax.backends.torch.data_parallel import DataParallel
 from relax.backends.torch.freezing import apply_param_freezing
 from relax.checkpoint_io import write_files
+from relax.distributed.resources import service_roles
 from relax.models.provider import provider_mismatch
 from relax.observability.collective_memory import checked
 from relax.observability.memory import MemoryRecorder
@@ -81,7 +82,7 @@ class MegatronTrainBackend(TorchTrainBackend):
 
     collective_io = True  # save / load / save_hf / weight export run on every rank together
 
-    def __init__(self, cfg: TrainerConfig, device: str):
+    def __init__(self, cfg: TrainerConfig, device: str, *, service: str | None = None):
         self.cfg = cfg
         self.algo = cfg.algo
         mcfg = cfg.megatron
@@ -97,21 +98,27 @@ class MegatronTrainBackend(TorchTrainBackend):
         self.fusions = fusion_kwargs(mcfg)
         recompile_headroom()  # before any compiled fusion runs (fusions.py)
         self._bridge = BridgeWeights(cfg.hf_checkpoint) if mcfg.megatron_to_hf_mode == "bridge" else None
+        self._sync_loader = None
+        if service is not None:
+            self._init_service(reader, service)
+            return
         layers_per_stage = self.spec.num_layers // self.sizes.pp
         policy_config = recompute_kwargs(mcfg, layers_per_stage)  # only the trainer recomputes
         if cfg.use_routing_replay:  # and only its routers replay (routing_replay.py)
             from relax.backends.megatron.routing_replay import replay_config
 
             policy_config.update(replay_config())
-        self.built = self._load(reader, policy_config)
+        self.built = self._initial_policy(reader, policy_config)
         self.plan = ShardPlan.of(self.built, self.sizes.layout, rank_pos())
-        self.ref_model = _frozen(self._reference(reader)).module if cfg.needs_reference_model else None
+        # with a `reference` service the frozen copy lives there, not here
+        needs_ref = cfg.needs_reference_model and "reference" not in service_roles(cfg.resource)
+        self.ref_model = _frozen(self._reference(reader)).module if needs_ref else None
         # --opd-type megatron: the teacher in this backend; sglang: its log-probs arrive with the samples
         self.teacher = self._teacher(reader) if cfg.use_opd and cfg.opd_type == "megatron" else None
         if cfg.keep_old_actor:  # the weights the engines generate with: one more copy in the policy's layout
             from relax.backends.torch.old_actor import OldActor
 
-            self.old_actor = OldActor(self._load(reader).module, cfg.update_weights_interval)
+            self.old_actor = OldActor(self._initial_policy(reader).module, cfg.update_weights_interval)
         del reader
         self.frozen_params = apply_param_freezing(self.built.gpt, cfg.only_train_params_name_list,
                                                   cfg.freeze_params_name_list, rename=self._global_name,
@@ -141,6 +148,26 @@ class MegatronTrainBackend(TorchTrainBackend):
         self.profiler = TrainProfiler(cfg.profiler, rank=self.dp.rank)  # the inherited step's
         self.memory = MemoryRecorder(cfg.memory, rank=self.dp.rank)
 
+    def _init_service(self, reader, service: str) -> None:
+        """The forward-only copy a fully-async service runs (relax/backends/services.py), on a world of one: the
+        policy's model (``actor_fwd``, in the policy's train mode) or the reference's, without grads, optimizer,
+        teacher or critic. A weight sync's HF-named buckets go into its fused parameters (sync_loader.py)."""
+        from relax.backends.megatron.sync_loader import SyncLoader
+
+        if self.sizes.model_parallel * self.sizes.ep != 1 or self.dp.size != 1:
+            raise ValueError(f"a {service} service runs one unsharded model, not {self.sizes} on {self.dp.size} ranks")
+        self.built = _frozen(self._reference(reader)) if service == "reference" else self._initial_policy(reader)
+        self.built.module.requires_grad_(False)
+        self.model = self.built.module
+        self.plan = ShardPlan.of(self.built, self.sizes.layout, rank_pos())
+        self.ref_model = self.teacher = self.critic = self.optimizer = self.routing = self.old_actor = None
+        self.frozen_params = []
+        self.pad_id = int(getattr(self.hf_config, "pad_token_id", None) or 0)
+        self.runner = StageRunner(1, self.pad_id, self.device)
+        self._step = 0
+        self._exporter = None
+        self._sync_loader = SyncLoader(self.model, self.plan)
+
     def _build(self, spec: McoreModelSpec, extra_config: dict[str, Any] | None = None, *,
                provided: bool = False) -> BuiltModel:
         """``provided``: the policy's model (and its reference copy), from --custom-model-provider-path when set."""
@@ -162,7 +189,8 @@ class MegatronTrainBackend(TorchTrainBackend):
                 raise
         return built
 
-    def _saved(self, reader, root: str, step: int | None, flag: str) -> BuiltModel:
+    def _saved(self, reader, root: str, step: int | None, flag: str,
+               extra_config: dict[str, Any] | None = None) -> BuiltModel:
         """The policy's model with the weights of a ``relax train --save`` directory's checkpoint of ``step``
         (``flag``; else its latest): a Megatron checkpoint, weights only, loaded under this run's layout whatever
         layout saved it (relax/backends/megatron/checkpoint.py). Every rank loads its shards (a collective)."""
@@ -171,36 +199,63 @@ class MegatronTrainBackend(TorchTrainBackend):
 
         directory = (ckpt.find_step(root, step, flag=flag) if step is not None
                      else ckpt.find_latest(root, flag=flag, driver_state=False))
-        built = self._load(reader)
+        built = self._load(reader, extra_config)
         load_checkpoint(directory, built.gpt, None, meta=self._meta())
         return built
 
-    def _reference(self, reader) -> BuiltModel:
-        """The reference: a ``relax train --save`` directory's step (``--ref-load``, ``--ref-ckpt-step``), else the
-        policy's initial weights."""
+    def _initial_policy(self, reader, extra_config: dict[str, Any] | None = None) -> BuiltModel:
+        """The policy's model with its initial weights: ``--hf-checkpoint``'s or, without ``--load``, ``--ref-load``'s
+        (seed 000: its initial checkpoint then): a relax checkpoint directory's step, or an HF model of its shape."""
         from relax.checkpoint import is_checkpoint_root
 
-        if self.cfg.ref_load and is_checkpoint_root(self.cfg.ref_load):
-            return self._saved(reader, self.cfg.ref_load, self.cfg.ref_ckpt_step, "--ref-ckpt-step")
-        return self._load(reader)
+        ref_load = self.cfg.ref_load
+        if not self.cfg.policy_from_ref_load:
+            return self._load(reader, extra_config)
+        if is_checkpoint_root(ref_load):
+            return self._saved(reader, ref_load, self.cfg.ref_ckpt_step, "--ref-ckpt-step", extra_config)
+        built = self._build(self.spec, extra_config, provided=True)  # always through the raw converter
+        try:
+            load_hf_weights(built, ShardPlan.of(built, self.sizes.layout, rank_pos()),
+                            open_hf_weights(ref_load, seed=self.cfg.seed)[1])
+            return built
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f"--ref-load {ref_load}: not a model of --hf-checkpoint {self.cfg.hf_checkpoint}'s "
+                             f"shape, and without --load the policy starts from it ({exc})") from None
+
+    def _reference(self, reader) -> BuiltModel:
+        """The reference: a copy of the initial policy (`_initial_policy`), or, when ``--load`` resumes the policy,
+        ``--ref-load``'s model (a ``relax train --save`` directory's step of ``--ref-ckpt-step``, or another HF
+        model with the policy's vocabulary)."""
+        from relax.checkpoint import is_checkpoint_root
+
+        ref_load = self.cfg.ref_load
+        if self.cfg.reference_is_initial_policy:
+            return self._initial_policy(reader)
+        if is_checkpoint_root(ref_load):
+            return self._saved(reader, ref_load, self.cfg.ref_ckpt_step, "--ref-ckpt-step")
+        return self._other_model(ref_load, "--ref-load")
 
     def _teacher(self, reader):
-        """The OPD teacher, frozen, in the student's parallel layout (always through the raw converter); from a
-        ``relax train --save`` directory (``--opd-teacher-ckpt-step``), the policy's model with that step's weights."""
+        """The OPD teacher, frozen, in the student's parallel layout; from a ``relax train --save`` directory
+        (``--opd-teacher-ckpt-step``), the policy's model with that step's weights."""
         from relax.checkpoint import is_checkpoint_root
 
         if is_checkpoint_root(self.cfg.opd_teacher_load):
             return _frozen(self._saved(reader, self.cfg.opd_teacher_load, self.cfg.opd_teacher_ckpt_step,
                                        "--opd-teacher-ckpt-step")).module
-        config, reader = open_hf_weights(self.cfg.opd_teacher_load, seed=self.cfg.seed)
+        return _frozen(self._other_model(self.cfg.opd_teacher_load, "--opd-teacher-load")).module
+
+    def _other_model(self, path: str, flag: str) -> BuiltModel:
+        """Another HF model (``flag``'s), its own shape but the policy's vocabulary (the log-probs it gives are of the
+        same tokens), in this run's parallel layout, always through the raw converter."""
+        config, reader = open_hf_weights(path, seed=self.cfg.seed)
         spec = McoreModelSpec.from_hf(config)
         if spec.vocab_size != self.spec.vocab_size:
-            raise ValueError(f"--opd-teacher-load {self.cfg.opd_teacher_load}: vocab {spec.vocab_size} differs "
-                             f"from the student's {self.spec.vocab_size}")
+            raise ValueError(f"{flag} {path}: vocab {spec.vocab_size} differs from the policy's {self.spec.vocab_size}")
         check_model_fits(self.sizes, spec)
-        teacher = self._build(spec)
-        load_hf_weights(teacher, ShardPlan.of(teacher, self.sizes.layout, rank_pos()), reader)
-        return _frozen(teacher).module
+        built = self._build(spec)
+        load_hf_weights(built, ShardPlan.of(built, self.sizes.layout, rank_pos()), reader)
+        return built
 
     def _global_name(self, name: str) -> str:
         return global_name(name, self.plan.wl, self.plan.par, self.plan.pos)
@@ -251,13 +306,16 @@ class MegatronTrainBackend(TorchTrainBackend):
 
     @torch.no_grad()
     def _log_probs_and_entropy_no_grad(self, model: torch.nn.Module, batch: RolloutTensors, *,
-                                       with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                                       with_entropy: bool = True,
+                                       part: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``[N, T]`` response log-probs under ``model`` (and, ``with_entropy``, each token's entropy from the same
         logits: ``--use-rollout-entropy``) on every rank: this DP rank's micro-batches, summed over the
-        data-parallel ranks, from the last pipeline stage."""
+        data-parallel ranks, from the last pipeline stage. ``part`` ``(i, k)``: a service replica's micro-batches
+        ``i, i + k, ...`` only; zeros elsewhere."""
         out = torch.zeros_like(batch.loss_mask)
         ent = torch.zeros_like(batch.loss_mask) if with_entropy else None
-        micro = self._inputs(batch, self._all_micro_batches(batch.samples, log_probs=True))
+        slices = self._all_micro_batches(batch.samples, log_probs=True)
+        micro = self._inputs(batch, slices if part is None else slices[part[0]::part[1]])
 
         def log_probs(rows, inputs, logits):
             lp, entropy = self._log_probs(logits, inputs, with_entropy=with_entropy)
@@ -368,6 +426,23 @@ class MegatronTrainBackend(TorchTrainBackend):
 
     def onload(self) -> dict[str, float]:
         return self._train_moves.onload()
+
+    # ------------------------------------------------------------------ a service's copy (services.py)
+    def forward_log_probs(self, samples, part: tuple[int, int] | None = None) -> torch.Tensor:
+        if missing := self._sync_loader and self._sync_loader.incomplete():
+            raise RuntimeError(f"a weight sync left {len(missing)} tensors unsent ({', '.join(missing[:3])}): "
+                               "their fused parameters hold a mix of two versions")
+        return super().forward_log_probs(samples, part)
+
+    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """One bucket of a weight sync (HF names) into the service's fused parameters."""
+        if self._sync_loader is None:
+            raise RuntimeError("only a service's copy of the Megatron model loads weight-sync buckets")
+        self._sync_loader.load(named_tensors)
+
+    def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
+        """The weights under HF checkpoint names (copies: qkv and gate/up are split out of the fused parameters)."""
+        return self.hf_state()
 
     # ------------------------------------------------------------------ weights (HF names), every rank together
     def _export(self):

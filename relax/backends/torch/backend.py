@@ -6,7 +6,7 @@ gradient accumulation over micro-batches, repeated ``--num-iters-per-train-updat
 the same batch (PPO epochs: old/ref log-probs and advantages stay the ones computed first).
 With the fully-async services (`relax.core.services`) the log-probs and advantages arrive
 precomputed (`Precomputed`) and the trainer only runs the optimizer steps; a service builds
-this same class with ``inference_only=True`` (no optimizer, no grads) so its log-probs come
+this same class with ``service=role`` (no optimizer, no grads) so its log-probs come
 from exactly this code. Old log-probs are computed with exactly the
 micro-batch slicing the loss uses, so at the first optimizer step the PPO ratio is
 exactly 1 (``train/ppo_kl`` == 0), which the harness checks. Micro-batches are fixed-size or
@@ -68,11 +68,17 @@ from relax.weights.checksum import state_checksums
 __all__ = ["TorchTrainBackend"]
 
 
+def _vocab(model: torch.nn.Module) -> int:
+    """The rows of the model's logits (a VL model's config keeps its vocab_size in text_config)."""
+    return int(model.get_output_embeddings().weight.shape[0])
+
+
 class TorchTrainBackend:
     """Owns the policy (and frozen reference) model and its optimizer.
 
-    ``inference_only``: a forward-only copy for the fully-async services (``--ref-actor-config``
-    ``only_load_weight``): the policy model without grads, optimizer, reference, teacher or critic.
+    ``service`` (``reference`` / ``actor_fwd``): a forward-only copy for that fully-async service role
+    (``--ref-actor-config`` ``only_load_weight``): one model without grads, optimizer, teacher or critic; the
+    reference's holds the reference weights (`_reference_model`).
     """
 
     master: MasterWeights | None = None  # fp32 master weights with --bf16 (master_weights.py)
@@ -80,7 +86,7 @@ class TorchTrainBackend:
     old_actor = None  # --keep-old-actor: OldActor (old_actor.py)
     loss_function_runs = 0  # --recompute-loss-function: how often the checkpointed loss ran (twice per micro-batch)
 
-    def __init__(self, cfg: TrainerConfig, device: str, *, inference_only: bool = False):
+    def __init__(self, cfg: TrainerConfig, device: str, *, service: str | None = None):
         self.cfg = cfg
         self.algo = cfg.algo
         self.device = torch.device(device)
@@ -88,10 +94,12 @@ class TorchTrainBackend:
         torch.manual_seed(cfg.seed)
         self.dtype = torch.bfloat16 if cfg.bf16 else torch.float32
         self.model = self._build_policy().to(self.device)
+        if cfg.policy_from_ref_load:
+            self._start_from_ref_load()
         self.model.train()
         self.ref_model = None
-        if inference_only:
-            self._init_inference_only()
+        if service is not None:
+            self._init_inference_only(service)
             return
         # with a `reference` service the frozen copy lives there, not here
         if cfg.needs_reference_model and "reference" not in service_roles(cfg.resource):
@@ -124,9 +132,9 @@ class TorchTrainBackend:
         if cfg.use_opd and cfg.opd_type == "megatron":
             self.teacher = self._build_saved(cfg.opd_teacher_load, cfg.opd_teacher_ckpt_step, "--opd-teacher-ckpt-step")
             self.teacher = self.teacher.to(self.device).eval().requires_grad_(False)
-            if self.teacher.config.vocab_size != self.model.config.vocab_size:
-                raise ValueError(f"--opd-teacher-load {cfg.opd_teacher_load}: vocab {self.teacher.config.vocab_size} "
-                                 f"differs from the student's {self.model.config.vocab_size}")
+            if _vocab(self.teacher) != _vocab(self.model):
+                raise ValueError(f"--opd-teacher-load {cfg.opd_teacher_load}: vocab {_vocab(self.teacher)} "
+                                 f"differs from the student's {_vocab(self.model)}")
         self.critic = None
         if cfg.algo.advantage_estimator == "ppo":
             from relax.backends.torch.critic import Critic
@@ -158,16 +166,24 @@ class TorchTrainBackend:
         return build_model(name_or_path, dtype=self.dtype, seed=self.cfg.seed, attn_implementation=attn)
 
     def _reference_model(self) -> torch.nn.Module:
-        """The frozen reference: a ``relax train --save`` directory's saved step (``--ref-load``,
-        ``--ref-ckpt-step``), else a copy of the initial policy."""
-        from relax.checkpoint import is_checkpoint_root
-
-        ref_load = self.cfg.ref_load
-        if ref_load and is_checkpoint_root(ref_load):
-            ref = self._build_saved(ref_load, self.cfg.ref_ckpt_step, "--ref-ckpt-step").to(self.device)
-        else:
-            ref = copy.deepcopy(self.model)
+        """The frozen reference: ``--ref-load``'s model (a ``relax train --save`` directory's step of
+        ``--ref-ckpt-step``, or another HF model with the policy's vocabulary), else a copy of the initial policy."""
+        if self.cfg.reference_is_initial_policy:
+            return copy.deepcopy(self.model).eval().requires_grad_(False)
+        ref = self._build_saved(self.cfg.ref_load, self.cfg.ref_ckpt_step, "--ref-ckpt-step").to(self.device)
+        if _vocab(ref) != _vocab(self.model):
+            raise ValueError(f"--ref-load {self.cfg.ref_load}: vocab {_vocab(ref)} differs from the policy's "
+                             f"{_vocab(self.model)} (the KL compares log-probs of the same tokens)")
         return ref.eval().requires_grad_(False)
+
+    def _start_from_ref_load(self) -> None:
+        """Seed 000: without ``--load`` the policy starts from ``--ref-load``'s weights, which must fit its shape."""
+        ref = self._build_saved(self.cfg.ref_load, self.cfg.ref_ckpt_step, "--ref-ckpt-step")
+        mine, theirs = self.model.state_dict(), ref.state_dict()
+        if mine.keys() != theirs.keys() or any(mine[k].shape != theirs[k].shape for k in mine):
+            raise ValueError(f"--ref-load {self.cfg.ref_load}: not a model of --hf-checkpoint "
+                             f"{self.cfg.hf_checkpoint}'s shape, and without --load the policy starts from it")
+        self.model.load_state_dict(theirs)
 
     def _build_saved(self, path: str, step: int | None, flag: str) -> torch.nn.Module:
         """``path`` as a model: an HF directory or preset, or a ``relax train --save`` directory, whose checkpoint
@@ -187,7 +203,9 @@ class TorchTrainBackend:
             raise ValueError(f"{flag}: checkpoint {directory} does not match --hf-checkpoint {self.cfg.hf_checkpoint}")
         return model.to(self.dtype)
 
-    def _init_inference_only(self) -> None:
+    def _init_inference_only(self, service: str) -> None:
+        if service == "reference" and not self.cfg.reference_is_initial_policy:
+            self.model = self._reference_model()  # --ref-load's weights, not the initial policy's
         self.model.requires_grad_(False)
         self.frozen_params, self.optimizer, self.teacher, self.critic = [], None, None, None
         self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
@@ -270,7 +288,7 @@ class TorchTrainBackend:
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named tensors (one bucket of a weight sync) into the model: a service's copy of the policy."""
-        state = self._checkpoint_state()
+        state = self.checkpoint_tensors()
         unknown = [name for name, _ in named_tensors if name not in state]
         if unknown:
             raise ValueError(f"unknown weights {unknown[:3]} (not in the model's state dict)")
@@ -569,9 +587,9 @@ class TorchTrainBackend:
     # ------------------------------------------------------------------ weights
     def device_named_tensors(self) -> list[tuple[str, torch.Tensor]]:
         """The weights under HF checkpoint names where they live (views, no copy): what the weight sync sends."""
-        return [(name, t.detach()) for name, t in self._checkpoint_state().items()]
+        return [(name, t.detach()) for name, t in self.checkpoint_tensors().items()]
 
-    def _checkpoint_state(self) -> dict[str, torch.Tensor]:
+    def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
         """The model's state under HF checkpoint names (MoE experts per expert; relax/models/checkpoint_names.py)."""
         return checkpoint_state(self.model.state_dict(), moe_style(self.model.config))
 
@@ -593,7 +611,7 @@ class TorchTrainBackend:
         return buckets
 
     def checksums(self) -> dict[str, str]:
-        return state_checksums(self._checkpoint_state().items())
+        return state_checksums(self.checkpoint_tensors().items())
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_files(self, directory: str, *, save_optimizer: bool,
