@@ -130,6 +130,50 @@ def test_aborted_samples_resume_from_their_tokens() -> None:
         assert s.status is Sample.Status.COMPLETED and s.weight_version == 1
 
 
+class TextEngine(ScriptedEngine):
+    """The scripted engine taking SGLang's text requests too: it tokenizes the text and answers its
+    ``prompt_token_ids`` (``return_prompt_token_ids``), as SGLang does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokenizer = load_tokenizer("tiny-qwen3")
+        self.sent: list[dict] = []
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    async def generate(self, request: dict) -> dict:
+        self.sent.append(dict(request))
+        if "text" not in request:
+            return await super().generate(request)
+        ids = self.encode(request["text"])
+        answer = await super().generate({k: v for k, v in request.items() if k != "text"} | {"input_ids": ids})
+        return {**answer, "prompt_token_ids": ids}
+
+
+def test_the_text_router_sends_a_sample_as_text_until_it_has_response_tokens() -> None:
+    """--use-slime-router with --partial-rollout: a sample not started goes as its prompt text (its tokens become the
+    engine's prompt_token_ids), a resumed one as its token ids, and it ends as one straight generation."""
+    args = _args("--use-slime-router")
+    engine, source = TextEngine(), RecordingSource(args)
+    (_, _, metrics0), (kept1, _, _) = [_step(args, k, source, engine) for k in range(2)]
+    assert metrics0["rollout/aborted_samples"] == 2 * N
+    starts = [r for r in engine.sent if "_done" not in r and not r.get("input_ids")]
+    assert starts and all("text" in r and r["return_prompt_token_ids"] for r in starts)
+    resumed = [s for g in kept1 for s in g if s.abort_count == 1]
+    assert resumed
+    for s in resumed:
+        first = next(r for r in engine.sent if r["rid"] == f"relax-0-{s.index}")
+        second = next(r for r in engine.sent if r["rid"] == f"relax-1-{s.index}")
+        assert "input_ids" not in first and "text" not in second
+        prompt = engine.encode(first["text"])
+        assert s.tokens[: s.prompt_length] == prompt == second["input_ids"][: len(prompt)]
+        assert s.response_tokens == [_token(s.index, p) for p in range(SLOW)], "same as one straight generation"
+        assert s.tokens == prompt + s.response_tokens
+    fresh = [s for g in kept1 for s in g if s.abort_count == 0]
+    assert all("text" in next(r for r in engine.sent if r["rid"] == f"relax-1-{s.index}") for s in fresh)
+
+
 @pytest.mark.parametrize("mask", [False, True])
 def test_offpolicy_tokens_are_masked_only_when_asked(mask: bool) -> None:
     _, _, steps = _run(_args(*(["--mask-offpolicy-in-partial-rollout"] if mask else [])), 2)

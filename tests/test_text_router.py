@@ -160,8 +160,7 @@ def test_middlewares_need_the_text_router() -> None:
 
     with pytest.raises(ConfigError, match="--slime-router-middleware-paths needs --use-slime-router"):
         parse_args(["--preset", "quickstart", "--slime-router-middleware-paths", f"{MW}.Recorder"])
-    with pytest.raises(ConfigError, match="not supported yet: --use-slime-router with --partial-rollout"):
-        parse_args(["--preset", "quickstart", "--use-slime-router", "--partial-rollout"])
+    assert parse_args(["--preset", "quickstart", "--use-slime-router", "--partial-rollout"]).partial_rollout  # built
 
 
 def test_a_run_with_the_text_router_trains_on_what_the_engine_generated(tmp_path: Path, monkeypatch) -> None:

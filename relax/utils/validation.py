@@ -280,13 +280,10 @@ def _partial_rollout(args: Namespace, p: Problems) -> None:
 
 @rule
 def _router(args: Namespace, p: Problems) -> None:
-    """The text router's flags (relax/engine/router/): its middlewares need it, and partial rollout resumes a sample
-    from its token ids, which a text request cannot carry."""
+    """The text router's flags (relax/engine/router/): its middlewares need it. (With --partial-rollout a sample
+    goes as text until it has response tokens, then as its token ids: relax/engine/rollout/partial_samples.py.)"""
     if args.slime_router_middleware_paths and not args.use_slime_router:
         p.add("--slime-router-middleware-paths needs --use-slime-router (the middlewares are the text router's)")
-    if args.use_slime_router and args.partial_rollout:
-        p.add("not supported yet: --use-slime-router with --partial-rollout (a resumed sample is sent as its token "
-              "ids; a text request cannot carry them)")
     if args.use_slime_router and args.multimodal_keys:
         p.add("not supported yet: --use-slime-router with --multimodal-keys (a media prompt is sent as token ids with "
               "one pad token per merged patch; its text form does not carry them)")

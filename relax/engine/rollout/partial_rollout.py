@@ -30,6 +30,7 @@ from relax.engine.rollout.partial_samples import (
     protected,
     resume_request,
 )
+from relax.engine.rollout.prompt_input import take_prompt_ids
 from relax.engine.rollout.state import MAX_SAMPLING_ROUNDS, GenerateState, dynamic_filter, sample_seed
 from relax.utils.types import Sample
 
@@ -114,9 +115,11 @@ class PartialRollout:
                       sampling_seed=sample_seed(self.cfg.rollout_seed, self.rollout_id, sample.index))
         self.inflight[rid] = (client, sample)
         try:
-            response = await client.generate(resume_request(sample, params, rid, self.state.image_pad_id))
+            response = await client.generate(resume_request(sample, params, rid, self.state.image_pad_id,
+                                                            text=self.cfg.use_slime_router))
         finally:
             del self.inflight[rid]
+        take_prompt_ids(sample, response, self.cfg.use_slime_router)
         append_response(sample, response)
         if sample.weight_version is not None:
             self.versions.add(sample.weight_version)

@@ -29,11 +29,14 @@ def protected(cfg: RolloutConfig, sample: Sample) -> bool:
 
 
 def resume_request(sample: Sample, sampling_params: dict[str, Any], rid: str,
-                   image_pad_id: int | None = None) -> dict[str, Any]:
+                   image_pad_id: int | None = None, *, text: bool = False) -> dict[str, Any]:
     """The /generate request that continues ``sample``: its tokens so far (a picture's as one ``<|image_pad|>``,
-    ``image_pad_id``: relax/engine/rollout/prompt_input.py), its media, the token budget left."""
+    ``image_pad_id``: relax/engine/rollout/prompt_input.py), its media, the token budget left. ``text``
+    (``--use-slime-router``): a sample not started yet goes as its prompt text; a resumed one always goes as its
+    token ids, since text cannot carry the response tokens it already has."""
     params = dict(sampling_params, max_new_tokens=sampling_params["max_new_tokens"] - sample.response_length)
-    return {**prompt_fields(sample, False, image_pad_id), **media_request_fields(sample.multimodal_inputs),
+    as_text = text and not sample.response_length
+    return {**prompt_fields(sample, as_text, image_pad_id), **media_request_fields(sample.multimodal_inputs),
             "sampling_params": params, "return_logprob": True, "rid": rid}
 
 

@@ -39,8 +39,9 @@ def prompt_fields(sample: Sample, text: bool, image_pad_id: int | None = None) -
 
 
 def take_prompt_ids(sample: Sample, response: dict[str, Any], text: bool) -> None:
-    """With ``text``, the sample's prompt tokens become the engine's (SGLang's ``prompt_token_ids``)."""
-    if not text:
+    """With ``text``, the sample's prompt tokens become the engine's (SGLang's ``prompt_token_ids``); a sample that
+    already had response tokens was sent as its token ids (partial rollout's resume), and keeps them."""
+    if not text or sample.response_length:
         return
     ids = response.get("prompt_token_ids")
     if not isinstance(ids, list) or not ids:
