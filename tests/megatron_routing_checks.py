@@ -194,3 +194,22 @@ def check_update_follows_old_pass(backend, *, replayed: bool) -> dict:
         assert differ > 0, "the drift changed no routing: this check could not fail"
         assert "train/routing_replay_tokens" not in metrics
     return {"differ": differ, "metrics": metrics}
+
+
+FULL_RECOMPUTE = ("--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1")
+
+
+def check_full_recompute_replays_in_the_backward(make) -> dict:
+    """``--recompute-granularity full`` with rollout routing replay: the layers' forward runs again in the backward,
+    and its routers route as the replayed forward did (megatron-core's REPLAY_BACKWARD), so the update equals the
+    one without recompute bitwise. Routed freely there (the rollout's random experts are rarely the routers' own),
+    the gradients, and so the weights, would differ. ``make(*flags)`` builds a backend."""
+    plain = make("--use-rollout-routing-replay")
+    full = make("--use-rollout-routing-replay", *FULL_RECOMPUTE)
+    assert full.cfg.megatron.recompute_granularity == "full"
+    metrics = [b.train_rollout(rollout_routed_samples(b), 0) for b in (plain, full)]
+    want, got = ({k: v for k, v in m.items() if not k.startswith("perf/")} for m in metrics)
+    assert want == got, {k: (want.get(k), got.get(k)) for k in want.keys() | got.keys() if want.get(k) != got.get(k)}
+    for (name, a), b in zip(plain.built.gpt.named_parameters(), full.built.gpt.parameters(), strict=True):
+        assert torch.equal(a, b), f"{name} differs after the step with full recompute"
+    return metrics[1]

@@ -88,6 +88,10 @@ def install_cpu_shims() -> None:
     tracker = tensor_parallel.get_cuda_rng_tracker()
     tracker.fork = lambda *args, **kwargs: contextlib.nullcontext()  # dropout is 0; no CUDA RNG on CPU
     tracker.add = lambda *args, **kwargs: None
+    import megatron.core.tensor_parallel.random as mrandom  # full recompute saves and restores the CUDA RNG state
+
+    mrandom._get_cuda_rng_state = lambda *args, **kwargs: None
+    mrandom._set_cuda_rng_state = lambda *args, **kwargs: None
     import megatron.core.transformer.moe.moe_utils as moe_utils
     import megatron.core.transformer.moe.token_dispatcher as token_dispatcher
 

@@ -98,3 +98,17 @@ def test_routing_replay_replays_the_old_pass_in_the_update(moe_dir, world, extra
     assert replayed["differ"] == 0 and free["differ"] > 0
     print(f"update rows routed off the old pass: {replayed['differ']} with replay, {free['differ']} without")
 
+
+def _full_recompute(rank: int, model: str, world: int, extra: list[str]) -> dict:
+    from tests.megatron_routing_checks import check_full_recompute_replays_in_the_backward
+
+    return check_full_recompute_replays_in_the_backward(lambda *flags: _backend(model, world, [*extra, *flags]))
+
+
+@pytest.mark.megatron
+@needs_megatron
+@pytest.mark.parametrize("world, extra", EP)
+def test_full_recompute_replays_the_routing_in_the_backward(moe_dir, world, extra) -> None:
+    from tests.megatron_workers import spawn
+
+    spawn(_full_recompute, world, moe_dir, world, extra)

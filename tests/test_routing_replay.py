@@ -196,22 +196,14 @@ def test_routing_replay_replays_the_old_pass_in_the_update(monkeypatch) -> None:
     assert metrics["train/routing_replay_changed_frac"] > 0  # the drifted routers alone would route otherwise
 
 
-def test_megatron_takes_it_but_not_with_full_recompute() -> None:
-    """--train-backend megatron replays through megatron-core's RouterReplay (tests/test_megatron_routing_replay_cpu.py);
-    full activation recompute would route the layers again in the backward, which nothing replays."""
+def test_megatron_takes_it_with_any_recompute() -> None:
+    """--train-backend megatron replays through megatron-core's RouterReplay (tests/test_megatron_routing_replay_cpu.py),
+    full activation recompute included: the backward's recomputed forward replays too (REPLAY_BACKWARD)."""
     from relax.utils import validation
-    from relax.utils.flag_types import ConfigError
 
     args = parse_args([*BASE, "--hf-checkpoint", "small-qwen3-moe", "--use-rollout-routing-replay"])
     assert args.use_routing_replay is True
     args.train_backend = "megatron"
-    validation._routing_replay(args)
-    args.recompute_granularity = "selective"
-    validation._routing_replay(args)
-    args.recompute_granularity = "full"
-    with pytest.raises(ConfigError, match="not supported yet: --use-rollout-routing-replay with "
-                                          "--recompute-granularity full"):
-        validation._routing_replay(args)
-    args.use_rollout_routing_replay = False
-    with pytest.raises(ConfigError, match="not supported yet: --use-routing-replay with --recompute-granularity full"):
+    for granularity in (None, "selective", "full"):
+        args.recompute_granularity = granularity
         validation._routing_replay(args)

@@ -135,9 +135,6 @@ def _routing_replay(args: Namespace, p: Problems) -> None:
     if not (args.use_routing_replay or args.use_rollout_routing_replay):
         return
     flag = "--use-rollout-routing-replay" if args.use_rollout_routing_replay else "--use-routing-replay"
-    if args.train_backend == "megatron" and args.recompute_granularity == "full":
-        p.add(f"not supported yet: {flag} with --recompute-granularity full (the recomputed layers would route "
-              "again in the backward; selective recompute keeps the routers' forward)")
     from relax.distributed.resources import service_roles
 
     if "actor_fwd" in (p.run(service_roles, args.resource) or ()):

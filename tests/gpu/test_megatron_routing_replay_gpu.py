@@ -49,3 +49,9 @@ def test_routing_replay_replays_the_old_pass_in_the_update(mcore) -> None:
                                              replayed=True)
     free = check_update_follows_old_pass(_backend("--global-batch-size", "4"), replayed=False)
     assert replayed["differ"] == 0 and free["differ"] > 0
+
+
+def test_full_recompute_replays_the_routing_in_the_backward(mcore) -> None:
+    from tests.megatron_routing_checks import check_full_recompute_replays_in_the_backward
+
+    check_full_recompute_replays_in_the_backward(_backend)

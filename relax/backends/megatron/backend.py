@@ -136,7 +136,8 @@ class MegatronTrainBackend(TorchTrainBackend):
 
             self.routing = MegatronRoutingReplay(self.built.gpt, routing_shape(self.hf_config),
                                                  from_rollout=cfg.use_rollout_routing_replay,
-                                                 sequence_shards=self.runner.seq_multiple)
+                                                 sequence_shards=self.runner.seq_multiple,
+                                                 recomputes=mcfg.recompute_granularity == "full")
         self._step = 0
         self.critic = None
         if cfg.algo.advantage_estimator == "ppo":  # a plain torch value model, a full copy on every rank (critic.py)
@@ -359,6 +360,8 @@ class MegatronTrainBackend(TorchTrainBackend):
         for metrics in self.runner.run(self.model, self._inputs(batch, micro), policy, forward_only=False,
                                        around=self._routing_of(self.model)):
             sums = merge_metrics(sums, metrics)
+        if self.routing is not None:
+            self.routing.end_update()
         out = {k: float(v) for k, v in self.dp.merge_metrics(sums).items()}
         out = self.runner.object_from_last_stage(out)
         out["grad_norm"] = self._apply_gradients(out.get("loss"))

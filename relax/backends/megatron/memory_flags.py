@@ -141,7 +141,8 @@ def make_embedding_output_differentiable(gpt: Any) -> Any | None:
     """
     import torch
 
-    if all(p.requires_grad for p in gpt.embedding.parameters()):
+    embedding = getattr(gpt, "embedding", None)  # a later pipeline stage has none: its input carries the grad
+    if embedding is None or all(p.requires_grad for p in embedding.parameters()):
         return None
 
     def _require_grad(module, inputs, output):

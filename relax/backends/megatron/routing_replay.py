@@ -19,8 +19,11 @@ drives them and another backend in the process never sees them.
 Per micro-batch (`forward`, around the stage's forward in schedule.StageRunner): the rows' routing, laid out
 as this rank's routers see the tokens (routing_layout.py), becomes each local MoE layer's target; padding and
 each row's last token take experts ``0 .. top_k - 1`` (they carry no loss, and causal attention keeps them out
-of the real tokens). The backward replays nothing: the forced indices are in the autograd graph
-(``--recompute-granularity full``, which would route the layers again in the backward, is refused with replay).
+of the real tokens). The backward replays nothing, the forced indices being in the autograd graph, unless
+``--recompute-granularity full`` runs the layers' forward again there: then each router is left in
+megatron-core's ``REPLAY_BACKWARD``, whose recomputed forward takes the targets this micro-batch set, first in
+first out (the pipeline's warm-up forwards queue theirs in the order their backwards come), and `end_update`
+clears what is left after the optimizer step's schedule (layers the method does not recompute never take theirs).
 
 Recording (the old pass): each rank writes what its routers picked, its stage's layers at its part of the
 sequence, into a ``[rows, width, layers, top_k]`` grid (ids + 1 over zeros), and `share` sums the grid over
@@ -67,7 +70,8 @@ def policy_routers(gpt) -> list[tuple[int, torch.nn.Module]]:
 class MegatronRoutingReplay(RoutingRows):
     """The policy's routers on this rank, and each row's routing for one rollout batch."""
 
-    def __init__(self, gpt, routing_shape: tuple[int, int], *, from_rollout: bool, sequence_shards: int):
+    def __init__(self, gpt, routing_shape: tuple[int, int], *, from_rollout: bool, sequence_shards: int,
+                 recomputes: bool = False):
         from megatron.core import parallel_state as ps
 
         super().__init__(*routing_shape, from_rollout=from_rollout)
@@ -82,6 +86,7 @@ class MegatronRoutingReplay(RoutingRows):
         self.writes = sequence_shards > 1 or tp_rank == 0  # whether this rank's recording goes into the grid
         self.counts_tokens = tp_rank == 0 and ps.is_pipeline_first_stage()  # one rank per data-parallel replica
         self.world = DataParallel.current()  # `share` and `metrics` sum over every rank
+        self.recomputes = recomputes  # --recompute-granularity full: the backward runs the routers again
         self._grid: torch.Tensor | None = None  # the old pass's recording, between `begin` and `share`
         self._seen: torch.Tensor | None = None  # rows recorded
         self._lengths: list[int] = []  # routed positions per row (len(tokens) - 1)
@@ -128,6 +133,7 @@ class MegatronRoutingReplay(RoutingRows):
             real[i, :len(r)] = True
         device = self.routers[0][1].weight.device
         experts, local_real = experts.to(device), layout.to_router(real)
+        backward = self.recomputes and torch.is_grad_enabled()  # a backward will run these routers again
         handles = []
         for layer, router in self.routers:
             router.router_replay.set_target_indices(layout.to_router(experts[:, :, layer]))
@@ -138,7 +144,11 @@ class MegatronRoutingReplay(RoutingRows):
         finally:
             for h in handles:
                 h.remove()
-            self._release()
+            if backward:  # the recomputed forward pops this micro-batch's targets (megatron's backward list)
+                for _, router in self.routers:
+                    router.router_replay.set_router_replay_action(RouterReplayAction.REPLAY_BACKWARD)
+            else:
+                self._release()
         self.tokens += int(real.sum())
         self.pairs += int(local_real.sum()) * len(self.routers)
 
@@ -176,6 +186,10 @@ class MegatronRoutingReplay(RoutingRows):
             picked = layout.from_router(router.router_replay.get_recorded_indices())[:, :stop - pos.start]
             ids = (picked.to("cpu", torch.int32) + 1) * routed[..., None]
             self._grid[sl, pos.start:stop, layer] = ids
+
+    def end_update(self) -> None:
+        """After an optimizer step's schedule: nothing of it may reach the next forward (module docstring)."""
+        self._release()
 
     def _release(self) -> None:
         for _, router in self.routers:
