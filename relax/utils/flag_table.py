@@ -434,7 +434,9 @@ ADDED_FLAGS: list[FlagSpec] = [
       "JSON config overrides for Reference/ActorFwd services (seed 004), the separate lightweight services of the "
       "reference / actor_fwd roles in --resource (--fully-async; relax/core/services.py). Keys: "
       "tensor_model_parallel_size (1), sequence_parallel (false), max_tokens_per_gpu (the services' dynamic-batching "
-      "token budget; default: the trainer's micro-batching), only_load_weight (true: forward-only, no optimizer)"),
+      "token budget; default: the trainer's micro-batching), only_load_weight (true: forward-only, no optimizer). "
+      "Each service is a copy of the trainer's backend: torch, or with --train-backend megatron a one-GPU Megatron "
+      "model (its replicas need 1 GPU each) whose weight syncs land in its fused parameters"),
     F("embedded-runner", "str", "auto", ADDITIONS_GROUP,
       "Model runner of the embedded rollout engines: hf (HF modules, DynamicCache), static (HF modules over "
       "preallocated KV slots) or lean (our fused decoder forward, the fast GPU path; the rows of one prompt "
