@@ -187,6 +187,33 @@ def test_reference_service_refuses_weight_updates() -> None:
         service.update_weights_from_tensors([], version=1)
 
 
+def test_reference_service_holds_ref_load(tmp_path: Path) -> None:
+    """--ref-load of a relax checkpoint with a reference service: with --load the service holds the checkpoint's
+    weights (the trainer resumes the policy); without, the policy starts from it too (seed 000) and so does the
+    service's reference."""
+    from safetensors.torch import load_file
+
+    from relax import checkpoint as ckpt
+
+    saver = TorchTrainBackend(TrainerConfig.from_args(_args()), "cpu")
+    saver.train_rollout(_samples(seed=12), 0)
+    root = tmp_path / "save"
+    partial = ckpt.begin(root, 0)
+    saver.save(str(partial), save_optimizer=False)
+    ckpt.write_driver_state(partial, ckpt.DriverState(next_step=1, weight_version=1, data_source={}))
+    ckpt.publish(root, 0)
+    saved = load_file(str(ckpt.iteration_dir(root, 0) / "model.safetensors"))
+    initial = TorchTrainBackend(TrainerConfig.from_args(_args()), "cpu").model.state_dict()
+    assert any(not torch.equal(initial[k], v) for k, v in saved.items())  # the step moved the weights
+    for load in ([], ["--load", str(root)]):
+        cfg = TrainerConfig.from_args(_service_args(*KL_LOSS, "--ref-load", str(root), *load, resource=FORWARD_ROLES))
+        reference, trainer = ForwardService(cfg, "cpu", "reference"), TorchTrainBackend(cfg, "cpu")
+        assert trainer.ref_model is None  # the reference lives in the service
+        assert all(torch.equal(reference.model.state_dict()[k], v) for k, v in saved.items())
+        policy = trainer.model.state_dict()
+        assert all(torch.equal(policy[k], (initial if load else saved)[k]) for k in saved)
+
+
 def test_actor_fwd_sync_writes_every_tensor() -> None:
     """--check-weight-update-equal randomizes actor_fwd like an engine; one sync restores every tensor."""
     args = _service_args(resource='{"actor_fwd":[1,0]}')
