@@ -10,6 +10,7 @@ only for the ``--rollout-data-postprocess-path`` hook, whose seed 000 signature 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from relax.algorithms.config import AlgorithmConfig
@@ -25,8 +26,6 @@ from relax.utils.flag_types import ConfigError
 
 def same_model(a: str, b: str | None) -> bool:
     """``a`` and ``b`` name the same model: the same preset name or the same directory."""
-    from pathlib import Path
-
     return b is not None and (a == b or Path(a).resolve() == Path(b).resolve())
 
 

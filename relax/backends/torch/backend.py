@@ -177,9 +177,14 @@ class TorchTrainBackend:
         return ref.eval().requires_grad_(False)
 
     def _start_from_ref_load(self) -> None:
-        """Seed 000: without ``--load`` the policy starts from ``--ref-load``'s weights, which must fit its shape."""
-        ref = self._build_saved(self.cfg.ref_load, self.cfg.ref_ckpt_step, "--ref-ckpt-step")
-        mine, theirs = self.model.state_dict(), ref.state_dict()
+        """Seed 000: without ``--load`` the policy starts from ``--ref-load``'s weights, which must fit its shape: a
+        relax checkpoint's are loaded into it in place, another HF model's copied over from a built one."""
+        from relax.checkpoint import is_checkpoint_root
+
+        if is_checkpoint_root(self.cfg.ref_load):
+            self._load_saved(self.model, self.cfg.ref_load, self.cfg.ref_ckpt_step, "--ref-ckpt-step")
+            return
+        mine, theirs = self.model.state_dict(), self._build(self.cfg.ref_load).state_dict()
         if mine.keys() != theirs.keys() or any(mine[k].shape != theirs[k].shape for k in mine):
             raise ValueError(f"--ref-load {self.cfg.ref_load}: not a model of --hf-checkpoint "
                              f"{self.cfg.hf_checkpoint}'s shape, and without --load the policy starts from it")
@@ -188,20 +193,26 @@ class TorchTrainBackend:
     def _build_saved(self, path: str, step: int | None, flag: str) -> torch.nn.Module:
         """``path`` as a model: an HF directory or preset, or a ``relax train --save`` directory, whose checkpoint
         of ``step`` (``flag``; else its latest) holds the weights of an ``--hf-checkpoint``-shaped model."""
+        from relax.checkpoint import is_checkpoint_root
+
+        if not is_checkpoint_root(path):
+            return self._build(path)
+        return self._load_saved(self._build_policy(), path, step, flag).to(self.dtype)
+
+    def _load_saved(self, model: torch.nn.Module, path: str, step: int | None, flag: str) -> torch.nn.Module:
+        """``model`` (``--hf-checkpoint``-shaped) with the weights of ``path``'s checkpoint of ``step`` (``flag``; else
+        its latest), loaded in place."""
         from safetensors.torch import load_file
 
         from relax import checkpoint as ckpt
 
-        if not ckpt.is_checkpoint_root(path):
-            return self._build(path)
         directory = (ckpt.find_step(path, step, flag=flag) if step is not None
                      else ckpt.find_latest(path, flag=flag, driver_state=False))
-        model = self._build_policy()
         state = load_file(str(directory / "model.safetensors"))
         missing, unexpected = model.load_state_dict(state, strict=False)
         if unexpected or [m for m in missing if m not in state]:
             raise ValueError(f"{flag}: checkpoint {directory} does not match --hf-checkpoint {self.cfg.hf_checkpoint}")
-        return model.to(self.dtype)
+        return model
 
     def _init_inference_only(self, service: str) -> None:
         if service == "reference" and not self.cfg.reference_is_initial_policy:
