@@ -2,12 +2,14 @@
 embedded engine, summarised from each run's own artifacts.
 
     python ci/sglang_runs.py colocate --model bench-270m --engines sglang embedded --steps 10 --json OUT.json
+    python ci/sglang_runs.py colocate-tp2 --steps 10 --json OUT.json   # 2 GPUs: Megatron TP 2, an engine of both
     python ci/sglang_runs.py async --model small-qwen3 --steps 10 --json OUT.json       # 2 GPUs: trainer, engine
     python ci/sglang_runs.py external --model small-qwen3 --steps 10 --json OUT.json    # 2 GPUs: trainer, server
     python ci/sglang_runs.py vlm --steps 10 --json OUT.json    # issue 44: the VLM preset, SGLang then embedded
 
 ``colocate``: Megatron and the engine share one GPU (``--colocate``): weights by ``/update_weights_from_tensor``
-(CUDA IPC), memory by ``/release_memory_occupation`` / ``/resume_memory_occupation``. ``async``: ``--fully-async``
+(CUDA IPC), memory by ``/release_memory_occupation`` / ``/resume_memory_occupation``. ``colocate-tp2``: the same on
+two GPUs, Megatron at TP 2 and one engine of both GPUs (its second rank opens the first GPU's handle). ``async``: ``--fully-async``
 with the trainer on the first visible GPU and the engine on the second: weights by ``/init_weights_update_group``
 + ``/update_weights_from_distributed`` (NCCL). ``external``: an SGLang server this script starts by hand on the
 second GPU, driven with ``--rollout-external``. ``vlm`` (issue 44): ``relax train --preset vlm-quickstart`` (the torch
@@ -149,6 +151,17 @@ def colocate(a: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def colocate_tp2(a: argparse.Namespace) -> list[dict[str, Any]]:
+    """Two GPUs, both shared: the Megatron trainer at TP 2 and one SGLang engine of two GPUs (``--tp-size 2``)."""
+    out = a.workdir / f"colocate_tp2_{a.model}_sglang"
+    flags = train_flags(a, out) + ["--colocate", "--resource", '{"actor": [1, 2], "rollout": [1, 2]}',
+                                   "--rollout-num-gpus-per-engine", "2", "--tensor-model-parallel-size", "2",
+                                   "--rollout-backend", "sglang", *SGLANG_FLAGS]
+    row = {"run": "colocate, an engine of 2 GPUs", "engine": "sglang", "model": a.model,
+           **run_train(flags, a.workdir / f"colocate_tp2_{a.model}.log", a.timeout)}
+    return [_finish(row, out)]
+
+
 def fully_async(a: argparse.Namespace) -> list[dict[str, Any]]:
     out = a.workdir / f"async_{a.model}_sglang"
     flags = train_flags(a, out) + ["--fully-async", "--max-staleness", "1",
@@ -248,7 +261,7 @@ def _finish(row: dict[str, Any], out: Path) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("run", choices=("colocate", "async", "external", "vlm"))
+    p.add_argument("run", choices=("colocate", "colocate-tp2", "async", "external", "vlm"))
     p.add_argument("--model", default=None, help=f"default: small-qwen3; {VLM_MODEL} for vlm")
     p.add_argument("--engines", nargs="+", default=["sglang", "embedded"], choices=("sglang", "embedded"))
     p.add_argument("--steps", type=int, default=10)
@@ -264,7 +277,8 @@ def main() -> None:
     a = p.parse_args()
     a.model = a.model or (VLM_MODEL if a.run == "vlm" else "small-qwen3")
     a.workdir.mkdir(parents=True, exist_ok=True)
-    rows = {"colocate": colocate, "async": fully_async, "external": external, "vlm": vlm}[a.run](a)
+    rows = {"colocate": colocate, "colocate-tp2": colocate_tp2, "async": fully_async, "external": external,
+            "vlm": vlm}[a.run](a)
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps({"rows": rows, "sglang_site": SITE, **provenance()}, indent=1) + "\n")

@@ -40,6 +40,19 @@ def test_seed_colocate_layout_trains_on_every_gpu() -> None:
     assert len({(s.group, s.bundle) for s in plan.trainer_ranks}) == 8  # one GPU per rank (NCCL needs that)
 
 
+def test_a_colocated_engine_of_several_gpus_spans_as_many_ranks_bundles() -> None:
+    """--colocate with --rollout-num-gpus-per-engine 2 on 8 GPUs in nodes of 4: engine i computes on bundles 2i and
+    2i+1 (its actor on the first), within one node's group; every rank keeps its own GPU."""
+    plan = plan_resources(_args({"actor": [1, 8], "rollout": [1, 8]}, colocate=True, per_engine=2, per_node=4), "cuda")
+    assert [g.bundles for g in plan.groups] == [(1, 1, 1, 1)] * 2
+    assert [(e.name, e.gpus, e.group, e.bundle, e.span) for e in plan.engines] == [
+        ("engine:0", 2, 0, 0, 2), ("engine:1", 2, 0, 2, 2), ("engine:2", 2, 1, 0, 2), ("engine:3", 2, 1, 2, 2)]
+    assert all(e.share == COLOCATED_SHARE for e in plan.engines)
+    assert [(r.group, r.bundle, r.span) for r in plan.trainer_ranks[:3]] == [(0, 0, 1), (0, 1, 1), (0, 2, 1)]
+    fewer = plan_resources(_args({"actor": [1, 2], "rollout": [1, 4]}, colocate=True, per_engine=4), "cuda")
+    assert fewer.total_gpus == 4 and [(e.bundle, e.span) for e in fewer.engines] == [(0, 4)]
+
+
 def test_groups_follow_num_gpus_per_node() -> None:
     """16 GPUs on nodes of 4: four groups; ranks fill them in order, so ranks 0-3 share a node."""
     plan = plan_resources(_args({"actor": [1, 16], "rollout": [1, 16]}, colocate=True, per_node=4), "cuda")
@@ -99,8 +112,9 @@ def test_service_roles() -> None:
      r"^--resource rollout has 3 GPUs \(1 x 3\), not a multiple of --rollout-num-gpus-per-engine 2$"),
     (_args({"rollout": [1, 16]}, per_engine=16), "cuda",
      r"^not supported yet: --rollout-num-gpus-per-engine 16 > --num-gpus-per-node 8"),
-    (_args({"actor": [1, 2], "rollout": [1, 2]}, colocate=True, per_engine=2), "cuda",
-     r"^not supported yet: --colocate with --rollout-num-gpus-per-engine 2"),
+    (_args({"actor": [1, 6], "rollout": [1, 6]}, colocate=True, per_engine=3, per_node=4), "cuda",
+     r"^--colocate with --rollout-num-gpus-per-engine 3: an engine's GPUs must sit on one node, and "
+     r"--num-gpus-per-node 4 is not a multiple of it$"),
     (_args({"actor": [2, 0]}), "cuda", r"^--resource role 'actor' has 0 GPUs on a --device cuda run"),
     (_args({"rollout": [2, 0]}, per_engine=2), "cpu", r"^--rollout-num-gpus-per-engine 2 has no effect with CPU"),
     (_args({"actor": [2, 0.5]}), "cpu", r"^--resource: role 'actor' needs a whole number of GPUs, got \[2, 0.5\]$"),

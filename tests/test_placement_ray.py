@@ -14,7 +14,7 @@ import ray
 
 from relax.core.fault_tolerance import wait_for
 from relax.distributed.config import PlacementConfig
-from relax.distributed.placement import Placement, where
+from relax.distributed.placement import Placement, gpu_ids, where
 from relax.distributed.resources import plan_resources
 from relax.utils.flag_types import ConfigError
 from tests.e2e_helpers import _ray_dir
@@ -41,8 +41,8 @@ class Probe:
         return [os.environ.get(name) for name in names]
 
 
-def _plan(resource: dict, colocate: bool, device: str = "cuda"):
-    return plan_resources(PlacementConfig(resource=resource, colocate=colocate, rollout_num_gpus_per_engine=1,
+def _plan(resource: dict, colocate: bool, device: str = "cuda", per_engine: int = 1):
+    return plan_resources(PlacementConfig(resource=resource, colocate=colocate, rollout_num_gpus_per_engine=per_engine,
                                     num_gpus_per_node=8, debug_train_only=False, debug_rollout_only=False,
                                     rollout_external=False, train_env_vars={}), device)
 
@@ -67,6 +67,25 @@ def test_colocated_ranks_share_their_engines_gpus(two_gpu_ray) -> None:
     finally:
         placement.release()
     assert wait_for(lambda: ray.available_resources().get("GPU") == 2, timeout=30)  # released (asynchronously)
+
+
+def test_a_colocated_engine_of_two_gpus_learns_both_after_the_ranks_took_their_halves(two_gpu_ray) -> None:
+    """Ray gives an actor one bundle's GPU: the engine's other GPU comes from `gpu_ids`' probes, asked while the
+    two trainer ranks hold half of each GPU; they are the ranks' GPUs, in bundle order."""
+    placement = Placement.reserve(_plan({"actor": [1, 2], "rollout": [1, 2]}, colocate=True, per_engine=2),
+                                  timeout_s=30)
+    ranks = [Probe.options(**s.options).remote() for s in placement.trainer_ranks]
+    try:
+        rank_gpus = [ray.get(r.gpu_ids.remote())[0] for r in ranks]
+        (engine,) = placement.engines
+        assert engine.gpus == 2 and len(engine.span) == 2 and placement.trainer_ranks[0].span == ()
+        assert gpu_ids(engine, timeout_s=30) == rank_gpus and len(set(rank_gpus)) == 2
+        assert _gpu(engine) == rank_gpus[:1]  # its actor: the first bundle's half
+    finally:
+        for r in ranks:
+            ray.kill(r)
+        placement.release()
+    assert wait_for(lambda: ray.available_resources().get("GPU") == 2, timeout=30)
 
 
 def test_every_slot_carries_the_worker_env(two_gpu_ray, monkeypatch: pytest.MonkeyPatch) -> None:

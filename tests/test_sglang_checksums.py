@@ -110,8 +110,67 @@ def test_a_stacked_parameter_missing_a_part_is_an_error_naming_it() -> None:
 
 def test_what_cannot_be_matched_says_why() -> None:
     assert sc.unverifiable(["model.layers.0.mlp.down_proj.weight"], 1) is None
-    assert "2 tensor-parallel ranks" in sc.unverifiable([], 2)
+    assert "2 tensor-parallel ranks whose model's key/value head count is not known" in sc.unverifiable([], 2)
     assert "MoE" in sc.unverifiable(["model.layers.0.mlp.experts.0.up_proj.weight"], 1)
+    assert "MoE" in sc.unverifiable(["model.layers.0.mlp.experts.0.up_proj.weight"], 2, kv_heads=2)
+    assert sc.unverifiable(list(_layer()) + [sc.EMBEDDING, "model.norm.weight"], 2, kv_heads=2) is None
+    vision = "visual.blocks.0.attn.qkv.weight"
+    assert f"how it shards {vision} is not known" in sc.unverifiable([vision], 2, kv_heads=2)
+
+
+def _reference_rank(layer: dict[str, torch.Tensor], rank: int, tp: int, heads: int, kv_heads: int) -> dict:
+    """What SGLang's loaders leave on tensor-parallel rank ``rank`` of ``tp``, written head by head (an independent
+    restatement of QKVParallelLinear / MergedColumnParallelLinear / RowParallelLinear / VocabParallelEmbedding)."""
+    p = "model.layers.0."
+    q, k, v = (layer[p + f"self_attn.{n}_proj.weight"] for n in "qkv")
+    head_dim = q.shape[0] // heads
+    q_heads = q.view(heads, head_dim, -1)[rank * heads // tp:(rank + 1) * heads // tp]
+    if tp <= kv_heads:
+        kv = slice(rank * kv_heads // tp, (rank + 1) * kv_heads // tp)
+    else:  # fewer heads than ranks: rank r holds head r * heads / ranks, replicated on its neighbours
+        kv = slice(rank * kv_heads // tp, rank * kv_heads // tp + 1)
+    qkv = torch.cat([q_heads.reshape(-1, q.shape[1]), k.view(kv_heads, head_dim, -1)[kv].reshape(-1, k.shape[1]),
+                     v.view(kv_heads, head_dim, -1)[kv].reshape(-1, v.shape[1])])
+    gate_up = torch.cat([layer[p + "mlp.gate_proj.weight"].chunk(tp)[rank], layer[p + "mlp.up_proj.weight"].chunk(tp)[rank]])
+    out = {p + "self_attn.qkv_proj.weight": qkv, p + "mlp.gate_up_proj.weight": gate_up,
+           p + "self_attn.o_proj.weight": layer[p + "self_attn.o_proj.weight"].chunk(tp, dim=1)[rank].contiguous(),
+           p + "mlp.down_proj.weight": layer[p + "mlp.down_proj.weight"].chunk(tp, dim=1)[rank].contiguous(),
+           p + "input_layernorm.weight": layer[p + "input_layernorm.weight"]}
+    emb = layer[sc.EMBEDDING]
+    padded = torch.zeros(-(-emb.shape[0] // 64) * 64, emb.shape[1], dtype=emb.dtype)
+    padded[:emb.shape[0]] = emb
+    out[sc.EMBEDDING] = padded.chunk(tp)[rank]
+    return {f"tp{rank}/{name}": sc.hex_hash(t) for name, t in out.items()}
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4])
+def test_tensor_parallel_engines_get_each_ranks_shards_hashed_as_sglang_holds_them(kv_heads: int) -> None:
+    """Engines of 2 and 4 ranks (with 4 query heads, 2 or 4 key/value heads: replicated and split), a tied
+    lm_head (dropped on every rank) and a 70-row vocabulary (padded to 128, then split): every rank's hash of
+    every parameter equals the head-by-head reference, whatever the bucket order."""
+    g = torch.Generator().manual_seed(1)
+    heads, head_dim, hidden = 4, 2, 8
+    shapes = {"self_attn.q_proj.weight": (heads * head_dim, hidden),
+              "self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
+              "self_attn.v_proj.weight": (kv_heads * head_dim, hidden), "self_attn.o_proj.weight": (hidden, heads * head_dim),
+              "mlp.gate_proj.weight": (12, hidden), "mlp.up_proj.weight": (12, hidden), "mlp.down_proj.weight": (hidden, 12),
+              "input_layernorm.weight": (hidden,)}
+    layer = {"model.layers.0." + k: torch.randn(s, generator=g).to(torch.bfloat16) for k, s in shapes.items()}
+    layer[sc.EMBEDDING] = torch.randn(70, hidden, generator=g).to(torch.bfloat16)
+    items = [*layer.items(), (sc.LM_HEAD, layer[sc.EMBEDDING].clone())]
+    for order in (items, items[::-1]):
+        acc = sc.SGLangLayoutChecksums((1, 2, 4), kv_heads=kv_heads)
+        for item in order:
+            acc.add([item])
+        for tp in (2, 4):
+            expected = {}
+            for rank in range(tp):
+                expected.update(_reference_rank(layer, rank, tp, heads, kv_heads))
+            assert acc.result(tp) == expected
+        assert sc.EMBEDDING in acc.result(1) and sc.LM_HEAD not in acc.result(1)
+    assert sc.layout_name(1) == "sglang" and sc.layout_name(2) == "sglang-tp2"
+    with pytest.raises(ValueError, match="key/value head count"):
+        sc.SGLangLayoutChecksums((2,))
 
 
 # SGLang 0.5.14's named_parameters() of Qwen2_5_VLForConditionalGeneration for a 2-layer text model and a 1-block

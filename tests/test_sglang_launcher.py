@@ -237,3 +237,15 @@ def test_server_port_leaves_room_for_sglangs_grpc_port(monkeypatch) -> None:
     monkeypatch.setattr(launcher.socket, "socket", FakeSocket)
     assert launcher._free_port() == 41000
     assert launcher.MAX_SERVER_PORT + 10000 == 65535
+
+
+def test_a_colocated_engine_of_two_gpus_parses_and_its_server_sees_both(sglang_machine,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """--colocate with --rollout-num-gpus-per-engine 2: the engine spans both ranks' GPUs; its server process is
+    given them (its actor holds a share of the first only)."""
+    args = parse_args([*BASE, "--device", "cuda", "--rollout-backend", "sglang", "--colocate", "--resource",
+                       '{"actor": [1, 2], "rollout": [1, 2]}', "--rollout-num-gpus-per-engine", "2"])
+    assert args.rollout_num_gpus_per_engine == 2 and args.colocate
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # what Ray gives the engine's actor: its first bundle's GPU
+    assert launcher.server_env(["3", "5"])["CUDA_VISIBLE_DEVICES"] == "3,5"
+    assert launcher.server_env().get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")  # Ray's

@@ -123,7 +123,9 @@ def _ours(side: str, device: str, tp: int = 1) -> SyncTarget:
 @pytest.mark.parametrize(("requested", "weights_at", "targets", "expected"), [
     ("auto", GPU0, [_t("e0", GPU0), _t("e1", GPU0)], {"tensor": ["e0", "e1"]}),  # colocate
     ("auto", GPU0, [_t("e0", GPU0), _t("e1", GPU1)], {"tensor": ["e0"], "distributed": ["e1"]}),  # other GPU: NCCL
-    ("auto", GPU0, [_t("e0", GPU0, tp=2)], {"distributed": ["e0"]}),  # a TP engine: every rank by broadcast
+    # a colocated TP engine (its first GPU holds the weights): its ranks open the same handle; elsewhere: broadcast
+    ("auto", GPU0, [_t("e0", GPU0, tp=2), _t("e1", GPU1, tp=2)], {"tensor": ["e0"], "distributed": ["e1"]}),
+    ("tensor", GPU0, [_t("e0", GPU0, tp=2)], {"tensor": ["e0"]}),
     ("auto", GPU0, [_t("e0", "unknown")], {"distributed": ["e0"]}),  # an external server that does not say
     ("auto", HOST, [_t("e0", GPU0)], {"distributed": ["e0"]}),  # offloaded trainer, a server that cannot map host memory
     # an offloaded colocate trainer (torch backend): relax's engines on this host's GPUs copy from shared memory;
@@ -144,7 +146,7 @@ def test_transport_choice_table(requested, weights_at, targets, expected) -> Non
 @pytest.mark.parametrize(("weights_at", "targets", "message"), [
     (GPU0, [_t("e1", GPU1)], "e1 is on cuda:GPU-1111@this-host but the trainer's weights are on cuda:GPU-0000"),
     (HOST, [_t("e1", OTHER_HOST)], "e1 is on cpu:other-host"),
-    (GPU0, [_t("e0", GPU0, tp=2)], "e0 has 2 tensor-parallel ranks"),
+    (HOST, [_ours("e3", GPU0, tp=2)], "e3 has 2 tensor-parallel ranks and its first GPU does not hold"),
     # host weights: a GPU server that cannot map host memory, or relax's engine on another machine
     (HOST, [_t("e0", GPU0)], "e0 is on cuda:GPU-0000@this-host but the trainer's weights are on cpu:this-host"),
     (HOST, [_ours("e2", GPU_ELSEWHERE)], "e2 is on cuda:GPU-2222@other-host"),
@@ -203,3 +205,58 @@ def test_a_failed_send_names_the_unreachable_engine_before_one_that_answered() -
     assert transport._engine_error([collective, survivor]) is survivor
     group = transport._engine_error([collective])
     assert isinstance(group, EngineError) and "RuntimeError: Connection closed by peer" in str(group)
+
+
+def test_the_tensor_transport_gives_a_several_rank_engine_named_views_and_a_one_rank_engine_the_bucket(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang loads a flattened bucket where it lies, but moves each ``(name, tensor)`` pair to its rank's GPU first:
+    an engine of several ranks gets pairs (SGLang's default format, one item per rank), a one-rank engine the bucket;
+    both views of the same buffer, with the same bytes."""
+    import asyncio
+
+    from relax.engine.rollout import engine_client
+    from relax.weights.transports import PackedBucket
+    from relax.weights.transports.tensor import TensorTransport
+
+    sent: dict[str, tuple] = {}
+
+    class Recorder:
+        def __init__(self, url: str, **_) -> None:
+            self.url = url
+
+        async def update_weights_from_tensor(self, items, *, load_format, flush_cache, weight_version):
+            sent[self.url] = (items, load_format, flush_cache, weight_version)
+
+    monkeypatch.setattr(engine_client, "EngineClient", Recorder)
+    named = _named([((3, 4), torch.float32), ((5,), torch.bfloat16)])
+    flat, entries = payload.flatten_into(torch.empty(256, dtype=torch.uint8), named)
+    one, two = _t("e0", HOST), _t("e1", HOST, tp=2)
+    asyncio.run(TensorTransport([one, two], timeout_s=1).send(PackedBucket(flat, tuple(entries), last=True), "7"))
+    items, fmt, flush, version = sent[one.url]
+    assert (len(items), fmt, flush, version) == (1, "flattened_bucket", True, "7")
+    items, fmt, _, _ = sent[two.url]
+    assert len(items) == 2 and items[0] == items[1] and fmt is None
+    pairs = payload.named_tensors(payload.decode(items[0]), None)
+    assert [n for n, _ in pairs] == [e.name for e in entries]
+    assert all(torch.equal(t, dict(named)[n]) for n, t in pairs)
+
+
+def test_a_tensor_parallel_servers_checksums_are_read_per_rank() -> None:
+    """``/weights_checker checksum`` of an engine of two ranks: each rank's hashes under ``tp<r>/``, ranks ordered by
+    their reported tp_rank; a rank count other than the engine's is an error naming it."""
+    import asyncio
+
+    from relax.engine.rollout.engine_client import EngineClient
+    from relax.utils.http_utils import EngineError
+
+    answer = {"ranks": [{"checksums": {"w": "b"}, "parallelism_info": {"tp_rank": 1}},
+                        {"checksums": {"w": "a"}, "parallelism_info": {"tp_rank": 0}}]}
+
+    class Client(EngineClient):
+        async def weights_checker(self, action: str) -> dict:
+            return answer
+
+    client = Client("http://127.0.0.1:1")
+    assert asyncio.run(client.sglang_checksums(2)) == {"tp0/w": "a", "tp1/w": "b"}
+    with pytest.raises(EngineError, match=r"expected 1 rank\(s\)' checksums, got 2 ranks"):
+        asyncio.run(client.sglang_checksums())

@@ -33,6 +33,9 @@ class Slot:
     gpus: int  # GPUs the actor computes on (0: CPU)
     options: dict = field(hash=False)
     node_id: str | None  # the node of its bundle; None for a CPU slot (Ray picks the node)
+    # every bundle it computes on, as Ray scheduling strategies, when that is more than its own (a colocated engine
+    # of several GPUs): `gpu_ids` asks each for its GPU
+    span: tuple = field(default=(), hash=False)
 
 
 @dataclass
@@ -75,9 +78,13 @@ class Placement:
                 return Slot(spec.name, 0, {"num_cpus": 0, "runtime_env": env}, None)
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-            strategy = PlacementGroupSchedulingStrategy(groups[spec.group], placement_group_bundle_index=spec.bundle)
-            options = {"num_cpus": 0, "num_gpus": spec.share, "scheduling_strategy": strategy, "runtime_env": env}
-            return Slot(spec.name, spec.gpus, options, group_nodes[spec.group])
+            def strategy(bundle: int) -> PlacementGroupSchedulingStrategy:
+                return PlacementGroupSchedulingStrategy(groups[spec.group], placement_group_bundle_index=bundle)
+
+            options = {"num_cpus": 0, "num_gpus": spec.share, "scheduling_strategy": strategy(spec.bundle),
+                       "runtime_env": env}
+            span = tuple(strategy(spec.bundle + b) for b in range(spec.span)) if spec.span > 1 else ()
+            return Slot(spec.name, spec.gpus, options, group_nodes[spec.group], span)
 
         return cls(plan, [slot(s, training) for s in plan.trainer_ranks], [slot(s) for s in plan.engines],
                    {role: [slot(s, training) for s in specs] for role, specs in plan.services.items()}, groups,
@@ -98,6 +105,34 @@ class Placement:
             except Exception:  # noqa: BLE001 - already gone with the job
                 pass
         self.groups = []
+
+
+PROBE_SHARE = 0.01  # the GPU share a probe takes from a bundle (a colocated bundle has half of its GPU free)
+
+
+def gpu_ids(slot: Slot, timeout_s: float = RESERVE_TIMEOUT_S) -> list[str]:
+    """The node's GPU ids of the bundles ``slot`` computes on, in order (a colocated engine of several GPUs: Ray
+    gives its actor the first bundle's GPU only, and its server process takes them all). Each id comes from a
+    probe task in that bundle; asked before the slot's actor takes its share. ConfigError when a probe is not
+    placed within ``timeout_s``."""
+    import ray
+
+    probe = ray.remote(_assigned_gpu)
+    refs = [probe.options(num_cpus=0, num_gpus=PROBE_SHARE, scheduling_strategy=s).remote() for s in slot.span]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    if len(ready) < len(refs):
+        for ref in refs:
+            ray.cancel(ref, force=True)
+        raise ConfigError(f"{slot.name}: the GPUs of its {len(refs)} bundles were not reported within {timeout_s:.0f} s "
+                          "(another actor holds the whole of one of them)")
+    return ray.get(refs)
+
+
+def _assigned_gpu() -> str:
+    import ray
+
+    ids = ray.get_runtime_context().get_accelerator_ids().get("GPU", [])
+    return str(ids[0])
 
 
 def where(actor) -> dict:

@@ -15,7 +15,8 @@ GPUs are reserved in groups that each sit on one node: a role's GPUs are cut int
 ``--num-gpus-per-node`` GPUs (whole engines only), one STRICT_PACK placement group per group
 (relax/distributed/placement.py), so a role may span nodes while no engine does. With
 ``--colocate`` the trainer and the engines share one set of groups: rank i and engine i take halves
-of the same GPU. Otherwise every role gets GPUs of its own. The plan is pure (tested without Ray);
+of the same GPU; an engine of several GPUs (``--rollout-num-gpus-per-engine``) computes on as many consecutive
+bundles, its actor holding a share of the first (the others' GPUs are found by `Placement.gpu_ids`). Otherwise every role gets GPUs of its own. The plan is pure (tested without Ray);
 `check_fits` says in one line what a cluster lacks.
 """
 
@@ -70,6 +71,7 @@ class SlotSpec:
     share: float  # the Ray ``num_gpus`` it takes from its bundle (COLOCATED_SHARE when colocated)
     group: int | None = None
     bundle: int | None = None
+    span: int = 1  # bundles of its group it computes on, from ``bundle`` (a colocated engine of several GPUs)
 
 
 @dataclass(frozen=True)
@@ -153,12 +155,14 @@ def plan_resources(cfg: PlacementConfig, device: str) -> ResourcePlan:
     ranks: list[SlotSpec] = []
     engines: list[SlotSpec] = []
     if cfg.colocate and actor and rollout and actor.gpus and rollout.gpus:
-        if per_engine > 1:
-            raise ConfigError(f"not supported yet: --colocate with --rollout-num-gpus-per-engine {per_engine} "
-                              "(an engine's GPUs would span several trainer ranks' bundles)")
+        if per_node % per_engine:
+            raise ConfigError(f"--colocate with --rollout-num-gpus-per-engine {per_engine}: an engine's GPUs must sit "
+                              f"on one node, and --num-gpus-per-node {per_node} is not a multiple of it")
         places = builder.add("actor+rollout", max(actor.total_gpus, rollout.total_gpus), 1)
         ranks = [SlotSpec(f"trainer:{r}", 1, COLOCATED_SHARE, *places[r]) for r in range(actor.total_gpus)]
-        engines = [SlotSpec(f"engine:{i}", 1, COLOCATED_SHARE, *places[i]) for i in range(rollout.total_gpus)]
+        # engine i computes on GPUs i*per_engine.. of the shared bundles; its actor holds a share of the first
+        engines = [SlotSpec(f"engine:{i}", per_engine, COLOCATED_SHARE, *places[i * per_engine], span=per_engine)
+                   for i in range(rollout.total_gpus // per_engine)]
     else:
         if actor:
             ranks = _role_slots(builder, "actor", "trainer", actor.actors, actor.gpus and 1)

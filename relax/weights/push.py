@@ -29,7 +29,7 @@ import torch
 from relax.weights.checksum import state_checksums
 from relax.weights.devices import device_identity
 from relax.weights.serialized_tensors import TensorEntry, flatten_into, layout, unflatten
-from relax.weights.sglang_checksums import SGLangLayoutChecksums, unverifiable
+from relax.weights.sglang_checksums import SGLangLayoutChecksums, layout_name, unverifiable
 from relax.weights.transports import TRANSPORTS, PackedBucket, SyncTarget, Transport, choose
 
 NamedTensors = list[tuple[str, torch.Tensor]]
@@ -170,8 +170,7 @@ class WeightPusher:
         is copied into the buffer (a gathering backend may reuse its memory), before the current one is sent
         (so the last bucket is known as such)."""
         kept = []
-        sglang = SGLangLayoutChecksums() if any(t.checksums == "sglang" and t.tp_size == 1
-                                                for t in self._targets(transports)) else None
+        sglang = _sglang_layouts(self._targets(transports))
         pending = iter(buckets)
         bucket = next(pending, None)
         while bucket is not None:
@@ -189,7 +188,7 @@ class WeightPusher:
             report.buckets += 1
             report.bytes += packed.nbytes
         if sglang is not None:
-            report.trainer_layouts["sglang"] = sglang.result()
+            report.trainer_layouts.update({layout_name(t): sglang.result(t) for t in sglang.tp_sizes})
         return kept
 
     @staticmethod
@@ -226,6 +225,14 @@ class WeightPusher:
         self._open.clear()
 
 
+def _sglang_layouts(targets: list[SyncTarget]) -> SGLangLayoutChecksums | None:
+    """SGLang's hashes for the stock SGLang targets' sizes (those whose shards the trainer can lay out)."""
+    sizes = {t.tp_size: t.kv_heads for t in targets if t.checksums == "sglang" and (t.tp_size == 1 or t.kv_heads)}
+    if not sizes:
+        return None
+    return SGLangLayoutChecksums(tuple(sizes), next((h for h in sizes.values() if h), None))
+
+
 def _digest_bucket(packed: PackedBucket, sglang: SGLangLayoutChecksums | None) -> dict[str, str]:
     """The trainer's checksums of one sent bucket (and, for stock SGLang targets, SGLang's hashes of it)."""
     named = unflatten(packed.flat, packed.entries)
@@ -243,17 +250,17 @@ async def _target_checksums(targets: list[SyncTarget], timeout_s: float, report:
         if t.checksums is None:
             reasons[t.side] = "its /weights_checker answer holds no checksums the trainer can compute"
         elif t.checksums == "sglang":
-            why = unverifiable(list(report.trainer_checksums), t.tp_size)
+            why = unverifiable(list(report.trainer_checksums), t.tp_size, t.kv_heads)
             if why:
                 reasons[t.side] = why
     reading = [t for t in targets if t.side not in reasons]
 
     async def read(t: SyncTarget) -> dict[str, str]:
         client = EngineClient(t.url, api_key=t.api_key, weights_timeout=timeout_s)
-        return await (client.sglang_checksums() if t.checksums == "sglang" else client.checksums())
+        return await (client.sglang_checksums(t.tp_size) if t.checksums == "sglang" else client.checksums())
 
     sums = await asyncio.gather(*(read(t) for t in reading))
     report.target_checksums = {t.side: None for t in targets}
     report.target_checksums.update({t.side: s for t, s in zip(reading, sums, strict=True)})
-    report.target_layouts = {t.side: "sglang" for t in reading if t.checksums == "sglang"}
+    report.target_layouts = {t.side: layout_name(t.tp_size) for t in reading if t.checksums == "sglang"}
     report.unverified = reasons

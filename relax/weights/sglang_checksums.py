@@ -28,9 +28,17 @@ murmur3's ``fmix32``, each word gives ``k1 = fmix32(v_i ^ ((i*A + s1) ^ rotl(i, 
 splitmix64's finalizer. tests/test_sglang_checksums.py holds SGLang's own answers for fixed tensors, and
 tests/gpu/test_sglang_checksums_gpu.py compares with the installed SGLang's kernel.
 
-Scope: dense Llama/Qwen-family models and Qwen2.5-VL on a one-rank engine (``--rollout-num-gpus-per-engine 1``). A
-tensor-parallel engine reports one rank's shards, and a MoE engine its experts fused per layer: those
-targets are recorded as unverified, with the reason (`unverifiable`).
+An engine of several tensor-parallel ranks (``--rollout-num-gpus-per-engine``) answers one set of hashes per
+rank, each over that rank's shards (``ranks[r].checksums``), and the trainer hashes the same shards
+(`shard`): the stacked ``qkv_proj`` takes rank r's slice of q, k and v (SGLang's ``QKVParallelLinear``: the key
+and value heads split evenly, or, with fewer heads than ranks, each head replicated on ``ranks / heads``
+consecutive ranks), ``gate_up_proj`` rank r's slice of gate and of up, ``o_proj`` and ``down_proj`` (row
+parallel) a slice of their columns, the embedding and ``lm_head`` a slice of the padded rows; norms are whole
+on every rank. Those records are keyed ``tp<r>/<name>`` under the layout ``sglang-tp<T>``.
+
+Scope: dense Llama/Qwen-family models, and Qwen2.5-VL on a one-rank engine. A MoE engine hashes its experts
+fused per layer and a vision tower is sharded otherwise: those targets are recorded as unverified, with the
+reason (`unverifiable`).
 """
 
 from __future__ import annotations
@@ -130,36 +138,103 @@ def pad_vocab(t: torch.Tensor) -> torch.Tensor:
     return torch.cat([t, t.new_zeros(pad, *t.shape[1:])]) if pad else t
 
 
-def unverifiable(model_names: list[str] | None, tp_size: int) -> str | None:
+def layout_name(tp_size: int) -> str:
+    """The weights.jsonl layout of an SGLang engine of ``tp_size`` ranks (`SGLangLayoutChecksums.result`)."""
+    return "sglang" if tp_size == 1 else f"sglang-tp{tp_size}"
+
+
+def unverifiable(model_names: list[str] | None, tp_size: int, kv_heads: int | None = None) -> str | None:
     """Why a stock SGLang engine's checksums cannot be matched, or None when they can."""
-    if tp_size != 1:
-        return (f"a stock SGLang engine of {tp_size} tensor-parallel ranks: its /weights_checker hashes each rank's "
-                "shards, which the trainer does not compute (one-rank engines only)")
     if model_names and any(".experts." in n for n in model_names):
         return "a stock SGLang MoE engine: its /weights_checker hashes experts fused per layer (dense models only)"
+    if tp_size == 1:
+        return None
+    if kv_heads is None:
+        return (f"a stock SGLang engine of {tp_size} tensor-parallel ranks whose model's key/value head count is not "
+                "known to the trainer (an external server): its ranks' shards cannot be laid out")
+    other = next((n for n in model_names or () if _tp_rule(n) is None), None)
+    if other is not None:
+        return (f"a stock SGLang engine of {tp_size} tensor-parallel ranks: how it shards {other} is not known to the "
+                "trainer (dense text models only)")
     return None
 
 
+_REPLICATED = re.compile(r"(layernorm|\.q_norm|\.k_norm|^model\.norm)\.weight$|\.(o_proj|down_proj)\.bias$")
+_ROW_PARALLEL = re.compile(r"\.(o_proj|down_proj)\.weight$")
+
+
+def _tp_rule(name: str) -> str | None:
+    """How SGLang shards HF tensor ``name`` over tensor-parallel ranks: "rows", "columns", "whole", "vocab", or
+    None (not a dense text model's tensor)."""
+    if name in (EMBEDDING, LM_HEAD):
+        return "vocab"
+    if _STACKED_NAME.match(name):
+        return "rows"
+    if _ROW_PARALLEL.search(name):
+        return "columns"
+    if _REPLICATED.search(name):
+        return "whole"
+    return None
+
+
+def _kv_slice(t: torch.Tensor, rank: int, tp_size: int, kv_heads: int) -> torch.Tensor:
+    """Rank ``rank``'s rows of a key or value projection (SGLang's ``QKVParallelLinear``): the heads split
+    evenly over the ranks, or each head on ``tp_size / kv_heads`` consecutive ranks when there are fewer."""
+    head_rows = t.shape[0] // kv_heads
+    per_rank = max(kv_heads // tp_size, 1)
+    first = (rank // max(tp_size // kv_heads, 1)) * per_rank
+    return t[first * head_rows:(first + per_rank) * head_rows]
+
+
+def shard(name: str, parts: list[torch.Tensor], rank: int, tp_size: int, kv_heads: int) -> torch.Tensor:
+    """Tensor-parallel rank ``rank``'s part of SGLang's parameter made of HF tensors ``parts`` (one, or the q/k/v or
+    gate/up pieces of a stacked parameter, in stack order), as that rank holds it."""
+    rule = "rows" if len(parts) > 1 else _tp_rule(name)
+    if rule == "whole":
+        return parts[0]
+    if rule == "vocab":
+        padded = pad_vocab(parts[0])
+        rows = padded.shape[0] // tp_size
+        return padded[rank * rows:(rank + 1) * rows]
+    if rule == "columns":
+        cols = parts[0].shape[1] // tp_size
+        return parts[0][:, rank * cols:(rank + 1) * cols].contiguous()
+    if rule != "rows":
+        raise ValueError(f"{name}: how SGLang shards it over tensor-parallel ranks is not known")
+    pieces = []
+    for position, t in enumerate(parts):
+        if len(parts) == 3 and position > 0:  # k and v
+            pieces.append(_kv_slice(t, rank, tp_size, kv_heads))
+        else:
+            rows = t.shape[0] // tp_size
+            pieces.append(t[rank * rows:(rank + 1) * rows])
+    return torch.cat(pieces)
+
+
 class SGLangLayoutChecksums:
-    """Fed the HF-named tensors of a sync bucket by bucket; gives SGLang's checksums of SGLang's parameters.
+    """Fed the HF-named tensors of a sync bucket by bucket; gives SGLang's checksums of SGLang's parameters, for
+    engines of each of ``tp_sizes`` tensor-parallel ranks (``kv_heads``: the model's key/value heads, needed
+    beyond one rank).
 
     Unstacked tensors are hashed as they come; the parts of a stacked parameter are kept (copied: the
     bucket's buffer is reused) until the last part arrives, then stacked in SGLang's order and hashed.
     """
 
-    def __init__(self) -> None:
-        self.checksums: dict[str, str] = {}
+    def __init__(self, tp_sizes: tuple[int, ...] = (1,), kv_heads: int | None = None) -> None:
+        if any(t != 1 for t in tp_sizes) and kv_heads is None:
+            raise ValueError("checksums of tensor-parallel SGLang engines need the model's key/value head count")
+        self.tp_sizes = tuple(sorted(set(tp_sizes)))
+        self.kv_heads = kv_heads
+        self.checksums: dict[int, dict[str, str]] = {t: {} for t in self.tp_sizes}
         self._parts: dict[str, dict[int, torch.Tensor]] = {}
         self._sizes: dict[str, int] = {}
 
     def add(self, named: list[tuple[str, torch.Tensor]]) -> None:
         for name, t in named:
             m = _STACKED_NAME.match(name)
-            if name in (EMBEDDING, LM_HEAD):
-                self.checksums[name] = hex_hash(pad_vocab(t))
-                continue
             if m is None:
-                self.checksums[_VISION_QKV.sub(r"\1qkv_proj.\2", name)] = hex_hash(t)
+                key = name if name in (EMBEDDING, LM_HEAD) else _VISION_QKV.sub(r"\1qkv_proj.\2", name)
+                self._hash(key, name, [t])
                 continue
             prefix, part, kind = m.groups()
             fused, position = STACKED[part]
@@ -168,16 +243,33 @@ class SGLangLayoutChecksums:
             parts = self._parts.setdefault(key, {})
             parts[position] = t.detach().clone()
             if len(parts) == self._sizes[key]:
-                self.checksums[key] = hex_hash(torch.cat([parts[i] for i in range(len(parts))]))
+                self._hash(key, key, [parts[i] for i in range(len(parts))])
                 del self._parts[key]
 
-    def result(self) -> dict[str, str]:
-        """The checksums under SGLang's names. A tied ``lm_head`` (bytes equal to the embedding's: the trainer
-        lists it as HF does) is the embedding itself in SGLang, so it is not listed twice."""
+    def _hash(self, key: str, name: str, parts: list[torch.Tensor]) -> None:
+        """Hash SGLang's parameter ``key`` (HF pieces ``parts``) as each engine size holds it."""
+        for tp_size, sums in self.checksums.items():
+            if tp_size == 1:
+                whole = pad_vocab(parts[0]) if name in (EMBEDDING, LM_HEAD) else parts[0] if len(parts) == 1 \
+                    else torch.cat(parts)
+                sums[key] = hex_hash(whole)
+                continue
+            if len(parts) == 1 and _tp_rule(name) is None:
+                continue  # not a dense text model's tensor: such a target is unverifiable (`unverifiable`)
+            for rank in range(tp_size):
+                sums[f"tp{rank}/{key}"] = hex_hash(shard(name, parts, rank, tp_size, self.kv_heads))
+
+    def result(self, tp_size: int = 1) -> dict[str, str]:
+        """The checksums under SGLang's names (``tp<r>/`` before them beyond one rank). A tied ``lm_head`` (bytes
+        equal to the embedding's: the trainer lists it as HF does) is the embedding itself in SGLang, so it is
+        not listed twice."""
         if self._parts:
             missing = {key: sorted(set(range(self._sizes[key])) - set(parts)) for key, parts in self._parts.items()}
             raise ValueError(f"incomplete stacked parameters after the sync (key: missing parts): {missing}")
-        out = dict(self.checksums)
-        if LM_HEAD in out and out.get(EMBEDDING) == out[LM_HEAD]:
-            del out[LM_HEAD]
+        out = dict(self.checksums[tp_size])
+        ranks = [""] if tp_size == 1 else [f"tp{r}/" for r in range(tp_size)]
+        if all(out.get(f"{r}{LM_HEAD}") is not None and out.get(f"{r}{EMBEDDING}") == out[f"{r}{LM_HEAD}"]
+               for r in ranks):
+            for r in ranks:
+                del out[f"{r}{LM_HEAD}"]
         return out

@@ -3,7 +3,8 @@
 
 The command (`launch_command`): the model of ``--hf-checkpoint``, ``--rollout-num-gpus-per-engine``
 as ``--tp-size``, a per-engine ``--random-seed`` (``--seed`` + the engine index), the GPUs Ray gave
-the actor (``CUDA_VISIBLE_DEVICES``, so ``--base-gpu-id 0``), free ports for the server and its NCCL
+the actor (``CUDA_VISIBLE_DEVICES``, so ``--base-gpu-id 0``; a colocated engine of several GPUs is given the
+GPUs of its bundles, `relax.distributed.placement.gpu_ids`), free ports for the server and its NCCL
 rendezvous, the trainer's export dtype (so both sides' weights agree), ``--enable-memory-saver``
 when the engines release memory between rollouts (``--offload-rollout``), the run's API key when it
 serves off loopback, then every ``--sglang-*`` flag spelled SGLang's way (server_args.py). The actor
@@ -56,7 +57,7 @@ def sglang_available() -> bool:
     return importlib.util.find_spec("sglang") is not None
 
 
-def server_env() -> dict[str, str]:
+def server_env(gpu_ids: list[str] | None = None) -> dict[str, str]:
     """The server process's environment: this one, with ``RELAX_SGLANG_PYTHONPATH`` first on its path.
 
     Two settings are relax's: NCCL's cuMem switch equal to the trainer's (relax/distributed/cluster.py says why),
@@ -64,11 +65,14 @@ def server_env() -> dict[str, str]:
     one-token prefill) unless ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION`` is off, and relax's liveness probes hit
     ``/health`` while a colocated engine's memory is released: that prefill then reads unmapped memory and kills
     the server (seen on an H200: "Pointer argument (at 0) cannot be accessed from Triton"). The launcher's own
-    readiness wait asks ``/health_generate``, which still generates."""
+    readiness wait asks ``/health_generate``, which still generates. ``gpu_ids``: the GPUs of a colocated engine of
+    several GPUs (its actor was given the first only), as ``CUDA_VISIBLE_DEVICES``."""
     from relax.distributed.cluster import nccl_cumem_env
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **nccl_cumem_env()}
     env.setdefault(HEALTH_GENERATION_ENV, "false")
+    if gpu_ids:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
     site = sglang_site()
     if site is not None:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH", "")) if p)
@@ -131,7 +135,12 @@ class SGLangEngineActor:
     """Owns one SGLang server process (on the GPUs Ray gave this actor)."""
 
     def __init__(self, cfg: SGLangLaunchConfig, engine_id: int, host: str = "127.0.0.1", api_key: str | None = None,
-                 log_dir: str | None = None, model_path: str | None = None):
+                 log_dir: str | None = None, model_path: str | None = None, gpu_ids: list[str] | None = None):
+        if gpu_ids:
+            own = [str(i) for i in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
+            if own[:1] != gpu_ids[:1]:
+                raise RuntimeError(f"engine {engine_id}: its actor holds GPU {own} but its bundles start at GPU "
+                                   f"{gpu_ids[0]}")
         if host == "node":
             host = ray.util.get_node_ip_address()
         port = _free_port()
@@ -141,7 +150,7 @@ class SGLangEngineActor:
         self.log_path = Path(log_dir or "/tmp") / f"sglang-engine-{engine_id}-{port}.log"
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                         env=server_env())
+                                         env=server_env(gpu_ids))
         self._wait_ready(api_key)
 
     def _wait_ready(self, api_key: str | None) -> None:
@@ -210,16 +219,25 @@ class SGLangLauncher(EngineLauncher):
         return len(self.slots)
 
     def begin(self, indices: list[int]) -> Any:
-        """Each engine's actor holds its placement slot's GPUs (``--rollout-num-gpus-per-engine`` of one node)."""
+        """Each engine's actor holds its placement slot's GPUs (``--rollout-num-gpus-per-engine`` of one node); a
+        colocated engine of several GPUs holds a share of the first, and its server is given all of them."""
+        from relax.distributed.placement import gpu_ids
+
         model_path = server_model_path(self.cfg)
+        spans = {i: gpu_ids(self.slots[i]) for i in indices if self.slots[i].span}
         return indices, [SGLangEngineActor.options(**self.slots[i].options).remote(
-            self.cfg, i, self.host, self.api_key, str(self.cfg.output_dir), model_path) for i in indices]
+            self.cfg, i, self.host, self.api_key, str(self.cfg.output_dir), model_path, spans.get(i)) for i in indices]
 
     def finish(self, pending: Any) -> list[EngineRecord]:
+        from relax.models.registry import resolve_checkpoint
+
         indices, actors = pending
         answers = ray.get([a.endpoint.remote() for a in actors])
         pids = ray.get([a.pid.remote() for a in actors])
+        config = resolve_checkpoint(str(self.cfg.hf_checkpoint)).config
+        config = getattr(config, "text_config", None) or config
+        kv_heads = getattr(config, "num_key_value_heads", None) or getattr(config, "num_attention_heads", None)
         return [EngineRecord(i, SyncTarget(f"engine:{i}", url, device, checksums="sglang",
-                                           tp_size=self.cfg.rollout_num_gpus_per_engine, api_key=self.api_key),
-                             actor, pid)
+                                           tp_size=self.cfg.rollout_num_gpus_per_engine, api_key=self.api_key,
+                                           kv_heads=kv_heads), actor, pid)
                 for i, actor, (url, device), pid in zip(indices, actors, answers, pids, strict=True)]

@@ -136,15 +136,20 @@ class EngineClient:
             raise EngineError(self.base_url, "weights_checker checksum returned no checksums")
         return answer["checksums"]
 
-    async def sglang_checksums(self) -> dict[str, str]:
-        """A one-rank stock SGLang server's own hashes of its parameters (``ranks[0].checksums`` of the ``checksum``
-        answer; `relax.weights.sglang_checksums` computes the trainer's side)."""
+    async def sglang_checksums(self, tp_size: int = 1) -> dict[str, str]:
+        """A stock SGLang server's own hashes of its parameters (the ``checksum`` answer's ``ranks``: one per
+        tensor-parallel rank, whose names get ``tp<r>/`` before them beyond one rank;
+        `relax.weights.sglang_checksums` computes the trainer's side)."""
         answer = await self.weights_checker("checksum")
         ranks = answer.get("ranks") if isinstance(answer, dict) else None
-        if not isinstance(ranks, list) or len(ranks) != 1 or not isinstance(ranks[0].get("checksums"), dict):
-            raise EngineError(self.base_url, "weights_checker checksum: expected one rank's checksums, got "
+        if (not isinstance(ranks, list) or len(ranks) != tp_size
+                or not all(isinstance(r, dict) and isinstance(r.get("checksums"), dict) for r in ranks)):
+            raise EngineError(self.base_url, f"weights_checker checksum: expected {tp_size} rank(s)' checksums, got "
                               f"{len(ranks) if isinstance(ranks, list) else 'no'} ranks")
-        return ranks[0]["checksums"]
+        if tp_size == 1:
+            return ranks[0]["checksums"]
+        order = sorted(ranks, key=lambda r: (r.get("parallelism_info") or {}).get("tp_rank", 0))
+        return {f"tp{i}/{name}": value for i, r in enumerate(order) for name, value in r["checksums"].items()}
 
     async def weight_version(self) -> int | None:
         """The served weights' version (SGLang reports it in ``/model_info``; None: never versioned)."""

@@ -9,7 +9,8 @@
 * ``distributed`` (`DistributedTransport`): ``/init_weights_update_group`` +
   ``/update_weights_from_distributed``, a broadcast over NCCL (GPU weights) or gloo (host weights) to
   targets anywhere;
-* ``auto``: ``tensor`` for each one-rank target on the trainer's GPU, and for each one-rank relax engine on a
+* ``auto``: ``tensor`` for each target whose (first) GPU holds the trainer's weights (a colocated engine of
+  several GPUs too: its other ranks open the same handle and copy across), and for each one-rank relax engine on a
   GPU of the host that holds the trainer's weights (an offloaded colocate trainer: a copy from shared memory,
   not a gloo broadcast through the loopback); ``distributed`` for every other
   target (CPU runs included: gloo between two host processes).
@@ -49,11 +50,13 @@ def choose(requested: str, weights_at: str, targets: list[SyncTarget]) -> dict[s
             raise ValueError(f"--weight-sync-transport tensor: {target.side} is on {target.device} but the trainer's "
                              f"weights are on {weights_at}; sharing memory needs both on one GPU, or host weights and "
                              "a relax engine on the same machine: use auto or distributed")
-        if requested == "tensor" and target.tp_size != 1:
+        if requested == "tensor" and target.tp_size != 1 and target.device != weights_at:
             raise ValueError(f"--weight-sync-transport tensor: {target.side} has {target.tp_size} tensor-parallel "
-                             "ranks; the shared-memory path reaches one-rank engines (use auto or distributed)")
+                             "ranks and its first GPU does not hold the trainer's weights; the shared-memory path "
+                             "reaches such an engine from that GPU only (use auto or distributed)")
         # auto keeps host-to-host (CPU runs) on the broadcast: only a GPU target gains from the shared segment
         mapped = target.device.startswith("cuda:") and _shares_memory(weights_at, target)
-        kind = requested if requested != "auto" else ("tensor" if mapped and target.tp_size == 1 else "distributed")
+        shared = mapped and (target.tp_size == 1 or target.device == weights_at)
+        kind = requested if requested != "auto" else ("tensor" if shared else "distributed")
         plan.setdefault(kind, []).append(target)
     return plan

@@ -28,7 +28,8 @@ class SyncTarget:
     `relax.weights.sglang_checksums`), or None (nothing to compare). ``tp_size``: its tensor-parallel ranks
     (one ``serialized_named_tensors`` item each). ``host_tensors``: its ``/update_weights_from_tensor`` maps a
     host buffer shared by name and copies it to its own device, a GPU included (relax's engine; a stock SGLang
-    server's unpickler is not known to admit torch's by-name storage, so it is not asked to).
+    server's unpickler is not known to admit torch's by-name storage, so it is not asked to). ``kv_heads``: its
+    model's key/value head count, which the trainer needs to hash a tensor-parallel engine's shards (None: unknown).
     """
 
     side: str  # its name in weights.jsonl: engine:<i>, actor_fwd:0
@@ -38,6 +39,7 @@ class SyncTarget:
     tp_size: int = 1
     api_key: str | None = None
     host_tensors: bool = False
+    kv_heads: int | None = None  # its model's key/value heads: how its tensor-parallel ranks split k and v
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 Sender: every bucket is already packed into the trainer's one persistent uint8 buffer
 (`relax.weights.push`); the request carries SGLang's ``flattened_bucket`` item for it, a CUDA IPC
-handle when the buffer is on a GPU (the colocate path: trainer and engine on one GPU), a named
+handle when the buffer is on a GPU (the colocate path: trainer and engine on one GPU; an engine of several
+GPUs gets ``(name, tensor)`` views of the same buffer, one item per rank, opened on its first GPU), a named
 shared-memory segment when it is on the host (same machine). The buffer never moves, so its handle
 never changes and an engine maps it once per run. The trainer refills it only after every target
 answered, and the receiver answers only after its copies finished (it synchronizes its device), so
@@ -35,12 +36,28 @@ class TensorTransport(Transport):
     async def send(self, bucket: PackedBucket, version: str) -> None:
         from relax.engine.rollout.engine_client import EngineClient
 
-        item = serialized_tensors.encode_flattened_bucket(bucket.flat, list(bucket.entries))
+        items: dict[str | None, str] = {}
+
+        def item(load_format: str | None) -> str:
+            if load_format not in items:
+                items[load_format] = (
+                    serialized_tensors.encode_flattened_bucket(bucket.flat, list(bucket.entries))
+                    if load_format else serialized_tensors.encode_named_tensors(
+                        serialized_tensors.unflatten(bucket.flat, bucket.entries)))
+            return items[load_format]
+
         await asyncio.gather(*(
             EngineClient(t.url, api_key=t.api_key, weights_timeout=self.timeout_s).update_weights_from_tensor(
-                [item] * t.tp_size, load_format="flattened_bucket", flush_cache=bucket.last,
+                [item(_load_format(t))] * t.tp_size, load_format=_load_format(t), flush_cache=bucket.last,
                 weight_version=version if bucket.last else None)
             for t in self.targets))
+
+
+def _load_format(target) -> str | None:
+    """``flattened_bucket`` for a one-rank engine; ``(name, tensor)`` pairs (SGLang's default format) for an engine of
+    several ranks, because SGLang moves each such tensor to its rank's own GPU (``_unwrap_tensor``) before loading,
+    while a flattened bucket is loaded where it lies: on the first rank's GPU."""
+    return "flattened_bucket" if target.tp_size == 1 else None
 
 
 class TensorReceiver:
