@@ -81,6 +81,10 @@ def test_a_colocated_engine_of_two_gpus_learns_both_after_the_ranks_took_their_h
         assert engine.gpus == 2 and len(engine.span) == 2 and placement.trainer_ranks[0].span == ()
         assert gpu_ids(engine, timeout_s=30) == rank_gpus and len(set(rank_gpus)) == 2
         assert _gpu(engine) == rank_gpus[:1]  # its actor: the first bundle's half
+        server = Probe.options(**engine.options).remote()
+        ray.get(server.__ray_call__.remote(lambda self: setattr(self, "compute_gpus", rank_gpus)))
+        assert where(server)["gpu_ids"] == rank_gpus  # what its process_started event reports: both
+        ray.kill(server)
     finally:
         for r in ranks:
             ray.kill(r)

@@ -137,15 +137,17 @@ def _assigned_gpu() -> str:
 
 def where(actor) -> dict:
     """``{"pid", "node_id", "gpu_ids"}`` of a running actor, asked from inside it (for process_started events);
-    ``gpu_ids``: the node's GPU ids Ray gave it (its CUDA_VISIBLE_DEVICES), empty for a CPU slot."""
+    ``gpu_ids``: the node's GPU ids it computes on: its ``compute_gpus`` when it has them (a colocated engine of
+    several GPUs, whose server is given more than Ray gave the actor), else what Ray gave it (its
+    CUDA_VISIBLE_DEVICES), empty for a CPU slot."""
     import ray
 
     return ray.get(actor.__ray_call__.remote(_whereabouts))
 
 
-def _whereabouts(_actor) -> dict:
+def _whereabouts(actor) -> dict:
     import ray
 
     context = ray.get_runtime_context()
-    return {"pid": os.getpid(), "node_id": context.get_node_id(),
-            "gpu_ids": [str(i) for i in context.get_accelerator_ids().get("GPU", [])]}
+    gpus = getattr(actor, "compute_gpus", None) or context.get_accelerator_ids().get("GPU", [])
+    return {"pid": os.getpid(), "node_id": context.get_node_id(), "gpu_ids": [str(i) for i in gpus]}

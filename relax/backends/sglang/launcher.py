@@ -141,6 +141,7 @@ class SGLangEngineActor:
             if own[:1] != gpu_ids[:1]:
                 raise RuntimeError(f"engine {engine_id}: its actor holds GPU {own} but its bundles start at GPU "
                                    f"{gpu_ids[0]}")
+        self.compute_gpus = gpu_ids  # what events.jsonl reports for it (relax.distributed.placement.where)
         if host == "node":
             host = ray.util.get_node_ip_address()
         port = _free_port()
