@@ -102,7 +102,8 @@ class Runtime:
                 or self.autoscaler is not None)
         keep = keep and not args.disable_weights_backuper
         return PushOptions(transport=args.weight_sync_transport, bucket_bytes=args.update_weight_buffer_size,
-                           keep_snapshot=keep, timeout_s=self._sync_timeout())
+                           keep_snapshot=keep, timeout_s=self._sync_timeout(),
+                           group_backend=args.checkpoint_engine_backend)
 
     def engine_profile(self, step: int) -> contextlib.AbstractContextManager:
         """Around step ``step``'s rollout: the engines' profilers when --sglang-profile selects the step."""

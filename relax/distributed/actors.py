@@ -140,7 +140,7 @@ class TrainerActor:
             where = first[0][1].device if first else self.backend.device
             return self._pusher.push(itertools.chain([first], buckets), targets, version,
                                      requested=options.transport, weights_device=where,
-                                     keep_snapshot=options.keep_snapshot)
+                                     keep_snapshot=options.keep_snapshot, group_backend=options.group_backend)
 
         if self._collective:
             return self._with_peers("export_weights", (options.bucket_bytes,), local)

@@ -115,7 +115,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('no-save-optim', 'flag', False, 'Checkpoint Configuration', 'Do not save optimizer state in checkpoint. Reduces checkpoint size but prevents resuming training from that checkpoint'),
     F('rotate-ckpt', 'flag', False, 'Checkpoint Configuration', 'Whether to rotate checkpoints. Requires setting --save, --save-interval, and --async-save. Here: every step is saved (in the background), so a resume loses at most one step; after each save only the newest checkpoint and the --save-interval ones (steps s with (s + 1) % interval == 0) stay, the newest --max-actor-ckpt-to-keep of the latter when set (all when unset). Missing --save, --save-interval or --async-save is refused in one line'),
     F('max-actor-ckpt-to-keep', 'int', None, 'Checkpoint Configuration', 'Maximum number of Actor checkpoints to keep. Here: after each published save, the iter_* directories under --save beyond the newest N are removed (and under a separate --critic-save the same steps); the newest, which latest_checkpointed_iteration.txt names, always stays. With --rotate-ckpt: how many --save-interval checkpoints stay besides the newest; must be >= 1'),
-    F('checkpoint-engine-backend', 'str', 'nccl', 'Checkpoint Configuration', 'Checkpoint engine backend. Here: slime\'s checkpoint engine is its path for pushing the trainer\'s weights into the inference engines, and this flag its collective\'s backend; in Relax that is the distributed weight-sync transport (--weight-sync-transport, relax/weights/transports/distributed.py), whose broadcast group is NCCL when the trainer\'s weights are on a GPU and gloo where NCCL cannot run (host weights: CPU runs, an offloaded trainer). nccl, the default, is that and the only value built; another (gloo, p2p / RDMA) is refused with not supported yet: --checkpoint-engine-backend VALUE'),
+    F('checkpoint-engine-backend', 'str', 'nccl', 'Checkpoint Configuration', 'Checkpoint engine backend. Here: slime\'s checkpoint engine is its path for pushing the trainer\'s weights into the inference engines, and this flag its collective\'s backend; in Relax that is the distributed weight-sync transport (--weight-sync-transport, relax/weights/transports/distributed.py), whose broadcast group is NCCL when the trainer\'s weights are on a GPU and gloo where NCCL cannot run (host weights: CPU runs, an offloaded trainer). nccl, the default, is that; gloo makes the group gloo for GPU weights too (each bucket is copied to the trainer\'s host memory and broadcast from there: where NCCL cannot connect the trainer and the engines); the weights reach SGLang servers and relax\'s engine alike (each receives over gloo into its GPU). Other values (p2p / RDMA) are refused'),
     F('critic-load', 'str', None, 'Checkpoint Configuration', 'Critic model checkpoint path. When None, equals --load. Here: the PPO critic (--advantage-estimator ppo) is loaded from this directory\'s checkpoint of the step --load resumes (else its latest); requires --load'),
     F('critic-save', 'str', None, 'Checkpoint Configuration', 'Critic model save path. Here: when None, equals --save (critic.safetensors and critic_optimizer.pt beside the actor\'s files); otherwise the critic\'s files go to <critic-save>/iter_<step>/ with its own latest marker, saved and pruned with the actor\'s. --advantage-estimator ppo only; requires --save'),
     # --- Dataset
@@ -614,7 +614,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "train-memory-margin-bytes",  # relax/backends/torch/memory_margin.py
     "model-name",  # relax/backends/megatron/config.py (model_family)
     "disable-weights-backuper",  # relax/core/runtime.py (push_options), relax/utils/validation.py
-    "checkpoint-engine-backend",  # nccl: the distributed weight-sync transport's broadcast
+    "checkpoint-engine-backend",  # the distributed weight-sync transport's broadcast (group_backend)
     "reset-optimizer-states", "use-rollout-entropy", "ref-update-interval",  # relax/backends/torch/backend.py
     "train-env-vars",  # relax/distributed/placement.py
     "eval-min-new-tokens", "eval-max-context-len",  # relax/engine/rollout/evaluation.py
@@ -680,7 +680,7 @@ SUPPORTED_VALUES: dict[str, frozenset[Any]] = {
     "train-backend": frozenset({"torch", "megatron"}),  # megatron: TP x PP x EP x DP over the trainer's ranks
     "rollout-backend": frozenset({"embedded", "sglang"}),
     "distributed-backend": frozenset({"nccl", "gloo"}),
-    "checkpoint-engine-backend": frozenset({"nccl"}),  # relax/weights/transports/distributed.py (NCCL, gloo on hosts)
+    "checkpoint-engine-backend": frozenset({"nccl", "gloo"}),  # relax/weights/transports/distributed.py
     "attention-backend": frozenset({"auto", "flash"}),
     "attention-dropout": frozenset({0.0}), "hidden-dropout": frozenset({0.0}), "rotary-percent": frozenset({1.0}),
 }

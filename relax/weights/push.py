@@ -42,6 +42,7 @@ class PushOptions:
     transport: str = "auto"  # --weight-sync-transport
     bucket_bytes: int = 512 << 20  # --update-weight-buffer-size
     keep_snapshot: bool = False  # --use-fault-tolerance: keep the bytes for restarted engines
+    group_backend: str = "nccl"  # --checkpoint-engine-backend: the broadcast's collective for GPU weights
     timeout_s: float = 300.0  # every wait on a target (a hung engine fails the push instead of blocking it)
 
 
@@ -106,8 +107,9 @@ class WeightPusher:
                 pass
 
     def push(self, buckets: Iterable[NamedTensors], targets: list[SyncTarget], version: int, *, requested: str,
-             weights_device: torch.device, keep_snapshot: bool = False) -> PushReport:
-        return self._run(self._push(buckets, targets, version, requested, torch.device(weights_device), keep_snapshot))
+             weights_device: torch.device, keep_snapshot: bool = False, group_backend: str = "nccl") -> PushReport:
+        return self._run(self._push(buckets, targets, version, requested, torch.device(weights_device), keep_snapshot,
+                                    group_backend=group_backend))
 
     def resync(self, targets: list[SyncTarget]) -> PushReport:
         """Bring (restarted) ``targets`` to the snapshot's version with the snapshot's own bytes."""
@@ -136,11 +138,13 @@ class WeightPusher:
 
     # ------------------------------------------------------------------ internals
     async def _push(self, buckets: Iterable[NamedTensors], targets: list[SyncTarget], version: int, requested: str,
-                    device: torch.device, keep_snapshot: bool, persistent: bool = True) -> PushReport:
+                    device: torch.device, keep_snapshot: bool, persistent: bool = True,
+                    group_backend: str = "nccl") -> PushReport:
         start = time.perf_counter()
         report = PushReport(version)
         plan = choose(requested, device_identity(device), targets)
-        transports = [await self._transport(name, group, device, persistent) for name, group in plan.items()]
+        transports = [await self._transport(name, group, device, persistent, group_backend)
+                      for name, group in plan.items()]
         report.transports = {name: [t.side for t in group] for name, group in plan.items()}
         prepared = time.perf_counter()
         try:
@@ -204,16 +208,16 @@ class WeightPusher:
             torch.cuda.current_stream(device).synchronize()  # the copies are done before another process reads
         return flat, tuple(entries)
 
-    async def _transport(self, name: str, targets: list[SyncTarget], device: torch.device,
-                         persistent: bool) -> Transport:
-        key = tuple(targets)
+    async def _transport(self, name: str, targets: list[SyncTarget], device: torch.device, persistent: bool,
+                         group_backend: str) -> Transport:
+        key = (*targets, group_backend)
         held = self._open.get(name)
         if persistent and held is not None and held[0] == key:
             return held[1]
         if persistent and held is not None:
             await held[1].close()
             del self._open[name]
-        transport = TRANSPORTS[name](targets, timeout_s=self.timeout_s)
+        transport = TRANSPORTS[name](targets, timeout_s=self.timeout_s, group_backend=group_backend)
         await transport.open(device)
         if persistent:
             self._open[name] = (key, transport)

@@ -119,3 +119,26 @@ def test_nccl_push_reaches_an_engine_on_another_gpu_bitwise() -> None:
     finally:
         pusher.close()
         proc.stop()
+
+
+def test_gloo_checkpoint_engine_backend_broadcasts_gpu_weights_through_the_host_bitwise() -> None:
+    """--checkpoint-engine-backend gloo: GPU weights go over a gloo group (each bucket through the trainer's host
+    memory) to an engine, here on the same GPU (which an NCCL group could not hold twice); every version lands
+    bitwise and the group the pusher keeps open is gloo."""
+    proc = _engine(0)
+    pusher = WeightPusher(timeout_s=120)
+    try:
+        target = _target(proc)
+        state = {k: v.bfloat16() for k, v in _weights("cuda:0").items()}
+        for version in range(1, 4):
+            report = pusher.push(_buckets(state), [target], version, requested="distributed",
+                                 weights_device=torch.device("cuda:0"), group_backend="gloo")
+            assert report.transports == {"distributed": ["engine:0"]}
+            assert report.target_checksums["engine:0"] == state_checksums(state.items())
+            for t in state.values():
+                t.mul_(0.5).add_(1)
+        ((_, transport),) = pusher._open.values()  # noqa: SLF001 - the open group's collective
+        assert transport.group.backend == "gloo"
+    finally:
+        pusher.close()
+        proc.stop()

@@ -61,9 +61,12 @@ class Transport(ABC):
     name: ClassVar[str]
     endpoint: ClassVar[str]  # the SGLang endpoint that carries the bytes
 
-    def __init__(self, targets: list[SyncTarget], *, timeout_s: float):
+    def __init__(self, targets: list[SyncTarget], *, timeout_s: float, group_backend: str = "nccl"):
+        """``group_backend`` (``--checkpoint-engine-backend``): a broadcasting transport's collective for GPU
+        weights, ``nccl`` or ``gloo`` (host weights always go over gloo)."""
         self.targets = list(targets)
         self.timeout_s = timeout_s
+        self.group_backend = group_backend
 
     async def open(self, weights_at: torch.device) -> None:  # noqa: B027 - most transports need no set-up
         """Set-up before the first bucket (e.g. the weight-update group)."""

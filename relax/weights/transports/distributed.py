@@ -5,7 +5,9 @@ weight-update group (rank 0, `relax.weights.update_group`) that each target join
 ``/init_weights_update_group`` at its rank offset. Per bucket the trainer posts the bucket's
 ``names / dtypes / shapes`` with ``load_format: flattened_bucket`` to every target and, at the same
 time, broadcasts the packed uint8 buffer; each target allocates the same layout, receives it and
-loads it. One broadcast per bucket whatever its number of tensors. The group lives as long as the
+loads it. One broadcast per bucket whatever its number of tensors. The group is NCCL for GPU weights and
+gloo for host weights; ``--checkpoint-engine-backend gloo`` makes it gloo for GPU weights too (`group_backend`:
+each bucket is copied to the host and broadcast from there). The group lives as long as the
 set of targets does (an NCCL communicator is expensive to build); a changed set gets a new group.
 
 Receiver (`DistributedReceiver`, in the engine server): the groups it joined by name, and the
@@ -57,12 +59,24 @@ def master_address(targets: list[SyncTarget]) -> str:
     return ray.util.get_node_ip_address() if ray.is_initialized() else socket.gethostbyname(socket.gethostname())
 
 
+GROUP_BACKENDS = ("nccl", "gloo")  # --checkpoint-engine-backend
+
+
+def group_backend(requested: str, weights_at: torch.device) -> str:
+    """The weight-update group's collective: NCCL for GPU weights unless ``--checkpoint-engine-backend gloo`` asks
+    for gloo (each bucket then leaves through the trainer's host memory: where NCCL cannot connect the trainer and
+    the engines, or its communicators' memory is not to be spent); gloo for host weights either way."""
+    if requested not in GROUP_BACKENDS:
+        raise ValueError(f"--checkpoint-engine-backend {requested!r}: one of {', '.join(GROUP_BACKENDS)}")
+    return "nccl" if weights_at.type == "cuda" and requested == "nccl" else "gloo"
+
+
 class DistributedTransport(Transport):
     name = "distributed"
     endpoint = "/update_weights_from_distributed"
 
-    def __init__(self, targets: list[SyncTarget], *, timeout_s: float):
-        super().__init__(targets, timeout_s=timeout_s)
+    def __init__(self, targets: list[SyncTarget], *, timeout_s: float, group_backend: str = "nccl"):
+        super().__init__(targets, timeout_s=timeout_s, group_backend=group_backend)
         self.group: WeightUpdateGroup | None = None
         self.group_name = f"relax-weights-{uuid.uuid4().hex[:12]}"
 
@@ -74,7 +88,7 @@ class DistributedTransport(Transport):
     async def open(self, weights_at: torch.device) -> None:
         """Host the group (rank 0) and have every target join it; the first join refused fails the open at
         once, with that engine's error, instead of leaving the others waiting for it until the timeout."""
-        backend = "nccl" if weights_at.type == "cuda" else "gloo"  # --checkpoint-engine-backend nccl (its only value)
+        backend = group_backend(self.group_backend, weights_at)
         address = master_address(self.targets)
         world = 1 + sum(t.tp_size for t in self.targets)
         store = host_store(address, world, self.timeout_s)
@@ -130,8 +144,8 @@ class DistributedTransport(Transport):
             names, dtypes, shapes, group_name=self.group_name, flush_cache=bucket.last,
             weight_version=version if bucket.last else None, load_format="flattened_bucket")
             for client in self._clients()]
-        errors = await _errors_of([asyncio.to_thread(self.group.broadcast, [bucket.flat]), *posts],
-                                  grace_s=ERROR_GRACE_S)
+        flat = bucket.flat if self.group.device.type == bucket.flat.device.type else bucket.flat.to(self.group.device)
+        errors = await _errors_of([asyncio.to_thread(self.group.broadcast, [flat]), *posts], grace_s=ERROR_GRACE_S)
         if errors:
             raise self._engine_error(errors)
 
