@@ -16,8 +16,9 @@ GPUs are reserved in groups that each sit on one node: a role's GPUs are cut int
 (relax/distributed/placement.py), so a role may span nodes while no engine does. With
 ``--colocate`` the trainer and the engines share one set of groups: rank i and engine i take halves
 of the same GPU; an engine of several GPUs (``--rollout-num-gpus-per-engine``) computes on as many consecutive
-bundles, its actor holding a share of the first (the others' GPUs are found by `Placement.gpu_ids`). Otherwise every role gets GPUs of its own. The plan is pure (tested without Ray);
-`check_fits` says in one line what a cluster lacks.
+bundles, its actor holding a share of the first (relax/distributed/placement.py `gpu_ids` finds the others' GPUs).
+Otherwise every role gets GPUs of its own. The plan is pure (tested without Ray); `check_fits` says in one line
+what a cluster lacks.
 """
 
 from __future__ import annotations
