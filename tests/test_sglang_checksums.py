@@ -211,3 +211,13 @@ def test_a_vlm_sync_is_hashed_under_sglangs_parameter_names(preset: str) -> None
     gate_up = torch.cat([tensors["visual.blocks.0.mlp.gate_proj.bias"], tensors["visual.blocks.0.mlp.up_proj.bias"]])
     assert sums["visual.blocks.0.mlp.gate_up_proj.bias"] == sc.hex_hash(gate_up)
     assert sums[sc.EMBEDDING] == sc.hex_hash(sc.pad_vocab(tensors[sc.EMBEDDING]))  # 104 rows held as 128
+
+
+def test_the_key_value_head_count_comes_from_the_model_a_vlm_from_its_text_model() -> None:
+    """What a tensor-parallel engine's target carries (the SGLang launcher's and an external server's): the model's
+    key/value heads, a VLM's from its language model's config."""
+    from relax.models.registry import build_config, key_value_heads
+
+    assert key_value_heads("small-qwen3") == build_config("small-qwen3").num_key_value_heads == 2
+    assert key_value_heads("bench-270m") == 8
+    assert key_value_heads("tiny-qwen2.5-vl") == build_config("tiny-qwen2.5-vl").text_config.num_key_value_heads

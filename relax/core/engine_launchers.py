@@ -20,6 +20,7 @@ from relax.backends.embedded.config import EmbeddedEngineConfig
 from relax.backends.sglang.launcher import SGLangLauncher
 from relax.engine.launcher import EngineLauncher, EngineRecord
 from relax.engine.rollout.engine_client import EngineClient, EngineError
+from relax.models.registry import key_value_heads
 from relax.utils.flag_slice import FlagSlice
 from relax.utils.flag_types import ConfigError
 from relax.utils.http_utils import run_closing
@@ -56,6 +57,7 @@ ATTACH_TIMEOUT_S = 10.0
 @dataclass(frozen=True)
 class ExternalEnginesConfig(FlagSlice):
     rollout_external_engine_addrs: list[str] | None  # HOST:PORT (or a URL) of each engine the user runs
+    hf_checkpoint: str  # the policy every engine serves (its key/value heads: a tensor-parallel server's shards)
 
 
 class ExternalEngines(EngineLauncher):
@@ -84,8 +86,10 @@ class ExternalEngines(EngineLauncher):
             raise ConfigError(f"--rollout-external-engine-addrs {address}: engine unreachable ({exc})") from None
         ours = info.get("relax_engine") if isinstance(info, dict) else None
         device = ours.get("device", "unknown") if isinstance(ours, dict) else "unknown"
+        tp_size = int(info.get("tp_size", 1) or 1)
+        kv_heads = key_value_heads(str(self.cfg.hf_checkpoint)) if tp_size > 1 else None
         return EngineRecord(index, SyncTarget(f"engine:{index}", url, device, checksums="relax" if ours is not None else "sglang",
-                                              tp_size=int(info.get("tp_size", 1) or 1), host_tensors=ours is not None))
+                                              tp_size=tp_size, host_tensors=ours is not None, kv_heads=kv_heads))
 
 
 def launcher_class(kind: str) -> type[EngineLauncher]:

@@ -194,6 +194,14 @@ def build_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, seed: 
     return model.to(dtype)
 
 
+def key_value_heads(name_or_path: str) -> int | None:
+    """The key/value head count of a preset's or a directory's language model (a VLM's text model), which says how
+    a tensor-parallel SGLang engine splits k and v (relax/weights/sglang_checksums.py); None when it has none."""
+    config = resolve_checkpoint(name_or_path).config
+    config = getattr(config, "text_config", None) or config
+    return getattr(config, "num_key_value_heads", None) or getattr(config, "num_attention_heads", None)
+
+
 def param_count(name: str) -> int:
     """Parameters of preset ``name``, counted on the meta device (allocates nothing)."""
     model_cls = _family_class(PRESETS[name].family, 1)

@@ -151,7 +151,7 @@ def unverifiable(model_names: list[str] | None, tp_size: int, kv_heads: int | No
         return None
     if kv_heads is None:
         return (f"a stock SGLang engine of {tp_size} tensor-parallel ranks whose model's key/value head count is not "
-                "known to the trainer (an external server): its ranks' shards cannot be laid out")
+                "known to the trainer: its ranks' shards cannot be laid out")
     other = next((n for n in model_names or () if _tp_rule(n) is None), None)
     if other is not None:
         return (f"a stock SGLang engine of {tp_size} tensor-parallel ranks: how it shards {other} is not known to the "

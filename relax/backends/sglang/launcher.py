@@ -230,14 +230,12 @@ class SGLangLauncher(EngineLauncher):
             self.cfg, i, self.host, self.api_key, str(self.cfg.output_dir), model_path, spans.get(i)) for i in indices]
 
     def finish(self, pending: Any) -> list[EngineRecord]:
-        from relax.models.registry import resolve_checkpoint
+        from relax.models.registry import key_value_heads
 
         indices, actors = pending
         answers = ray.get([a.endpoint.remote() for a in actors])
         pids = ray.get([a.pid.remote() for a in actors])
-        config = resolve_checkpoint(str(self.cfg.hf_checkpoint)).config
-        config = getattr(config, "text_config", None) or config
-        kv_heads = getattr(config, "num_key_value_heads", None) or getattr(config, "num_attention_heads", None)
+        kv_heads = key_value_heads(str(self.cfg.hf_checkpoint))
         return [EngineRecord(i, SyncTarget(f"engine:{i}", url, device, checksums="sglang",
                                            tp_size=self.cfg.rollout_num_gpus_per_engine, api_key=self.api_key,
                                            kv_heads=kv_heads), actor, pid)
