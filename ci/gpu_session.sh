@@ -20,6 +20,7 @@
 #   multi_gpu_scenarios  every multi_gpu scenario (scenarios/specs/parallel.yaml, fully-async on separate GPUs, DP
 #                    parity), MULTI_GPU_WORKERS at a time (default 2), MULTI_GPU_K a -k selection
 #   async_gpus       ci/bench_async_gpus.py: colocate vs fully-async k=1, k=2 on 2 GPUs
+#   overlap          ci/bench_overlap.py: Megatron DP 2 plain vs --overlap-grad-reduce --overlap-param-gather (2 GPUs)
 #   async_save       ci/bench_async_save.py on Megatron (bench-270m, a save every step): plain vs --async-save
 #   sync_nccl        ci/bench_sync_nccl.py: bench-1b pushed by NCCL to an engine on another GPU, s/GB by phase
 #   two_nodes        tests/gpu/test_two_nodes_gpu.py: two Ray nodes of one host, relax train and ray job submit
@@ -188,6 +189,10 @@ for w in $WHAT; do
                 timeout $(cap 400) python3 ci/bench_async_save.py --steps ${ASYNC_SAVE_STEPS:-8} --flags \
                   "--device cuda --train-backend megatron --hf-checkpoint bench-270m --prompt-data relax/models/tasks/maxword.jsonl ${ASYNC_SAVE_FLAGS:-}" \
                   --out "$OUT/async_save_megatron.json" 2>&1 | tee "$OUT/async_save_megatron.txt" ;;
+    overlap) # issue 41: megatron-core DDP's --overlap-grad-reduce / --overlap-param-gather on 2 GPUs (bench-270m, DP 2,
+             # distributed optimizer, colocate): per-step loss / grad norm gap and the train-time ratio; OVERLAP_FLAGS adds flags
+             timeout $(cap 560) python3 ci/bench_overlap.py --steps ${OVERLAP_STEPS:-8} --flags "${OVERLAP_FLAGS:-}" \
+               --keep "$OUT/overlap_runs" --out "$OUT/bench_overlap.json" 2>&1 | tee "$OUT/bench_overlap.txt" ;;
     sync_nccl) timeout $(cap 300) python3 ci/bench_sync_nccl.py --json "$OUT/bench_sync_nccl.json" 2>&1 \
                  | tee "$OUT/bench_sync_nccl.txt" ;;
     baselines) timeout $(cap 585) python3 -m harness baseline record --profile gpu --runs 5 --baselines "$OUT/baselines" \
