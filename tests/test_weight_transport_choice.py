@@ -261,33 +261,3 @@ def test_a_tensor_parallel_servers_checksums_are_read_per_rank() -> None:
     with pytest.raises(EngineError, match=r"expected 1 rank\(s\)' checksums, got 2 ranks"):
         asyncio.run(client.sglang_checksums())
 
-
-def test_checkpoint_engine_backend_picks_the_weight_groups_collective(gpu_machine,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """--checkpoint-engine-backend: nccl (the default) gives GPU weights an NCCL group, gloo a gloo one; host weights
-    always go over gloo; the value reaches the broadcast group the pusher opens, and p2p is refused at parse."""
-    import asyncio
-
-    from relax.weights.transports import distributed
-    from relax.weights.transports.distributed import DistributedTransport, group_backend
-
-    gpu, host = torch.device("cuda", 0), torch.device("cpu")
-    assert [group_backend(b, gpu) for b in ("nccl", "gloo")] == ["nccl", "gloo"]
-    assert [group_backend(b, host) for b in ("nccl", "gloo")] == ["gloo", "gloo"]
-    with pytest.raises(ValueError, match="'p2p': one of nccl, gloo"):
-        group_backend("p2p", gpu)
-
-    built: list[str] = []
-
-    class Group:
-        def __init__(self, *args, backend: str, **kwargs) -> None:
-            built.append(backend)
-
-    monkeypatch.setattr(distributed, "WeightUpdateGroup", Group)
-    for requested in ("nccl", "gloo"):
-        transport = DistributedTransport([], timeout_s=5, group_backend=requested)
-        asyncio.run(transport.open(gpu))  # a group of the trainer alone: its backend is what the flag chose
-    assert built == ["nccl", "gloo"]
-    assert parse_args([*MINIMAL, "--checkpoint-engine-backend", "gloo"]).checkpoint_engine_backend == "gloo"
-    with pytest.raises(ConfigError, match="not supported yet: --checkpoint-engine-backend p2p"):
-        parse_args([*MINIMAL, "--checkpoint-engine-backend", "p2p"])
