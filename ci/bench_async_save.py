@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from ci.provenance import write_result
+from ci.run_figures import train_run
 
 FLAGS = ["--preset", "quickstart", "--rollout-batch-size", "8", "--n-samples-per-prompt", "4",
          "--global-batch-size", "32", "--micro-batch-size", "16", "--save-interval", "1"]
@@ -48,18 +47,8 @@ def timeline(events: list[dict]) -> dict[str, float]:
 
 
 def run(name: str, extra: list[str], steps: int, root: Path, keep: Path | None = None) -> dict[str, float]:
-    out = root / name
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "relax.cli", "train", *FLAGS, "--num-rollout", str(steps),
-                           "--save", str(root / f"{name}_ckpt"), *extra, "--output-dir", str(out)],
-                          env=env, capture_output=True, text=True)
-    if keep:
-        keep.mkdir(parents=True, exist_ok=True)
-        for f in ("events.jsonl", "metrics.jsonl"):
-            if (out / f).exists():
-                (keep / f"{name}_{f}").write_text((out / f).read_text())
-    if proc.returncode:
-        raise SystemExit(f"bench_async_save: the {name} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    flags = [*FLAGS, "--num-rollout", str(steps), "--save", str(root / f"{name}_ckpt"), *extra]
+    out = train_run("bench_async_save", name, flags, root / name, keep)
     return timeline([json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()])
 
 

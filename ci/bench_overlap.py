@@ -19,17 +19,15 @@ differs by more than ``--rtol``.
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from ci.provenance import write_result
-from ci.run_figures import read_jsonl
+from ci.run_figures import read_jsonl, train_run
 
 FLAGS = ["--preset", "quickstart", "--device", "cuda", "--train-backend", "megatron", "--hf-checkpoint", "bench-270m",
          "--prompt-data", "relax/models/tasks/maxword.jsonl", "--rollout-batch-size", "16", "--n-samples-per-prompt",
@@ -59,17 +57,7 @@ def compare(plain: list[dict[str, Any]], overlap: list[dict[str, Any]], warmup: 
 
 
 def run(name: str, flags: list[str], root: Path, keep: Path | None) -> list[dict[str, Any]]:
-    out = root / name
-    proc = subprocess.run([sys.executable, "-m", "relax.cli", "train", *flags, "--output-dir", str(out)],
-                          env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True)
-    if keep:
-        keep.mkdir(parents=True, exist_ok=True)
-        for f in ("events.jsonl", "metrics.jsonl"):
-            if (out / f).exists():
-                (keep / f"{name}_{f}").write_text((out / f).read_text())
-    if proc.returncode:
-        raise SystemExit(f"bench_overlap: the {name} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return read_jsonl(out / "metrics.jsonl")
+    return read_jsonl(train_run("bench_overlap", name, flags, root / name, keep) / "metrics.jsonl")
 
 
 def main() -> int:

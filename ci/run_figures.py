@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,22 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{number}: not JSON ({exc.msg})") from None
     return rows
+
+
+def train_run(bench: str, name: str, flags: list[str], out: Path, keep: Path | None = None) -> Path:
+    """``relax train FLAGS --output-dir OUT`` for a bench's run ``name`` (one torch thread per process); ``keep``
+    gets a copy of its events.jsonl and metrics.jsonl as ``<name>_<file>``. SystemExit naming the bench and the
+    run, with stderr's tail, when the run fails. Returns ``out``."""
+    proc = subprocess.run([sys.executable, "-m", "relax.cli", "train", *flags, "--output-dir", str(out)],
+                          env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True)
+    if keep:
+        keep.mkdir(parents=True, exist_ok=True)
+        for f in ("events.jsonl", "metrics.jsonl"):
+            if (out / f).exists():
+                (keep / f"{name}_{f}").write_text((out / f).read_text())
+    if proc.returncode:
+        raise SystemExit(f"{bench}: the {name} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return out
 
 
 def _median(values: list[float]) -> float | None:
