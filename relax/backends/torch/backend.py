@@ -210,7 +210,7 @@ class TorchTrainBackend:
                      else ckpt.find_latest(path, flag=flag, driver_state=False))
         state = load_file(str(directory / "model.safetensors"))
         missing, unexpected = model.load_state_dict(state, strict=False)
-        if unexpected or [m for m in missing if m not in state]:
+        if unexpected or missing:
             raise ValueError(f"{flag}: checkpoint {directory} does not match --hf-checkpoint {self.cfg.hf_checkpoint}")
         return model
 
@@ -655,7 +655,7 @@ class TorchTrainBackend:
         path = Path(directory)
         state = load_file(str(path / "model.safetensors"))
         missing, unexpected = self.model.load_state_dict(state, strict=False)
-        if unexpected or [m for m in missing if m not in state]:
+        if unexpected or missing:
             raise ValueError(f"checkpoint {path} does not match the model: missing={missing} unexpected={unexpected}")
         if self.master is not None:
             if not (path / "master.safetensors").exists():
