@@ -5,7 +5,9 @@ stopped when the process exits: starting a private cluster costs a run ~6 s of a
 job's actors and placement groups go with its driver, so runs do not see each other's. A test about the
 cluster itself (a private cluster's files, its processes, a run killed from outside) passes
 ``private_cluster=True`` and gets the private cluster that ``relax train`` starts by default. Runs on the shared
-cluster are forked from a warm driver that has imported torch, transformers and Ray once (tests/driver_forks.py).
+cluster are forked from a warm driver that has imported torch, transformers and Ray once (tests/driver_forks.py),
+and on a machine without GPUs the cluster's Ray workers are forked from a warm parent too
+(tests/ray_worker_zygote.py).
 """
 
 from __future__ import annotations
@@ -105,7 +107,9 @@ def shared_cluster_address() -> str:
         import torch
 
         gpus = torch.cuda.device_count()
-        _SHARED.append(LocalCluster(nodes=1, gpus=gpus, cpus=(os.cpu_count() or 2) if gpus else 2).start())
+        # CPU: workers forked from a warm parent (tests/ray_worker_zygote.py); a GPU machine starts them as Ray does
+        _SHARED.append(LocalCluster(nodes=1, gpus=gpus, cpus=(os.cpu_count() or 2) if gpus else 2,
+                                    warm_workers=not gpus).start())
         atexit.register(_SHARED[0].stop)
     return _SHARED[0].address
 

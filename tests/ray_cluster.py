@@ -23,6 +23,12 @@ _CLI = Path(sys.executable).with_name("ray")
 RAY = [str(_CLI)] if _CLI.exists() else [sys.executable, "-m", "ray.scripts.scripts"]
 # the cluster's processes: no token auth (a test must not depend on ~/.ray/auth_token), no drain wait on SIGTERM
 ENV = {"RAY_AUTH_MODE": "disabled", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "OMP_NUM_THREADS": "1"}
+ZYGOTE_SOCKET_ENV = "TEST_RAY_WORKER_ZYGOTE"  # tests/ray_worker_zygote.py's socket, for the node's workers
+_ZYGOTE_CLIENT = Path(__file__).with_name("ray_worker_client.py")
+# `ray start` with the raylet's "setup worker" command replaced by the zygote's client (an absolute file name joins
+# to itself in Ray's os.path.join of its workers dir and this constant)
+_RAY_WITH_WARM_WORKERS = ("import ray._private.ray_constants as c; c.SETUP_WORKER_FILENAME = %r; "
+                          "from ray.scripts.scripts import main; main()")
 
 
 def _free_port() -> int:
@@ -40,16 +46,20 @@ class LocalCluster:
     each node owns its own (``gpus`` of them): two nodes of one host then behave as two GPU machines.
 
     ``dashboard``: the head runs Ray's dashboard, which serves ``ray job submit`` at ``dashboard_url`` (needs
-    ``ray[default]``'s packages)."""
+    ``ray[default]``'s packages).
+
+    ``warm_workers``: each node's Ray workers are forked from a process that has imported Ray, torch, transformers and
+    relax's actor modules once (tests/ray_worker_zygote.py), not started from scratch."""
 
     def __init__(self, nodes: int = 2, gpus: int = 2, cpus: int = 2, visible: list[str] | None = None,
-                 token_home: Path | None = None, dashboard: bool = False):
+                 token_home: Path | None = None, dashboard: bool = False, warm_workers: bool = False):
         if visible is not None and len(visible) != nodes:
             raise ValueError(f"visible names {len(visible)} nodes' GPUs, the cluster has {nodes} nodes")
         self.nodes, self.gpus, self.cpus, self.visible = nodes, gpus, cpus, visible
         # token authentication on, with the token in token_home/.ray/auth_token (Ray's default place under HOME)
         self.auth = {"RAY_AUTH_MODE": "token", "HOME": str(token_home)} if token_home is not None else {}
         self.dashboard = dashboard
+        self.warm_workers = warm_workers
         self._draw_ports()
         self.procs: list[subprocess.Popen] = []
         self.node_ids: list[str] = []
@@ -75,8 +85,26 @@ class LocalCluster:
             flags = ["--address", self.address, *flags]
         log = open(self.root / f"n{index}.log", "w")  # noqa: SIM115 - closed with the process
         gpus = {"CUDA_VISIBLE_DEVICES": self.visible[index]} if self.visible is not None else {}
-        self.procs.append(subprocess.Popen([*RAY, "start", *flags], stdout=log, stderr=subprocess.STDOUT,
-                                           start_new_session=True, env={**os.environ, **ENV, **gpus, **self.auth}))
+        env = {**os.environ, **ENV, **gpus, **self.auth}
+        ray = RAY
+        if self.warm_workers:  # every worker in relax's worker environment, so that the zygote can fork it
+            from relax.distributed.cluster import worker_env
+
+            env.update(worker_env())
+            env[ZYGOTE_SOCKET_ENV] = str(self.root / f"z{index}.sock")
+            ray = [sys.executable, "-c", _RAY_WITH_WARM_WORKERS % str(_ZYGOTE_CLIENT)]
+            self._start_zygote(index, env)
+        self.procs.append(subprocess.Popen([*ray, "start", *flags], stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True, env=env))
+
+    def _start_zygote(self, index: int, env: dict[str, str]) -> None:
+        """The node's warm worker parent, in the environment its workers get: the node's and the raylet's
+        SPT_NOENV. Until it is ready, workers start the ordinary way."""
+        log = open(self.root / f"z{index}.log", "w")  # noqa: SIM115 - closed with the process
+        self.procs.append(subprocess.Popen([sys.executable, "-m", "tests.ray_worker_zygote"], stdout=log,
+                                           stderr=subprocess.STDOUT, start_new_session=True,
+                                           cwd=str(Path(__file__).resolve().parents[1]),
+                                           env={**env, "SPT_NOENV": "1"}))
 
     def start(self, timeout: float = 90, attempts: int = 3) -> LocalCluster:
         """Start every node; a start that lost one of its drawn ports to another process (Ray's "Failed to start
