@@ -62,6 +62,7 @@ class LocalCluster:
         self.warm_workers = warm_workers
         self._draw_ports()
         self.procs: list[subprocess.Popen] = []
+        self.zygotes: list[subprocess.Popen] = []  # warm_workers: each node's, also in procs
         self.node_ids: list[str] = []
 
     def _draw_ports(self) -> None:
@@ -101,10 +102,11 @@ class LocalCluster:
         """The node's warm worker parent, in the environment its workers get: the node's and the raylet's
         SPT_NOENV. Until it is ready, workers start the ordinary way."""
         log = open(self.root / f"z{index}.log", "w")  # noqa: SIM115 - closed with the process
-        self.procs.append(subprocess.Popen([sys.executable, "-m", "tests.ray_worker_zygote"], stdout=log,
-                                           stderr=subprocess.STDOUT, start_new_session=True,
-                                           cwd=str(Path(__file__).resolve().parents[1]),
-                                           env={**env, "SPT_NOENV": "1"}))
+        self.zygotes.append(subprocess.Popen([sys.executable, "-m", "tests.ray_worker_zygote"], stdout=log,
+                                             stderr=subprocess.STDOUT, start_new_session=True,
+                                             cwd=str(Path(__file__).resolve().parents[1]),
+                                             env={**env, "SPT_NOENV": "1"}))
+        self.procs.append(self.zygotes[-1])
 
     def start(self, timeout: float = 90, attempts: int = 3) -> LocalCluster:
         """Start every node; a start that lost one of its drawn ports to another process (Ray's "Failed to start
@@ -213,7 +215,7 @@ class LocalCluster:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        self.procs = []
+        self.procs, self.zygotes = [], []
         shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> LocalCluster:

@@ -1,13 +1,14 @@
 """A warm parent for the test cluster's Ray workers (the server half; the client is tests/ray_worker_client.py).
 
-Why: each Ray worker of a ``relax train`` run on the 2-core CI machine spends ~5 of its ~7.5 CPU-s before its actor
-runs a line of relax: two Python start-ups (Ray's ``setup_worker.py``, then ``default_worker.py``) and the imports of
-Ray, torch, transformers and relax's actor modules. The suite starts several hundred workers. This process imports
-them once; for each worker the raylet starts, the client (the raylet's "setup worker" command on the shared test
-cluster) hands it the worker's argv, environment, working directory and stdio, and it forks a child that runs Ray's
-own ``default_worker.py`` from there. The child is the Ray worker: it registers with the raylet under its own pid,
-which the raylet then signals and kills; the client waits for it and exits with its status, and a child whose client
-dies (the raylet killed a worker before it registered) kills itself.
+Why: each Ray worker of a ``relax train`` run on the 2-core CI machine spent ~5 of its ~7.5 CPU-s before its actor
+ran a line of relax: two Python start-ups (Ray's ``setup_worker.py``, then, through bash, ``default_worker.py``) and
+the imports of Ray, torch, transformers and relax's actor modules; the suite starts several hundred workers. This
+process imports torch, transformers and relax's trainer and engine modules once (not Ray: see PRELOAD). For each
+worker the raylet starts, the client (the raylet's "setup worker" command on the shared test cluster) hands it the
+worker's argv, environment, working directory and stdio, and it forks a child that runs Ray's own
+``default_worker.py`` from there. The child is the Ray worker: it registers with the raylet under its own pid, which
+the raylet then signals and kills; the client waits for it and exits with its status, and a child whose client dies
+(the raylet killed a worker before it registered) kills itself. tests/test_ray_worker_zygote.py checks all this.
 
 What a child skips is the imports only, as with the warm driver (tests/driver_forks.py): a request whose environment
 differs from this process's in a variable that something may read at import is refused, and the client starts the
@@ -96,8 +97,10 @@ def serve(path: str, own: dict[str, str]) -> tuple[dict, list[int], socket.socke
         if not ready:
             continue
         conn, _ = listener.accept()
+        conn.settimeout(10)  # a client sends its request at once: one that does not cannot hold up the others
         try:
             request, fds = _receive(conn)
+            conn.settimeout(None)
         except (OSError, ValueError) as exc:
             print(f"bad request: {exc}", file=sys.stderr, flush=True)
             conn.close()
