@@ -48,8 +48,8 @@ class LocalCluster:
     ``dashboard``: the head runs Ray's dashboard, which serves ``ray job submit`` at ``dashboard_url`` (needs
     ``ray[default]``'s packages).
 
-    ``warm_workers``: each node's Ray workers are forked from a process that has imported Ray, torch, transformers and
-    relax's actor modules once (tests/ray_worker_zygote.py), not started from scratch."""
+    ``warm_workers``: each node's Ray workers are forked from a process that has imported torch, transformers and
+    relax's trainer and engine modules once (tests/ray_worker_zygote.py), not started from scratch."""
 
     def __init__(self, nodes: int = 2, gpus: int = 2, cpus: int = 2, visible: list[str] | None = None,
                  token_home: Path | None = None, dashboard: bool = False, warm_workers: bool = False):
@@ -62,7 +62,7 @@ class LocalCluster:
         self.warm_workers = warm_workers
         self._draw_ports()
         self.procs: list[subprocess.Popen] = []
-        self.zygotes: list[subprocess.Popen] = []  # warm_workers: each node's, also in procs
+        self.zygotes: list[subprocess.Popen] = []  # warm_workers: each node's worker zygote
         self.node_ids: list[str] = []
 
     def _draw_ports(self) -> None:
@@ -106,7 +106,6 @@ class LocalCluster:
                                              stderr=subprocess.STDOUT, start_new_session=True,
                                              cwd=str(Path(__file__).resolve().parents[1]),
                                              env={**env, "SPT_NOENV": "1"}))
-        self.procs.append(self.zygotes[-1])
 
     def start(self, timeout: float = 90, attempts: int = 3) -> LocalCluster:
         """Start every node; a start that lost one of its drawn ports to another process (Ray's "Failed to start
@@ -167,9 +166,12 @@ class LocalCluster:
 
     def _check(self, deadline: float) -> None:
         dead = [i for i, p in enumerate(self.procs) if p.poll() is not None]
+        dead += [f"zygote {i}" for i, p in enumerate(self.zygotes) if p.poll() is not None]  # see z<i>.log
         if dead or time.monotonic() > deadline or self._gcs_lost_its_port():
             logs = "\n".join((self.root / f"n{i}.log").read_text()[-2000:] for i in range(len(self.procs)))
             logs += "\n" + self.diagnostics() + "\n" + self._log_tails("*agent*", "raylet.err", "dashboard.*")
+            logs += "".join(f"\n== z{i}.log\n" + (self.root / f"z{i}.log").read_text()[-2000:]
+                              for i in range(len(self.zygotes)))
             lost = self._gcs_lost_its_port()
             self.stop()
             why = " (the head's GCS: Failed to start the grpc server, its port was taken)" if lost else ""
@@ -203,10 +205,10 @@ class LocalCluster:
         return "\n".join(out)
 
     def stop(self) -> None:
-        for proc in reversed(self.procs):  # workers first, then the head
+        for proc in [*reversed(self.procs), *self.zygotes]:  # workers first, then the head, then the zygotes
             if proc.poll() is None:
                 proc.terminate()
-        for proc in self.procs:
+        for proc in [*self.procs, *self.zygotes]:
             try:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:

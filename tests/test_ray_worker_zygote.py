@@ -39,7 +39,7 @@ try:
     died = False
 except ray.exceptions.RayActorError:
     died = True
-print(json.dumps({"rows": rows, "died": died}))
+print("RESULT", json.dumps({"rows": rows, "died": died}))
 """
 
 
@@ -67,7 +67,8 @@ def test_forked_workers_are_rays_workers_and_the_zygote_outlives_jobs() -> None:
             proc = subprocess.run([sys.executable, "-c", _JOB % (cluster.address, threads)], capture_output=True,
                                   text=True, env=env, cwd=ROOT, timeout=180)
             assert proc.returncode == 0, proc.stderr[-3000:]
-            jobs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            (result,) = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]  # workers print too
+            jobs.append(json.loads(result.removeprefix("RESULT ")))
         # the third job's workers would see another OMP_NUM_THREADS than the zygote's imports did: started as usual
         assert all(r["ppid"] != zygote for r in jobs[2]["rows"]) and jobs[2]["died"]
         assert "refused: OMP_NUM_THREADS='2'/'1'" in (cluster.root / "z0.log").read_text()
