@@ -34,7 +34,7 @@ def _fallback() -> None:
     os.execv(sys.executable, [sys.executable, _ray_setup_worker(), *sys.argv[1:]])
 
 
-def _expand(value: str, env: dict[str, str]) -> str:
+def expand(value: str, env: dict[str, str]) -> str:
     """Ray's update_envs: $X and ${X} from the environment so far, unset ${X} as empty."""
     value = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: env.get(m.group(1) or m.group(2), m.group(0)), value)
     return re.sub(r"\$\{[A-Z0-9_]+\}", "", value)
@@ -54,7 +54,7 @@ def main() -> None:
         _fallback()
     env = dict(os.environ)
     for key, value in (context.get("env_vars") or {}).items():
-        env[key] = _expand(value, env)
+        env[key] = expand(value, env)
     payload = json.dumps({"argv": rest, "env": env, "cwd": os.getcwd()}).encode()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.ray_cluster import ENV, LocalCluster
-from tests.ray_worker_client import _expand
+from tests.ray_worker_client import expand
 from tests.ray_worker_zygote import env_differences
 
 pytestmark = pytest.mark.ray
@@ -53,8 +53,8 @@ def test_env_differences_ignore_only_what_is_read_at_run_time() -> None:
 
 def test_runtime_env_variables_expand_as_rays_do() -> None:
     env = {"HOME": "/root"}
-    assert _expand("${HOME}/x:$HOME", env) == "/root/x:/root"
-    assert _expand("a${UNSET_VAR}b", env) == "ab"
+    assert expand("${HOME}/x:$HOME", env) == "/root/x:/root"
+    assert expand("a${UNSET_VAR}b", env) == "ab"
 
 
 def test_forked_workers_are_rays_workers_and_the_zygote_outlives_jobs() -> None:
