@@ -110,7 +110,8 @@ def serve(path: str, own: dict[str, str]) -> tuple[dict, list[int], socket.socke
             for fd in fds:
                 os.close(fd)
             print("refused:", *(f"{k}={request['env'].get(k)!r}/{own.get(k)!r}" for k in differences), flush=True)
-            conn.sendall(f"refused {' '.join(differences)}\n".encode())
+            with contextlib.suppress(OSError):  # a client gone meanwhile: nothing to tell
+                conn.sendall(f"refused {' '.join(differences)}\n".encode())
             conn.close()
             continue
         pid = os.fork()
@@ -121,7 +122,8 @@ def serve(path: str, own: dict[str, str]) -> tuple[dict, list[int], socket.socke
             return request, fds, conn
         for fd in fds:
             os.close(fd)
-        conn.sendall(f"pid {pid}\n".encode())
+        with contextlib.suppress(OSError):  # a client gone meanwhile: its child sees the end of file and dies
+            conn.sendall(f"pid {pid}\n".encode())
         children[pid] = conn
     return None
 
@@ -134,19 +136,19 @@ def _die_with_client(conn: socket.socket) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def become_worker(request: dict, fds: list[int], conn: socket.socket) -> None:
+def become_worker(request: dict, fds: list[int], conn: socket.socket, imports_set: dict[str, str]) -> None:
     """Turn this forked child into the process ``python ARGV`` would have been, then run Ray's worker in it: the
-    leader of a process group of its own, as the raylet starts its workers (the raylet ends a worker's group)."""
+    leader of a process group of its own, as the raylet starts its workers (the raylet ends a worker's group).
+    ``imports_set``: the variables the preloaded imports set, which they would have set in the worker too."""
     os.setpgid(0, 0)
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
     for fd in fds:
         if fd > 2:
             os.close(fd)
-    imported = dict(os.environ)  # with what the imports set
     os.environ.clear()
     os.environ.update(request["env"])
-    os.environ.update({k: v for k, v in imported.items() if k not in request["env"]})
+    os.environ.update({k: v for k, v in imports_set.items() if k not in request["env"]})
     os.chdir(request["cwd"])
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -174,9 +176,10 @@ def main() -> None:
             print(f"preload {name}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
     if "ray" in sys.modules:
         sys.exit("the zygote imported ray: its workers would share one Ray configuration (see PRELOAD)")
+    imports_set = {k: v for k, v in os.environ.items() if k not in own}
     child = serve(path, own)
     if child is not None:
-        become_worker(*child)
+        become_worker(*child, imports_set)
 
 
 if __name__ == "__main__":
