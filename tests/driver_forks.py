@@ -9,7 +9,7 @@ What it skips is the imports only.
 
 A run differs from a fresh ``python -m relax.cli`` in one way: modules the server imported saw the server's
 environment. `WarmDriver.run` therefore forks only when the run's environment differs from the server's in
-variables that nothing reads at import (relax's own ``RELAX_*``, pytest's ``PYTEST_*``, ``_RUNTIME_ENV``;
+variables that nothing reads at import (relax's own ``RELAX_*``, pytest's ``PYTEST_*``, ``RUN_TIME_VARIABLES``, ``RAY_ADDRESS``;
 ``PYTHONPATH`` the fork applies to ``sys.path``). For any other run it returns None: the caller starts a fresh
 process, or a new server in that environment (tests/e2e_helpers.py).
 """
@@ -28,13 +28,17 @@ from pathlib import Path
 
 SERVER = Path(__file__).with_name("driver_fork_server.py")
 READY_TIMEOUT_S = 120.0  # the server's imports: ~5 s alone, longer on a loaded 2-core machine
-# variables read when a run starts (Ray's and torch.distributed's rendezvous, NCCL's and gloo's group set-up), not at
-# import; tests' in-process relax calls set some of them for good (relax convert: MASTER_*; start_ray: NCCL_CUMEM_ENABLE)
-_RUNTIME_ENV = ("RAY_ADDRESS", "PYTHONPATH", "MASTER_ADDR", "MASTER_PORT", "NCCL_CUMEM_ENABLE", "TORCH_GLOO_LAZY_INIT")
+# variables read when a run starts, not at import, by any relax process (relax's own settings and fault hooks,
+# pytest's, torch.distributed's rendezvous, NCCL's and gloo's group set-up); tests' in-process relax calls set some of
+# them for good (relax convert: MASTER_*; start_ray: NCCL_CUMEM_ENABLE). tests/ray_worker_zygote.py shares them.
+RUN_TIME_PREFIXES = ("RELAX_", "PYTEST_")
+RUN_TIME_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NCCL_CUMEM_ENABLE", "TORCH_GLOO_LAZY_INIT")
+# the driver's own: Ray's address (read by ray.init) and PYTHONPATH (the fork applies it to sys.path)
+_DRIVER_RUN_TIME = ("RAY_ADDRESS", "PYTHONPATH")
 
 
 def _read_only_at_run_time(key: str) -> bool:
-    return key.startswith(("RELAX_", "PYTEST_")) or key in _RUNTIME_ENV
+    return key.startswith(RUN_TIME_PREFIXES) or key in RUN_TIME_VARIABLES or key in _DRIVER_RUN_TIME
 
 
 class WarmDriver:

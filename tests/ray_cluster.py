@@ -18,12 +18,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.ray_worker_zygote import SOCKET_ENV
+
 _CLI = Path(sys.executable).with_name("ray")
 # the `ray` script beside this interpreter, else its module (the GPU machine installs ray with --target: no script)
 RAY = [str(_CLI)] if _CLI.exists() else [sys.executable, "-m", "ray.scripts.scripts"]
 # the cluster's processes: no token auth (a test must not depend on ~/.ray/auth_token), no drain wait on SIGTERM
 ENV = {"RAY_AUTH_MODE": "disabled", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "OMP_NUM_THREADS": "1"}
-ZYGOTE_SOCKET_ENV = "TEST_RAY_WORKER_ZYGOTE"  # tests/ray_worker_zygote.py's socket, for the node's workers
 _ZYGOTE_CLIENT = Path(__file__).with_name("ray_worker_client.py")
 # `ray start` with the raylet's "setup worker" command replaced by the zygote's client (an absolute file name joins
 # to itself in Ray's os.path.join of its workers dir and this constant)
@@ -92,7 +93,7 @@ class LocalCluster:
             from relax.distributed.cluster import worker_env
 
             env.update(worker_env())
-            env[ZYGOTE_SOCKET_ENV] = str(self.root / f"z{index}.sock")
+            env[SOCKET_ENV] = str(self.root / f"z{index}.sock")
             ray = [sys.executable, "-c", _RAY_WITH_WARM_WORKERS % str(_ZYGOTE_CLIENT)]
             self._start_zygote(index, env)
         self.procs.append(subprocess.Popen([*ray, "start", *flags], stdout=log, stderr=subprocess.STDOUT,

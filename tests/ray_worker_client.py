@@ -21,7 +21,7 @@ import socket
 import struct
 import sys
 
-SOCKET_ENV = "TEST_RAY_WORKER_ZYGOTE"
+SOCKET_ENV = "TEST_RAY_WORKER_ZYGOTE"  # tests/ray_worker_zygote.py's: this runs as a plain script, not from tests
 
 
 def _ray_setup_worker() -> str:

@@ -29,17 +29,19 @@ import struct
 import sys
 import threading
 
-SOCKET_ENV = "TEST_RAY_WORKER_ZYGOTE"
+from tests.driver_forks import RUN_TIME_PREFIXES, RUN_TIME_VARIABLES
+
+SOCKET_ENV = "TEST_RAY_WORKER_ZYGOTE"  # the socket's path, in the node's (and so each worker's) environment
 # imported once here: what a relax worker imports before its actor runs (heavy third-party first)
 # Not Ray: its C++ side reads every RAY_* variable once, into a singleton, and each worker's (RAY_JOB_ID,
 # RAY_RAYLET_PID) are its own; nothing here may import it (checked).
 PRELOAD = ("torch", "transformers", "transformers.modeling_utils", "transformers.masking_utils",
            "transformers.activations", "numpy", "relax.backends.torch.backend", "relax.backends.embedded.hosting",
            "relax.backends.embedded.server", "relax.backends.embedded.scheduler", "relax.engine.rollout.engine_client")
-# variables a worker's environment may set otherwise than this process's: read when a run starts, not at import
-# (Ray sets its per-worker ones; relax's fault hooks and settings are read at run time, as for the warm driver)
-_RUN_TIME = ("RAY_", "RELAX_", "PYTEST_")
-_RUN_TIME_KEYS = {"MASTER_ADDR", "MASTER_PORT", "NCCL_CUMEM_ENABLE", "TORCH_GLOO_LAZY_INIT", "CUDA_VISIBLE_DEVICES"}
+# variables a worker's environment may set otherwise than this process's: what the warm driver accepts (read when a
+# run starts, not at import), Ray's per-worker RAY_* (Ray is not imported here) and the GPUs (read at CUDA's start)
+_RUN_TIME_PREFIXES = (*RUN_TIME_PREFIXES, "RAY_")
+_RUN_TIME_VARIABLES = (*RUN_TIME_VARIABLES, "CUDA_VISIBLE_DEVICES")
 _HEADER = struct.Struct("!I")
 
 
@@ -47,7 +49,7 @@ def env_differences(env: dict[str, str], own: dict[str, str]) -> list[str]:
     """The variables ``env`` sets otherwise than ``own`` that something may read at import."""
     keys = set(env) | set(own)
     return sorted(k for k in keys if env.get(k) != own.get(k)
-                  and not k.startswith(_RUN_TIME) and k not in _RUN_TIME_KEYS)
+                  and not k.startswith(_RUN_TIME_PREFIXES) and k not in _RUN_TIME_VARIABLES)
 
 
 def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
