@@ -29,6 +29,7 @@ SPECIAL_DEFAULTS = {"512MB": 512 * MiB, "1GB (1024³)": 1024**3, '["CPU", "GPU"]
 ADDITIONS = {"preset", "output-dir", "config", "device", "rollout-backend", "gamma", "lambd",
              "embedded-runner", "embedded-cuda-graph", "embedded-compile", "weight-sync-transport",
              "no-bias-swiglu-fusion", "no-bias-dropout-fusion", "no-rope-fusion",  # Megatron-LM flags, not in seed 000
+             "lr-wsd-decay-iters", "lr-wsd-decay-style",  # Megatron-LM's, for --lr-decay-style WSD
              "ref-actor-config",  # seed 004's fully-async services (not in seed 000's tables)
              "ray-address",  # the Ray cluster to join (relax/distributed/cluster.py)
              "debug", "bf16",

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from relax.algorithms.config import AlgorithmConfig
-from relax.backends.lr_schedule import STYLES
+from relax.backends.lr_schedule import STYLES, WSD_STYLES
 from relax.backends.megatron.megatron_config import MegatronConfig
 from relax.observability.collective_memory import CollectiveMemoryConfig
 from relax.observability.config import ProfilerConfig
@@ -46,6 +46,8 @@ class TrainerConfig(FlagSlice):
     clip_grad: float
     # learning-rate schedule over the run (relax/backends/lr_schedule.py)
     lr_decay_style: str
+    lr_wsd_decay_iters: int | None
+    lr_wsd_decay_style: str
     num_rollout: int | None
     rollout_batch_size: int
     # batches: optimizer steps, micro-batches, PPO epochs
@@ -130,3 +132,5 @@ class TrainerConfig(FlagSlice):
     def validate(self) -> None:
         if self.lr_decay_style not in STYLES:
             raise ConfigError(f"--lr-decay-style {self.lr_decay_style!r}: one of {', '.join(STYLES)}")
+        if self.lr_wsd_decay_style not in WSD_STYLES:
+            raise ConfigError(f"--lr-wsd-decay-style {self.lr_wsd_decay_style!r}: one of {', '.join(WSD_STYLES)}")

@@ -220,7 +220,7 @@ SEED_FLAGS: list[FlagSpec] = [
     # --- Optimizer Configuration
     F('lr', 'float', 1e-06, 'Optimizer Configuration', 'Learning rate'),
     F('optimizer', 'str', 'adam', 'Optimizer Configuration', 'Optimizer type (native Megatron parameter' + MEGATRON_DEFAULT + ')', choices=('adam', 'sgd'), seed_default='-'),
-    F('lr-decay-style', 'str', 'constant', 'Optimizer Configuration', 'Learning rate decay style (native Megatron parameter' + MEGATRON_DEFAULT + ')', choices=('constant', 'linear', 'cosine', 'inverse-square-root', 'WSD'), seed_default='-'),
+    F('lr-decay-style', 'str', 'constant', 'Optimizer Configuration', 'Learning rate decay style (native Megatron parameter' + MEGATRON_DEFAULT + '). Here: megatron-core\'s scheduler shapes without warm-up, from --lr to 0 over every optimizer step of the run (so a style other than constant needs --num-rollout), for both backends (relax/backends/lr_schedule.py): linear, cosine, inverse-square-root (--lr / sqrt(step), step counted from 1), WSD (--lr until the last --lr-wsd-decay-iters steps, then --lr-wsd-decay-style down to 0); train/lr logs each step\'s rate.', choices=('constant', 'linear', 'cosine', 'inverse-square-root', 'WSD'), seed_default='-'),
     F('weight-decay', 'float', 0.01, 'Optimizer Configuration', 'Weight decay (native Megatron parameter' + MEGATRON_DEFAULT + ')', seed_default='-'),
     F('adam-beta1', 'float', 0.9, 'Optimizer Configuration', 'Adam beta1 (native Megatron parameter' + MEGATRON_DEFAULT + ')', seed_default='-'),
     F('adam-beta2', 'float', 0.999, 'Optimizer Configuration', 'Adam beta2 (native Megatron parameter' + MEGATRON_DEFAULT + ')', seed_default='-'),
@@ -492,6 +492,14 @@ ADDED_FLAGS: list[FlagSpec] = [
     F("debug", "flag", False, ADDITIONS_GROUP,
       "Print the full traceback when a run fails (also RELAX_DEBUG=1). By default a failure ends with one line "
       "naming the culprit (a hook's dotted path, the sample index, the file and line) and run.json records it"),
+    F("lr-wsd-decay-iters", "int", None, ADDITIONS_GROUP,
+      "Megatron-LM's flag: the optimizer steps of WSD's anneal, the run's last ones (--lr-decay-style WSD needs it; "
+      "refused with any other style). Larger than the run's steps, the anneal has begun before the first step, "
+      "as in Megatron-LM."),
+    F("lr-wsd-decay-style", "str", "exponential", ADDITIONS_GROUP,
+      "Megatron-LM's flag: the shape of WSD's anneal, as a coefficient of its done fraction d: linear 1 - d, cosine "
+      "(1 + cos(pi d)) / 2, exponential 2 * 0.5^d - 1, minus_sqrt 1 - sqrt(d). With --lr-decay-style WSD only.",
+      choices=("exponential", "linear", "cosine", "minus_sqrt")),
     F("bf16", "flag", False, ADDITIONS_GROUP,
       "Megatron-LM's flag: train in bf16. --train-backend torch: bf16 weights and activations, fp32 master weights "
       "and Adam state in the optimizer, micro-batch gradients accumulated in fp32; the engines hold the same bf16 "
@@ -653,7 +661,8 @@ SUPPORTED: frozenset[str] = frozenset({
     "use-distributed-post",  # relax/engine/rollout/distributed_post.py
     "balance-data",  # relax/backends/torch/data_parallel.py
     # additions
-    "preset", "output-dir", "overwrite-output-dir", "hook-timeout", "lr-decay-style", "config", "device", "rollout-backend",
+    "preset", "output-dir", "overwrite-output-dir", "hook-timeout", "lr-decay-style", "lr-wsd-decay-iters",
+    "lr-wsd-decay-style", "config", "device", "rollout-backend",
     # engines (relax/core/engine_launchers.py, relax/backends/sglang/), the router (relax/engine/router/)
     "rollout-external", "rollout-external-engine-addrs", "sglang-mem-fraction-static",
     "slime-router-timeout", "slime-router-max-connections", "slime-router-health-check-failure-threshold",
@@ -672,7 +681,6 @@ SUPPORTED: frozenset[str] = frozenset({
 SUPPORTED_VALUES: dict[str, frozenset[Any]] = {
     "optimizer": frozenset({"adam"}),
     "memory-recorder": frozenset({"torch"}),
-    "lr-decay-style": frozenset({"constant", "linear", "cosine"}),  # relax/backends/lr_schedule.py (both backends)
     "opd-type": frozenset({"megatron", "sglang"}),  # megatron: the training backend's teacher (torch on CPU);
     # sglang: a teacher engine server at --rm-url, or an embedded one over --opd-teacher-load (opd_teacher.py)
     "advantage-estimator": frozenset({"grpo", "gspo", "sapo", "cispo", "rloo", "reinforce_plus_plus",
@@ -709,7 +717,7 @@ BOUNDS: dict[str, Bound] = {
     "scale-out-timeout": POSITIVE, "scale-in-drain-timeout": NON_NEGATIVE, "scale-in-shutdown-timeout": POSITIVE,
     "max-actor-ckpt-to-keep": AT_LEAST_1, "start-rollout-id": NON_NEGATIVE,
     "opd-teacher-ckpt-step": NON_NEGATIVE, "ref-ckpt-step": NON_NEGATIVE, "update-weights-interval": AT_LEAST_1,
-    "ref-update-interval": AT_LEAST_1, "eval-min-new-tokens": NON_NEGATIVE, "eval-max-context-len": AT_LEAST_1,
+    "ref-update-interval": AT_LEAST_1, "lr-wsd-decay-iters": AT_LEAST_1, "eval-min-new-tokens": NON_NEGATIVE, "eval-max-context-len": AT_LEAST_1,
 }
 
 

@@ -120,6 +120,11 @@ def _train_loop(args: Namespace, p: Problems) -> None:
     if args.lr_decay_style != "constant":
         if args.num_rollout is None:
             p.add(f"--lr-decay-style {args.lr_decay_style} needs --num-rollout (the decay's length)")
+    if args.lr_decay_style == "WSD" and args.lr_wsd_decay_iters is None:
+        p.add("--lr-decay-style WSD needs --lr-wsd-decay-iters (the optimizer steps of its anneal)")
+    for name in ("lr-wsd-decay-iters", "lr-wsd-decay-style"):
+        if args.lr_decay_style != "WSD" and getattr(args, name.replace("-", "_")) != FLAGS_BY_NAME[name].default:
+            p.add(f"--{name} applies to --lr-decay-style WSD only (this run's is {args.lr_decay_style})")
     for dest in ("only_train_params_name_list", "freeze_params_name_list"):
         for pattern in getattr(args, dest) or ():
             try:
