@@ -9,6 +9,7 @@ observes the flag's effect on megatron's own objects:
 * ``--keep-old-actor``: the copy holds the synced weights between syncs and computes the old log-probs;
 * ``--recompute-loss-function``: the checkpointed loss runs twice per micro-batch, same loss and weights;
 * ``--lr-decay-style``: the rate megatron's Adam steps with follows the schedule;
+* ``--optimizer sgd``: megatron's fp32 main params step by torch SGD's momentum buffers, which a checkpoint restores;
 * ``--opd-type sglang``: no teacher model in the backend; the samples' teacher log-probs drive the step;
 * ``--advantage-estimator ppo``: the critic steps as the torch backend's does, and a checkpoint restores it;
 * ``--ref-load`` / ``--opd-teacher-ckpt-step`` of a Megatron checkpoint: the reference / teacher hold that step;
@@ -126,6 +127,39 @@ def check_lr_decay_sets_the_rate_megatrons_adam_steps_with(make: Make) -> None:
         assert {g["lr"] for opt in _inner(backend) for g in opt.param_groups} == {want}
         rates.append(want)
     assert rates[0] == pytest.approx(3e-3) and rates[0] > rates[1] > rates[2] > 0
+
+
+def check_sgd_steps_megatrons_main_params_and_resumes_its_momentum(make: Make) -> None:
+    """--optimizer sgd (megatron-core's OptimizerConfig): every torch optimizer inside megatron's is SGD with
+    --sgd-momentum, each fp32 main param moves by -lr times its momentum buffer, the buffers carry over from step
+    to step, and a checkpoint (which megatron-core 0.19.2 cannot write for SGD by itself: relax's
+    ``_init_sgd_state``) resumes them: the next step's weights are bitwise the uninterrupted run's. Adam's
+    checkpoint is refused by an SGD run in one line."""
+    import tempfile
+
+    sgd = ("--optimizer", "sgd", "--sgd-momentum", "0.5")
+    backend = make(*sgd)
+    inner = _inner(backend)
+    assert inner and all(type(o) is torch.optim.SGD and o.param_groups[0]["momentum"] == 0.5 for o in inner)
+    params = [p for o in inner for g in o.param_groups for p in g["params"]]
+    before, buffers = [p.detach().clone() for p in params], None
+    for step in range(2):  # one optimizer step per rollout
+        backend.train_rollout(varied_samples(seed=50 + step), step)
+        now = [o.state[p]["momentum_buffer"].clone() for o in inner for g in o.param_groups for p in g["params"]]
+        lr = inner[0].param_groups[0]["lr"]
+        assert all(torch.equal(p.detach(), w0.add(buf, alpha=-lr)) for p, w0, buf in zip(params, before, now,
+                                                                                          strict=True))
+        assert buffers is None or any(not torch.equal(a, b) for a, b in zip(buffers, now, strict=True))
+        before, buffers = [p.detach().clone() for p in params], now
+    with tempfile.TemporaryDirectory() as tmp:
+        backend.save(tmp, save_optimizer=True)
+        resumed = make(*sgd)
+        resumed.load(tmp)
+        with pytest.raises(ValueError, match="saved with --optimizer sgd, this run uses --optimizer adam"):
+            make().load(tmp)
+    backend.train_rollout(varied_samples(seed=52), 2)
+    resumed.train_rollout(varied_samples(seed=52), 2)
+    assert resumed.checksums() == backend.checksums()
 
 
 def check_overlapped_grad_reduce_and_param_gather_train_the_same_weights(make: Make) -> None:

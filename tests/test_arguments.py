@@ -30,6 +30,7 @@ ADDITIONS = {"preset", "output-dir", "config", "device", "rollout-backend", "gam
              "embedded-runner", "embedded-cuda-graph", "embedded-compile", "weight-sync-transport",
              "no-bias-swiglu-fusion", "no-bias-dropout-fusion", "no-rope-fusion",  # Megatron-LM flags, not in seed 000
              "lr-wsd-decay-iters", "lr-wsd-decay-style",  # Megatron-LM's, for --lr-decay-style WSD
+             "sgd-momentum",  # Megatron-LM's, for --optimizer sgd
              "ref-actor-config",  # seed 004's fully-async services (not in seed 000's tables)
              "ray-address",  # the Ray cluster to join (relax/distributed/cluster.py)
              "debug", "bf16",

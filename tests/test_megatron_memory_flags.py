@@ -175,6 +175,8 @@ def test_torch_backend_refuses_the_megatron_memory_flags(flags: list[str]) -> No
     (["--use-precision-aware-optimizer", "--optimizer-cpu-offload"],
      "^--use-precision-aware-optimizer needs --use-distributed-optimizer"),
     ([*OFFLOAD, "--save", "ckpt"], r"^not supported yet: saving the --optimizer-cpu-offload optimizer state .*--no-save-optim"),
+    (["--optimizer", "sgd", "--use-distributed-optimizer"],
+     "^--optimizer sgd with --use-distributed-optimizer: megatron-core's distributed optimizer holds Adam state only"),
 ])
 def test_megatron_refusals_name_the_flags(gpu, flags: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):

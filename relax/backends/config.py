@@ -38,7 +38,9 @@ class TrainerConfig(FlagSlice):
     seed: int
     bf16: bool
     attention_backend: str | None
-    # optimizer (AdamW; the critic's rate is algo.critic_lr)
+    # optimizer (relax/backends/optimizer.py: AdamW or SGD; the critic's rate is algo.critic_lr)
+    optimizer: str
+    sgd_momentum: float
     lr: float
     adam_beta1: float
     adam_beta2: float
@@ -69,7 +71,7 @@ class TrainerConfig(FlagSlice):
     # log-probs: the rollout's temperature, computed in vocabulary chunks
     rollout_temperature: float
     log_probs_chunk_size: int | None
-    # --reset-optimizer-states: AdamW state dropped before each rollout's training; --use-rollout-entropy: the
+    # --reset-optimizer-states: the optimizer's state dropped before each rollout's training; --use-rollout-entropy: the
     # old-log-prob pass also gives each token's entropy (the rollout-data hook's ``entropy``, train/rollout_entropy)
     reset_optimizer_states: bool
     ref_update_interval: int | None  # the reference model takes the actor's weights after every this many steps

@@ -219,7 +219,7 @@ SEED_FLAGS: list[FlagSpec] = [
     F('recompute-num-layers', 'int', None, 'Recomputation', 'Number of layers to recompute (native Megatron parameter' + MEGATRON_DEFAULT + ': unset). Here: with --recompute-granularity full only (required there, refused otherwise); between 1 and the model\'s layer count (checked when the backend builds the model)', seed_default='-'),
     # --- Optimizer Configuration
     F('lr', 'float', 1e-06, 'Optimizer Configuration', 'Learning rate'),
-    F('optimizer', 'str', 'adam', 'Optimizer Configuration', 'Optimizer type (native Megatron parameter' + MEGATRON_DEFAULT + ')', choices=('adam', 'sgd'), seed_default='-'),
+    F('optimizer', 'str', 'adam', 'Optimizer Configuration', 'Optimizer type (native Megatron parameter' + MEGATRON_DEFAULT + '). Here: adam is AdamW (--adam-beta1/2, eps 1e-8); sgd is SGD with --sgd-momentum (0.9, Megatron-LM\'s default) and L2 --weight-decay. The torch backend\'s policy and every critic build it in relax/backends/optimizer.py; --train-backend megatron passes it to megatron-core\'s OptimizerConfig (sgd not with --use-distributed-optimizer: megatron-core\'s distributed optimizer holds Adam state only). A checkpoint\'s optimizer state loads only under the --optimizer that saved it', choices=('adam', 'sgd'), seed_default='-'),
     F('lr-decay-style', 'str', 'constant', 'Optimizer Configuration', 'Learning rate decay style (native Megatron parameter' + MEGATRON_DEFAULT + '). Here: megatron-core\'s scheduler shapes without warm-up, from --lr to 0 over every optimizer step of the run (so a style other than constant needs --num-rollout), for both backends (relax/backends/lr_schedule.py): linear, cosine, inverse-square-root (--lr / sqrt(step), step counted from 1), WSD (--lr until the last --lr-wsd-decay-iters steps, then --lr-wsd-decay-style down to 0); train/lr logs each step\'s rate.', choices=('constant', 'linear', 'cosine', 'inverse-square-root', 'WSD'), seed_default='-'),
     F('weight-decay', 'float', 0.01, 'Optimizer Configuration', 'Weight decay (native Megatron parameter' + MEGATRON_DEFAULT + ')', seed_default='-'),
     F('adam-beta1', 'float', 0.9, 'Optimizer Configuration', 'Adam beta1 (native Megatron parameter' + MEGATRON_DEFAULT + ')', seed_default='-'),
@@ -492,6 +492,8 @@ ADDED_FLAGS: list[FlagSpec] = [
     F("debug", "flag", False, ADDITIONS_GROUP,
       "Print the full traceback when a run fails (also RELAX_DEBUG=1). By default a failure ends with one line "
       "naming the culprit (a hook's dotted path, the sample index, the file and line) and run.json records it"),
+    F("sgd-momentum", "float", 0.9, ADDITIONS_GROUP,
+      "Megatron-LM's flag: SGD's momentum factor (--optimizer sgd only; refused with adam). 0 is plain SGD."),
     F("lr-wsd-decay-iters", "int", None, ADDITIONS_GROUP,
       "Megatron-LM's flag: the optimizer steps of WSD's anneal, the run's last ones (--lr-decay-style WSD needs it; "
       "refused with any other style). Larger than the run's steps, the anneal has begun before the first step, "
@@ -662,7 +664,7 @@ SUPPORTED: frozenset[str] = frozenset({
     "balance-data",  # relax/backends/torch/data_parallel.py
     # additions
     "preset", "output-dir", "overwrite-output-dir", "hook-timeout", "lr-decay-style", "lr-wsd-decay-iters",
-    "lr-wsd-decay-style", "config", "device", "rollout-backend",
+    "lr-wsd-decay-style", "sgd-momentum", "config", "device", "rollout-backend",
     # engines (relax/core/engine_launchers.py, relax/backends/sglang/), the router (relax/engine/router/)
     "rollout-external", "rollout-external-engine-addrs", "sglang-mem-fraction-static",
     "slime-router-timeout", "slime-router-max-connections", "slime-router-health-check-failure-threshold",
@@ -679,7 +681,6 @@ SUPPORTED: frozenset[str] = frozenset({
     *(spec.name for spec in MODEL_FLAGS), "ref-load",
 })
 SUPPORTED_VALUES: dict[str, frozenset[Any]] = {
-    "optimizer": frozenset({"adam"}),
     "memory-recorder": frozenset({"torch"}),
     "opd-type": frozenset({"megatron", "sglang"}),  # megatron: the training backend's teacher (torch on CPU);
     # sglang: a teacher engine server at --rm-url, or an embedded one over --opd-teacher-load (opd_teacher.py)
@@ -717,7 +718,7 @@ BOUNDS: dict[str, Bound] = {
     "scale-out-timeout": POSITIVE, "scale-in-drain-timeout": NON_NEGATIVE, "scale-in-shutdown-timeout": POSITIVE,
     "max-actor-ckpt-to-keep": AT_LEAST_1, "start-rollout-id": NON_NEGATIVE,
     "opd-teacher-ckpt-step": NON_NEGATIVE, "ref-ckpt-step": NON_NEGATIVE, "update-weights-interval": AT_LEAST_1,
-    "ref-update-interval": AT_LEAST_1, "lr-wsd-decay-iters": AT_LEAST_1, "eval-min-new-tokens": NON_NEGATIVE, "eval-max-context-len": AT_LEAST_1,
+    "ref-update-interval": AT_LEAST_1, "lr-wsd-decay-iters": AT_LEAST_1, "sgd-momentum": NON_NEGATIVE, "eval-min-new-tokens": NON_NEGATIVE, "eval-max-context-len": AT_LEAST_1,
 }
 
 

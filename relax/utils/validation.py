@@ -120,6 +120,8 @@ def _train_loop(args: Namespace, p: Problems) -> None:
     if args.lr_decay_style != "constant":
         if args.num_rollout is None:
             p.add(f"--lr-decay-style {args.lr_decay_style} needs --num-rollout (the decay's length)")
+    if args.optimizer != "sgd" and args.sgd_momentum != FLAGS_BY_NAME["sgd-momentum"].default:
+        p.add(f"--sgd-momentum applies to --optimizer sgd only (this run's is {args.optimizer})")
     if args.lr_decay_style == "WSD" and args.lr_wsd_decay_iters is None:
         p.add("--lr-decay-style WSD needs --lr-wsd-decay-iters (the optimizer steps of its anneal)")
     for name in ("lr-wsd-decay-iters", "lr-wsd-decay-style"):
@@ -230,6 +232,9 @@ def _megatron_memory(args: Namespace, p: Problems) -> None:
     _recompute(args, p)
     if args.overlap_param_gather and not args.overlap_grad_reduce:
         p.add("--overlap-param-gather needs --overlap-grad-reduce (Megatron-LM's rule)")
+    if args.optimizer == "sgd" and args.use_distributed_optimizer:
+        p.add("--optimizer sgd with --use-distributed-optimizer: megatron-core's distributed optimizer holds Adam "
+              "state only (its own rule); drop one of them")
     if args.overlap_param_gather and not args.use_distributed_optimizer:
         p.add("--overlap-param-gather needs --use-distributed-optimizer (only its sharded parameters are gathered)")
     if args.overlap_cpu_optimizer_d2h_h2d and not args.optimizer_cpu_offload:

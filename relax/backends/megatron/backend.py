@@ -51,6 +51,7 @@ from relax.backends.megatron.schedule import StageRunner
 from relax.backends.megatron.sharding import global_name
 from relax.backends.megatron.weights import ShardPlan, load_hf_weights
 from relax.backends.nonfinite import nonfinite_gradient_error
+from relax.backends.optimizer import ADAM_EPS
 from relax.backends.torch.backend import TorchTrainBackend
 from relax.backends.torch.batch import RolloutTensors, build_model_inputs
 from relax.backends.torch.data_parallel import DataParallel
@@ -280,8 +281,8 @@ class MegatronTrainBackend(TorchTrainBackend):
             built.config.no_sync_func = ddp.no_sync
             built.config.grad_sync_func = ddp.start_grad_sync  # align_grad_reduce: the pipeline's stages
         opt_config = OptimizerConfig(
-            optimizer="adam", lr=cfg.lr, min_lr=cfg.lr, weight_decay=cfg.weight_decay,
-            adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2, adam_eps=1e-8,
+            optimizer=cfg.optimizer, lr=cfg.lr, min_lr=cfg.lr, weight_decay=cfg.weight_decay,
+            adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2, adam_eps=ADAM_EPS, sgd_momentum=cfg.sgd_momentum,
             clip_grad=cfg.clip_grad, bf16=True, params_dtype=torch.bfloat16,
             use_distributed_optimizer=distributed,
             **optimizer_offload_kwargs(cfg.megatron),  # --optimizer-cpu-offload: megatron's HybridDeviceOptimizer
@@ -394,12 +395,12 @@ class MegatronTrainBackend(TorchTrainBackend):
 
 
     def _reset_optimizer_states(self) -> None:
-        """``--reset-optimizer-states``: drop Adam's moments and step counts in every torch optimizer megatron's
-        wrappers hold (chained groups; with the distributed optimizer, this rank's fp32 shards); the next step
+        """``--reset-optimizer-states``: drop Adam's moments and step counts (SGD's momentum) in every torch optimizer
+        megatron's wrappers hold (chained groups; with the distributed optimizer, this rank's fp32 shards); the next step
         starts them afresh, bias correction included. ``--optimizer-cpu-offload`` is refused with it."""
         for inner in torch_optimizers(self.optimizer):
             inner.state.clear()
-        if self.critic is not None:  # the critic's plain AdamW, as the torch backend resets it
+        if self.critic is not None:  # the critic's plain torch optimizer, as the torch backend resets it
             self.critic.optimizer.state.clear()
 
     def _apply_gradients(self, loss: float | None) -> float:
@@ -526,7 +527,7 @@ class MegatronTrainBackend(TorchTrainBackend):
         """What a checkpoint records about the run (relax/backends/megatron/checkpoint.py)."""
         sizes = self.sizes
         return {"distributed_optimizer": bool(self.cfg.megatron.use_distributed_optimizer), "tp": sizes.tp, "pp": sizes.pp,
-                "ep": sizes.ep, "etp": sizes.etp, "dp": self.dp.size}
+                "ep": sizes.ep, "etp": sizes.etp, "dp": self.dp.size, "optimizer": self.cfg.optimizer}
 
     def save_hf(self, directory: str) -> None:
         from relax.backends.megatron.hf_export import write_hf_checkpoint

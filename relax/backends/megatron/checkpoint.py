@@ -46,6 +46,7 @@ def _sharded(model, optimizer, *, with_optimizer: bool, is_loading: bool) -> dic
     sharded = {"model": model.sharded_state_dict()}
     if with_optimizer:
         _init_adam_state(optimizer)
+        _init_sgd_state(optimizer)
         sharded["optimizer"] = optimizer.sharded_state_dict(sharded["model"], is_loading=is_loading,
                                                             metadata=OPTIMIZER_SHARDING)
     return sharded
@@ -100,6 +101,9 @@ def load_checkpoint(directory: str | Path, model, optimizer, *, meta: dict) -> b
         raise FileNotFoundError(f"{path}: no Megatron checkpoint ({MCORE_DIR}/metadata.json and {META_FILE})")
     saved = json.loads((path / META_FILE).read_text())
     with_optimizer = bool(saved["optimizer_state"]) and optimizer is not None
+    if with_optimizer and saved.get("optimizer", "adam") != meta["optimizer"]:
+        raise ValueError(f"{path}: the optimizer state was saved with --optimizer {saved.get('optimizer', 'adam')}, "
+                         f"this run uses --optimizer {meta['optimizer']}; resume with the same setting")
     if with_optimizer and saved["distributed_optimizer"] != meta["distributed_optimizer"]:
         raise ValueError(f"{path}: the optimizer state was saved {'with' if saved['distributed_optimizer'] else 'without'}"
                          " --use-distributed-optimizer; resume with the same setting")
@@ -151,6 +155,34 @@ def _init_adam_state(optimizer) -> None:
                     state["step"] = torch.zeros((), dtype=torch.float32, device=p.device if on_device else "cpu")
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+def _init_sgd_state(optimizer) -> None:
+    """Make megatron-core's (non-distributed) wrapper of a torch SGD (``--optimizer sgd``) able to save and load.
+
+    Why: megatron-core 0.19.2 builds SGD with no ``init_state_fn``, and its mixed-precision wrapper calls that
+    function when it builds the state dict to load into (optimizer.py:1146), and SGD makes its momentum buffers
+    only at its first step, so a checkpoint written before one would lack what the load expects. Every wrapper
+    gets a function that gives each parameter a zero momentum buffer, and gets those buffers now: torch's SGD
+    steps a zero buffer as it steps a missing one (``0 * momentum + grad`` is the gradient itself).
+    """
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        torch_opt = getattr(inner, "optimizer", None)
+        if not isinstance(torch_opt, torch.optim.SGD):
+            continue
+        if getattr(inner, "init_state_fn", None) is None:
+            inner.init_state_fn = _zero_momentum
+        _zero_momentum(torch_opt)
+
+
+def _zero_momentum(torch_opt, config=None) -> None:
+    """A zero momentum buffer for each parameter of a momentum SGD that has none (megatron's ``init_state_fn``)."""
+    for group in torch_opt.param_groups:
+        if group["momentum"]:
+            for p in group["params"]:
+                state = torch_opt.state[p]
+                if state.get("momentum_buffer") is None:
+                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
 @contextlib.contextmanager

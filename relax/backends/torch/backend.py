@@ -35,6 +35,7 @@ from relax.algorithms.reducers import merge_metrics
 from relax.backends.config import TrainerConfig
 from relax.backends.lr_schedule import LRSchedule
 from relax.backends.nonfinite import nonfinite_gradient_error
+from relax.backends.optimizer import build_optimizer, check_saved_state
 from relax.backends.torch.batch import (
     Precomputed,
     RolloutTensors,
@@ -113,13 +114,8 @@ class TorchTrainBackend:
         trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         if cfg.bf16:
             self.master = MasterWeights(trainable)
-        self.optimizer = torch.optim.AdamW(
-            list(self.master.params) if self.master is not None else [p for _, p in trainable],
-            lr=cfg.lr,
-            betas=(cfg.adam_beta1, cfg.adam_beta2),
-            eps=1e-8,
-            weight_decay=cfg.weight_decay,
-        )
+        self.optimizer = build_optimizer(
+            list(self.master.params) if self.master is not None else [p for _, p in trainable], cfg, cfg.lr)
         self.schedule = LRSchedule.of(cfg)
         self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
         self._step = 0  # the rollout step being trained (for fault hooks)
@@ -550,8 +546,8 @@ class TorchTrainBackend:
             ref.copy_(weight)
 
     def _reset_optimizer_states(self) -> None:
-        """``--reset-optimizer-states``: drop AdamW's moments and step counts (the actor's and the critic's); the
-        next step starts them afresh, bias correction included."""
+        """``--reset-optimizer-states``: drop the optimizer's state, AdamW's moments and step counts or SGD's momentum
+        (the actor's and the critic's); the next step starts them afresh, bias correction included."""
         for optimizer in (self.optimizer, self.critic.optimizer if self.critic is not None else None):
             if optimizer is not None:
                 optimizer.state.clear()
@@ -662,7 +658,9 @@ class TorchTrainBackend:
                 raise ValueError(f"checkpoint {path} has no master.safetensors: it was not saved with --bf16")
             self.master.load(load_file(str(path / "master.safetensors")))
         if (path / "optimizer.pt").exists():
-            self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+            saved = torch.load(path / "optimizer.pt", weights_only=False)
+            check_saved_state(saved, self.optimizer, path / "optimizer.pt")
+            self.optimizer.load_state_dict(saved)
         if self.critic is not None:
             self.critic.load(Path(critic_directory) if critic_directory else path)
         if self.old_actor is not None:  # a resumed run's engines start from the loaded weights

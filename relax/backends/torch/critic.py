@@ -18,6 +18,7 @@ import torch
 
 from relax.algorithms.critic import critic_lr_at, value_loss
 from relax.algorithms.reducers import merge_metrics
+from relax.backends.optimizer import build_optimizer, check_saved_state
 from relax.backends.torch.batch import RolloutTensors, build_model_inputs
 from relax.backends.torch.data_parallel import DataParallel
 from relax.checkpoint_io import HostFile, to_host
@@ -49,8 +50,7 @@ class Critic:
     def __init__(self, cfg: TrainerConfig, device: torch.device, pad_id: int, dp: DataParallel):
         self.cfg, self.device, self.pad_id, self.algo, self.dp = cfg, device, pad_id, cfg.algo, dp
         self.model = ValueModel(build_model(cfg.hf_checkpoint, dtype=torch.float32, seed=cfg.seed)).to(device)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.algo.critic_lr,
-                                           betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay)
+        self.optimizer = build_optimizer(self.model.parameters(), cfg, cfg.algo.critic_lr)  # --optimizer's kind
 
     def _values(self, batch: RolloutTensors, sl: slice) -> torch.Tensor:
         inputs = build_model_inputs(batch.samples[sl], batch.loss_mask.shape[1], self.pad_id, self.device)
@@ -101,4 +101,6 @@ class Critic:
                              "--advantage-estimator ppo")
         self.model.load_state_dict(load_file(str(directory / "critic.safetensors")))
         if (directory / "critic_optimizer.pt").exists():
-            self.optimizer.load_state_dict(torch.load(directory / "critic_optimizer.pt", weights_only=False))
+            saved = torch.load(directory / "critic_optimizer.pt", weights_only=False)
+            check_saved_state(saved, self.optimizer, directory / "critic_optimizer.pt")
+            self.optimizer.load_state_dict(saved)
