@@ -9,6 +9,8 @@ observes the flag's effect on megatron's own objects:
 * ``--keep-old-actor``: the copy holds the synced weights between syncs and computes the old log-probs;
 * ``--recompute-loss-function``: the checkpointed loss runs twice per micro-batch, same loss and weights;
 * ``--lr-decay-style``: the rate megatron's Adam steps with follows the schedule;
+* ``--attention-backend unfused`` / ``local``: megatron-core's own DotProductAttention in every layer, the log-probs
+  of relax's SDPA core attention within bf16 rounding;
 * ``--optimizer sgd``: megatron's fp32 main params step by torch SGD's momentum buffers, which a checkpoint restores;
 * ``--opd-type sglang``: no teacher model in the backend; the samples' teacher log-probs drive the step;
 * ``--advantage-estimator ppo``: the critic steps as the torch backend's does, and a checkpoint restores it;
@@ -127,6 +129,26 @@ def check_lr_decay_sets_the_rate_megatrons_adam_steps_with(make: Make) -> None:
         assert {g["lr"] for opt in _inner(backend) for g in opt.param_groups} == {want}
         rates.append(want)
     assert rates[0] == pytest.approx(3e-3) and rates[0] > rates[1] > rates[2] > 0
+
+
+def check_attention_backend_unfused_builds_megatrons_own_core_attention(make: Make) -> None:
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    from relax.backends.megatron.attention import SdpaCoreAttention
+    from relax.backends.torch.batch import build_rollout_tensors
+
+    def cores(backend) -> set[type]:
+        return {type(m.core_attention) for m in backend.model.modules() if hasattr(m, "core_attention")}
+
+    batch = build_rollout_tensors(varied_samples(seed=60))
+    lps = {}
+    for value in ("auto", "unfused", "local"):
+        backend = make("--attention-backend", value)
+        assert cores(backend) == ({SdpaCoreAttention} if value == "auto" else {DotProductAttention}), value
+        lps[value] = backend._log_probs_no_grad(backend.model, batch)
+    assert torch.equal(lps["unfused"], lps["local"])
+    mask = batch.loss_mask.bool()
+    assert (lps["unfused"] - lps["auto"])[mask].abs().max() < 0.02  # bf16: the module docstring's floor ~0.006
 
 
 def check_sgd_steps_megatrons_main_params_and_resumes_its_momentum(make: Make) -> None:

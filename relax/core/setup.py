@@ -191,10 +191,11 @@ def _check_model_provider(args: Namespace) -> None:
     """--custom-model-provider-path: loaded, and with the torch backend built on the meta device and checked (type,
     parameter names and shapes against --hf-checkpoint's), here rather than in the trainer actor, far from the user."""
     if args.custom_model_provider_path:
+        from relax.models import hf_attention
         from relax.models.provider import check_at_launch
 
         check_at_launch(args.custom_model_provider_path, args.train_backend, args.hf_checkpoint,
-                        "sdpa" if args.attention_backend == "flash" else None, save_hf=bool(args.save_hf))
+                        hf_attention(args.attention_backend), save_hf=bool(args.save_hf))
 
 
 def _data_source(args: Namespace, tokenizer: Any) -> Any:

@@ -5,6 +5,7 @@ from relax.models.registry import (
     Checkpoint,
     build_config,
     build_model,
+    hf_attention,
     load_tokenizer,
     param_count,
     resolve_checkpoint,
@@ -12,6 +13,6 @@ from relax.models.registry import (
 )
 
 __all__ = [
-    "PRESETS", "Checkpoint", "build_config", "build_model", "load_tokenizer", "param_count",
+    "PRESETS", "Checkpoint", "build_config", "build_model", "hf_attention", "load_tokenizer", "param_count",
     "resolve_checkpoint", "save_hf",
 ]

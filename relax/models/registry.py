@@ -168,6 +168,18 @@ def _seeded(seed: int | None) -> Iterator[None]:
         yield
 
 
+# --attention-backend -> the HF attention implementation; auto keeps the preset's or directory's own, fused (Transformer
+# Engine's kernel) is refused at parse time
+HF_ATTENTION = {"flash": "sdpa", "unfused": "eager", "local": "eager"}
+
+
+def hf_attention(attention_backend: str | None) -> str | None:
+    """The ``attn_implementation`` that ``--attention-backend`` asks of an HF model: flash is torch SDPA (the
+    FlashAttention-2 kernel on CUDA), unfused and local the eager matmul-softmax-matmul (Megatron's names for its
+    own unfused attention), auto the model's own choice (None)."""
+    return HF_ATTENTION.get(attention_backend or "auto")
+
+
 def build_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, seed: int | None = None,
                 attn_implementation: str | None = None):
     """A preset name -> random init (deterministic for a seed); a directory -> ``from_pretrained``.

@@ -192,7 +192,7 @@ def check_supported(args: argparse.Namespace) -> None:
     for spec in FLAGS:
         value = getattr(args, spec.dest)
         if spec.supported_values is not None and value is not None and value not in spec.supported_values:
-            p.add(f"not supported yet: --{spec.name} {value}")
+            p.add(f"not supported yet: --{spec.name} {value}" + (f" ({spec.not_yet_why})" if spec.not_yet_why else ""))
         elif not spec.supported and value != spec.default:
             p.add(f"not supported yet: --{spec.name}" + (f" ({spec.not_yet_why})" if spec.not_yet_why else ""))
     p.raise_if_any()

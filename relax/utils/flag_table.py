@@ -561,8 +561,13 @@ MODEL_FLAGS: list[FlagSpec] = [F(*row[:4], row[4] + row[5], **(row[6] if len(row
      "fp32. Here always so (fp32 training; --bf16 accumulates into fp32 master gradients; the Megatron backend's "
      "DDP buffers are fp32), so the flag only confirms it", ""),
     ("attention-backend", "str", "auto", MODEL_GROUP, "Attention implementation. Here: flash is torch SDPA "
-     "(FlashAttention-2 on CUDA, needs a GPU) in both backends; auto keeps each model's own choice (SDPA for "
-     "HF directories, eager for the tiny CPU presets)", "", {"choices": ("flash", "fused", "unfused", "local", "auto")}),
+     "(FlashAttention-2 on CUDA, needs a GPU) in both backends; unfused and local are the unfused "
+     "matmul-softmax-matmul (HF's eager attention in the torch backend, megatron-core's own DotProductAttention "
+     "in the Megatron backend's local spec), on CPU or GPU; auto keeps each model's own choice (SDPA for HF "
+     "directories, eager for the tiny CPU presets; relax's SDPA core attention in the Megatron backend). Under "
+     "Transformer Engine's spec the value goes to TransformerConfig.attention_backend, as in Megatron-LM. "
+     "fused is refused: it is Transformer Engine's fused-attention kernel", "",
+     {"choices": ("flash", "fused", "unfused", "local", "auto")}),
 )]
 
 # What is implemented so far. A flag not listed here may only keep its documented default;
@@ -690,7 +695,7 @@ SUPPORTED_VALUES: dict[str, frozenset[Any]] = {
     "rollout-backend": frozenset({"embedded", "sglang"}),
     "distributed-backend": frozenset({"nccl", "gloo"}),
     "checkpoint-engine-backend": frozenset({"nccl", "gloo"}),  # relax/weights/transports/distributed.py
-    "attention-backend": frozenset({"auto", "flash"}),
+    "attention-backend": frozenset({"auto", "flash", "unfused", "local"}),
     "attention-dropout": frozenset({0.0}), "hidden-dropout": frozenset({0.0}), "rotary-percent": frozenset({1.0}),
 }
 
@@ -724,6 +729,8 @@ BOUNDS: dict[str, Bound] = {
 
 # why an unsupported flag cannot be built here yet, when something outside relax rules it out
 NOT_YET_WHY: dict[str, str] = {
+    "attention-backend": "fused is Transformer Engine's fused-attention kernel, and no transformer-engine build is "
+                         "installed on our machines",
     "allgather-cp": "context parallelism: megatron-core runs it only in Transformer Engine's attention, and no "
                     "transformer-engine build is installed on our machines",
 }

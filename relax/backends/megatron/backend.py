@@ -174,6 +174,7 @@ class MegatronTrainBackend(TorchTrainBackend):
                provided: bool = False) -> BuiltModel:
         """``provided``: the policy's model (and its reference copy), from --custom-model-provider-path when set."""
         return build_gpt_model(spec, sizes=self.sizes, device=self.device.type,
+                               attention_backend=self.cfg.attention_backend,
                                extra_config={**self.fusions, **(extra_config or {})},
                                provider_path=self.cfg.custom_model_provider_path if provided else None)
 

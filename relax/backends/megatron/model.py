@@ -90,13 +90,23 @@ def parallel_config_kwargs(sizes: ParallelSizes) -> dict[str, Any]:
     return kwargs
 
 
+def core_attention(attention_backend: str | None) -> str:
+    """The local spec's core attention for ``--attention-backend``: unfused and local are megatron-core's own
+    `DotProductAttention` (its unfused attention), auto and flash relax's `SdpaCoreAttention` (torch SDPA, the
+    FlashAttention-2 kernel on CUDA). Under the Transformer Engine spec the value goes to ``TransformerConfig``
+    instead (`build_gpt_model`)."""
+    return "unfused" if attention_backend in ("unfused", "local") else DEFAULT_ATTENTION
+
+
 def build_gpt_model(spec: McoreModelSpec, *, sizes: ParallelSizes | None = None, device: str = "cuda",
-                    use_te: bool | None = None, attention: str | None = None,
+                    use_te: bool | None = None, attention: str | None = None, attention_backend: str | None = None,
                     extra_config: dict[str, Any] | None = None, provider_path: str | None = None) -> BuiltModel:
     """This rank's bf16 GPTModel, uninitialised (weights come from the HF checkpoint, weights.py).
 
-    ``attention`` ("sdpa" / "unfused", default `DEFAULT_ATTENTION`) picks the local spec's core attention;
-    the TE spec brings its own fused attention. ``extra_config``: more `TransformerConfig` fields (the
+    ``attention`` ("sdpa" / "unfused") picks the local spec's core attention; without it ``attention_backend``
+    (``--attention-backend``, `core_attention`) does, default `DEFAULT_ATTENTION`. The TE spec brings its own
+    attention, whose kernel ``attention_backend`` picks through ``TransformerConfig.attention_backend`` as in
+    Megatron-LM. ``extra_config``: more `TransformerConfig` fields (the
     trainer's activation recompute, `memory_flags.recompute_kwargs`, and the fusions). ``provider_path``:
     ``--custom-model-provider-path``, Megatron-LM's ``model_provider`` that builds the GPTModel from this config
     in place of relax's layer spec (relax/models/provider.py); its names are checked when the weights load.
@@ -120,8 +130,13 @@ def build_gpt_model(spec: McoreModelSpec, *, sizes: ParallelSizes | None = None,
         from relax.backends.megatron.rope_fusion import install
 
         install()  # before the config is built: its checks look for a fused RoPE (TE's, else relax's)
+    te_choice = {}
+    if use_te and attention_backend:  # TE's attention reads it (megatron sets NVTE_*_ATTN from it)
+        from megatron.core.transformer.enums import AttnBackend
+
+        te_choice = {"attention_backend": AttnBackend[attention_backend]}
     config = TransformerConfig(
-        **{**spec.transformer_config_kwargs(), **parallel_config_kwargs(sizes)},
+        **{**spec.transformer_config_kwargs(), **parallel_config_kwargs(sizes)}, **te_choice,
         activation_func=F.silu,
         bf16=True,
         params_dtype=torch.bfloat16,
@@ -135,7 +150,7 @@ def build_gpt_model(spec: McoreModelSpec, *, sizes: ParallelSizes | None = None,
                                                                 qk_layernorm=spec.qk_layernorm)
     else:
         layer_spec = TransformerBlockSubmodules(
-            layer_specs=[local_layer_spec(spec.qk_layernorm, attention or DEFAULT_ATTENTION, experts)]
+            layer_specs=[local_layer_spec(spec.qk_layernorm, attention or core_attention(attention_backend), experts)]
             * get_num_layers_to_build(config), layer_norm=HiddenRMSNorm)
     vocab = sizes.layout.padded_vocab(spec.vocab_size)
     kwargs = {**spec.gpt_model_kwargs(), "vocab_size": vocab}

@@ -55,7 +55,7 @@ from relax.backends.torch.step_report import CONSUMED_KEY, consumed_samples, log
 from relax.backends.torch.vision_inputs import model_forward
 from relax.checkpoint_io import HostFile, to_host, write_files
 from relax.distributed.resources import service_roles
-from relax.models import build_model
+from relax.models import build_model, hf_attention
 from relax.models.checkpoint_names import checkpoint_state, moe_style
 from relax.observability.collective_memory import CHECK as COLLECTIVE_MEMORY
 from relax.observability.collective_memory import SUMMARY_KEY as COLLECTIVE_MEMORY_KEY
@@ -152,13 +152,13 @@ class TorchTrainBackend:
             return self._build(self.cfg.hf_checkpoint)
         from relax.models.provider import build_provided_model
 
-        attn = "sdpa" if self.cfg.attention_backend == "flash" else None
+        attn = hf_attention(self.cfg.attention_backend)
         return build_provided_model(self.cfg.custom_model_provider_path, self.cfg.hf_checkpoint, dtype=self.dtype,
                                     seed=self.cfg.seed, attn_implementation=attn)
 
     def _build(self, name_or_path: str) -> torch.nn.Module:
-        """A model in the training dtype; ``--attention-backend flash`` asks torch SDPA for the flash kernel."""
-        attn = "sdpa" if self.cfg.attention_backend == "flash" else None
+        """A model in the training dtype, with ``--attention-backend``'s attention (`hf_attention`)."""
+        attn = hf_attention(self.cfg.attention_backend)
         return build_model(name_or_path, dtype=self.dtype, seed=self.cfg.seed, attn_implementation=attn)
 
     def _reference_model(self) -> torch.nn.Module:
