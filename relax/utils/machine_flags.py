@@ -44,6 +44,8 @@ GPU_FLAGS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "memory_snapshot_num_steps": (lambda v: v is not None, "a snapshot of the CUDA allocator"),
     "enable_cuda_memory_check": (bool, "it reads a CUDA device's free memory around each collective"),
 }
+# with --memory-recorder memray these record the host's memory, which every machine has
+HOST_MEMORY_FLAGS = ("record_memory_history", "memory_snapshot_num_steps")
 _MEGATRON_WHY = "a --train-backend megatron flag, and megatron-core runs on CUDA GPUs only"
 
 
@@ -89,7 +91,8 @@ def check_machine(args: Namespace, given: Set[str], p: Problems) -> None:
     """Refuse GPU-only flags on a machine without a GPU (one line each, then reset); resolve the backend default."""
     megatron = args.train_backend == "megatron"
     wanted = {dest: why for dest, (needs, why) in GPU_FLAGS.items()
-              if needs(getattr(args, dest)) and (megatron or dest not in _megatron_parallel_flags())}
+              if needs(getattr(args, dest)) and (megatron or dest not in _megatron_parallel_flags())
+              and not (dest in HOST_MEMORY_FLAGS and args.memory_recorder == "memray")}
     # with an explicit torch backend a Megatron flag conflicts with the backend, not the machine (validation.py)
     megatron_flags = {dest for dest, needs in _megatron_flags().items() if needs(getattr(args, dest))} if megatron \
         else set()

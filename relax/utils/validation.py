@@ -21,6 +21,7 @@ from relax.backends.megatron.checks import check_train_backend
 from relax.backends.megatron.megatron_config import MegatronConfig
 from relax.engine.rewards.genrm_config import GenRMConfig
 from relax.metrics.clearml_logger import ClearMLConfig
+from relax.observability.memory import MemoryConfig
 from relax.observability.notify import NotifyConfig
 from relax.utils import debug_modes
 from relax.utils.flag_table import FLAGS_BY_NAME
@@ -203,6 +204,7 @@ def _requirements(args: Namespace, p: Problems) -> None:
     p.run(lambda: check_runner_flags(EmbeddedEngineConfig.from_args(args)))
     p.run(NotifyConfig.from_args, args, catch=(ValueError,))  # --notify-urls: apprise installed
     p.run(ClearMLConfig.from_args, args, catch=(ValueError,))  # --use-clearml: clearml installed
+    p.run(MemoryConfig.from_args, args, catch=(ValueError,))  # --memory-recorder memray: memray installed
 
 
 def _opd_sglang(args: Namespace, p: Problems) -> None:
