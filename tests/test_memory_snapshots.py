@@ -125,3 +125,5 @@ def test_relax_train_on_cpu_writes_memray_captures(tmp_path: Path) -> None:
     capture = out / "traces" / "run" / "memory_snapshot" / "rank0_step1_snapshot.bin"
     reader = memray.FileReader(capture)
     assert reader.metadata.total_allocations > 0 and reader.metadata.peak_memory > 0
+    live = memray.FileReader(capture.with_name("rank0_live.bin"))  # step 2 on, readable as the run left it
+    assert live.metadata.total_allocations > 0

@@ -9,7 +9,8 @@ Two recorders, picked by ``--memory-recorder`` (`RECORDERS`):
 - ``memray``: the process's host memory (every Python and C allocation with its Python stack), as memray capture
   files for ``memray flamegraph`` / ``memray stats``. Runs on CPU or GPU; needs the ``memray`` package (relax's
   ``[memray]`` extra), refused at launch in one line without it. memray writes a capture while it tracks and
-  holds one tracker per process, so a dump ends the current capture under its name and starts the next one.
+  holds one tracker per process, so a dump ends the current capture under its name and starts the next one; the
+  capture since the last dump stays in ``rank<R>_live.bin``, which memray reads as it stands when the run ends.
 
 Either starts with the backend; a snapshot is written after ``--memory-snapshot-num-steps`` steps of this launch,
 and whenever a step runs out of memory (then the error is raised as before). Files:
