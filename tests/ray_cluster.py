@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 from tests.ray_worker_zygote import SOCKET_ENV
@@ -33,9 +34,26 @@ _RAY_WITH_WARM_WORKERS = ("import ray._private.ray_constants as c; c.SETUP_WORKE
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return _free_ports(1)[0]
+
+
+def _free_ports(count: int, avoid: Collection[int] = ()) -> list[int]:
+    """``count`` distinct ports free now, none of them in ``avoid``. The sockets stay bound until all are drawn, so
+    the OS cannot hand one port out twice (drawn one at a time, two components of a node once got the same port,
+    and `ray start` refused it: "metrics_export is trying to use a port number ... used by other components")."""
+    sockets: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < count:
+            s = socket.socket()
+            sockets.append(s)
+            s.bind(("127.0.0.1", 0))
+            if (port := s.getsockname()[1]) not in avoid:
+                ports.append(port)
+        return ports
+    finally:
+        for s in sockets:
+            s.close()
 
 
 class LocalCluster:
@@ -70,19 +88,20 @@ class LocalCluster:
         """Fresh ports and a fresh root: a port found free can be taken by another process before Ray binds it."""
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
-        self.dashboard_port = _free_port()
+        self.dashboard_port = _free_ports(1, avoid={self.port})[0]
         self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
         self.root = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))  # short: Ray's socket paths are limited
 
     def _start_node(self, index: int) -> None:
+        agent_http, agent_grpc, runtime_env, metrics, client = map(str, _free_ports(5, avoid={self.port,
+                                                                                             self.dashboard_port}))
         flags = ["--num-cpus", str(self.cpus), "--num-gpus", str(self.gpus), "--block", "--disable-usage-stats",
-                 "--temp-dir", str(self.root / f"n{index}"), "--dashboard-agent-listen-port", str(_free_port()),
-                 "--dashboard-agent-grpc-port", str(_free_port()), "--runtime-env-agent-port", str(_free_port()),
-                 "--metrics-export-port", str(_free_port())]
+                 "--temp-dir", str(self.root / f"n{index}"), "--dashboard-agent-listen-port", agent_http,
+                 "--dashboard-agent-grpc-port", agent_grpc, "--runtime-env-agent-port", runtime_env,
+                 "--metrics-export-port", metrics]
         if index == 0:
             flags = ["--head", "--port", str(self.port), "--include-dashboard", str(self.dashboard).lower(),
-                     "--dashboard-port", str(self.dashboard_port), "--ray-client-server-port", str(_free_port()),
-                     *flags]
+                     "--dashboard-port", str(self.dashboard_port), "--ray-client-server-port", client, *flags]
         else:
             flags = ["--address", self.address, *flags]
         log = open(self.root / f"n{index}.log", "w")  # noqa: SIM115 - closed with the process

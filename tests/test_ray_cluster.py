@@ -134,3 +134,20 @@ def test_a_head_port_taken_before_ray_binds_it_is_redrawn(monkeypatch) -> None:
             assert cluster.port != taken.getsockname()[1] and cluster.node_ids
     finally:
         taken.close()
+
+
+def test_a_nodes_ports_are_drawn_distinct_and_apart_from_the_heads() -> None:
+    """A node's five ports are drawn with their sockets held, so none repeats (drawn one at a time, two of them once
+    came back equal and `ray start` refused the node); none is the head's or the dashboard's, and all are free
+    again after the draw."""
+    import socket
+
+    from tests.ray_cluster import _free_ports
+
+    avoid = set(_free_ports(2))
+    for _ in range(20):
+        ports = _free_ports(5, avoid=avoid)
+        assert len(set(ports)) == 5 and not avoid & set(ports)
+        for port in ports:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port))
