@@ -10,6 +10,7 @@ fits the optimizer that wrote it, so a resume under the other ``--optimizer`` is
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,6 +34,13 @@ def saved_kind(state: dict[str, Any]) -> str:
     """The ``--optimizer`` whose ``state_dict()`` this is: SGD's parameter groups hold ``momentum``, Adam's ``betas``."""
     groups = state.get("param_groups") or [{}]
     return "sgd" if "momentum" in groups[0] else "adam"
+
+
+def load_saved_state(optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """``optimizer.load_state_dict`` of the state saved at ``path``, refused if another ``--optimizer`` saved it."""
+    saved = torch.load(path, weights_only=False)
+    check_saved_state(saved, optimizer, path)
+    optimizer.load_state_dict(saved)
 
 
 def check_saved_state(state: dict[str, Any], optimizer: torch.optim.Optimizer, path: object) -> None:

@@ -67,7 +67,6 @@ class _TorchHistory:
     """The CUDA allocator's history, dumped as torch's snapshot pickle."""
 
     suffix = None  # keeps --memory-snapshot-path's own
-    out_of_memory: tuple[type[BaseException], ...] = ()
 
     def __init__(self, rank: int, snapshot_dir: Path):
         import torch

@@ -35,7 +35,7 @@ from relax.algorithms.reducers import merge_metrics
 from relax.backends.config import TrainerConfig
 from relax.backends.lr_schedule import LRSchedule
 from relax.backends.nonfinite import nonfinite_gradient_error
-from relax.backends.optimizer import build_optimizer, check_saved_state
+from relax.backends.optimizer import build_optimizer, load_saved_state
 from relax.backends.torch.batch import (
     Precomputed,
     RolloutTensors,
@@ -658,9 +658,7 @@ class TorchTrainBackend:
                 raise ValueError(f"checkpoint {path} has no master.safetensors: it was not saved with --bf16")
             self.master.load(load_file(str(path / "master.safetensors")))
         if (path / "optimizer.pt").exists():
-            saved = torch.load(path / "optimizer.pt", weights_only=False)
-            check_saved_state(saved, self.optimizer, path / "optimizer.pt")
-            self.optimizer.load_state_dict(saved)
+            load_saved_state(self.optimizer, path / "optimizer.pt")
         if self.critic is not None:
             self.critic.load(Path(critic_directory) if critic_directory else path)
         if self.old_actor is not None:  # a resumed run's engines start from the loaded weights

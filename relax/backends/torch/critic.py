@@ -18,7 +18,7 @@ import torch
 
 from relax.algorithms.critic import critic_lr_at, value_loss
 from relax.algorithms.reducers import merge_metrics
-from relax.backends.optimizer import build_optimizer, check_saved_state
+from relax.backends.optimizer import build_optimizer, load_saved_state
 from relax.backends.torch.batch import RolloutTensors, build_model_inputs
 from relax.backends.torch.data_parallel import DataParallel
 from relax.checkpoint_io import HostFile, to_host
@@ -101,6 +101,4 @@ class Critic:
                              "--advantage-estimator ppo")
         self.model.load_state_dict(load_file(str(directory / "critic.safetensors")))
         if (directory / "critic_optimizer.pt").exists():
-            saved = torch.load(directory / "critic_optimizer.pt", weights_only=False)
-            check_saved_state(saved, self.optimizer, directory / "critic_optimizer.pt")
-            self.optimizer.load_state_dict(saved)
+            load_saved_state(self.optimizer, directory / "critic_optimizer.pt")
