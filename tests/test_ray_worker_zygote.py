@@ -39,7 +39,8 @@ try:
     died = False
 except ray.exceptions.RayActorError:
     died = True
-print("RESULT", json.dumps({"rows": rows, "died": died}))
+with open(%r, "w") as out:  # a file, not stdout: Ray's log thread writes worker lines into stdout mid-print
+    json.dump({"rows": rows, "died": died}, out)
 """
 
 
@@ -63,12 +64,13 @@ def test_forked_workers_are_rays_workers_and_the_zygote_outlives_jobs() -> None:
         _wait_ready(cluster)
         env = {**os.environ, **ENV}
         jobs = []
-        for threads in ("1", "1", "2"):  # a second job: the zygote outlived the first one's workers
-            proc = subprocess.run([sys.executable, "-c", _JOB % (cluster.address, threads)], capture_output=True,
-                                  text=True, env=env, cwd=ROOT, timeout=180)
+        for index, threads in enumerate(("1", "1", "2")):  # a second job: the zygote outlived the first one's workers
+            result = cluster.root / f"job{index}.json"
+            proc = subprocess.run([sys.executable, "-c", _JOB % (cluster.address, threads, str(result))],
+                                  capture_output=True, text=True, env=env, cwd=ROOT, timeout=180)
             assert proc.returncode == 0, proc.stderr[-3000:]
-            (result,) = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]  # workers print too
-            jobs.append(json.loads(result.removeprefix("RESULT ")))
+            assert result.exists(), (proc.stdout[-2000:], proc.stderr[-2000:])
+            jobs.append(json.loads(result.read_text()))
         # the third job's workers would see another OMP_NUM_THREADS than the zygote's imports did: started as usual
         assert all(r["ppid"] != zygote for r in jobs[2]["rows"]) and jobs[2]["died"]
         assert "refused: OMP_NUM_THREADS='2'/'1'" in (cluster.root / "z0.log").read_text()
