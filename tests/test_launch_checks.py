@@ -77,6 +77,12 @@ def test_custom_config_path_sets_recipe_keys_and_validates_flag_keys(tmp_path: P
     assert args.max_turns == 5 and args.judge_url == "http://localhost:8000/v1"
     assert args.rollout_interaction_env_path == "examples.arith_env.env_arith"
     assert args.rollout_batch_size == 4 and args.global_batch_size == 32  # keys naming flags are those flags
+    assert args.notices == [f"--custom-config-path {cfg}: keys that are no flag, set on args as recipe settings: "
+                            "max_turns, rollout_interaction_env_path, judge_url"]  # said at start: a typo lands there
+    cfg.write_text("rollout_batch_sizes: 4\n")
+    assert parse_args([*BASE, "--custom-config-path", str(cfg)]).notices == [
+        f"--custom-config-path {cfg}: keys that are no flag, set on args as recipe settings: "
+        "rollout_batch_sizes (is it --rollout-batch-size?)"]
     cfg.write_text("max_turns: 5\nlr: fast\nmicro_batch_size: 0\n")
     assert _problems([*BASE, "--custom-config-path", str(cfg)]) == [
         f"--custom-config-path: {cfg}: key 'lr': expected a number, got 'fast'"]

@@ -20,7 +20,7 @@ import json
 import time
 from typing import Any
 
-from relax.utils.config_files import SGLANG_PREFIX, load_config_file, typed_value
+from relax.utils.config_files import SGLANG_PREFIX, load_config_file, recipe_keys_notice, typed_value
 from relax.utils.flag_table import FLAGS, FLAGS_BY_NAME, FlagSpec
 from relax.utils.flag_types import ConfigError, Problems, convert, parse_size
 from relax.utils.machine_flags import check_machine
@@ -224,6 +224,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         setattr(args, key, value)
     args.sglang_passthrough = {**passthrough, **cli_passthrough}
     args.notices = []  # lines printed at start and kept in run.json (a default resolved on the machine)
+    if extras:
+        args.notices.append(recipe_keys_notice(f"--custom-config-path {args.custom_config_path}", list(extras)))
     given = frozenset(lower) | frozenset(explicit)
     _check_required(args, p)
     _check_bounds(args, p)

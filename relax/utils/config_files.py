@@ -14,6 +14,7 @@ names a flag is that flag, typed and validated like it. Every bad key of a file 
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,16 @@ class LoadedConfig:
     values: dict[str, Any] = field(default_factory=dict)  # by flag dest
     passthrough: dict[str, Any] = field(default_factory=dict)  # undeclared sglang-* keys
     extra: dict[str, Any] = field(default_factory=dict)  # --custom-config-path keys that are not flags
+
+
+def recipe_keys_notice(flag: str, keys: list[str]) -> str:
+    """The start-up line naming the keys set on ``args`` as recipe settings: a misspelled flag lands there too,
+    so each key that is close to a flag's name says which one."""
+    named = []
+    for key in keys:
+        close = difflib.get_close_matches(key.replace("_", "-"), list(FLAGS_BY_NAME), n=1, cutoff=0.85)
+        named.append(f"{key} (is it --{close[0]}?)" if close else key)
+    return f"{flag}: keys that are no flag, set on args as recipe settings: {', '.join(named)}"
 
 
 def _read_mapping(p: Path, flag: str) -> dict:
