@@ -68,6 +68,18 @@ def test_the_cli_prints_one_line_per_problem(capsys) -> None:
     assert isinstance(ConfigErrors(["a", "b"]), ConfigError)
 
 
+def test_nan_is_no_value_of_a_float_flag(tmp_path: Path) -> None:
+    """NaN passes every range check (each comparison is False): --lr nan reached the optimizer before this."""
+    assert _problems([*BASE, "--lr", "nan", "--rollout-temperature", "NaN"]) == [
+        "argument --lr: expected a number, got 'nan' (not a number)",
+        "argument --rollout-temperature: expected a number, got 'NaN' (not a number)"]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("kl_loss_coef: .nan\n")
+    assert _problems([*BASE, "--config", str(cfg)]) == [
+        f"--config: {cfg}: key 'kl_loss_coef': expected a number, got nan (not a number)"]
+    assert parse_args([*BASE, "--clip-grad", "inf"]).clip_grad == float("inf")  # no clipping: a value, kept
+
+
 # ---------------------------------------------------------------------- seed 004's flags
 def test_custom_config_path_sets_recipe_keys_and_validates_flag_keys(tmp_path: Path) -> None:
     cfg = tmp_path / "algo_config.yaml"

@@ -7,6 +7,7 @@ The same converters type a value whether it comes from the command line (a strin
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -151,9 +152,12 @@ def parse_float(text: Any) -> float:
     if isinstance(text, bool):
         raise ValueError(f"expected a number, got {text!r}")
     try:
-        return float(text)
+        value = float(text)
     except (TypeError, ValueError):
         raise ValueError(f"expected a number, got {text!r}") from None
+    if math.isnan(value):  # passes every range check (each comparison is False): refused by name here
+        raise ValueError(f"expected a number, got {text!r} (not a number)")
+    return value
 
 
 def parse_str(text: Any) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 from relax.engine.rewards.config import RewardConfig
 from relax.engine.rewards.graders import GRADERS, RewardFn
 from relax.utils.flag_types import ConfigError
+from relax.utils.gather import gather_or_cancel
 from relax.utils.plugins import HookTimeout, bounded, load_function
 from relax.utils.types import Sample
 
@@ -57,7 +58,7 @@ def _per_sample(fn: Callable[..., Any], name: str, hook_args: Any, timeout_s: fl
 
     async def score(samples: list[Sample]) -> list[Any]:
         serial = asyncio.Lock()  # a plain function scores one sample at a time, as it always did
-        return list(await asyncio.gather(*(call(s, serial) for s in samples)))
+        return list(await gather_or_cancel(*(call(s, serial) for s in samples)))
 
     return score
 
@@ -82,7 +83,7 @@ def _per_group(fn: Callable[..., Any], name: str, hook_args: Any, timeout_s: flo
         groups: dict[Any, list[Sample]] = {}
         for s in samples:
             groups.setdefault(s.group_index, []).append(s)
-        results = await asyncio.gather(*(call(g) for g in groups.values()))
+        results = await gather_or_cancel(*(call(g) for g in groups.values()))
         by_id = {id(s): r for g, rs in zip(groups.values(), results, strict=True) for s, r in zip(g, rs, strict=True)}
         return [by_id[id(s)] for s in samples]
     return score

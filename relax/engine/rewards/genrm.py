@@ -21,13 +21,13 @@ per sample, retries included. A judge engine that stays down ends the run in one
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import re
 from typing import Any
 
 from relax.engine.rewards.genrm_config import REWARD_PARSER_SIGNATURE, GenRMConfig
+from relax.utils.gather import gather_or_cancel
 from relax.utils.plugins import load_function
 from relax.utils.types import Sample
 
@@ -103,7 +103,7 @@ def genrm_scorer(cfg: GenRMConfig):
 
     async def score(samples: list[Sample]) -> list[float]:
         urls = judges()
-        return list(await asyncio.gather(*(judge(urls[i % len(urls)], f"genrm:{i % len(urls)}", s)
+        return list(await gather_or_cancel(*(judge(urls[i % len(urls)], f"genrm:{i % len(urls)}", s)
                                            for i, s in enumerate(samples))))
 
     return score

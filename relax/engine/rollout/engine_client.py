@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from relax.engine.protocol import parse_weight_version, weight_version_str
+from relax.utils.gather import gather_or_cancel
 from relax.utils.http_utils import EngineError, EngineHTTPError, post, poster_installed, request
 
 __all__ = ["EngineClient", "EngineError", "EngineHTTPError"]
@@ -53,7 +54,7 @@ class EngineClient:
     async def generate(self, request_or_batch: dict[str, Any] | list[dict[str, Any]]) -> Any:
         """One SGLang-shaped request -> its response; a list -> the list of responses (one call each)."""
         if isinstance(request_or_batch, list):
-            return list(await asyncio.gather(*(self.generate(r) for r in request_or_batch)))
+            return list(await gather_or_cancel(*(self.generate(r) for r in request_or_batch)))
         if poster_installed():  # --use-distributed-post: a poster actor makes it (engine/rollout/distributed_post.py)
             return await post(f"{self.base_url}/generate", request_or_batch, timeout=self.timeout,
                               headers=self.headers, proxy=self.proxy)

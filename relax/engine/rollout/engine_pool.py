@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from relax.engine.rollout.engine_client import EngineClient, EngineError, EngineHTTPError
+from relax.utils.gather import gather_or_cancel
 
 
 class EnginePool(Protocol):
@@ -48,14 +49,14 @@ class HttpEnginePool:
         groups = -(-len(requests) // group)  # ceil
         size = -(-groups // max(1, self.engines())) * group  # whole groups per engine share
         chunks = [requests[i:i + size] for i in range(0, len(requests), size)]
-        answers = await asyncio.gather(*(self._generate_share(chunk) for chunk in chunks))
+        answers = await gather_or_cancel(*(self._generate_share(chunk) for chunk in chunks))
         return [resp for answer in answers for resp in answer]
 
     async def _generate_share(self, chunk: list[dict[str, Any]]) -> list[Any]:
         """One engine's share: one batched ``/generate``, or one per request where a request carries media and the
         engines do not take media batches."""
         if len(chunk) == 1 or not self.batch_media and any(r.get(k) for r in chunk for k in _MEDIA):
-            return list(await asyncio.gather(*(self._generate(r) for r in chunk)))
+            return list(await gather_or_cancel(*(self._generate(r) for r in chunk)))
         return await self._generate(_batched(chunk))
 
     async def generate(self, request: dict[str, Any]) -> Any:

@@ -19,7 +19,6 @@ What it reads of the flags is three slices the driver builds once: `EvalConfig`,
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from math import comb
 from typing import Any
@@ -35,6 +34,7 @@ from relax.engine.rollout.eval_file import load_eval_file
 from relax.engine.rollout.prompt_input import prompt_fields, take_prompt_ids
 from relax.engine.rollout.sglang_rollout import GenerateState, apply_response, custom_generate, sample_seed
 from relax.utils.flag_types import ConfigError
+from relax.utils.gather import gather_or_cancel
 from relax.utils.types import Sample
 
 EVAL_SEED_OFFSET = 1 << 40  # keeps eval seeds apart from training seeds of the same step
@@ -146,7 +146,7 @@ def run_eval(cfg: EvalConfig, rollout: RolloutConfig, rewards: RewardConfig, ste
     from relax.utils.http_utils import run_closing
 
     async def all_sets() -> dict[str, float]:
-        parts = await asyncio.gather(*(_evaluate_set(cfg, rollout, rewards, step, i, s, data)
+        parts = await gather_or_cancel(*(_evaluate_set(cfg, rollout, rewards, step, i, s, data)
                                        for i, s in enumerate(eval_sets)))
         return {k: v for part in parts for k, v in part.items()}
 

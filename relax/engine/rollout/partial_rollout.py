@@ -32,6 +32,7 @@ from relax.engine.rollout.partial_samples import (
 )
 from relax.engine.rollout.prompt_input import take_prompt_ids
 from relax.engine.rollout.state import MAX_SAMPLING_ROUNDS, GenerateState, dynamic_filter, sample_seed
+from relax.utils.gather import gather_or_cancel
 from relax.utils.types import Sample
 
 ABORTED = "partial_rollout_abort"
@@ -87,7 +88,7 @@ class PartialRollout:
                         self._recycle(group)
             self.aborting = True
             await self._abort_inflight()
-            for group in await asyncio.gather(*pending):
+            for group in await gather_or_cancel(*pending):
                 self._recycle(group)
             pending = set()
         finally:
@@ -102,7 +103,7 @@ class PartialRollout:
 
         client = self.clients[self.num_groups % len(self.clients)]  # a group's samples share an engine
         self.num_groups += 1
-        await asyncio.gather(*(self._generate(client, s) for s in group))
+        await gather_or_cancel(*(self._generate(client, s) for s in group))
         if not self.aborting and all(s.status in FINISHED for s in group):
             await compute_rewards(self.rewards, group)
         return group
@@ -126,7 +127,7 @@ class PartialRollout:
 
     async def _abort_inflight(self) -> None:
         targets = [(client, rid) for rid, (client, s) in self.inflight.items() if not protected(self.cfg, s)]
-        await asyncio.gather(*(client.abort_request(rid) for client, rid in targets))
+        await gather_or_cancel(*(client.abort_request(rid) for client, rid in targets))
 
     def _recycle(self, group: list[Sample]) -> None:
         cut = [s for s in group if s.status is Sample.Status.ABORTED]

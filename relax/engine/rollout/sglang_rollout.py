@@ -34,6 +34,7 @@ from relax.engine.rollout.state import (  # noqa: F401 - GenerateState, sample_s
 )
 from relax.observability.spans import RECORDER, wall
 from relax.utils.fault_hooks import fault_at
+from relax.utils.gather import gather_or_cancel
 from relax.utils.json_codec import logprob
 from relax.utils.plugins import HookTimeout, bounded
 from relax.utils.types import Sample
@@ -169,7 +170,7 @@ async def custom_generate(cfg: RolloutConfig, flat: list[Sample], params: dict[s
             exc.add_note(f"in --custom-generate-function-path {path} ({which})")
             raise
 
-    results = await asyncio.gather(*(call(i, s, seed) for i, (s, seed) in enumerate(zip(flat, seeds, strict=True))))
+    results = await gather_or_cancel(*(call(i, s, seed) for i, (s, seed) in enumerate(zip(flat, seeds, strict=True))))
     for s, out in zip(flat, results, strict=True):
         if out is not s and not isinstance(out, Sample):
             raise TypeError(f"--custom-generate-function-path {path} returned "
