@@ -101,3 +101,10 @@ def test_dict_reward_errors_name_the_key() -> None:
         check_reward_nonzero_std(Namespace(reward_key=None), _group([{"acc": 1.0}]))
     assert extract_reward({"acc": 1}, "acc") == 1.0 and extract_reward(0.5, None) == 0.5
     assert isinstance(extract_reward(torch.tensor(2.0).item(), None), float)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), {"acc": float("nan")}])
+def test_a_reward_that_is_not_finite_is_refused_where_its_function_is_known(bad) -> None:
+    """Past extract_reward a NaN reward is only a non-finite gradient norm, naming no reward function."""
+    with pytest.raises(ValueError, match=r"reward is (nan|inf|-inf) \(a reward must be a finite number\)"):
+        extract_reward(bad, "acc")
