@@ -208,7 +208,10 @@ def find_latest(root: str | Path, *, flag: str = "--load", files: tuple[str, ...
         raise CheckpointError(f"{flag}: checkpoint directory not found: {root}")
     if not marker.exists():
         raise CheckpointError(f"{flag}: no {LATEST_FILE} in {root} (no complete checkpoint)")
-    return _complete(iteration_dir(root, int(marker.read_text().strip())), flag, files, driver_state)
+    text = marker.read_text().strip()
+    if not text.isdigit():
+        raise CheckpointError(f"{flag}: {marker} holds {text[:40]!r}, not a step number")
+    return _complete(iteration_dir(root, int(text)), flag, files, driver_state)
 
 
 def is_checkpoint_root(path: str | Path) -> bool:
@@ -272,5 +275,6 @@ def read_driver_state(directory: Path) -> DriverState:
     try:
         with open(directory / "driver_state.pkl", "rb") as fh:
             return pickle.load(fh)
-    except (OSError, pickle.UnpicklingError, EOFError) as exc:
-        raise CheckpointError(f"--load: cannot read {directory / 'driver_state.pkl'}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - unpickling bad bytes raises anything (ValueError, KeyError, ...)
+        raise CheckpointError(f"--load: cannot read {directory / 'driver_state.pkl'}: "
+                              f"{type(exc).__name__}: {exc}") from None

@@ -99,6 +99,9 @@ def test_missing_file_bad_extension_and_bad_parquet(tmp_path: Path) -> None:
     with pytest.raises(DataError) as info:
         read_records(tmp_path / "x.csv")
     assert str(info.value) == f"{tmp_path / 'x.csv'}: unsupported prompt data format '.csv' (use .jsonl or .parquet)"
+    with pytest.raises(DataError) as info:  # a dataset's folder given for its file
+        read_records(tmp_path)
+    assert str(info.value) == f"prompt data {tmp_path} is a directory; give a .jsonl or .parquet file, or a list of them"
     (tmp_path / "x.parquet").write_text("not parquet\n")
     with pytest.raises(DataError) as info:
         read_records(tmp_path / "x.parquet")

@@ -4,6 +4,7 @@ naming the flag, the file and what is wrong with it."""
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -83,8 +84,16 @@ def test_load_names_a_missing_or_torn_checkpoint(tmp_path: Path) -> None:
     (root / LATEST_FILE).write_text("3")
     full = _weights(step_dir / "model.safetensors")
     torch.save({"state": torch.ones(100)}, step_dir / "optimizer.pt")
-    (step_dir / "driver_state.pkl").write_bytes(b"x")
+    (step_dir / "driver_state.pkl").write_bytes(pickle.dumps({"step": 3}))
     assert file_checks.checkpoint_problems(root) == []
+    (step_dir / "driver_state.pkl").write_bytes(b"garbage\n")  # unpickled, it failed after Ray's start
+    assert file_checks.checkpoint_problems(root) == ["iter_0000003/driver_state.pkl is truncated or not a pickle (8 bytes)"]
+    (step_dir / "driver_state.pkl").write_bytes(pickle.dumps({"step": 3})[:-1])
+    assert file_checks.checkpoint_problems(root) == ["iter_0000003/driver_state.pkl is truncated or not a pickle (23 bytes)"]
+    (step_dir / "driver_state.pkl").write_bytes(pickle.dumps({"step": 3}))
+    (root / LATEST_FILE).write_text("abc\n")  # a marker edited by hand
+    assert file_checks.checkpoint_problems(root) == [f"{root / LATEST_FILE} holds 'abc', not a step number"]
+    (root / LATEST_FILE).write_text("3")
     _truncate(step_dir / "model.safetensors", full - 8)
     opt = (step_dir / "optimizer.pt").stat().st_size
     _truncate(step_dir / "optimizer.pt", opt // 2)

@@ -108,6 +108,8 @@ def test_bad_rows_and_files_name_the_file_and_row(tmp_path: Path) -> None:
         _source(str(garbage), use_streaming_dataset=True)
     with pytest.raises(DataError, match=r"prompt data not found: .*nope.jsonl"):
         _source(str(tmp_path / "nope.jsonl"), use_streaming_dataset=True)
+    with pytest.raises(DataError, match=r"prompt data .* is a directory; give a .jsonl or .parquet file"):
+        _source(str(tmp_path), use_streaming_dataset=True)
     (tmp_path / "e.jsonl").write_text("\n")
     with pytest.raises(DataError, match="no prompts left"):
         _source(str(tmp_path / "e.jsonl"), use_streaming_dataset=True)

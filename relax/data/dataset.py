@@ -56,20 +56,24 @@ READERS: dict[str, Callable[[Path], list[tuple[int, Record]]]] = {
 }
 
 
+def check_prompt_file(p: Path) -> None:
+    """A prompt file this module reads, or one line saying what ``p`` is instead."""
+    if p.is_dir():
+        raise DataError(f"prompt data {p} is a directory; give a {' or '.join(READERS)} file, or a list of them")
+    if not p.is_file():
+        raise DataError(f"prompt data not found: {p}")
+    if p.suffix.lower() not in READERS:
+        raise DataError(f"{p}: unsupported prompt data format {p.suffix!r} (use {' or '.join(READERS)})")
+
+
 def read_records(path: str | Path, *, required_keys: Sequence[str] = ()) -> list[Record]:
     """All records of a prompt file, in file order.
 
     ``required_keys`` (e.g. the ``--input-key``) are checked here, where true line numbers are known.
     """
     p = Path(path)
-    if not p.is_file():
-        raise DataError(f"prompt data not found: {p}")
-    reader = READERS.get(p.suffix.lower())
-    if reader is None:
-        raise DataError(
-            f"{p}: unsupported prompt data format {p.suffix!r} (use {' or '.join(READERS)})"
-        )
-    rows = reader(p)
+    check_prompt_file(p)
+    rows = READERS[p.suffix.lower()](p)
     for lineno, record in rows:
         for key in required_keys:
             if key not in record:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from relax.data.dataset import READERS, DataError, Record, missing_key
+from relax.data.dataset import DataError, Record, check_prompt_file, missing_key
 
 PARQUET_BATCH_ROWS = 1024
 
@@ -38,13 +38,6 @@ class Drawn:
     index: int
     where: str
     record: Record
-
-
-def _check_file(p: Path) -> None:
-    if not p.is_file():
-        raise DataError(f"prompt data not found: {p}")
-    if p.suffix.lower() not in READERS:
-        raise DataError(f"{p}: unsupported prompt data format {p.suffix!r} (use {' or '.join(READERS)})")
 
 
 def _parquet_file(p: Path) -> Any:
@@ -158,7 +151,7 @@ class StreamingRecords:
                  shuffle: bool, seed: int):
         self.paths = [Path(p) for p in paths]
         for p in self.paths:
-            _check_file(p)
+            check_prompt_file(p)
         self.num_records = sum(count_records(p) for p in self.paths)
         if buffer_size < 1:
             raise DataError(f"--streaming-buffer-size must be >= 1, got {buffer_size}")

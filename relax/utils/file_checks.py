@@ -52,6 +52,17 @@ def torch_file_problem(path: Path) -> str | None:
     return None
 
 
+def pickle_problem(path: Path) -> str | None:
+    """Why ``path`` is not a complete pickle (protocol 2+: starts with PROTO, ends with STOP), or None."""
+    with open(path, "rb") as fh:
+        head = fh.read(1)
+        fh.seek(max(path.stat().st_size - 1, 0))
+        tail = fh.read(1)
+    if head != b"\x80" or tail != b".":
+        return f"{path.name} is truncated or not a pickle ({path.stat().st_size} bytes)"
+    return None
+
+
 def hf_dir_problems(directory: Path, *, needs_model: bool = False) -> list[str]:
     """An HF checkpoint directory's missing or incomplete weight files: every shard its index names, every
     ``*.safetensors`` complete. ``needs_model``: it must also hold config.json and weights (``relax train`` does
@@ -78,14 +89,15 @@ def hf_dir_problems(directory: Path, *, needs_model: bool = False) -> list[str]:
 
 
 def checkpoint_problems(root: Path) -> list[str]:
-    """The latest checkpoint under a ``--load`` root: present (`relax.checkpoint.find_latest`) and its trainer
-    files complete (safetensors headers, the zip directory of each ``.pt``)."""
+    """The latest checkpoint under a ``--load`` root: present (`relax.checkpoint.find_latest`) and its files
+    complete (safetensors headers, the zip directory of each ``.pt``, the ends of each ``.pkl``)."""
     try:
         directory = find_latest(root)
     except (CheckpointError, ValueError) as exc:
         return [str(exc).removeprefix("--load: ")]
     problems = [p for p in map(safetensors_problem, sorted(directory.glob("*.safetensors"))) if p]
     problems += [p for p in map(torch_file_problem, sorted(directory.glob("*.pt"))) if p]
+    problems += [p for p in map(pickle_problem, sorted(directory.glob("*.pkl"))) if p]
     return [f"{directory.name}/{p}" for p in problems]
 
 
