@@ -309,6 +309,8 @@ def test_weights_cpu_backup_keeps_the_weights_across_a_release(tmp_path) -> None
     ('{"input_ids": [1, 2], "return_logprob": true, "logprob_start_len": "x"}', "logprob_start_len"),
     ('{"input_ids": [1], "bogus": true}', "generate: unknown field"),
     ('{"input_ids": [1], "sampling_params": {"nope": 1}}', "sampling_params: unknown field"),
+    ('{"input_ids": [1], "sampling_params": {"temperature": "hot"}}',
+     "sampling_params.temperature has the wrong type: 'hot'\""),  # the value's closing quote kept
     ('{"input_ids": ' + str(list(range(1, 20)) * 30) + "}", "context length"),
     ('{"input_ids": []}', "non-empty"),
 ])

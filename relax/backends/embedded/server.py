@@ -139,7 +139,7 @@ class EngineServer:
         except web.HTTPException:
             raise
         except (BadRequest, ValueError, KeyError) as exc:
-            return error(400, str(exc).strip("'\""))
+            return error(400, str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc))  # KeyError quotes
         except RuntimeError as exc:  # a state conflict: released, busy, no group
             return error(409, str(exc))
         except Exception as exc:
