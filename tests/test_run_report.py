@@ -128,6 +128,18 @@ def test_report_refuses_a_bad_run_dir_in_one_line(tmp_path: Path, make, expected
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("relax report: ") and expected in proc.stderr
 
 
+def test_lines_that_are_not_json_objects_are_named_not_skipped_silently(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "rollout/reward_mean": 0.5}\n{bad\n\n[1]\n'
+                                            '{"step": 1, "rollout/reward_mean": 0.7}\n{"step": 2, "rollout/rew')
+    (tmp_path / "events.jsonl").write_text('{"event": "run_start", "time": 1.0}\nnot json\n')
+    proc = report(str(tmp_path))
+    line = "skipped 4 line(s) that are not JSON objects: metrics.jsonl:2, metrics.jsonl:4, metrics.jsonl:6, events.jsonl:2"
+    assert proc.returncode == 0 and proc.stderr == f"relax report: {line}\n"
+    page = (tmp_path / "report.html").read_text()
+    assert f"<p class=missing id=unreadable>{line}</p>" in page
+    assert "2 step(s) logged" in page  # the readable ones are plotted
+
+
 def test_report_unwritable_out_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "metrics.jsonl").write_text('{"step": 0, "rollout/reward_mean": 0.5}\n')
     (tmp_path / "blocker").write_text("a file")

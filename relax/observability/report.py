@@ -281,10 +281,18 @@ def render_html(run: RunFiles) -> str:
     return (f"<!DOCTYPE html><html><head><meta charset=utf-8><title>relax report: {html.escape(str(run.directory))}"
             f"</title><style>{PAGE_CSS}</style><script>{get_plotlyjs()}</script></head><body>"
             f"<h1>Run {html.escape(str(run.directory))}</h1><p>status <b>{html.escape(str(status))}</b>, "
-            f"{len(run.steps)} step(s) logged</p>" + "".join(sections)
+            f"{len(run.steps)} step(s) logged</p>"
+            + (f"<p class=missing id=unreadable>{html.escape(unreadable_line(run))}</p>" if run.unreadable else "")
+            + "".join(sections)
             + f"<section><h2>Run status (run.json)</h2>{_status_html(run)}</section>"
             + f"<section><h2>Config</h2>{_config_html(run)}</section>"
             + f"<script>{RENDER_JS}</script></body></html>")
+
+
+def unreadable_line(run: RunFiles) -> str:
+    """One line naming the skipped lines (the first five of them)."""
+    shown = ", ".join(run.unreadable[:5]) + (f" and {len(run.unreadable) - 5} more" if len(run.unreadable) > 5 else "")
+    return f"skipped {len(run.unreadable)} line(s) that are not JSON objects: {shown}"
 
 
 def main(argv: list[str]) -> int:
@@ -297,6 +305,8 @@ def main(argv: list[str]) -> int:
     except RunDirError as exc:
         print(f"relax report: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if run.unreadable:
+        print(f"relax report: {unreadable_line(run)}", file=sys.stderr)
     out = Path(opts.out) if opts.out else run.directory / "report.html"
     page = render_html(run)
     try:

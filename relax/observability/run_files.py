@@ -1,7 +1,8 @@
 """A finished (or running) run directory read back: its metrics per step, its events and run.json.
 
-Shared by ``relax report`` (report.py) and the timeline (timeline.py). A line cut short by a run killed
-mid-write is skipped; a value the writer stored as a string (``"nan"``) reads back as a float.
+Shared by ``relax report`` (report.py) and the timeline (timeline.py). A line that is not a JSON object (cut short
+by a run killed mid-write, or edited by hand) is skipped and named in ``RunFiles.unreadable``; a value the writer
+stored as a string (``"nan"``) reads back as a float.
 """
 
 from __future__ import annotations
@@ -17,17 +18,20 @@ class RunDirError(ValueError):
     """RUN_DIR is not a run directory; the message is one line."""
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path, unreadable: list[str] | None = None) -> list[dict[str, Any]]:
+    """The JSON objects of ``path``'s lines; ``unreadable`` receives ``name:line`` of each other non-blank line."""
     if not path.exists():
         return []
     records = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    for lineno, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
         try:
             record = json.loads(line)
         except ValueError:
-            continue  # a line cut short by a run killed mid-write
+            record = None
         if isinstance(record, dict):
             records.append(record)
+        elif line.strip() and unreadable is not None:
+            unreadable.append(f"{path.name}:{lineno}")
     return records
 
 
@@ -50,6 +54,7 @@ class RunFiles:
     steps: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl, the last record of each step
     events: list[dict[str, Any]] = field(default_factory=list)
     run_info: dict[str, Any] = field(default_factory=dict)
+    unreadable: list[str] = field(default_factory=list)  # "metrics.jsonl:7": lines skipped, not JSON objects
 
     @property
     def config(self) -> dict[str, Any]:
@@ -90,8 +95,9 @@ def load_run(directory: str | Path) -> RunFiles:
         except (OSError, ValueError) as exc:
             raise RunDirError(f"{root / 'run.json'}: unreadable ({exc})") from None
     by_step: dict[int, dict[str, Any]] = {}
-    for record in read_jsonl(root / "metrics.jsonl"):
+    unreadable: list[str] = []
+    for record in read_jsonl(root / "metrics.jsonl", unreadable):
         if isinstance(record.get("step"), int):
             by_step[record["step"]] = record  # a resumed or rolled-back step: its last record
-    events = sorted(read_jsonl(root / "events.jsonl"), key=lambda e: e.get("time") or 0.0)
-    return RunFiles(root, [by_step[s] for s in sorted(by_step)], events, run_info)
+    events = sorted(read_jsonl(root / "events.jsonl", unreadable), key=lambda e: e.get("time") or 0.0)
+    return RunFiles(root, [by_step[s] for s in sorted(by_step)], events, run_info, unreadable)
