@@ -9,7 +9,8 @@ from pathlib import Path
 
 from harness.executors import EXECUTORS, make_executor
 from harness.profiles import Profile
-from harness.results import load_results, scenario_results, write_results
+from harness.results import ResultsError, load_results, scenario_results, write_results
+from harness.spec import SpecError
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINES = REPO / "ci" / "baselines"
@@ -202,7 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handlers = {"run": cmd_run, "list": cmd_list, "report": cmd_report, "baseline": cmd_baseline, "ab": cmd_ab,
                 "gate": cmd_gate}
-    return handlers[args.command](args)
+    try:
+        return handlers[args.command](args)
+    except (SpecError, ResultsError) as exc:
+        print(f"relax-harness: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

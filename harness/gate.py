@@ -98,7 +98,7 @@ def markdown(verdict: Verdict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from harness.results import load_results
+    from harness.results import ResultsError, load_results
 
     p = argparse.ArgumentParser(prog="python -m ci.gate")
     p.add_argument("results")
@@ -106,7 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--summary", default=None, help="also append the markdown here (e.g. $GITHUB_STEP_SUMMARY)")
     p.add_argument("--require-baselines", action="store_true", help="a missing baseline fails the gate")
     args = p.parse_args(argv)
-    verdict = judge(load_results(Path(args.results)), Path(args.baselines), args.require_baselines)
+    try:
+        data = load_results(Path(args.results))
+    except ResultsError as exc:
+        print(f"gate: {exc}", file=sys.stderr)
+        return 2
+    verdict = judge(data, Path(args.baselines), args.require_baselines)
     text = markdown(verdict)
     print(text)
     if args.summary:

@@ -138,8 +138,23 @@ def write_results(path: Path, scenarios: list[ScenarioResult], **meta: Any) -> P
     return path
 
 
+class ResultsError(ValueError):
+    """A results file that cannot be read; the message is one line naming it."""
+
+
 def load_results(path: Path) -> dict[str, Any]:
-    return json.loads(Path(path).read_text())
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ResultsError(f"{path}: no such results file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ResultsError(f"{path}: unreadable ({exc})") from None
+    except ValueError as exc:
+        raise ResultsError(f"{path}: not a results JSON ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("scenarios", []), list):
+        raise ResultsError(f"{path}: not a results JSON (expected an object with a scenarios list)")
+    return data
 
 
 def scenario_results(data: dict[str, Any]) -> list[ScenarioResult]:

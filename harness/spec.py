@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from harness.checks import CheckParams, parse_check
 from harness.faults import FaultParams, parse_fault
@@ -132,20 +140,33 @@ def load_file(path: str | Path) -> list[ScenarioSpec]:
 
     ``anchors`` holds YAML anchors the scenarios reuse (shared flags, shared checks); it is not read."""
     path = Path(path)
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping (family, defaults, scenarios), got {type(data).__name__}")
     if "scenarios" not in data:
-        return [ScenarioSpec.model_validate(data)]
+        return [_validate(data, path)]
     unknown = sorted(set(data) - FILE_KEYS)
     if unknown:
-        raise ValueError(f"{path}: unknown top-level keys {unknown} (known: {sorted(FILE_KEYS)})")
+        raise SpecError(f"{path}: unknown top-level keys {unknown} (known: {sorted(FILE_KEYS)})")
     defaults = {"family": data.get("family", path.stem), **(data.get("defaults") or {})}
-    specs = []
-    for item in data["scenarios"]:
-        try:
-            specs.append(ScenarioSpec.model_validate({**defaults, **item}))
-        except Exception as exc:
-            raise ValueError(f"{path}: scenario {item.get('name', '?')!r}: {exc}") from exc
-    return specs
+    if not isinstance(data["scenarios"], list) or not all(isinstance(i, dict) for i in data["scenarios"]):
+        raise SpecError(f"{path}: scenarios must be a list of mappings")
+    return [_validate({**defaults, **item}, path) for item in data["scenarios"]]
+
+
+class SpecError(ValueError):
+    """A scenario file or specs directory that cannot be read; the message is one line naming the file."""
+
+
+def _validate(data: dict, path: Path) -> ScenarioSpec:
+    try:
+        return ScenarioSpec.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'scenario'}: {e['msg']}" for e in exc.errors())
+        raise SpecError(f"{path}: scenario {data.get('name', '?')!r}: {problems}") from None
 
 
 def default_specs_dir() -> Path:
@@ -154,10 +175,15 @@ def default_specs_dir() -> Path:
 
 def load_catalog(directory: str | Path | None = None) -> dict[str, ScenarioSpec]:
     directory = Path(directory) if directory else default_specs_dir()
+    if not directory.is_dir():
+        raise SpecError(f"{directory}: no such specs directory")
+    files = sorted(directory.glob("*.yaml"))
+    if not files:
+        raise SpecError(f"{directory}: no *.yaml scenario files")
     catalog: dict[str, ScenarioSpec] = {}
-    for path in sorted(directory.glob("*.yaml")):
+    for path in files:
         for spec in load_file(path):
             if spec.name in catalog:
-                raise ValueError(f"scenario {spec.name!r} defined twice (again in {path})")
+                raise SpecError(f"scenario {spec.name!r} defined twice (again in {path})")
             catalog[spec.name] = spec
     return catalog

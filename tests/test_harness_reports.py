@@ -141,6 +141,28 @@ def test_cli_run_with_fake_engine(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert cli(["run", "nope", "--specs", str(specs)]) == 2
 
 
+@pytest.mark.parametrize("argv, text, line", [
+    (["list", "--specs", "{d}/specs"], "scenarios:\n  - name: x\n    bogus: 1\n",
+     "{d}/specs/a.yaml: scenario 'x': bogus: Extra inputs are not permitted"),
+    (["list", "--specs", "{d}/specs"], "{bad", "{d}/specs/a.yaml: invalid YAML: while parsing a flow mapping"),
+    (["list", "--specs", "{d}/specs"], "scenarios: 3\n", "{d}/specs/a.yaml: scenarios must be a list of mappings"),
+    (["run", "--all", "--specs", "{d}/none"], None, "{d}/none: no such specs directory"),
+    (["report", "{d}/specs/a.yaml"], "{bad", "{d}/specs/a.yaml: not a results JSON (Expecting property name "
+     "enclosed in double quotes: line 1 column 2 (char 1))"),
+    (["report", "{d}/r.json"], None, "{d}/r.json: no such results file"),
+    (["gate", "{d}/r.json"], None, "{d}/r.json: no such results file"),
+])
+def test_bad_specs_and_results_are_one_line(tmp_path: Path, capsys, argv: list[str], text: str | None,
+                                            line: str) -> None:
+    (tmp_path / "specs").mkdir()
+    if text is not None:
+        (tmp_path / "specs" / "a.yaml").write_text(text)
+    assert cli([a.format(d=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    prefix = "gate: " if argv[0] == "gate" else "relax-harness: "
+    assert err == prefix + line.format(d=tmp_path) + "\n"
+
+
 def test_html_report_without_matplotlib_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from harness.report import html as report_html
 
