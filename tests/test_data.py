@@ -155,6 +155,14 @@ def test_message_list_needs_chat_template() -> None:
         build_samples([{"q": [{"role": "user", "content": "x"}], "a": "1"}], TOK, **BUILD, path="d")
 
 
+def test_a_message_the_chat_template_cannot_render_names_its_record() -> None:
+    """A message without content: the template's own jinja2 error ended the run naming no file or line."""
+    with pytest.raises(DataError, match=r"^d:2: --apply-chat-template: the tokenizer's chat template failed on this "
+                                        r"input \(UndefinedError: 'dict object' has no attribute 'content'\)$"):
+        build_samples([{"q": "fine", "a": "1"}, {"q": [{"role": "user"}], "a": "1"}], TOK,
+                      **dict(BUILD, apply_chat_template=True), path="d")
+
+
 def test_max_prompt_len_filters_and_counts() -> None:
     records = [{"q": "1+1=", "a": "2"}, {"q": "a much longer prompt", "a": "x"}, {"q": "12345", "a": "y"}]
     samples, filtered = build_samples(records, TOK, **dict(BUILD, max_prompt_len=5))

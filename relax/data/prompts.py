@@ -45,10 +45,14 @@ def prompt_text(record_input: Any, tokenizer: Any, *, apply_chat_template: bool,
                 tools: Any = None, chat_template_kwargs: dict[str, Any] | None = None) -> str:
     """The engine-facing prompt text for one record's input."""
     if apply_chat_template:
-        return tokenizer.apply_chat_template(
-            _messages(record_input, system_prompt), tools=tools, tokenize=False, add_generation_prompt=True,
-            **(chat_template_kwargs or {}),
-        )
+        messages = _messages(record_input, system_prompt)
+        try:
+            return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
+                                                 **(chat_template_kwargs or {}))
+        except Exception as exc:  # noqa: BLE001 - the template's own errors (jinja2's among them): name the record
+            first = (str(exc).splitlines() or [""])[0]
+            raise ValueError(f"--apply-chat-template: the tokenizer's chat template failed on this input "
+                             f"({type(exc).__name__}: {first})") from None
     if not isinstance(record_input, str):
         raise ValueError(f"input is a {type(record_input).__name__}; a message list needs --apply-chat-template")
     return (system_prompt or "") + record_input
