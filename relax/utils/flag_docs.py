@@ -22,7 +22,21 @@ def _status(spec) -> str:
     return "yes" if spec.supported else "not yet"
 
 
+def _hook_notes() -> dict[str, str]:
+    """Each hook flag's signature and when it is called, as docs/rewards.md gives them (relax.utils.hook_docs)."""
+    from relax.utils.hook_docs import hooks
+
+    notes: dict[str, list[str]] = {}
+    for label, signature, when in hooks():
+        flag, _, variant = label.partition(" ")
+        if flag.startswith("--"):
+            where = f"{variant.strip('()')}: " if variant else ""
+            notes.setdefault(flag[2:], []).append(f"{where}`{signature}`, called {when}")
+    return {name: "Hook: " + "; ".join(parts) + " (docs/rewards.md)." for name, parts in notes.items()}
+
+
 def render() -> str:
+    hook_notes = _hook_notes()
     lines = [
         "# `relax train` flags",
         "",
@@ -44,7 +58,9 @@ def render() -> str:
             lines += ["", f"## {group}", "", "| flag | type | default | implemented | description |", "|---|---|---|---|---|"]
         choices = f" Choices: {', '.join(spec.choices)}." if spec.choices else ""
         bound = f" Must be {spec.bound}." if spec.bound else ""
-        help_ = (spec.help + choices + bound).replace("|", "\\|")
+        hook = hook_notes.get(spec.name)
+        text = spec.help if hook is None else f"{spec.help.rstrip('. ')}. {hook}"
+        help_ = (text + choices + bound).replace("|", "\\|")
         lines.append(f"| `--{spec.name}` | {spec.type} | {_default(spec)} | {_status(spec)} | {help_} |")
     return "\n".join(lines) + "\n"
 

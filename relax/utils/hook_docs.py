@@ -10,7 +10,7 @@ import inspect
 import sys
 
 
-def _hooks() -> list[tuple[str, str, str]]:
+def hooks() -> list[tuple[str, str, str]]:
     """(flag, signature, when it runs) for every user hook loaded by dotted path."""
     from relax.algorithms.policy_loss import CUSTOM_LOSS_SIGNATURE
     from relax.algorithms.reducers import REDUCER_SIGNATURE
@@ -81,7 +81,7 @@ def render() -> str:
               "run ends it with one line naming the hook (and the sample, where there is one) and the file and "
               "line (`--debug` or `RELAX_DEBUG=1` adds the traceback).", "",
               "| flag | signature | called |", "|---|---|---|"]
-    for flag, signature, when in _hooks():
+    for flag, signature, when in hooks():
         lines.append(f"| `{_cell(flag)}` | `{_cell(signature)}` | {_cell(when)} |")
     return "\n".join(lines) + "\n"
 
