@@ -19,3 +19,12 @@ def reinforce_loss(args, batch, reducer):
 def tis_one_arg(old_log_probs):
     """A TIS function with the wrong signature."""
     return old_log_probs
+
+
+def float_loss(args, batch, reducer):
+    """--custom-loss-function-path returning a float and no metrics: refused by name."""
+    return 1.0
+
+
+def raising_loss(args, batch, reducer):
+    raise KeyError("log_prob")  # a misspelled batch key

@@ -36,6 +36,15 @@ def test_custom_loss_contract() -> None:
     )
 
 
+def test_a_custom_loss_of_the_wrong_shape_or_that_raises_is_named() -> None:
+    with pytest.raises(PluginError, match=r"^--custom-loss-function-path tests.algo_plugins.float_loss returned "
+                                          r"float; expected custom_loss\(args, batch"):
+        _loss(loss_type="custom_loss", custom_loss_function_path="tests.algo_plugins.float_loss")
+    with pytest.raises(KeyError) as info:
+        _loss(loss_type="custom_loss", custom_loss_function_path="tests.algo_plugins.raising_loss")
+    assert info.value.__notes__ == ["in --custom-loss-function-path tests.algo_plugins.raising_loss"]
+
+
 def test_custom_pg_reducer_contract() -> None:
     _, default = _loss()
     _, custom = _loss(custom_pg_loss_reducer_function_path="tests.algo_plugins.sequence_sum_reducer")

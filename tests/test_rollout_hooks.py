@@ -64,6 +64,15 @@ def replace_advantages(args, rollout_id, rollout_data):
 def returns_list(args, rollout_id, rollout_data):
     return []
 
+def post_none(args, samples):
+    return None
+
+def post_short(args, samples):
+    return [0.0] * len(samples), [0.0]
+
+def keep_text(args, samples, **kwargs):
+    return "yes"
+
 import torch
 '''
 
@@ -139,6 +148,26 @@ def test_convert_hook_wrong_answer_is_refused(hooks: str, fn: str, message: str)
     with pytest.raises(PluginError, match=message) as info:
         to_train_samples(_train_args(custom_convert_samples_to_train_data_path=f"{hooks}.{fn}"), _samples())
     assert "--custom-convert-samples-to-train-data-path" in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("fn", "message"), [
+    ("post_none", "returned NoneType; expected post_process(args, samples: list[Sample]) -> (raw_rewards, rewards)"),
+    ("post_short", "returned 4 raw rewards and 1 rewards for 4 samples"),
+])
+def test_reward_post_process_wrong_answer_is_refused(hooks: str, fn: str, message: str) -> None:
+    with pytest.raises(PluginError) as info:
+        to_train_samples(_train_args(custom_reward_post_process_path=f"{hooks}.{fn}"), _samples())
+    assert str(info.value) == f"--custom-reward-post-process-path {hooks}.{fn} {message}"
+
+
+def test_a_dynamic_filter_answer_that_is_no_verdict_is_refused(hooks: str) -> None:
+    from relax.engine.rollout.state import dynamic_filter
+
+    keep = dynamic_filter(SimpleNamespace(dynamic_sampling_filter_path=f"{hooks}.keep_text", args=None))
+    with pytest.raises(PluginError) as info:
+        keep(_samples()[0])
+    assert str(info.value) == (f"--dynamic-sampling-filter-path {hooks}.keep_text returned str; expected filter(args, "
+                               "samples: list[Sample], **kwargs) -> DynamicFilterOutput | bool")
 
 
 def _batch():

@@ -27,7 +27,7 @@ from relax.algorithms.kl import kl_estimate
 from relax.algorithms.opsm import opsm_mask
 from relax.algorithms.reducers import REDUCER_SIGNATURE, Reducer, default_reducer
 from relax.algorithms.tis import TIS_SIGNATURE, mismatch_metrics, truncated_is
-from relax.utils.plugins import load_function
+from relax.utils.plugins import PluginError, culprit, load_function
 
 if TYPE_CHECKING:
     from relax.algorithms.config import AlgorithmConfig
@@ -77,13 +77,17 @@ PG_LOSSES: dict[str, PgLoss] = {"gspo": gspo, "sapo": sapo, "cispo": cispo}
 
 
 def _custom_loss(cfg: AlgorithmConfig, batch: dict, reduce: Reducer):
-    fn = load_function(
-        cfg.custom_loss_function_path,
-        flag="--custom-loss-function-path",
-        signature=CUSTOM_LOSS_SIGNATURE,
-        min_args=3,
-    )
-    return fn(cfg.args, batch, reduce)
+    path = cfg.custom_loss_function_path
+    fn = load_function(path, flag="--custom-loss-function-path", signature=CUSTOM_LOSS_SIGNATURE, min_args=3)
+    with culprit("--custom-loss-function-path", path):
+        out = fn(cfg.args, batch, reduce)
+    if not (isinstance(out, tuple | list) and len(out) == 2 and isinstance(out[0], torch.Tensor)
+            and isinstance(out[1], dict)):
+        got = type(out).__name__ if not isinstance(out, tuple | list) else \
+            f"({', '.join(type(o).__name__ for o in out)})"
+        raise PluginError(f"--custom-loss-function-path {path} returned {got}; expected {CUSTOM_LOSS_SIGNATURE} "
+                          "with loss a Tensor and metrics a dict")
+    return out[0], out[1]
 
 
 def _pg_reducer(

@@ -44,10 +44,16 @@ def to_train_samples(args: Namespace, groups: list[list[Sample]]) -> tuple[list[
     if args.custom_reward_post_process_path:
         fn = load_function(args.custom_reward_post_process_path, flag="--custom-reward-post-process-path",
                            signature=POST_PROCESS_SIGNATURE, min_args=2)
-        with culprit("--custom-reward-post-process-path", args.custom_reward_post_process_path):
-            raw, rewards = fn(args, samples)
-        if len(rewards) != len(samples):
-            raise ValueError(f"--custom-reward-post-process-path returned {len(rewards)} rewards for {len(samples)} samples")
+        path = args.custom_reward_post_process_path
+        with culprit("--custom-reward-post-process-path", path):
+            out = fn(args, samples)
+        if not (isinstance(out, tuple | list) and len(out) == 2):
+            raise PluginError(f"--custom-reward-post-process-path {path} returned {type(out).__name__}; "
+                              f"expected {POST_PROCESS_SIGNATURE}")
+        raw, rewards = out
+        if len(raw) != len(samples) or len(rewards) != len(samples):
+            raise PluginError(f"--custom-reward-post-process-path {path} returned {len(raw)} raw rewards and "
+                              f"{len(rewards)} rewards for {len(samples)} samples")
     train = [
         TrainSample(tokens=list(s.tokens), response_length=s.response_length, loss_mask=list(s.effective_loss_mask()),
                     reward=float(r), rollout_log_probs=s.rollout_log_probs, teacher_log_probs=s.teacher_log_probs,

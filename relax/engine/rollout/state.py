@@ -110,7 +110,7 @@ def dynamic_filter(cfg: RolloutConfig):
     ``args`` (``cfg.args``); every group is kept without one."""
     if not cfg.dynamic_sampling_filter_path:
         return lambda g: (True, None)
-    from relax.utils.plugins import culprit, load_function
+    from relax.utils.plugins import PluginError, culprit, load_function
 
     path = cfg.dynamic_sampling_filter_path
     fn = load_function(path, flag="--dynamic-sampling-filter-path", signature=FILTER_SIGNATURE, min_args=2)
@@ -118,6 +118,11 @@ def dynamic_filter(cfg: RolloutConfig):
     def keep(group: list[Sample]) -> tuple[bool, str | None]:
         with culprit("--dynamic-sampling-filter-path", path, f"group {group[0].group_index if group else None}"):
             out = fn(cfg.args, group)
-        return (bool(out), None) if isinstance(out, bool) else (bool(out.keep), out.reason)
+        if isinstance(out, bool):
+            return out, None
+        if not hasattr(out, "keep"):
+            raise PluginError(f"--dynamic-sampling-filter-path {path} returned {type(out).__name__}; "
+                              f"expected {FILTER_SIGNATURE}")
+        return bool(out.keep), getattr(out, "reason", None)
 
     return keep
