@@ -28,3 +28,12 @@ def float_loss(args, batch, reducer):
 
 def raising_loss(args, batch, reducer):
     raise KeyError("log_prob")  # a misspelled batch key
+
+
+def tis_weights_only(old_log_probs, rollout_log_probs, loss_mask, *, low, high):
+    """--custom-tis-function-path returning the weights alone, without metrics."""
+    return old_log_probs.exp()
+
+
+def int_reducer(values, loss_mask, num_global_samples, num_global_tokens):
+    return 3

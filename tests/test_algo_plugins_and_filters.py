@@ -36,13 +36,19 @@ def test_custom_loss_contract() -> None:
     )
 
 
-def test_a_custom_loss_of_the_wrong_shape_or_that_raises_is_named() -> None:
+def test_a_loss_hook_of_the_wrong_shape_or_that_raises_is_named() -> None:
     with pytest.raises(PluginError, match=r"^--custom-loss-function-path tests.algo_plugins.float_loss returned "
                                           r"float; expected custom_loss\(args, batch"):
         _loss(loss_type="custom_loss", custom_loss_function_path="tests.algo_plugins.float_loss")
     with pytest.raises(KeyError) as info:
         _loss(loss_type="custom_loss", custom_loss_function_path="tests.algo_plugins.raising_loss")
     assert info.value.__notes__ == ["in --custom-loss-function-path tests.algo_plugins.raising_loss"]
+    with pytest.raises(PluginError, match=r"^--custom-tis-function-path tests.algo_plugins.tis_weights_only returned "
+                                          r"Tensor; expected tis_function\(.*of the log-probs' shape \(2, 2\)"):
+        _loss(use_tis=True, custom_tis_function_path="tests.algo_plugins.tis_weights_only")
+    with pytest.raises(PluginError, match=r"^--custom-pg-loss-reducer-function-path tests.algo_plugins.int_reducer "
+                                          r"returned int; expected reducer\(.*\(a Tensor\)$"):
+        _loss(custom_pg_loss_reducer_function_path="tests.algo_plugins.int_reducer")
 
 
 def test_custom_pg_reducer_contract() -> None:

@@ -83,11 +83,15 @@ def _custom_loss(cfg: AlgorithmConfig, batch: dict, reduce: Reducer):
         out = fn(cfg.args, batch, reduce)
     if not (isinstance(out, tuple | list) and len(out) == 2 and isinstance(out[0], torch.Tensor)
             and isinstance(out[1], dict)):
-        got = type(out).__name__ if not isinstance(out, tuple | list) else \
-            f"({', '.join(type(o).__name__ for o in out)})"
-        raise PluginError(f"--custom-loss-function-path {path} returned {got}; expected {CUSTOM_LOSS_SIGNATURE} "
-                          "with loss a Tensor and metrics a dict")
+        raise _wrong_answer("--custom-loss-function-path", path, out,
+                            f"{CUSTOM_LOSS_SIGNATURE} with loss a Tensor and metrics a dict")
     return out[0], out[1]
+
+
+def _wrong_answer(flag: str, path: str, out, expected: str) -> PluginError:
+    """A hook's answer of the wrong shape, named with what was expected (one line)."""
+    got = f"({', '.join(type(o).__name__ for o in out)})" if isinstance(out, tuple | list) else type(out).__name__
+    return PluginError(f"{flag} {path} returned {got}; expected {expected}")
 
 
 def _pg_reducer(
@@ -95,28 +99,34 @@ def _pg_reducer(
 ):
     if not cfg.custom_pg_loss_reducer_function_path:
         return default
-    fn = load_function(
-        cfg.custom_pg_loss_reducer_function_path,
-        flag="--custom-pg-loss-reducer-function-path",
-        signature=REDUCER_SIGNATURE,
-        min_args=4,
-    )
-    return lambda x: fn(x, mask, num_global_samples, num_global_tokens)
+    path, flag = cfg.custom_pg_loss_reducer_function_path, "--custom-pg-loss-reducer-function-path"
+    fn = load_function(path, flag=flag, signature=REDUCER_SIGNATURE, min_args=4)
+
+    def reduce(x):
+        with culprit(flag, path):
+            out = fn(x, mask, num_global_samples, num_global_tokens)
+        if not isinstance(out, torch.Tensor):
+            raise _wrong_answer(flag, path, out, f"{REDUCER_SIGNATURE} (a Tensor)")
+        return out
+
+    return reduce
 
 
 def _tis(cfg: AlgorithmConfig, old_log_probs, rollout_log_probs, mask):
     if rollout_log_probs is None:
         raise ValueError("--use-tis needs rollout log-probs (the engine must return log-probs)")
-    fn = truncated_is
-    if cfg.custom_tis_function_path:
-        fn = load_function(
-            cfg.custom_tis_function_path,
-            flag="--custom-tis-function-path",
-            signature=TIS_SIGNATURE,
-            min_args=3,
-        )
-    weights, metrics = fn(old_log_probs, rollout_log_probs, mask, low=cfg.tis_clip_low, high=cfg.tis_clip)
-    return weights.detach(), metrics
+    if not cfg.custom_tis_function_path:
+        weights, metrics = truncated_is(old_log_probs, rollout_log_probs, mask, low=cfg.tis_clip_low, high=cfg.tis_clip)
+        return weights.detach(), metrics
+    path, flag = cfg.custom_tis_function_path, "--custom-tis-function-path"
+    fn = load_function(path, flag=flag, signature=TIS_SIGNATURE, min_args=3)
+    with culprit(flag, path):
+        out = fn(old_log_probs, rollout_log_probs, mask, low=cfg.tis_clip_low, high=cfg.tis_clip)
+    if not (isinstance(out, tuple | list) and len(out) == 2 and isinstance(out[0], torch.Tensor)
+            and out[0].shape == old_log_probs.shape and isinstance(out[1], dict)):
+        raise _wrong_answer(flag, path, out, f"{TIS_SIGNATURE} with weights a Tensor of the log-probs' shape "
+                                             f"{tuple(old_log_probs.shape)} and metrics a dict")
+    return out[0].detach(), out[1]
 
 
 def policy_loss(
