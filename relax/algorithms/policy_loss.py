@@ -106,7 +106,7 @@ def _pg_reducer(
         with culprit(flag, path):
             out = fn(x, mask, num_global_samples, num_global_tokens)
         if not isinstance(out, torch.Tensor):
-            raise _wrong_answer(flag, path, out, f"{REDUCER_SIGNATURE} (a Tensor)")
+            raise _wrong_answer(flag, path, out, REDUCER_SIGNATURE)
         return out
 
     return reduce
