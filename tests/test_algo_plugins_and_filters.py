@@ -47,7 +47,7 @@ def test_a_loss_hook_of_the_wrong_shape_or_that_raises_is_named() -> None:
                                           r"Tensor; expected tis_function\(.*of the log-probs' shape \(2, 2\)"):
         _loss(use_tis=True, custom_tis_function_path="tests.algo_plugins.tis_weights_only")
     with pytest.raises(PluginError, match=r"^--custom-pg-loss-reducer-function-path tests.algo_plugins.int_reducer "
-                                          r"returned int; expected reducer\(.*\(a Tensor\)$"):
+                                          r"returned int; expected reducer\(.*\) -> Tensor$"):
         _loss(custom_pg_loss_reducer_function_path="tests.algo_plugins.int_reducer")
 
 
