@@ -73,6 +73,16 @@ def post_short(args, samples):
 def keep_text(args, samples, **kwargs):
     return "yes"
 
+class HalfSource:  # a --data-source-path class without get_samples / state_dict
+    def __init__(self, args):
+        self.args = args
+
+    def add_samples(self, groups):
+        pass
+
+    def load_state_dict(self, state):
+        pass
+
 import torch
 '''
 
@@ -168,6 +178,21 @@ def test_a_dynamic_filter_answer_that_is_no_verdict_is_refused(hooks: str) -> No
         keep(_samples()[0])
     assert str(info.value) == (f"--dynamic-sampling-filter-path {hooks}.keep_text returned str; expected filter(args, "
                                "samples: list[Sample], **kwargs) -> DynamicFilterOutput | bool")
+
+
+@pytest.mark.parametrize("num_rollout", [3, None])
+def test_a_data_source_without_the_methods_the_run_calls_is_refused_at_launch(hooks: str, num_rollout) -> None:
+    from relax.core.setup import _data_source
+
+    args = parse_args(["--preset", "quickstart", "--data-source-path", f"{hooks}.HalfSource"])
+    args.num_rollout = num_rollout  # unset: the epoch count needs num_rollout_for_epochs too
+    with pytest.raises(PluginError) as info:
+        _data_source(args, load_tokenizer("tiny-qwen3"))
+    needed = "get_samples, add_samples, state_dict, load_state_dict" + (", num_rollout_for_epochs" if num_rollout
+                                                                          is None else "")
+    missing = "get_samples, state_dict" + (", num_rollout_for_epochs" if num_rollout is None else "")
+    assert str(info.value) == (f"--data-source-path {hooks}.HalfSource: the object it builds has no {missing} "
+                               f"(a data source is built as cls(args) and needs {needed})")
 
 
 def _batch():

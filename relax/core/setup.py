@@ -198,9 +198,19 @@ def _check_model_provider(args: Namespace) -> None:
                         hf_attention(args.attention_backend), save_hf=bool(args.save_hf))
 
 
+# what the run calls on a --data-source-path object (num_rollout_for_epochs only when --num-rollout is unset)
+DATA_SOURCE_METHODS = ("get_samples", "add_samples", "state_dict", "load_state_dict")
+
+
 def _data_source(args: Namespace, tokenizer: Any) -> Any:
     source_cls = load_object(args.data_source_path)
-    return source_cls(args, tokenizer=tokenizer) if args.data_source_path == DEFAULT_DATA_SOURCE else source_cls(args)
+    source = source_cls(args, tokenizer=tokenizer) if args.data_source_path == DEFAULT_DATA_SOURCE else source_cls(args)
+    needed = DATA_SOURCE_METHODS + (("num_rollout_for_epochs",) if args.num_rollout is None else ())
+    missing = [m for m in needed if not callable(getattr(source, m, None))]
+    if missing:
+        raise PluginError(f"--data-source-path {args.data_source_path}: the object it builds has no "
+                          f"{', '.join(missing)} (a data source is built as cls(args) and needs {', '.join(needed)})")
+    return source
 
 
 def _check_train_data_hooks(args: Namespace) -> None:
