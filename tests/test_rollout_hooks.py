@@ -230,3 +230,23 @@ def test_postprocess_hook_wrong_answer_is_refused(hooks: str) -> None:
     cfg = _hook_config(f"{hooks}.returns_list")
     with pytest.raises(PluginError, match="--rollout-data-postprocess-path returned list; expected"):
         postprocess_rollout_data(cfg, 0, batch, torch.zeros_like(batch.loss_mask), None, adv)
+
+
+def test_a_rollout_function_answering_other_than_groups_of_samples_is_refused() -> None:
+    from relax.core.setup import CheckedRollout
+
+    good = [[Sample(index=0)], [Sample(index=1)]]
+    assert CheckedRollout(lambda a, r, d: good, "m.roll")(None, 0, None) is good
+    with pytest.raises(PluginError) as info:
+        CheckedRollout(lambda a, r, d: [1, 2, 3], "m.roll")(None, 0, None)
+    assert str(info.value) == ("--rollout-function-path m.roll returned a list holding int; expected "
+                               "generate_rollout(args, rollout_id, data_source, evaluation=False) -> list[list[Sample]]")
+    with pytest.raises(PluginError, match="^--rollout-function-path m.roll returned dict; expected"):
+        CheckedRollout(lambda a, r, d: {}, "m.roll")(None, 0, None)
+
+    def broken(args, rollout_id, data_source):
+        raise KeyError("prompt")
+
+    with pytest.raises(KeyError) as raised:
+        CheckedRollout(broken, "m.broken")(None, 3, None)
+    assert raised.value.__notes__ == ["in --rollout-function-path m.broken (rollout 3)"]

@@ -65,3 +65,28 @@ def test_a_bad_path_fails_the_launch_and_a_raising_hook_the_run_in_one_line(tmp_
     assert len(lines) == 1 and "in --custom-rollout-log-function-path log_hooks.raising (rollout 0)" in lines[0], lines
     assert "RuntimeError: logger down" in lines[0], lines
     assert json.loads((tmp_path / "b" / "run.json").read_text())["status"] == "failed"
+
+
+def test_the_hooks_answer_is_a_bool_or_none_and_what_it_adds_are_numbers() -> None:
+    """The contract both log hooks share (merged_metrics); a truthy string or a text metric was taken silently."""
+    import numpy as np
+
+    from relax.core.rollout_log_hook import merged_metrics
+    from relax.utils.plugins import PluginError
+
+    defaults = {"rollout/reward_mean": 0.5}
+
+    def hook(answer, **added):
+        return lambda extra: (extra.update(added), answer)[1]
+
+    name = "--custom-rollout-log-function-path m.log"
+    assert merged_metrics(defaults, hook(None, mine=np.float32(2.0)), name) == {"rollout/reward_mean": 0.5,
+                                                                                 "mine": 2.0}
+    assert merged_metrics(defaults, hook(True, mine=1), name) == {"mine": 1}
+    assert merged_metrics(defaults, hook(False), name) == defaults
+    with pytest.raises(PluginError, match=r"^--custom-rollout-log-function-path m.log returned str; expected a bool "
+                                          r"\(True: the hook logged the default metrics itself\) or None$"):
+        merged_metrics(defaults, hook("maybe"), name)
+    with pytest.raises(PluginError, match=r"^--custom-rollout-log-function-path m.log set metric\(s\) that are not "
+                                          r"numbers: mine='not a number'$"):
+        merged_metrics(defaults, hook(None, mine="not a number"), name)

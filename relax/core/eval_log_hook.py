@@ -34,4 +34,4 @@ def apply_hook(args: Namespace, step: int, data: dict[str, dict[str, list[Any]]]
         return eval_metrics
     fn = load_function(path, flag=FLAG, signature=SIGNATURE, min_args=4)
     with culprit(FLAG, path, f"eval at rollout {step}"):
-        return merged_metrics(eval_metrics, lambda extra: fn(step, args, data, extra))
+        return merged_metrics(eval_metrics, lambda extra: fn(step, args, data, extra), f"{FLAG} {path}")

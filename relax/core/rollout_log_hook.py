@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from argparse import Namespace
 from collections.abc import Callable
+from numbers import Real
 from typing import Any
 
-from relax.utils.plugins import culprit, load_function
+from relax.utils.plugins import PluginError, culprit, load_function
 
 FLAG = "--custom-rollout-log-function-path"
 SIGNATURE = "log_rollout_data(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool"
@@ -33,13 +34,24 @@ def apply_hook(args: Namespace, step: int, samples: list[Any], rollout_metrics: 
         return rollout_metrics
     fn = load_function(path, flag=FLAG, signature=SIGNATURE, min_args=5)
     with culprit(FLAG, path, f"rollout {step}"):
-        return merged_metrics(rollout_metrics, lambda extra: fn(step, args, samples, extra, rollout_time))
+        return merged_metrics(rollout_metrics, lambda extra: fn(step, args, samples, extra, rollout_time),
+                              f"{FLAG} {path}")
 
 
-def merged_metrics(defaults: dict[str, float], call: Callable[[dict[str, float]], Any]) -> dict[str, float]:
+def merged_metrics(defaults: dict[str, float], call: Callable[[dict[str, float]], Any], hook: str) -> dict[str, float]:
     """slime's log-hook contract, shared with the eval hook (eval_log_hook.py): ``call`` gets a copy of the default
-    metrics to add to; what it adds or changes is kept, and the defaults too unless it returns True."""
+    metrics to add to; what it adds or changes is kept, and the defaults too unless it returns True.
+
+    ``hook`` (``flag path``) names it in errors. Its answer must be a bool (or None: it logged nothing itself), and
+    what it adds numbers: a metric that is no
+    number would reach metrics.jsonl as text and no plot or logger could read it."""
     extra = dict(defaults)
     skip_default = call(extra)
+    if skip_default is not None and not isinstance(skip_default, bool):
+        raise PluginError(f"{hook} returned {type(skip_default).__name__}; expected a bool (True: the hook logged the "
+                          "default metrics itself) or None")
     added = {k: v for k, v in extra.items() if k not in defaults or v != defaults[k]}
+    bad = [k for k, v in added.items() if not isinstance(v, Real)]
+    if bad:
+        raise PluginError(f"{hook} set metric(s) that are not numbers: " + ", ".join(f"{k}={added[k]!r:.40}" for k in bad))
     return added if skip_default is True else {**defaults, **added}

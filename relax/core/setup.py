@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import relax
 from relax.core.debug_rollouts import RolloutRecorder, SavedRollouts
+from relax.core.eval_function import BUILTIN as BUILTIN_ROLLOUT
 from relax.core.eval_function import custom_eval_path, load_eval_function
 from relax.distributed.cluster import cluster_address
 from relax.utils.arguments import ConfigError, args_to_dict
 from relax.utils.flag_types import Problems
-from relax.utils.plugins import PluginError, load_function, load_object
+from relax.utils.plugins import PluginError, culprit, load_function, load_object
 
 if TYPE_CHECKING:
     from relax.engine.rewards.config import RewardConfig
@@ -97,10 +98,10 @@ def prepare_run(args: Namespace) -> RunInputs:
         num_rollout = args.num_rollout
         if num_rollout is None:
             num_rollout = data_source.num_rollout_for_epochs(args.num_epoch, args.rollout_batch_size)
-    rollout_fn = p.run(
-        load_function, args.rollout_function_path, flag="--rollout-function-path",
-        signature="generate_rollout(args, rollout_id, data_source, evaluation=False) -> list[list[Sample]]",
-        min_args=3, catch=catch)
+    rollout_fn = p.run(load_function, args.rollout_function_path, flag="--rollout-function-path",
+                       signature=ROLLOUT_SIGNATURE, min_args=3, catch=catch)
+    if rollout_fn is not None and args.rollout_function_path != BUILTIN_ROLLOUT:
+        rollout_fn = CheckedRollout(rollout_fn, args.rollout_function_path)
     p.run(_check_train_data_hooks, args, catch=catch)
     if args.slime_router_middleware_paths:
         from relax.engine.router import middleware
@@ -196,6 +197,30 @@ def _check_model_provider(args: Namespace) -> None:
 
         check_at_launch(args.custom_model_provider_path, args.train_backend, args.hf_checkpoint,
                         hf_attention(args.attention_backend), save_hf=bool(args.save_hf))
+
+
+ROLLOUT_SIGNATURE = "generate_rollout(args, rollout_id, data_source, evaluation=False) -> list[list[Sample]]"
+
+
+@dataclass(frozen=True)
+class CheckedRollout:
+    """A user's ``--rollout-function-path``: what it raises names it, and an answer that is not a list of groups
+    (lists) of Samples is refused in one line, before the trainer reads it."""
+
+    fn: Any
+    path: str
+
+    def __call__(self, args: Namespace, rollout_id: int, data_source: Any) -> list[list[Any]]:
+        from relax.utils.types import Sample
+
+        with culprit("--rollout-function-path", self.path, f"rollout {rollout_id}"):
+            groups = self.fn(args, rollout_id, data_source)
+        if not (isinstance(groups, list)
+                and all(isinstance(g, list) and all(isinstance(s, Sample) for s in g) for g in groups)):
+            shown = type(groups).__name__ if not isinstance(groups, list) else \
+                f"a list holding {', '.join(sorted({type(g).__name__ for g in groups}))}"
+            raise PluginError(f"--rollout-function-path {self.path} returned {shown}; expected {ROLLOUT_SIGNATURE}")
+        return groups
 
 
 # what the run calls on a --data-source-path object (num_rollout_for_epochs only when --num-rollout is unset)
