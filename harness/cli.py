@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -204,10 +205,15 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"run": cmd_run, "list": cmd_list, "report": cmd_report, "baseline": cmd_baseline, "ab": cmd_ab,
                 "gate": cmd_gate}
     try:
-        return handlers[args.command](args)
+        code = handlers[args.command](args)
+        sys.stdout.flush()
+        return code
     except (SpecError, ResultsError) as exc:
         print(f"relax-harness: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `relax-harness list | head`: the reader left; Python's recipe, stdout to devnull
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a writer the pipe ended
 
 
 if __name__ == "__main__":

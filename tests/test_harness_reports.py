@@ -179,3 +179,14 @@ def test_results_name_the_commit_they_ran_from(tmp_path, monkeypatch) -> None:
     monkeypatch.delenv("RELAX_COMMIT")
     commit = load_results(write_results(tmp_path / "r.json", []))["environment"]["commit"]
     assert commit == "unknown" or len(commit) == 12  # this checkout's HEAD
+
+
+def test_a_reader_that_leaves_early_ends_the_listing_quietly() -> None:
+    """`relax-harness list | head -1`: the listing's writes after the reader left are no traceback."""
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=Path(__file__).resolve().parents[1])
+    proc.stdout.close()  # before the listing is written: its flush meets a closed pipe
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 141 and b"Traceback" not in err, err.decode()[-2000:]
