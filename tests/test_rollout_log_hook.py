@@ -83,6 +83,11 @@ def test_the_hooks_answer_is_a_bool_or_none_and_what_it_adds_are_numbers() -> No
     assert merged_metrics(defaults, hook(None, mine=np.float32(2.0)), name) == {"rollout/reward_mean": 0.5,
                                                                                  "mine": 2.0}
     assert merged_metrics(defaults, hook(True, mine=1), name) == {"mine": 1}
+    import torch
+
+    assert merged_metrics(defaults, hook(True, mine=torch.tensor(0.25)), name) == {"mine": torch.tensor(0.25)}
+    with pytest.raises(PluginError, match="set metric"):  # several elements: no one number to log
+        merged_metrics(defaults, hook(True, mine=torch.ones(3)), name)
     assert merged_metrics(defaults, hook(False), name) == defaults
     with pytest.raises(PluginError, match=r"^--custom-rollout-log-function-path m.log returned str; expected a bool "
                                           r"\(True: the hook logged the default metrics itself\) or None$"):

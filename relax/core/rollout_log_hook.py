@@ -43,15 +43,24 @@ def merged_metrics(defaults: dict[str, float], call: Callable[[dict[str, float]]
     metrics to add to; what it adds or changes is kept, and the defaults too unless it returns True.
 
     ``hook`` (``flag path``) names it in errors. Its answer must be a bool (or None: it logged nothing itself), and
-    what it adds numbers: a metric that is no
-    number would reach metrics.jsonl as text and no plot or logger could read it."""
+    what it adds numbers (a numpy or torch scalar counts, as metrics.jsonl's writer takes its ``.item()``): a metric
+    that is no number would reach metrics.jsonl as text, and no plot or logger could read it."""
     extra = dict(defaults)
     skip_default = call(extra)
     if skip_default is not None and not isinstance(skip_default, bool):
         raise PluginError(f"{hook} returned {type(skip_default).__name__}; expected a bool (True: the hook logged the "
                           "default metrics itself) or None")
     added = {k: v for k, v in extra.items() if k not in defaults or v != defaults[k]}
-    bad = [k for k, v in added.items() if not isinstance(v, Real)]
+    bad = [k for k, v in added.items() if not _is_number(v)]
     if bad:
         raise PluginError(f"{hook} set metric(s) that are not numbers: " + ", ".join(f"{k}={added[k]!r:.40}" for k in bad))
     return added if skip_default is True else {**defaults, **added}
+
+
+def _is_number(value: Any) -> bool:
+    if isinstance(value, Real):
+        return True
+    try:  # a numpy or torch scalar; a tensor of several elements raises
+        return callable(getattr(value, "item", None)) and isinstance(value.item(), Real)
+    except (ValueError, RuntimeError):
+        return False
