@@ -27,7 +27,7 @@ from relax.algorithms.kl import kl_estimate
 from relax.algorithms.opsm import opsm_mask
 from relax.algorithms.reducers import REDUCER_SIGNATURE, Reducer, default_reducer
 from relax.algorithms.tis import TIS_SIGNATURE, mismatch_metrics, truncated_is
-from relax.utils.plugins import PluginError, culprit, load_function
+from relax.utils.plugins import culprit, load_function, wrong_answer
 
 if TYPE_CHECKING:
     from relax.algorithms.config import AlgorithmConfig
@@ -83,15 +83,9 @@ def _custom_loss(cfg: AlgorithmConfig, batch: dict, reduce: Reducer):
         out = fn(cfg.args, batch, reduce)
     if not (isinstance(out, tuple | list) and len(out) == 2 and isinstance(out[0], torch.Tensor)
             and isinstance(out[1], dict)):
-        raise _wrong_answer("--custom-loss-function-path", path, out,
-                            f"{CUSTOM_LOSS_SIGNATURE} with loss a Tensor and metrics a dict")
+        raise wrong_answer(f"--custom-loss-function-path {path}", out,
+                           f"{CUSTOM_LOSS_SIGNATURE} with loss a Tensor and metrics a dict")
     return out[0], out[1]
-
-
-def _wrong_answer(flag: str, path: str, out, expected: str) -> PluginError:
-    """A hook's answer of the wrong shape, named with what was expected (one line)."""
-    got = f"({', '.join(type(o).__name__ for o in out)})" if isinstance(out, tuple | list) else type(out).__name__
-    return PluginError(f"{flag} {path} returned {got}; expected {expected}")
 
 
 def _pg_reducer(
@@ -106,7 +100,7 @@ def _pg_reducer(
         with culprit(flag, path):
             out = fn(x, mask, num_global_samples, num_global_tokens)
         if not isinstance(out, torch.Tensor):
-            raise _wrong_answer(flag, path, out, REDUCER_SIGNATURE)
+            raise wrong_answer(f"{flag} {path}", out, REDUCER_SIGNATURE)
         return out
 
     return reduce
@@ -124,8 +118,8 @@ def _tis(cfg: AlgorithmConfig, old_log_probs, rollout_log_probs, mask):
         out = fn(old_log_probs, rollout_log_probs, mask, low=cfg.tis_clip_low, high=cfg.tis_clip)
     if not (isinstance(out, tuple | list) and len(out) == 2 and isinstance(out[0], torch.Tensor)
             and out[0].shape == old_log_probs.shape and isinstance(out[1], dict)):
-        raise _wrong_answer(flag, path, out, f"{TIS_SIGNATURE} with weights a Tensor of the log-probs' shape "
-                                             f"{tuple(old_log_probs.shape)} and metrics a dict")
+        raise wrong_answer(f"{flag} {path}", out, f"{TIS_SIGNATURE} with weights a Tensor of the log-probs' shape "
+                                                  f"{tuple(old_log_probs.shape)} and metrics a dict")
     return out[0].detach(), out[1]
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from numbers import Real
 from typing import Any
 
-from relax.utils.plugins import PluginError, culprit, load_function
+from relax.utils.plugins import PluginError, culprit, load_function, wrong_answer
 
 FLAG = "--custom-rollout-log-function-path"
 SIGNATURE = "log_rollout_data(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool"
@@ -48,8 +48,8 @@ def merged_metrics(defaults: dict[str, float], call: Callable[[dict[str, float]]
     extra = dict(defaults)
     skip_default = call(extra)
     if skip_default is not None and not isinstance(skip_default, bool):
-        raise PluginError(f"{hook} returned {type(skip_default).__name__}; expected a bool (True: the hook logged the "
-                          "default metrics itself) or None")
+        raise wrong_answer(hook, skip_default, "a bool (True: the hook logged the default metrics itself) or None",
+                           got=type(skip_default).__name__)
     added = {k: v for k, v in extra.items() if k not in defaults or v != defaults[k]}
     bad = [k for k, v in added.items() if not _is_number(v)]
     if bad:

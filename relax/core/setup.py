@@ -21,7 +21,8 @@ from relax.core.eval_function import custom_eval_path, load_eval_function
 from relax.distributed.cluster import cluster_address
 from relax.utils.arguments import ConfigError, args_to_dict
 from relax.utils.flag_types import Problems
-from relax.utils.plugins import PluginError, culprit, load_function, load_object
+from relax.utils.plugins import PluginError, culprit, load_function, load_object, wrong_answer
+from relax.utils.types import Sample
 
 if TYPE_CHECKING:
     from relax.engine.rewards.config import RewardConfig
@@ -211,15 +212,13 @@ class CheckedRollout:
     path: str
 
     def __call__(self, args: Namespace, rollout_id: int, data_source: Any) -> list[list[Any]]:
-        from relax.utils.types import Sample
-
         with culprit("--rollout-function-path", self.path, f"rollout {rollout_id}"):
             groups = self.fn(args, rollout_id, data_source)
         if not (isinstance(groups, list)
                 and all(isinstance(g, list) and all(isinstance(s, Sample) for s in g) for g in groups)):
             shown = type(groups).__name__ if not isinstance(groups, list) else \
                 f"a list holding {', '.join(sorted({type(g).__name__ for g in groups}))}"
-            raise PluginError(f"--rollout-function-path {self.path} returned {shown}; expected {ROLLOUT_SIGNATURE}")
+            raise wrong_answer(f"--rollout-function-path {self.path}", groups, ROLLOUT_SIGNATURE, got=shown)
         return groups
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from relax.algorithms import extract_reward
 from relax.backends.torch.batch import TrainSample
-from relax.utils.plugins import PluginError, culprit, load_function
+from relax.utils.plugins import PluginError, culprit, load_function, wrong_answer
 from relax.utils.types import Sample
 
 POST_PROCESS_SIGNATURE = "post_process(args, samples: list[Sample]) -> (raw_rewards, rewards)"
@@ -48,8 +48,8 @@ def to_train_samples(args: Namespace, groups: list[list[Sample]]) -> tuple[list[
         with culprit("--custom-reward-post-process-path", path):
             out = fn(args, samples)
         if not (isinstance(out, tuple | list) and len(out) == 2):
-            raise PluginError(f"--custom-reward-post-process-path {path} returned {type(out).__name__}; "
-                              f"expected {POST_PROCESS_SIGNATURE}")
+            raise wrong_answer(f"--custom-reward-post-process-path {path}", out, POST_PROCESS_SIGNATURE,
+                               got=type(out).__name__)
         raw, rewards = out
         if len(raw) != len(samples) or len(rewards) != len(samples):
             raise PluginError(f"--custom-reward-post-process-path {path} returned {len(raw)} raw rewards and "
@@ -69,7 +69,7 @@ def _custom_convert(args: Namespace, samples: list[Sample]) -> tuple[list[TrainS
     with culprit(_CONVERT_FLAG, args.custom_convert_samples_to_train_data_path):
         data = fn(args, samples)
     if not isinstance(data, dict):
-        raise PluginError(f"{_CONVERT_FLAG} returned {type(data).__name__}; expected {CONVERT_SIGNATURE}")
+        raise wrong_answer(_CONVERT_FLAG, data, CONVERT_SIGNATURE, got=type(data).__name__)
     missing = [k for k in _REQUIRED if k not in data]
     if missing:
         raise PluginError(f"{_CONVERT_FLAG} returned a dict without {', '.join(missing)}; expected {CONVERT_SIGNATURE}")

@@ -74,6 +74,14 @@ def culprit(flag: str, path: str, detail: str = "") -> Iterator[None]:
         raise
 
 
+def wrong_answer(hook: str, out: Any, expected: str, got: str | None = None) -> PluginError:
+    """A hook's answer of the wrong shape, in one line: ``hook`` (``flag path``) returned ``got`` (by default the
+    answer's type, or its items' types for a tuple or list); ``expected`` says what it should have been."""
+    if got is None:
+        got = f"({', '.join(type(o).__name__ for o in out)})" if isinstance(out, tuple | list) else type(out).__name__
+    return PluginError(f"{hook} returned {got}; expected {expected}")
+
+
 class HookTimeout(TimeoutError):
     """A user hook ran past ``--hook-timeout``."""
 

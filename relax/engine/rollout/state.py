@@ -110,7 +110,7 @@ def dynamic_filter(cfg: RolloutConfig):
     ``args`` (``cfg.args``); every group is kept without one."""
     if not cfg.dynamic_sampling_filter_path:
         return lambda g: (True, None)
-    from relax.utils.plugins import PluginError, culprit, load_function
+    from relax.utils.plugins import culprit, load_function, wrong_answer
 
     path = cfg.dynamic_sampling_filter_path
     fn = load_function(path, flag="--dynamic-sampling-filter-path", signature=FILTER_SIGNATURE, min_args=2)
@@ -121,8 +121,7 @@ def dynamic_filter(cfg: RolloutConfig):
         if isinstance(out, bool):
             return out, None
         if not hasattr(out, "keep"):
-            raise PluginError(f"--dynamic-sampling-filter-path {path} returned {type(out).__name__}; "
-                              f"expected {FILTER_SIGNATURE}")
+            raise wrong_answer(f"--dynamic-sampling-filter-path {path}", out, FILTER_SIGNATURE)
         return bool(out.keep), getattr(out, "reason", None)
 
     return keep
