@@ -36,10 +36,15 @@ def _pytest(session: nox.Session, *args: str) -> None:
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """Unit and integration tests of relax/ and harness/ (CPU, 2 workers). ``--dist loadscope``: each module's tests
-    run on one worker, so a module-scoped ``relax train`` fixture runs once, not once per worker (~10% less CPU)."""
+    """Unit and integration tests of relax/ and harness/ (CPU, 3 workers). ``--dist loadscope``: each module's tests
+    run on one worker, so a module-scoped ``relax train`` fixture runs once, not once per worker (~10% less CPU).
+
+    3 workers on the 2-core CI machine: much of an end-to-end test is waiting (a Ray actor starting, a bounded
+    timeout, a fake engine's step); tests/test_waits.py alone uses 49 CPU-seconds in its 145 s. On 2026-11-30,
+    same machine, same commit, pytest took 1,324 s with 2 workers and 1,143 s with 3, the cores 98.6% busy (a 4th
+    worker would only queue)."""
     _install(session)
-    _pytest(session, "-n", "2", "--dist", "loadscope", "tests", "-m", "not gpu and not multi_gpu", f"--junitxml={TESTS_JUNIT}")
+    _pytest(session, "-n", "3", "--dist", "loadscope", "tests", "-m", "not gpu and not multi_gpu", f"--junitxml={TESTS_JUNIT}")
 
 
 @nox.session(python=PYTHON)
